@@ -1,0 +1,57 @@
+"""Reject unusable answers before anything is generated.
+
+Values arrive through Jinja's ``tojson``: each one becomes a JSON string literal,
+which is also a valid Python string literal, so quotes, braces or newlines in an
+answer can neither break this script nor inject code into it.
+"""
+
+import keyword
+import re
+import sys
+
+PROJECT_NAME = {{ cookiecutter.project_name | tojson }}
+PROJECT_SLUG = {{ cookiecutter.project_slug | tojson }}
+PACKAGE_NAME = {{ cookiecutter.package_name | tojson }}
+WANDB_PROJECT = {{ cookiecutter.wandb_project | tojson }}
+WANDB_ENTITY = {{ cookiecutter.wandb_entity | tojson }}
+AUTHOR_EMAIL = {{ cookiecutter.author_email | tojson }}
+DEFAULT_STRATEGY = {{ cookiecutter.default_strategy | tojson }}
+
+STRATEGIES = ("single", "ddp", "ddp_spawn")
+# Names a generated package must not take: they would shadow what it imports.
+TAKEN = set(sys.stdlib_module_names) | {"torch", "lightning", "hydra", "wandb", "omegaconf", "rich", "tests"}
+SLUG = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
+WANDB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def problem() -> str | None:
+    """The first unusable answer, described in one line, or None."""
+    if not PROJECT_NAME.strip():
+        return "project_name is empty; give a name such as 'Image Classifier'"
+    if not SLUG.fullmatch(PROJECT_SLUG):
+        return (
+            f"project_slug {PROJECT_SLUG!r} is not usable: it must be ASCII lowercase letters, digits and "
+            "single '-', starting with a letter (e.g. 'image-classifier')"
+        )
+    if not (PACKAGE_NAME.isascii() and PACKAGE_NAME.isidentifier()) or PACKAGE_NAME[:1].isdigit():
+        return f"package_name {PACKAGE_NAME!r} is not a Python identifier: use ASCII letters, digits and '_', not starting with a digit"
+    if keyword.iskeyword(PACKAGE_NAME) or keyword.issoftkeyword(PACKAGE_NAME):
+        return f"package_name {PACKAGE_NAME!r} is a Python keyword; choose another name"
+    if PACKAGE_NAME in TAKEN:
+        return f"package_name {PACKAGE_NAME!r} would shadow the module of the same name; choose another name"
+    if not WANDB_NAME.fullmatch(WANDB_PROJECT):
+        return f"wandb_project {WANDB_PROJECT!r} is not usable: use letters, digits, '_', '-' and '.'"
+    if WANDB_ENTITY and not WANDB_NAME.fullmatch(WANDB_ENTITY):
+        return f"wandb_entity {WANDB_ENTITY!r} is not usable: leave it empty or use letters, digits, '_', '-' and '.'"
+    if AUTHOR_EMAIL and not re.fullmatch(r"[^@\s\"]+@[^@\s\"]+", AUTHOR_EMAIL):
+        return f"author_email {AUTHOR_EMAIL!r} is not an e-mail address"
+    if DEFAULT_STRATEGY not in STRATEGIES:
+        return f"default_strategy {DEFAULT_STRATEGY!r} is unknown; valid: {', '.join(STRATEGIES)}"
+    return None
+
+
+if __name__ == "__main__":
+    message = problem()
+    if message:
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(1)

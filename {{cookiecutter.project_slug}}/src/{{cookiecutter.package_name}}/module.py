@@ -1,0 +1,40 @@
+"""The LightningModule: owns the loss, the metrics and the optimizer; the network is injected."""
+
+from collections.abc import Callable
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Classifier(L.LightningModule):
+    def __init__(self, net: nn.Module, optimizer: Callable[..., torch.optim.Optimizer]) -> None:
+        super().__init__()
+        self.net = net
+        self.optimizer_factory = optimizer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        # sync_dist: log the mean over all data-parallel replicas, i.e. the loss of the global batch.
+        self.log("train/loss", loss, on_step=True, on_epoch=False, sync_dist=True)
+        return loss
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "test")
+
+    def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> None:
+        x, y = batch
+        logits = self(x)
+        self.log(f"{split}/loss", F.cross_entropy(logits, y), sync_dist=True)
+        self.log(f"{split}/acc", (logits.argmax(dim=-1) == y).float().mean(), sync_dist=True)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return self.optimizer_factory(self.parameters())

@@ -1,0 +1,32 @@
+"""What the presets share: how many data-parallel replicas a run has, and the per-device batch.
+
+Lightning ships ddp and ddp_spawn (configs/strategy/*.yaml point straight at its classes);
+the modules here add what it lacks.
+"""
+
+import lightning as L
+
+from ..config import ConfigError
+
+
+def data_parallel_size(trainer: L.Trainer) -> int:
+    """Number of replicas that each see a different slice of the global batch.
+
+    Strategies that split the model instead of the data (tensor, layer or pipeline parallel)
+    expose `data_parallel_size` and `data_parallel_rank`; for the DDP family every process is a replica.
+    """
+    return int(getattr(trainer.strategy, "data_parallel_size", trainer.world_size))
+
+
+def data_parallel_rank(trainer: L.Trainer) -> int:
+    """Which slice of the global batch this process reads (0 .. data_parallel_size - 1)."""
+    return int(getattr(trainer.strategy, "data_parallel_rank", trainer.global_rank))
+
+
+def per_device_batch_size(global_batch_size: int, replicas: int) -> int:
+    if global_batch_size < 1 or global_batch_size % replicas:
+        raise ConfigError(
+            f"data.batch_size={global_batch_size} is the global batch and must be a positive multiple of the "
+            f"{replicas} data-parallel replicas; valid: {replicas}, {2 * replicas}, {4 * replicas}, ..."
+        )
+    return global_batch_size // replicas

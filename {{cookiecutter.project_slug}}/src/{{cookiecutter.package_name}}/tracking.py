@@ -1,0 +1,25 @@
+"""Weights & Biases glue that Lightning's WandbLogger leaves to the user: the run's full config,
+and a finish that always happens, even when training fails."""
+
+from typing import Any
+
+import lightning as L
+import wandb
+from lightning.pytorch.loggers import WandbLogger
+
+
+def log_run_config(trainer: L.Trainer, config: dict[str, Any]) -> None:
+    """Record the resolved config (and how the run is laid out) in every logger; rank 0 only."""
+    for logger in trainer.loggers:
+        logger.log_hyperparams(config)
+
+
+def finish_wandb(trainer: L.Trainer, failed: bool) -> None:
+    """Close this process's wandb run; for an offline run, say how to upload it."""
+    if not any(isinstance(logger, WandbLogger) for logger in trainer.loggers) or wandb.run is None:
+        return
+    run = wandb.run
+    offline = run.settings.mode == "offline"
+    wandb.finish(exit_code=1 if failed else 0)
+    if offline:
+        print(f"wandb: offline run saved; upload it with: wandb sync {run.settings.sync_dir}")

@@ -1,0 +1,99 @@
+"""Train, then test, a model. Run from the project root:
+
+    python -m {{ cookiecutter.package_name }}.train [hydra overrides, e.g. strategy=ddp trainer.devices=2]
+
+config -> data -> model -> callbacks -> logger -> trainer -> fit -> test. Every object is built
+from configs/ by Hydra, so each line below reads the same whatever the strategy.
+"""
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+import lightning as L
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from omegaconf import DictConfig, OmegaConf
+
+from .config import ConfigError, check_group_choices, fail, register_resolvers
+from .strategies import data_parallel_size, per_device_batch_size
+from .tracking import finish_wandb, log_run_config
+
+register_resolvers()
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    """Fit and test as configured; returns the final metrics. Raises ConfigError before training."""
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    if cfg.ckpt_path and not Path(cfg.ckpt_path).is_file():
+        raise ConfigError(f"ckpt_path={cfg.ckpt_path} does not exist; give a .ckpt file, e.g. <run dir>/checkpoints/last.ckpt")
+    L.seed_everything(cfg.seed, workers=True)
+
+    datamodule = build(cfg.data)
+    model = build(cfg.model)
+    callbacks = [build(callback) for callback in (cfg.callbacks or {}).values()]
+    logger = build(cfg.logger) if cfg.logger else False
+    trainer = build(cfg.trainer, strategy=cfg.strategy, callbacks=callbacks, logger=logger)
+    per_device_batch_size(cfg.data.batch_size, data_parallel_size(trainer))  # fail now, not in a worker
+
+    if trainer.is_global_zero:
+        OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+        log_run_config(trainer, run_summary(cfg, trainer))
+    failed = True
+    try:
+        trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+        if cfg.test_after_fit:
+            best = trainer.checkpoint_callback and trainer.checkpoint_callback.best_model_path
+            trainer.test(model, datamodule=datamodule, ckpt_path="best" if best else None)
+        failed = False
+    finally:
+        finish_wandb(trainer, failed)
+    return {name: float(value) for name, value in trainer.callback_metrics.items()}
+
+
+def build(node: DictConfig, **kwargs: Any) -> Any:
+    """hydra.utils.instantiate, with a bad argument reported as a ConfigError instead of a traceback."""
+    try:
+        return instantiate(node, **kwargs)
+    except InstantiationException as err:
+        cause = err.__cause__
+        if isinstance(cause, ValueError | TypeError | MisconfigurationException):
+            raise ConfigError(f"{node.get('_target_', 'config')}: {cause}") from err
+        raise
+
+
+def run_summary(cfg: DictConfig, trainer: L.Trainer) -> dict[str, Any]:
+    """The resolved config plus how the run is laid out, as logged to wandb."""
+    summary = OmegaConf.to_container(cfg, resolve=True)
+    summary["run"] = {
+        "strategy_preset": HydraConfig.get().runtime.choices["strategy"],
+        "world_size": trainer.world_size,
+        "devices": trainer.num_devices,
+        "num_nodes": trainer.num_nodes,
+        "data_parallel_size": data_parallel_size(trainer),
+        "per_device_batch_size": per_device_batch_size(cfg.data.batch_size, data_parallel_size(trainer)),
+    }
+    return summary
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="train")
+def run(cfg: DictConfig) -> None:
+    try:
+        train(cfg)
+    except ConfigError as err:
+        fail(err, Path(HydraConfig.get().runtime.output_dir))
+
+
+def main() -> None:
+    try:
+        check_group_choices(sys.argv[1:])
+    except ConfigError as err:
+        fail(err)
+    run()
+
+
+if __name__ == "__main__":
+    main()
