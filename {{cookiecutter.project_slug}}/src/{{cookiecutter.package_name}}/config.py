@@ -9,7 +9,6 @@ from urllib.parse import urlparse
 
 from omegaconf import OmegaConf
 
-
 CONFIG_DIR = Path(__file__).parent / "configs"
 
 

@@ -19,7 +19,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, OmegaConf
 
 from .config import ConfigError, check_group_choices, fail, register_resolvers
-from .strategies import data_parallel_size, per_device_batch_size
+from .strategies import check_layout, data_parallel_size, per_device_batch_size
 from .tracking import finish_wandb, log_run_config
 
 register_resolvers()
@@ -29,7 +29,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     """Fit and test as configured; returns the final metrics. Raises ConfigError before training."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     if cfg.ckpt_path and not Path(cfg.ckpt_path).is_file():
-        raise ConfigError(f"ckpt_path={cfg.ckpt_path} does not exist; give a .ckpt file, e.g. <run dir>/checkpoints/last.ckpt")
+        raise ConfigError(f"ckpt_path={cfg.ckpt_path} does not exist; give a .ckpt file (e.g. a run's last.ckpt)")
     L.seed_everything(cfg.seed, workers=True)
 
     datamodule = build(cfg.data)
@@ -37,7 +37,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     callbacks = [build(callback) for callback in (cfg.callbacks or {}).values()]
     logger = build(cfg.logger) if cfg.logger else False
     trainer = build(cfg.trainer, strategy=cfg.strategy, callbacks=callbacks, logger=logger)
-    per_device_batch_size(cfg.data.batch_size, data_parallel_size(trainer))  # fail now, not in a worker
+    check_layout(preset(), trainer, cfg.data.batch_size)  # fail now, not inside a worker process
 
     if trainer.is_global_zero:
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
@@ -69,7 +69,7 @@ def run_summary(cfg: DictConfig, trainer: L.Trainer) -> dict[str, Any]:
     """The resolved config plus how the run is laid out, as logged to wandb."""
     summary = OmegaConf.to_container(cfg, resolve=True)
     summary["run"] = {
-        "strategy_preset": HydraConfig.get().runtime.choices["strategy"],
+        "strategy_preset": preset(),
         "world_size": trainer.world_size,
         "devices": trainer.num_devices,
         "num_nodes": trainer.num_nodes,
@@ -77,6 +77,11 @@ def run_summary(cfg: DictConfig, trainer: L.Trainer) -> dict[str, Any]:
         "per_device_batch_size": per_device_batch_size(cfg.data.batch_size, data_parallel_size(trainer)),
     }
     return summary
+
+
+def preset() -> str:
+    """The strategy preset this run was composed with (the file name under configs/strategy/)."""
+    return HydraConfig.get().runtime.choices["strategy"]
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")

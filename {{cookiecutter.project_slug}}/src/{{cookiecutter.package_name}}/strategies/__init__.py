@@ -30,3 +30,13 @@ def per_device_batch_size(global_batch_size: int, replicas: int) -> int:
             f"{replicas} data-parallel replicas; valid: {replicas}, {2 * replicas}, {4 * replicas}, ..."
         )
     return global_batch_size // replicas
+
+
+def check_layout(preset: str, trainer: L.Trainer, global_batch_size: int) -> None:
+    """Refuse, before any process starts, a layout the preset cannot run."""
+    if preset == "single" and trainer.world_size > 1:
+        raise ConfigError(
+            f"strategy=single runs one device but trainer.devices={trainer.num_devices} x "
+            f"trainer.num_nodes={trainer.num_nodes} asks for {trainer.world_size}; use strategy=ddp for several"
+        )
+    per_device_batch_size(global_batch_size, data_parallel_size(trainer))

@@ -1,0 +1,21 @@
+# Two commands for a fresh machine:
+#   make demo   bake the default project into build/demo and train it (CPU is fine)
+#   make test   run every test of the template and of the projects it bakes
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+
+.PHONY: install demo test bench
+install: build/.installed
+
+build/.installed: requirements-dev.txt
+	$(PYTHON) -m pip install -q "$(TORCH)"
+	$(PYTHON) -m pip install -q -r requirements-dev.txt
+	mkdir -p build && touch $@
+
+demo: install
+	rm -rf build/demo
+	cookiecutter --no-input --output-dir build/demo .
+	cd build/demo/scaled-trainer && PYTHONPATH=src $(PYTHON) -m scaled_trainer.train
+
+test: install
+	$(PYTHON) -m pytest tests

@@ -1,0 +1,97 @@
+"""Baking: every combination of choices yields exactly the expected files, fully rendered, quickly."""
+
+import time
+import tomllib
+
+import pytest
+from conftest import CHOICES, every_choice
+
+COMBINATIONS = list(every_choice())
+
+
+def expected_files(package: str) -> set[str]:
+    """The exact file set of a baked project (extend it when the template gains a file)."""
+    src = f"src/{package}"
+    return {
+        ".github/workflows/ci.yml",
+        ".gitignore",
+        ".pre-commit-config.yaml",
+        "README.md",
+        "pyproject.toml",
+        f"{src}/__init__.py",
+        f"{src}/config.py",
+        f"{src}/data.py",
+        f"{src}/model.py",
+        f"{src}/module.py",
+        f"{src}/tracking.py",
+        f"{src}/train.py",
+        f"{src}/strategies/__init__.py",
+        f"{src}/configs/train.yaml",
+        f"{src}/configs/callbacks/checkpoint.yaml",
+        f"{src}/configs/callbacks/default.yaml",
+        f"{src}/configs/callbacks/none.yaml",
+        f"{src}/configs/callbacks/progress_bar.yaml",
+        f"{src}/configs/data/synthetic.yaml",
+        f"{src}/configs/logger/none.yaml",
+        f"{src}/configs/logger/wandb.yaml",
+        f"{src}/configs/model/classifier.yaml",
+        f"{src}/configs/strategy/ddp.yaml",
+        f"{src}/configs/strategy/ddp_spawn.yaml",
+        f"{src}/configs/strategy/single.yaml",
+        f"{src}/configs/trainer/default.yaml",
+        "tests/conftest.py",
+        "tests/test_config.py",
+        "tests/test_data.py",
+        "tests/test_parity.py",
+        "tests/test_train.py",
+        "tests/wandb_records.py",
+    }
+
+
+@pytest.mark.parametrize("answers", COMBINATIONS, ids=["-".join(c.values()) for c in COMBINATIONS])
+def test_every_choice_bakes_the_expected_project(bake, answers):
+    project = bake(project_name="Pixel Shuffler", **answers)
+    assert project.name == "pixel-shuffler"
+    files = {str(path.relative_to(project)) for path in project.rglob("*") if path.is_file()}
+    assert files == expected_files("pixel_shuffler")
+    for name in files:
+        text = (project / name).read_text()
+        assert "{{" not in text and "{%" not in text, f"unrendered Jinja left in {name}"
+    train_yaml = (project / "src/pixel_shuffler/configs/train.yaml").read_text()
+    assert f"  - strategy: {answers['default_strategy']}\n" in train_yaml
+    pyproject = tomllib.loads((project / "pyproject.toml").read_text())
+    assert pyproject["project"]["requires-python"] == f">={answers['python_version']}"
+
+
+def test_choices_cover_every_strategy_preset():
+    presets = {"single", "ddp", "ddp_spawn"}
+    assert set(CHOICES["default_strategy"]) == presets
+
+
+def test_baking_is_fast(cookies):
+    start = time.perf_counter()
+    assert cookies.bake().exit_code == 0
+    assert time.perf_counter() - start < 2.0
+
+
+def test_answers_reach_the_project(bake):
+    project = bake(
+        project_name="Café Net",
+        description='Says "hi" {and} <leaves>',
+        author_name="Ada O'Neil",
+        wandb_entity="my-team",
+    )
+    assert project.name == "cafe-net"  # slugify transliterates to ASCII
+    meta = tomllib.loads((project / "pyproject.toml").read_text())["project"]
+    assert meta["name"] == "cafe-net"
+    assert meta["description"] == 'Says "hi" {and} <leaves>'
+    assert meta["authors"][0]["name"] == "Ada O'Neil"
+    logger = (project / "src/cafe_net/configs/logger/wandb.yaml").read_text()
+    assert 'project: "cafe-net"' in logger and 'entity: "my-team"' in logger
+    assert (project / "README.md").read_text().startswith("# Café Net")
+
+
+def test_post_hook_prints_next_steps_without_prompting(cookies, capfd):
+    assert cookies.bake(extra_context={"project_name": "Next Steps"}).exit_code == 0
+    out = capfd.readouterr().out
+    assert "cd next-steps" in out and "python -m next_steps.train" in out and "pytest" in out

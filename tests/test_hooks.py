@@ -1,0 +1,55 @@
+"""The pre-generation hook: unusable answers stop the bake with one line; hostile ones cannot inject."""
+
+import subprocess
+import sys
+
+import pytest
+from conftest import TEMPLATE
+
+REJECTED = [
+    ({"project_name": "   "}, "project_name is empty"),
+    ({"project_name": "3D Net"}, "project_slug '3d-net' is not usable"),
+    ({"project_name": "Class"}, "package_name 'class' is a Python keyword"),
+    ({"project_name": "Match"}, "package_name 'match' is a Python keyword"),
+    ({"project_name": "Logging"}, "package_name 'logging' would shadow"),
+    ({"project_name": "Torch"}, "package_name 'torch' would shadow"),
+    ({"project_slug": "café-net"}, "project_slug 'café-net' is not usable"),
+    ({"package_name": "my-pkg"}, "package_name 'my-pkg' is not a Python identifier"),
+    ({"package_name": "pkg\"); import os; os.system('touch /tmp/pwned'); (\""}, "is not a Python identifier"),
+    ({"wandb_project": "has space"}, "wandb_project 'has space' is not usable"),
+    ({"author_email": "nobody"}, "author_email 'nobody' is not an e-mail address"),
+]
+
+
+def bake_cli(tmp_path, **answers) -> subprocess.CompletedProcess:
+    """The real command line a user runs, without a terminal."""
+    args = [f"{key}={value}" for key, value in answers.items()]
+    return subprocess.run(
+        [sys.executable, "-m", "cookiecutter", "--no-input", "-o", str(tmp_path), str(TEMPLATE), *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("answers, message", REJECTED, ids=[m.split("'")[0].strip() or m for _, m in REJECTED])
+def test_unusable_answers_stop_the_bake(tmp_path, answers, message):
+    out = tmp_path / "out"
+    result = bake_cli(out, **answers)
+    assert result.returncode != 0
+    assert result.stderr.startswith("error: ") and message in result.stderr
+    assert "SyntaxError" not in result.stderr
+    assert not out.exists() or not any(out.rglob("*")), "nothing may be generated"
+
+
+def test_hostile_project_name_cannot_inject(tmp_path):
+    marker = tmp_path / "pwned"
+    hostile = f'a"; open("{marker}", "w") #{{x}}'
+    result = bake_cli(tmp_path / "out", project_name=hostile)
+    assert result.returncode == 0, result.stderr
+    assert not marker.exists(), "the answer was executed as code"
+    [project] = (tmp_path / "out").iterdir()
+    assert project.name.startswith("a-open-tmp-")
+    assert hostile in (project / "README.md").read_text()

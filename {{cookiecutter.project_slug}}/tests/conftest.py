@@ -1,0 +1,81 @@
+"""Shared helpers: run a real training as a subprocess and read back what it wrote.
+
+Trainings run in subprocesses because Lightning's ddp launcher re-executes sys.argv for the
+other ranks; inside pytest that would re-run pytest.
+"""
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from wandb_records import OfflineRun, offline_runs
+
+PACKAGE = "{{ cookiecutter.package_name }}"
+# Small and fast: a few steps, no progress bar, no test pass unless a test asks for it.
+QUICK = [
+    "trainer.max_epochs=1",
+    "trainer.log_every_n_steps=1",
+    "trainer.enable_progress_bar=false",
+    "~callbacks.progress_bar",
+    "test_after_fit=false",
+]
+
+
+@dataclass
+class Run:
+    returncode: int
+    output: str
+    run_dir: Path
+
+    @property
+    def wandb(self) -> OfflineRun:
+        runs = offline_runs(self.run_dir)
+        assert len(runs) == 1, f"expected one wandb run in {self.run_dir}, found {len(runs)}"
+        return runs[0]
+
+    def losses(self, k: int) -> list[float]:
+        return self.wandb.metric("train/loss")[:k]
+
+
+@pytest.fixture(scope="session")
+def train_env(tmp_path_factory) -> dict[str, str]:
+    """Offline wandb with every wandb folder in a temp dir; no network, no account."""
+    home = tmp_path_factory.mktemp("wandb-home")
+    env = dict(os.environ)
+    env.update(
+        WANDB_MODE="offline",
+        WANDB_DIR=str(home),
+        WANDB_CACHE_DIR=str(home / "cache"),
+        WANDB_CONFIG_DIR=str(home / "config"),
+        WANDB_DATA_DIR=str(home / "data"),
+        WANDB_SILENT="true",
+        PYTHONUNBUFFERED="1",
+    )
+    env.pop("WANDB_API_KEY", None)
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def make_runner(base_dir: Path, env: dict[str, str]):
+    """runner(*overrides, launcher=None, check=True) -> Run, each run in a new folder of base_dir."""
+    counter = iter(range(1000))
+
+    def run(*overrides: str, launcher: list[str] | None = None, check: bool = True, timeout: int = 300) -> Run:
+        run_dir = base_dir / f"run{next(counter)}"
+        command = (launcher or [sys.executable, "-m"]) + [f"{PACKAGE}.train", f"hydra.run.dir={run_dir}", *overrides]
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, cwd=base_dir)
+        output = proc.stdout + proc.stderr
+        if check:
+            assert proc.returncode == 0, f"{' '.join(command)} failed:\n{output[-4000:]}"
+        return Run(proc.returncode, output, run_dir)
+
+    return run
+
+
+@pytest.fixture
+def train(tmp_path, train_env):
+    return make_runner(tmp_path, train_env)

@@ -1,0 +1,91 @@
+"""Every preset composes and builds a Trainer; bad input fails early, in one line, leaving nothing behind."""
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import open_dict
+
+from {{ cookiecutter.package_name }}.config import CONFIG_DIR, register_resolvers, run_stamp
+
+PRESETS = sorted(path.stem for path in (CONFIG_DIR / "strategy").glob("*.yaml"))
+
+
+def compose_config(tmp_path: Path, *overrides: str):
+    """The config train.py would get, with Hydra's runtime output dir pointed at tmp_path."""
+    register_resolvers()
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=list(overrides), return_hydra_config=True)
+    cfg.hydra.runtime.output_dir = str(tmp_path)
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg.hydra
+    return cfg
+
+
+def test_every_preset_is_documented():
+    assert {"single", "ddp", "ddp_spawn"} <= set(PRESETS)
+    for preset in PRESETS:
+        header = (CONFIG_DIR / "strategy" / f"{preset}.yaml").read_text()
+        assert f"# {preset}:" in header, f"{preset}.yaml lacks its 'what it is for' line"
+        assert "# Hardware:" in header and "# Launch:" in header, f"{preset}.yaml lacks hardware/launch lines"
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_preset_builds_a_trainer(tmp_path, preset):
+    devices = 1 if preset == "single" else 2
+    cfg = compose_config(tmp_path, f"strategy={preset}", "trainer.accelerator=cpu", f"trainer.devices={devices}")
+    trainer = instantiate(cfg.trainer, strategy=cfg.strategy, logger=False)
+    assert trainer.num_devices == devices
+
+
+def test_overrides_reach_the_objects(tmp_path):
+    cfg = compose_config(
+        tmp_path,
+        "data.batch_size=64",
+        "data.shuffle=false",
+        "seed=7",
+        "trainer.max_steps=3",
+        "+callbacks.lr._target_=lightning.pytorch.callbacks.LearningRateMonitor",
+        "logger=none",
+    )
+    assert instantiate(cfg.data).hparams.batch_size == 64
+    assert instantiate(cfg.data).hparams.shuffle is False and cfg.data.seed == 7
+    assert instantiate(cfg.trainer, strategy=cfg.strategy).max_steps == 3
+    assert type(instantiate(cfg.callbacks.lr)).__name__ == "LearningRateMonitor"
+    assert not cfg.logger, "logger=none composes to an empty node: no logger"
+    assert cfg.callbacks.checkpoint.dirpath == f"{tmp_path}/checkpoints"
+
+
+def test_run_folders_are_shared_by_torchrun_ranks(monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc123")
+    assert run_stamp() == "torchrun-abc123"
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
+    assert run_stamp()[:2] == "20"
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["strategy=warp_drive"], "unknown strategy 'warp_drive'; valid: " + ", ".join(PRESETS)),
+        (["logger=tensorboardx"], "unknown logger 'tensorboardx'; valid: none, wandb"),
+        (
+            ["strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "data.batch_size=255"],
+            "data.batch_size=255 is the global batch and must be a positive multiple of the 2 data-parallel replicas",
+        ),
+        (["ckpt_path=missing.ckpt"], "ckpt_path=missing.ckpt does not exist"),
+        (["strategy=single", "trainer.accelerator=cpu", "trainer.devices=2"], "use strategy=ddp for several"),
+    ],
+    ids=["unknown-strategy", "unknown-logger", "indivisible-batch", "missing-checkpoint", "single-on-two-devices"],
+)
+def test_bad_input_fails_in_one_line(train, overrides, message):
+    run = train(*overrides, check=False)
+    assert run.returncode == 2
+    assert message in run.output
+    assert "Traceback" not in run.output
+    assert [line for line in run.output.splitlines() if line.startswith("error:")] == [
+        next(line for line in run.output.splitlines() if message in line)
+    ]
+    assert not run.run_dir.exists(), "a rejected run must not leave a folder behind"

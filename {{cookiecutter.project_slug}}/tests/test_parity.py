@@ -1,0 +1,40 @@
+"""Loss parity: every parallel preset computes what one device computes.
+
+Same seed, same data order (data.shuffle=false), same GLOBAL batch: the first K train/loss values
+logged to wandb must equal the single-device run's within TOLERANCE. Differences come only from the
+order of floating-point sums (measured: ~1e-7 for ddp on CPU).
+"""
+
+import sys
+
+import pytest
+from conftest import QUICK, make_runner
+
+pytestmark = pytest.mark.slow
+
+K = 6
+TOLERANCE = 1e-5
+PARITY = [*QUICK, f"trainer.max_steps={K}", "data.shuffle=false", "data.batch_size=64", "trainer.accelerator=cpu"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m"]
+
+# (name, overrides, launcher): one row per preset and launch mode.
+CASES = [
+    ("ddp", ["strategy=ddp", "trainer.devices=2"], None),
+    ("ddp_spawn", ["strategy=ddp_spawn", "trainer.devices=2"], None),
+    ("ddp-torchrun", ["strategy=ddp", "trainer.devices=2"], TORCHRUN),
+]
+
+
+@pytest.fixture(scope="module")
+def single_losses(tmp_path_factory, train_env):
+    run = make_runner(tmp_path_factory.mktemp("single"), train_env)(*PARITY, "strategy=single")
+    losses = run.losses(K)
+    assert len(losses) == K
+    return losses
+
+
+@pytest.mark.parametrize("name, overrides, launcher", CASES, ids=[case[0] for case in CASES])
+def test_first_losses_equal_single_device(train, single_losses, name, overrides, launcher):
+    run = train(*PARITY, *overrides, launcher=launcher)
+    assert run.wandb.steps("train/loss")[:K] == list(range(K))
+    assert run.losses(K) == pytest.approx(single_losses, abs=TOLERANCE), name

@@ -1,0 +1,75 @@
+"""Read an offline wandb run back from its `.wandb` file (wandb has no public reader for it).
+
+The file is a record log: a 7-byte header (":W&B", magic, version), then 32 KiB blocks of
+chunks, each with a 7-byte header (crc32, length, type) and a slice of a protobuf `Record`.
+"""
+
+import json
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from wandb.proto import wandb_internal_pb2
+
+BLOCK = 32 * 1024
+CHUNK_HEADER = 7
+FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
+
+
+@dataclass
+class OfflineRun:
+    path: Path
+    group: str = ""
+    config: dict = field(default_factory=dict)
+    history: list[dict] = field(default_factory=list)
+    exit_code: int | None = None
+
+    def metric(self, key: str) -> list[float]:
+        return [row[key] for row in self.history if key in row]
+
+    def steps(self, key: str) -> list[int]:
+        return [row["trainer/global_step"] for row in self.history if key in row]
+
+
+def records(path: Path):
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", f"{path} is not a wandb run file"
+    pos, payload = CHUNK_HEADER, b""
+    while pos + CHUNK_HEADER <= len(data):
+        if BLOCK - pos % BLOCK < CHUNK_HEADER:  # block trailer too small for a header: padding
+            pos += BLOCK - pos % BLOCK
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + CHUNK_HEADER])
+        if kind == 0:
+            break
+        pos += CHUNK_HEADER
+        payload += data[pos : pos + length]
+        pos += length
+        if kind in (FULL, LAST):
+            yield wandb_internal_pb2.Record.FromString(payload)
+            payload = b""
+
+
+def _items(items) -> dict:
+    return {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in items}
+
+
+def read_run(path: Path) -> OfflineRun:
+    run = OfflineRun(path)
+    for record in records(path):
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            run.group = record.run.run_group
+            run.config.update(_items(record.run.config.update))
+        elif kind == "config":
+            run.config.update(_items(record.config.update))
+        elif kind == "history":
+            run.history.append(_items(record.history.item))
+        elif kind == "exit":
+            run.exit_code = record.exit.exit_code
+    return run
+
+
+def offline_runs(run_dir: Path) -> list[OfflineRun]:
+    """Every wandb run written under <run_dir>/wandb/ (a training must write exactly one)."""
+    return [read_run(path) for path in sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))]
