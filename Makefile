@@ -19,3 +19,6 @@ demo: install
 
 test: install
 	$(PYTHON) -m pytest tests
+
+bench: install  ## overhead of the template vs a plain PyTorch loop (single and ddp)
+	$(PYTHON) benchmarks/overhead.py --ddp

@@ -1,0 +1,27 @@
+"""The benchmark runs (smoke mode: a few steps) and prints a ratio per variant. Numbers are not asserted."""
+
+import re
+import subprocess
+import sys
+
+from conftest import TEMPLATE
+
+
+def test_overhead_benchmark_smoke(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(TEMPLATE / "benchmarks" / "overhead.py"), "--smoke"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = re.findall(r"^single\s+(\S+)\s+(\S+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)$", result.stdout, re.MULTILINE)
+    assert {(setting, variant) for setting, variant, *_ in rows} == {
+        (setting, variant) for setting in ("default", "small-step") for variant in ("template", "lightning", "plain")
+    }
+    for setting, variant, step_ms, ratio, startup, rss in rows:
+        assert float(step_ms) > 0 and float(ratio) > 0 and float(startup) > 0 and int(rss) > 0
+        if variant == "plain":
+            assert float(ratio) == 1.0
