@@ -60,6 +60,16 @@ def test_generated_project_builds_a_wheel_with_its_configs(bake, tmp_path):
     assert "scaled_trainer/configs/strategy/ddp.yaml" in names
 
 
+def test_readme_install_keeps_the_installed_torch(bake, tmp_path):
+    """With torch==2.13.0 installed first (the README's first step), installing the project pulls no other build."""
+    project = bake()
+    command = [sys.executable, "-m", "pip", "install", "--dry-run", "--no-build-isolation", "-e", ".[dev]"]
+    result = run(command, project, tmp_path, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    [would_install] = [line for line in result.stdout.splitlines() if line.startswith("Would install")]
+    assert would_install == "Would install scaled-trainer-0.1.0"
+
+
 @pytest.mark.parametrize("strategy", [s for s in CHOICES["default_strategy"] if s != CHOICES["default_strategy"][0]])
 def test_other_default_strategies_compose(bake, tmp_path, strategy):
     project = bake(default_strategy=strategy)
