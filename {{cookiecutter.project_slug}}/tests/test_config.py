@@ -26,7 +26,7 @@ def compose_config(tmp_path: Path, *overrides: str):
 
 
 def test_every_preset_is_documented():
-    assert {"single", "ddp", "ddp_spawn"} <= set(PRESETS)
+    assert {"single", "ddp", "ddp_spawn", "dp"} <= set(PRESETS)
     for preset in PRESETS:
         header = (CONFIG_DIR / "strategy" / f"{preset}.yaml").read_text()
         assert f"# {preset}:" in header, f"{preset}.yaml lacks its 'what it is for' line"
@@ -38,7 +38,7 @@ def test_preset_builds_a_trainer(tmp_path, preset):
     devices = 1 if preset == "single" else 2
     cfg = compose_config(tmp_path, f"strategy={preset}", "trainer.accelerator=cpu", f"trainer.devices={devices}")
     trainer = instantiate(cfg.trainer, strategy=cfg.strategy, logger=False)
-    assert trainer.num_devices == devices
+    assert trainer.num_devices == (1 if preset == "dp" else devices), "dp runs on one device without 2 GPUs"
 
 
 def test_overrides_reach_the_objects(tmp_path):
@@ -77,8 +77,16 @@ def test_run_folders_are_shared_by_torchrun_ranks(monkeypatch):
         ),
         (["ckpt_path=missing.ckpt"], "ckpt_path=missing.ckpt does not exist"),
         (["strategy=single", "trainer.accelerator=cpu", "trainer.devices=2"], "use strategy=ddp for several"),
+        (["strategy=dp", "trainer.num_nodes=2"], "strategy=dp runs one process on one node"),
     ],
-    ids=["unknown-strategy", "unknown-logger", "indivisible-batch", "missing-checkpoint", "single-on-two-devices"],
+    ids=[
+        "unknown-strategy",
+        "unknown-logger",
+        "indivisible-batch",
+        "missing-checkpoint",
+        "single-on-two-devices",
+        "dp-on-two-nodes",
+    ],
 )
 def test_bad_input_fails_in_one_line(train, overrides, message):
     run = train(*overrides, check=False)

@@ -22,6 +22,7 @@ CASES = [
     ("ddp", ["strategy=ddp", "trainer.devices=2"], None),
     ("ddp_spawn", ["strategy=ddp_spawn", "trainer.devices=2"], None),
     ("ddp-torchrun", ["strategy=ddp", "trainer.devices=2"], TORCHRUN),
+    ("dp", ["strategy=dp", "trainer.devices=2"], None),  # on CPU: one device, through the same replica code
 ]
 
 

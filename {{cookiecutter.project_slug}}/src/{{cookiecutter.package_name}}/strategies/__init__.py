@@ -7,6 +7,7 @@ the modules here add what it lacks.
 import lightning as L
 
 from ..config import ConfigError
+from .dp import DataParallelStrategy
 
 
 def data_parallel_size(trainer: L.Trainer) -> int:
@@ -32,8 +33,10 @@ def per_device_batch_size(global_batch_size: int, replicas: int) -> int:
     return global_batch_size // replicas
 
 
-def check_layout(preset: str, trainer: L.Trainer, global_batch_size: int) -> None:
+def check_layout(preset: str, trainer: L.Trainer, global_batch_size: int, model: L.LightningModule) -> None:
     """Refuse, before any process starts, a layout the preset cannot run."""
+    if isinstance(trainer.strategy, DataParallelStrategy):
+        trainer.strategy.check_supported(model)
     if preset == "single" and trainer.world_size > 1:
         raise ConfigError(
             f"strategy=single runs one device but trainer.devices={trainer.num_devices} x "
