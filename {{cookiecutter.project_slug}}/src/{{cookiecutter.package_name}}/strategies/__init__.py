@@ -7,7 +7,6 @@ the modules here add what it lacks.
 import lightning as L
 
 from ..config import ConfigError
-from .dp import DataParallelStrategy
 
 
 def data_parallel_size(trainer: L.Trainer) -> int:
@@ -34,8 +33,11 @@ def per_device_batch_size(global_batch_size: int, replicas: int) -> int:
 
 
 def check_layout(preset: str, trainer: L.Trainer, global_batch_size: int, model: L.LightningModule) -> None:
-    """Refuse, before any process starts, a layout the preset cannot run."""
-    if isinstance(trainer.strategy, DataParallelStrategy):
+    """Refuse, before any process starts, a layout the preset cannot run.
+
+    A strategy with its own limits declares them in a `check_supported(model)` method.
+    """
+    if hasattr(trainer.strategy, "check_supported"):
         trainer.strategy.check_supported(model)
     if preset == "single" and trainer.world_size > 1:
         raise ConfigError(
