@@ -28,7 +28,8 @@ register_resolvers()
 def train(cfg: DictConfig) -> dict[str, float]:
     """Fit and test as configured; returns the final metrics. Raises ConfigError before training."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    if cfg.ckpt_path and not Path(cfg.ckpt_path).is_file():
+    if cfg.ckpt_path and not Path(cfg.ckpt_path).exists():
+        # A folder is fine: model_parallel saves sharded checkpoints as one folder of per-rank files.
         raise ConfigError(f"ckpt_path={cfg.ckpt_path} does not exist; give a .ckpt file (e.g. a run's last.ckpt)")
     L.seed_everything(cfg.seed, workers=True)
 
@@ -37,7 +38,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     callbacks = [build(callback) for callback in (cfg.callbacks or {}).values()]
     logger = build(cfg.logger) if cfg.logger else False
     trainer = build(cfg.trainer, strategy=cfg.strategy, callbacks=callbacks, logger=logger)
-    check_layout(preset(), trainer, cfg.data.batch_size)  # fail now, not inside a worker process
+    check_layout(preset(), trainer, cfg.data.batch_size, model)  # fail now, not inside a worker process
 
     if trainer.is_global_zero:
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)

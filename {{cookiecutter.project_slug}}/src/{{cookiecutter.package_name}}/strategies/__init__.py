@@ -5,6 +5,7 @@ the modules here add what it lacks.
 """
 
 import lightning as L
+from torch import nn
 
 from ..config import ConfigError
 
@@ -32,7 +33,7 @@ def per_device_batch_size(global_batch_size: int, replicas: int) -> int:
     return global_batch_size // replicas
 
 
-def check_layout(preset: str, trainer: L.Trainer, global_batch_size: int) -> None:
+def check_layout(preset: str, trainer: L.Trainer, global_batch_size: int, model: nn.Module) -> None:
     """Refuse, before any process starts, a layout the preset cannot run."""
     if preset == "single" and trainer.world_size > 1:
         raise ConfigError(
@@ -40,3 +41,6 @@ def check_layout(preset: str, trainer: L.Trainer, global_batch_size: int) -> Non
             f"trainer.num_nodes={trainer.num_nodes} asks for {trainer.world_size}; use strategy=ddp for several"
         )
     per_device_batch_size(global_batch_size, data_parallel_size(trainer))
+    validate = getattr(trainer.strategy, "validate_layout", None)  # strategies that split the model check it
+    if validate is not None:
+        validate(model)
