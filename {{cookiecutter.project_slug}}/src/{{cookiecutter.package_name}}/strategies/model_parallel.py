@@ -14,6 +14,7 @@ Two modes, chosen by `strategy.mode`:
 from datetime import timedelta
 from typing import Literal
 
+import lightning as L
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy, SingleDeviceStrategy
 from torch import nn
@@ -156,6 +157,7 @@ class LayerSplitStrategy(SingleDeviceStrategy):
         super().model_to_device()
         for handle in self._hooks:
             handle.remove()
+        self._hooks.clear()
         net = split_hooks(self.model, "layer_groups")
         for group, device in zip(net.layer_groups(len(self.devices)), self.devices, strict=True):
             for module in group:
@@ -164,7 +166,7 @@ class LayerSplitStrategy(SingleDeviceStrategy):
         # The loss is computed where the labels are: bring the output back to the first device.
         self._hooks.append(net.register_forward_hook(lambda module, args, output: output.to(self.devices[0])))
 
-    def setup(self, trainer) -> None:
+    def setup(self, trainer: L.Trainer) -> None:
         super().setup(trainer)
         # Lightning moved the optimizer state to the root device; it belongs with its parameter.
         for optimizer in self.optimizers:
