@@ -27,6 +27,7 @@ def expected_files(package: str) -> set[str]:
         f"{src}/train.py",
         f"{src}/strategies/__init__.py",
         f"{src}/strategies/dp.py",
+        f"{src}/strategies/model_parallel.py",
         f"{src}/configs/train.yaml",
         f"{src}/configs/callbacks/checkpoint.yaml",
         f"{src}/configs/callbacks/default.yaml",
@@ -39,13 +40,16 @@ def expected_files(package: str) -> set[str]:
         f"{src}/configs/strategy/ddp.yaml",
         f"{src}/configs/strategy/ddp_spawn.yaml",
         f"{src}/configs/strategy/dp.yaml",
+        f"{src}/configs/strategy/model_parallel.yaml",
         f"{src}/configs/strategy/single.yaml",
         f"{src}/configs/trainer/default.yaml",
         "tests/conftest.py",
         "tests/test_config.py",
         "tests/test_data.py",
         "tests/test_dp.py",
+        "tests/test_model_parallel.py",
         "tests/test_parity.py",
+        "tests/shard_probe.py",
         "tests/test_train.py",
         "tests/wandb_records.py",
     }
@@ -67,7 +71,7 @@ def test_every_choice_bakes_the_expected_project(bake, answers):
 
 
 def test_choices_cover_every_strategy_preset():
-    presets = {"single", "ddp", "ddp_spawn", "dp"}
+    presets = {"single", "ddp", "ddp_spawn", "dp", "model_parallel"}
     assert set(CHOICES["default_strategy"]) == presets
 
 

@@ -55,8 +55,8 @@ def train_env(tmp_path_factory) -> dict[str, str]:
         PYTHONUNBUFFERED="1",
     )
     env.pop("WANDB_API_KEY", None)
-    src = str(Path(__file__).resolve().parents[1] / "src")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    tests = Path(__file__).resolve().parent  # importable by trainings too, for test-only callbacks
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tests.parent / "src"), str(tests), env.get("PYTHONPATH")) if p)
     return env
 
 

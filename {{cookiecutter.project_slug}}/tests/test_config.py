@@ -10,6 +10,7 @@ from omegaconf import open_dict
 
 from {{ cookiecutter.package_name }}.config import CONFIG_DIR, register_resolvers, run_stamp
 
+MODEL_PARALLEL = ["strategy=model_parallel", "trainer.accelerator=cpu"]
 PRESETS = sorted(path.stem for path in (CONFIG_DIR / "strategy").glob("*.yaml"))
 
 
@@ -26,7 +27,7 @@ def compose_config(tmp_path: Path, *overrides: str):
 
 
 def test_every_preset_is_documented():
-    assert {"single", "ddp", "ddp_spawn", "dp"} <= set(PRESETS)
+    assert {"single", "ddp", "ddp_spawn", "dp", "model_parallel"} <= set(PRESETS)
     for preset in PRESETS:
         header = (CONFIG_DIR / "strategy" / f"{preset}.yaml").read_text()
         assert f"# {preset}:" in header, f"{preset}.yaml lacks its 'what it is for' line"
@@ -78,6 +79,16 @@ def test_run_folders_are_shared_by_torchrun_ranks(monkeypatch):
         (["ckpt_path=missing.ckpt"], "ckpt_path=missing.ckpt does not exist"),
         (["strategy=single", "trainer.accelerator=cpu", "trainer.devices=2"], "use strategy=ddp for several"),
         (["strategy=dp", "trainer.num_nodes=2"], "strategy=dp runs one process on one node"),
+        (
+            [*MODEL_PARALLEL, "trainer.devices=2", "strategy.tensor_parallel_size=4"],
+            "strategy.data_parallel_size=1 x strategy.tensor_parallel_size=4 must equal the processes: "
+            "trainer.devices=2 x trainer.num_nodes=1 = 2",
+        ),
+        (
+            [*MODEL_PARALLEL, "trainer.devices=3"],
+            "blocks.0.fc_in has 512 output features, which strategy.tensor_parallel_size=3 does not divide",
+        ),
+        ([*MODEL_PARALLEL, "strategy.mode=pipes"], "strategy.mode='pipes' is unknown; valid: tensor, layers"),
     ],
     ids=[
         "unknown-strategy",
@@ -86,6 +97,9 @@ def test_run_folders_are_shared_by_torchrun_ranks(monkeypatch):
         "missing-checkpoint",
         "single-on-two-devices",
         "dp-on-two-nodes",
+        "mesh-not-world-size",
+        "hidden-not-divisible",
+        "unknown-mode",
     ],
 )
 def test_bad_input_fails_in_one_line(train, overrides, message):

@@ -8,6 +8,7 @@ and implement the same split hooks (see README, "Bring your own model").
 
 import torch
 from torch import nn
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
 
 class Block(nn.Module):
@@ -39,3 +40,25 @@ class ResidualMLP(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(self.norm(x))
+
+    # The split hooks: the only model-specific code the model_parallel preset needs.
+
+    def tensor_parallel_plan(self) -> dict[str, ParallelStyle]:
+        """How to shard each block over the tensor-parallel ranks (the Megatron MLP split).
+
+        fc_in is split by output features (colwise), so each rank computes a slice of the hidden
+        activations; LayerNorm runs before it on the full input and GELU is elementwise, so both
+        work on that slice unchanged. fc_out is split by input features (rowwise) and its partial
+        results are summed across ranks: one all-reduce per block, and every rank gets the full output.
+        """
+        return {"blocks.*.fc_in": ColwiseParallel(), "blocks.*.fc_out": RowwiseParallel()}
+
+    def layer_groups(self, n: int) -> list[list[nn.Module]]:
+        """The model cut into n consecutive groups of modules, one per device, for layer parallelism."""
+        if not 1 <= n <= len(self.blocks):
+            raise ValueError(f"cannot split {len(self.blocks)} blocks over {n} devices; valid: 1 to {len(self.blocks)}")
+        chunks = torch.arange(len(self.blocks)).tensor_split(n)
+        groups: list[list[nn.Module]] = [[self.blocks[i] for i in chunk.tolist()] for chunk in chunks]
+        groups[0].insert(0, self.embed)
+        groups[-1] += [self.norm, self.head]
+        return groups

@@ -14,6 +14,12 @@ class Classifier(L.LightningModule):
         self.net = net
         self.optimizer_factory = optimizer
 
+    def configure_model(self) -> None:
+        # Lightning calls this once the processes exist. Only model_parallel's tensor mode has a device
+        # mesh; it shards the net by the plan the net declares (see strategies/model_parallel.py).
+        if self.device_mesh is not None:
+            self.trainer.strategy.parallelize(self.net)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
 

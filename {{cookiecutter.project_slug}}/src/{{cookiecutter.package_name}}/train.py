@@ -28,7 +28,8 @@ register_resolvers()
 def train(cfg: DictConfig) -> dict[str, float]:
     """Fit and test as configured; returns the final metrics. Raises ConfigError before training."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    if cfg.ckpt_path and not Path(cfg.ckpt_path).is_file():
+    if cfg.ckpt_path and not Path(cfg.ckpt_path).exists():
+        # A folder is fine: model_parallel saves sharded checkpoints as one folder of per-rank files.
         raise ConfigError(f"ckpt_path={cfg.ckpt_path} does not exist; give a .ckpt file (e.g. a run's last.ckpt)")
     L.seed_everything(cfg.seed, workers=True)
 
