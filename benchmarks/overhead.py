@@ -33,7 +33,12 @@ SETTINGS = {
     "default": ([], (128, 4), 256),
     "small-step": (["model.net.hidden=32", "model.net.depth=1", "data.batch_size=32"], (32, 1), 32),
 }
-PLAIN_LIGHTNING = ["logger=none", "callbacks=none", "trainer.enable_progress_bar=false"]
+PLAIN_LIGHTNING = [
+    "logger=none",
+    "callbacks=none",
+    "trainer.enable_progress_bar=false",
+    "trainer.enable_checkpointing=false",
+]
 DDP = ["strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]
 
 

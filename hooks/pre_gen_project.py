@@ -15,9 +15,7 @@ PACKAGE_NAME = {{ cookiecutter.package_name | tojson }}
 WANDB_PROJECT = {{ cookiecutter.wandb_project | tojson }}
 WANDB_ENTITY = {{ cookiecutter.wandb_entity | tojson }}
 AUTHOR_EMAIL = {{ cookiecutter.author_email | tojson }}
-DEFAULT_STRATEGY = {{ cookiecutter.default_strategy | tojson }}
 
-STRATEGIES = ("single", "ddp", "ddp_spawn", "dp", "model_parallel")
 # Names a generated package must not take: they would shadow what it imports.
 TAKEN = set(sys.stdlib_module_names) | {"torch", "lightning", "hydra", "wandb", "omegaconf", "rich", "tests"}
 SLUG = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
@@ -45,8 +43,6 @@ def problem() -> str | None:
         return f"wandb_entity {WANDB_ENTITY!r} is not usable: leave it empty or use letters, digits, '_', '-' and '.'"
     if AUTHOR_EMAIL and not re.fullmatch(r"[^@\s\"]+@[^@\s\"]+", AUTHOR_EMAIL):
         return f"author_email {AUTHOR_EMAIL!r} is not an e-mail address"
-    if DEFAULT_STRATEGY not in STRATEGIES:
-        return f"default_strategy {DEFAULT_STRATEGY!r} is unknown; valid: {', '.join(STRATEGIES)}"
     return None
 
 

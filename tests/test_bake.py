@@ -19,6 +19,7 @@ def expected_files(package: str) -> set[str]:
         "README.md",
         "pyproject.toml",
         f"{src}/__init__.py",
+        f"{src}/checkpoints.py",
         f"{src}/config.py",
         f"{src}/data.py",
         f"{src}/model.py",
@@ -44,6 +45,7 @@ def expected_files(package: str) -> set[str]:
         f"{src}/configs/strategy/single.yaml",
         f"{src}/configs/trainer/default.yaml",
         "tests/conftest.py",
+        "tests/failing_callback.py",
         "tests/test_config.py",
         "tests/test_data.py",
         "tests/test_dp.py",
@@ -64,6 +66,8 @@ def test_every_choice_bakes_the_expected_project(bake, answers):
     for name in files:
         text = (project / name).read_text()
         assert "{{" not in text and "{%" not in text, f"unrendered Jinja left in {name}"
+        if name.endswith(".py"):
+            compile(text, name, "exec")  # every generated module is valid Python
     train_yaml = (project / "src/pixel_shuffler/configs/train.yaml").read_text()
     assert f"  - strategy: {answers['default_strategy']}\n" in train_yaml
     pyproject = tomllib.loads((project / "pyproject.toml").read_text())
@@ -96,6 +100,15 @@ def test_answers_reach_the_project(bake):
     logger = (project / "src/cafe_net/configs/logger/wandb.yaml").read_text()
     assert 'project: "cafe-net"' in logger and 'entity: "my-team"' in logger
     assert (project / "README.md").read_text().startswith("# Café Net")
+
+
+def test_awkward_answers_still_give_valid_python_and_toml(bake):
+    project = bake(project_name='Net """ Two', description="ends in C:\\New\\", author_email="")
+    package = project / "src" / "net_two"
+    init = (package / "__init__.py").read_text()
+    assert compile(init, "__init__.py", "exec") and 'Net """ Two' in eval(init)
+    authors = tomllib.loads((project / "pyproject.toml").read_text())["project"]["authors"]
+    assert authors == [{"name": "Your Name"}], "an empty e-mail is left out, not written as an invalid one"
 
 
 def test_post_hook_prints_next_steps_without_prompting(cookies, capfd):

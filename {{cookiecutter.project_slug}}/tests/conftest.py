@@ -19,7 +19,6 @@ QUICK = [
     "trainer.max_epochs=1",
     "trainer.log_every_n_steps=1",
     "trainer.enable_progress_bar=false",
-    "~callbacks.progress_bar",
     "test_after_fit=false",
 ]
 
@@ -60,14 +59,25 @@ def train_env(tmp_path_factory) -> dict[str, str]:
     return env
 
 
-def make_runner(base_dir: Path, env: dict[str, str]):
-    """runner(*overrides, launcher=None, check=True) -> Run, each run in a new folder of base_dir."""
+def make_runner(base_dir: Path, base_env: dict[str, str]):
+    """runner(*overrides, launcher=None, check=True, env=None) -> Run, each run in a new folder of base_dir.
+
+    `env` changes the environment of that run only; a None value removes the variable.
+    """
     counter = iter(range(1000))
 
-    def run(*overrides: str, launcher: list[str] | None = None, check: bool = True, timeout: int = 300) -> Run:
+    def run(
+        *overrides: str,
+        launcher: list[str] | None = None,
+        check: bool = True,
+        timeout: int = 300,
+        env: dict[str, str | None] | None = None,
+    ) -> Run:
         run_dir = base_dir / f"run{next(counter)}"
         command = (launcher or [sys.executable, "-m"]) + [f"{PACKAGE}.train", f"hydra.run.dir={run_dir}", *overrides]
-        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, cwd=base_dir)
+        run_env = {**base_env, **(env or {})}
+        run_env = {name: value for name, value in run_env.items() if value is not None}
+        proc = subprocess.run(command, env=run_env, capture_output=True, text=True, timeout=timeout, cwd=base_dir)
         output = proc.stdout + proc.stderr
         if check:
             assert proc.returncode == 0, f"{' '.join(command)} failed:\n{output[-4000:]}"

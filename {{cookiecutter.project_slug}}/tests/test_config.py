@@ -111,3 +111,38 @@ def test_bad_input_fails_in_one_line(train, overrides, message):
         next(line for line in run.output.splitlines() if message in line)
     ]
     assert not run.run_dir.exists(), "a rejected run must not leave a folder behind"
+
+
+def test_wandb_goes_offline_without_credentials_and_obeys_wandb_mode(monkeypatch, tmp_path):
+    from {{ cookiecutter.package_name }}.tracking import wandb_mode
+
+    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    netrc = tmp_path / "netrc"
+    monkeypatch.setenv("NETRC", str(netrc))
+    assert wandb_mode() == "offline", "no key, no netrc file"
+    netrc.write_text("machine example.com login user password secret\n")
+    assert wandb_mode() == "offline", "a netrc without wandb's host"
+    netrc.write_text("machine api.wandb.ai login user password secret\n")
+    assert wandb_mode() == "online"
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert wandb_mode() == "disabled", "WANDB_MODE always wins"
+    monkeypatch.delenv("WANDB_MODE")
+    netrc.unlink()
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    assert wandb_mode() == "online"
+
+
+def test_a_mistake_lightning_finds_during_fit_is_one_line_too(train):
+    run = train(
+        "trainer.limit_train_batches=2",
+        "trainer.limit_val_batches=1",
+        "callbacks.checkpoint.monitor=val/accc",
+        "trainer.enable_progress_bar=false",
+        "logger=none",
+        check=False,
+    )
+    assert run.returncode == 2
+    assert "Traceback" not in run.output
+    [error] = [line for line in run.output.splitlines() if line.startswith("error:")]
+    assert "val/accc" in error and "val/acc" in error.replace("val/accc", "")

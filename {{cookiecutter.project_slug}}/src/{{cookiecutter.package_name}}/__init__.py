@@ -1,1 +1,1 @@
-"""{{ cookiecutter.project_name }}: {{ cookiecutter.description | replace('"', "'") }}"""
+{{ (cookiecutter.project_name ~ ': ' ~ cookiecutter.description) | tojson }}

@@ -1,13 +1,13 @@
 """Config helpers: the resolvers the YAML files use, and the one-line error for bad input."""
 
-import netrc
 import os
 import sys
 import time
 from pathlib import Path
-from urllib.parse import urlparse
 
 from omegaconf import OmegaConf
+
+from .tracking import wandb_mode
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 
@@ -19,8 +19,11 @@ class ConfigError(ValueError):
 def check_group_choices(overrides: list[str]) -> None:
     """Reject `strategy=typo` (or any config group) in one line that lists the valid choices.
 
-    Hydra would reject it too, but with a multi-line report of its search path.
+    Hydra would reject it too, but with a multi-line report of its search path. Extra config folders
+    (--config-dir, hydra.searchpath) can add choices, so then Hydra alone checks.
     """
+    if any(arg.startswith(("--config-dir", "-cd", "hydra.searchpath")) for arg in overrides):
+        return
     for override in overrides:
         group, has_value, choice = override.lstrip("+").partition("=")
         if has_value and (CONFIG_DIR / group).is_dir() and "," not in choice:  # "a,b" is a --multirun sweep
@@ -37,22 +40,6 @@ def run_stamp() -> str:
     return time.strftime("%Y-%m-%d_%H-%M-%S")
 
 
-def has_wandb_credentials() -> bool:
-    """True if wandb could log in without asking: an API key in the environment or in ~/.netrc."""
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
-    try:
-        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
-    except (FileNotFoundError, netrc.NetrcParseError):
-        return False
-
-
-def wandb_mode() -> str:
-    """WANDB_MODE if set; else online with credentials, offline without (never a login prompt)."""
-    return os.environ.get("WANDB_MODE") or ("online" if has_wandb_credentials() else "offline")
-
-
 def register_resolvers() -> None:
     for name, resolver in {"run_stamp": run_stamp, "wandb_mode": wandb_mode}.items():
         if not OmegaConf.has_resolver(name):
@@ -62,6 +49,11 @@ def register_resolvers() -> None:
 def fail(error: Exception, run_dir: Path | None = None) -> None:
     """Report a predictable mistake in one line, remove the run folder if nothing was written, exit 2."""
     print(f"error: {error}", file=sys.stderr)
-    if run_dir is not None and run_dir.is_dir() and not any(run_dir.iterdir()):
-        run_dir.rmdir()
+    if run_dir is not None:
+        run_dir, cwd = run_dir.resolve(), Path.cwd().resolve()
+        while run_dir.is_dir() and not any(run_dir.iterdir()) and run_dir != cwd:
+            run_dir.rmdir()
+            if cwd not in run_dir.parents:
+                break  # outside the working directory: remove the run folder itself only
+            run_dir = run_dir.parent
     sys.exit(2)

@@ -28,7 +28,7 @@ class SyntheticDataModule(L.LightningDataModule):
         seed: int = 0,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters()
+        self.save_hyperparameters(logger=False)  # already logged under data.* with the whole config
         self.splits: dict[str, TensorDataset] = {}
 
     def prepare_data(self) -> None:
@@ -65,24 +65,21 @@ class SyntheticDataModule(L.LightningDataModule):
 
     def _loader(self, split: str, shuffle: bool = False, drop_last: bool = False) -> DataLoader:
         dataset = self.splits[split]
-        sampler = None
-        if self.trainer is not None and self.trainer.world_size > 1:
-            # Our own sampler whenever there are several processes (else Lightning inserts its own), because
-            # Lightning's always shuffles the training split (so data.shuffle=false would not hold) and shards
-            # over all processes, not over the data-parallel replicas only (tensor-parallel ranks share a batch).
-            sampler = DistributedSampler(
-                dataset,
-                num_replicas=self.replicas,
-                rank=data_parallel_rank(self.trainer),
-                shuffle=shuffle,
-                seed=self.hparams.seed,
-                drop_last=drop_last,
-            )
+        # The same seeded sampler for every layout, one replica included: each global batch is then the same
+        # samples whatever the strategy, shuffled or not. (Lightning would insert its own under DDP, which always
+        # shuffles the training split and shards over all processes, not over the data-parallel replicas.)
+        sampler = DistributedSampler(
+            dataset,
+            num_replicas=self.replicas,
+            rank=data_parallel_rank(self.trainer) if self.trainer is not None else 0,
+            shuffle=shuffle,
+            seed=self.hparams.seed,
+            drop_last=drop_last,
+        )
         on_gpu = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
         return DataLoader(
             dataset,
             batch_size=self.per_device_batch_size,
-            shuffle=shuffle and sampler is None,
             sampler=sampler,
             drop_last=drop_last,
             num_workers=self.hparams.num_workers,

@@ -1,11 +1,30 @@
-"""Weights & Biases glue that Lightning's WandbLogger leaves to the user: the run's full config,
-and a finish that always happens, even when training fails."""
+"""Weights & Biases glue that Lightning's WandbLogger leaves to the user: offline without credentials,
+the run's full config, and a finish that always happens, even when training fails."""
 
+import netrc
+import os
 from typing import Any
+from urllib.parse import urlparse
 
 import lightning as L
 import wandb
 from lightning.pytorch.loggers import WandbLogger
+
+
+def has_wandb_credentials() -> bool:
+    """True if wandb could log in without asking: an API key in the environment or in ~/.netrc."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+    except (FileNotFoundError, netrc.NetrcParseError):
+        return False
+
+
+def wandb_mode() -> str:
+    """WANDB_MODE if set; else online with credentials, offline without (never a login prompt)."""
+    return os.environ.get("WANDB_MODE") or ("online" if has_wandb_credentials() else "offline")
 
 
 def log_run_config(trainer: L.Trainer, config: dict[str, Any]) -> None:

@@ -16,6 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig, OmegaConf
 
 from .config import ConfigError, check_group_choices, fail, register_resolvers
@@ -36,15 +37,17 @@ def train(cfg: DictConfig) -> dict[str, float]:
     datamodule = build(cfg.data)
     model = build(cfg.model)
     callbacks = [build(callback) for callback in (cfg.callbacks or {}).values()]
+    if not cfg.trainer.enable_progress_bar:  # one switch hides the bar, whichever bar callback is configured
+        callbacks = [callback for callback in callbacks if not isinstance(callback, ProgressBar)]
     logger = build(cfg.logger) if cfg.logger else False
     trainer = build(cfg.trainer, strategy=cfg.strategy, callbacks=callbacks, logger=logger)
     check_layout(preset(), trainer, cfg.data.batch_size, model)  # fail now, not inside a worker process
 
-    if trainer.is_global_zero:
-        OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-        log_run_config(trainer, run_summary(cfg, trainer))
     failed = True
     try:
+        if trainer.is_global_zero:
+            OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+            log_run_config(trainer, run_summary(cfg, trainer))
         trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
         if cfg.test_after_fit:
             best = trainer.checkpoint_callback and trainer.checkpoint_callback.best_model_path
@@ -91,6 +94,8 @@ def run(cfg: DictConfig) -> None:
         train(cfg)
     except ConfigError as err:
         fail(err, Path(HydraConfig.get().runtime.output_dir))
+    except MisconfigurationException as err:  # found by Lightning once fit starts, e.g. an unknown monitor key
+        fail(err)
 
 
 def main() -> None:

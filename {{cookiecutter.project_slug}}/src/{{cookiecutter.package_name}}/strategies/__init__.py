@@ -27,9 +27,14 @@ def per_device_batch_size(global_batch_size: int, replicas: int) -> int:
     if global_batch_size < 1 or global_batch_size % replicas:
         raise ConfigError(
             f"data.batch_size={global_batch_size} is the global batch and must be a positive multiple of the "
-            f"{replicas} data-parallel replicas; valid: {replicas}, {2 * replicas}, {4 * replicas}, ..."
+            f"{replicas} data-parallel replicas; nearest valid: {nearest_multiples(global_batch_size, replicas)}"
         )
     return global_batch_size // replicas
+
+
+def nearest_multiples(value: int, factor: int) -> str:
+    below = max(factor, value // factor * factor)
+    return f"{below} or {below + factor}"
 
 
 def check_layout(preset: str, trainer: L.Trainer, global_batch_size: int, model: L.LightningModule) -> None:
