@@ -43,3 +43,11 @@ def test_first_losses_equal_single_device(train, single_losses, name, overrides,
     run = train(*PARITY, *overrides, launcher=launcher)
     assert run.wandb.steps("train/loss")[:K] == list(range(K))
     assert run.losses(K) == pytest.approx(single_losses, abs=TOLERANCE), name
+
+
+def test_shuffled_runs_match_too(train, single_losses):
+    """data.shuffle=true: the seeded sampler deals the same samples to each global batch on any layout."""
+    shuffled = [*(o for o in PARITY if o != "data.shuffle=false"), "data.shuffle=true"]
+    single = train(*shuffled, "strategy=single").losses(K)
+    assert single != pytest.approx(single_losses, abs=TOLERANCE), "shuffling must change the batches"
+    assert train(*shuffled, "strategy=ddp", "trainer.devices=2").losses(K) == pytest.approx(single, abs=TOLERANCE)
