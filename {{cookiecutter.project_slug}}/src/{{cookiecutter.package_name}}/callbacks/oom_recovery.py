@@ -1,9 +1,10 @@
 """Survive an out-of-memory error in a training step: skip the batch, or split it into micro-batches.
 
 A callback cannot re-run Lightning's optimization step, so this one wraps the module's training_step
-(and, for `split`, its optimizer_zero_grad) for the duration of training. Every rank reports "did I run
-out of memory?" after each forward pass through one all-reduced flag, before any gradient all-reduce
-starts, so all ranks take the same decision and none waits forever for a rank that failed.
+(and its optimizer_zero_grad, which `split` holds back once) for the duration of training. With several
+processes every rank reports "did I run out of memory?" after each forward pass through one small
+all-reduced flag, before any gradient all-reduce starts, so all ranks take the same decision and none
+waits forever for a rank that failed.
 Limit: an OOM inside the backward of the whole batch (run by Lightning, after training_step) is not caught.
 """
 
