@@ -21,7 +21,11 @@ import warnings
 from functools import partial
 from pathlib import Path
 
+import lightning as L
+import torch
 from cookiecutter.main import cookiecutter
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.profilers import SimpleProfiler
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 300  # simulated: more than this many samples per device "does not fit"
@@ -49,12 +53,8 @@ def finder_cost(project: Path, package: str, layout: list[str], run_dir: Path) -
     return f"{found.group(0)}  [whole run {total:.1f}s]"
 
 
-def step_times(project: Path, with_item_logger: bool, steps: int = 150) -> float:
-    """Median seconds per training step (after 10 warm-up steps)."""
-    import lightning as L
-    import torch
-    from lightning.pytorch.loggers import CSVLogger
-
+def step_times(project: Path, with_item_logger: bool, steps: int = 100) -> tuple[float, float]:
+    """(median seconds per training step after 10 warm-up steps, mean seconds per call of the logger's hook)."""
     sys.path.insert(0, str(project / "src"))
     package = project.name.replace("-", "_")
     data = __import__(f"{package}.data", fromlist=["x"])
@@ -69,6 +69,7 @@ def step_times(project: Path, with_item_logger: bool, steps: int = 150) -> float
             stamps.append(time.perf_counter())
 
     callbacks = [Clock()] + ([item_logger.ItemMetricLogger()] if with_item_logger else [])
+    profiler = SimpleProfiler()  # times every callback hook: the logger's own cost, whatever the machine's load
     L.seed_everything(0, verbose=False)
     with tempfile.TemporaryDirectory() as logs:
         trainer = L.Trainer(
@@ -77,6 +78,7 @@ def step_times(project: Path, with_item_logger: bool, steps: int = 150) -> float
             log_every_n_steps=10,
             logger=CSVLogger(logs),
             callbacks=callbacks,
+            profiler=profiler,
             enable_checkpointing=False,
             enable_progress_bar=False,
             enable_model_summary=False,
@@ -85,7 +87,10 @@ def step_times(project: Path, with_item_logger: bool, steps: int = 150) -> float
         net = model.ResidualMLP(32, 8)
         classifier = module.Classifier(net, optimizer=partial(torch.optim.AdamW, lr=1e-3))
         trainer.fit(classifier, datamodule=data.SyntheticDataModule(batch_size=256, train_size=256 * (steps + 1)))
-    return statistics.median(b - a for a, b in itertools.pairwise(stamps[10:]))
+    hook = [
+        t for key, ts in profiler.recorded_durations.items() if "ItemMetricLogger.on_train_batch_end" in key for t in ts
+    ]
+    return statistics.median(b - a for a, b in itertools.pairwise(stamps[10:])), statistics.mean(hook or [0.0])
 
 
 def main() -> None:
@@ -100,17 +105,24 @@ def main() -> None:
         for index, (name, layout) in enumerate(layouts.items()):
             print(f"  {name:7s} {finder_cost(project, package, layout, Path(tmp) / f'run{index}')}")
         print("\n2. Step time, Lightning's logging vs + ItemMetricLogger (median ms/step, 3 alternating rounds)")
+        torch.set_num_threads(1)  # one thread: less at the mercy of other processes on a busy machine
         results: dict[bool, list[float]] = {False: [], True: []}
+        hook_seconds = []
         for _ in range(3):
             for with_item_logger in (False, True):
-                results[with_item_logger].append(step_times(project, with_item_logger))
+                step, hook = step_times(project, with_item_logger)
+                results[with_item_logger].append(step)
+                hook_seconds += [hook] if with_item_logger else []
         for with_item_logger, times in results.items():
             label = "+ ItemMetricLogger" if with_item_logger else "Lightning logging "
-            print(
-                f"  {label}  {' '.join(f'{t * 1e3:6.2f}' for t in times)}  median {statistics.median(times) * 1e3:.2f}"
-            )
+            rounds = " ".join(f"{t * 1e3:6.2f}" for t in times)
+            print(f"  {label}  {rounds}  median {statistics.median(times) * 1e3:.2f}")
         base, item = (statistics.median(results[flag]) for flag in (False, True))
-        print(f"  difference: {(item - base) * 1e3:+.2f} ms/step ({(item / base - 1) * 100:+.1f}%)")
+        print(f"  difference of medians: {(item - base) * 1e3:+.2f} ms/step ({(item / base - 1) * 100:+.1f}%)")
+        hook = statistics.mean(hook_seconds)
+        print(
+            f"  ItemMetricLogger hook, timed by Lightning's profiler: {hook * 1e6:.0f} us/step ({hook / base:.2%} of a step)"
+        )
 
 
 if __name__ == "__main__":
