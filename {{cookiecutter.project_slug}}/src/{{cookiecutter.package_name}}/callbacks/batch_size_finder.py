@@ -3,6 +3,8 @@
 Lightning's BatchSizeFinder refuses distributed strategies. This one runs the trials on the bare
 LightningModule (no DDP wrapper, so no gradient all-reduce that a failed rank would never join),
 and after each trial all-reduces "did it fit?": every rank tries the same size and shrinks together.
+Not for presets whose forward pass is itself a collective (tensor or pipeline parallel): there a rank that
+fails mid-trial would leave the others waiting.
 """
 
 import time
