@@ -25,10 +25,14 @@ class Classifier(L.LightningModule):
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
-        loss = F.cross_entropy(self(x), y)
-        # sync_dist: log the mean over all data-parallel replicas, i.e. the loss of the global batch.
-        self.log("train/loss", loss, on_step=True, on_epoch=False, sync_dist=True)
-        return loss
+        return F.cross_entropy(self(x), y)
+
+    def on_train_batch_end(self, outputs: dict[str, torch.Tensor], batch: object, batch_idx: int) -> None:
+        # Logged here, from the loss Lightning returns, so that a step the OOM recovery split into
+        # micro-batches logs the loss of its whole batch (and a skipped step, with no loss, logs nothing).
+        # sync_dist: the mean over all data-parallel replicas, i.e. the loss of the global batch.
+        if "loss" in outputs:
+            self.log("train/loss", outputs["loss"], on_step=True, on_epoch=False, sync_dist=True)
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "val")

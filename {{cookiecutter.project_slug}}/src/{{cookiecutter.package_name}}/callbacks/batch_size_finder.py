@@ -1,0 +1,161 @@
+"""Find the largest per-device batch that fits, under single, ddp and ddp_spawn alike.
+
+Lightning's BatchSizeFinder refuses distributed strategies. This one runs the trials on the bare
+LightningModule (no DDP wrapper, so no gradient all-reduce that a failed rank would never join),
+and after each trial all-reduces "did it fit?": every rank tries the same size and shrinks together.
+Not for presets whose forward pass is itself a collective (tensor or pipeline parallel): there a rank that
+fails mid-trial would leave the others waiting.
+"""
+
+import time
+from collections.abc import Callable
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DataLoader
+
+from ..strategies import data_parallel_size
+from .oom import free_memory, is_oom_error
+
+
+def search(fits: Callable[[int], bool], start: int, maximum: int, tolerance: float = 0.05) -> tuple[int, int]:
+    """Largest size in [1, maximum] for which fits(size) holds, to within `tolerance` of it.
+
+    Doubles from `start` until a size fails, then bisects between the last fit and the first failure.
+    Returns (size, trials); size 0 means not even 1 fits.
+    """
+    low, high = 0, maximum + 1  # low: largest known to fit; high: smallest known to fail
+    size, trials = max(1, min(start, maximum)), 0
+    while True:  # grow by powers of two
+        trials += 1
+        if not fits(size):
+            high = size
+            break
+        low = size
+        if size == maximum:
+            break
+        size = min(2 * size, maximum)
+    while high - low > max(1.0, tolerance * low):  # then bisect
+        middle = (low + high) // 2
+        trials += 1
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low, trials
+
+
+class BatchSizeFinder(L.Callback):
+    """Before training, set the DataModule's batch to the largest per-device batch that fits, less a margin.
+
+    The per-device batch changes, so the GLOBAL batch becomes per-device x data-parallel replicas
+    (logged as batch_size_finder/global_batch_size). lr_scaling: "linear" or "sqrt" scales the learning
+    rate with the global batch; "none" (default) leaves it as configured.
+    """
+
+    def __init__(
+        self,
+        max_batch_size: int = 4096,
+        margin: float = 0.1,
+        tolerance: float = 0.05,
+        steps_per_trial: int = 2,
+        lr_scaling: str = "none",
+    ) -> None:
+        if lr_scaling not in ("none", "linear", "sqrt"):
+            raise ValueError(f"lr_scaling={lr_scaling!r}; valid: none, linear, sqrt")
+        if not 0 <= margin < 1:
+            raise ValueError(f"margin={margin} must be in [0, 1)")
+        self.max_batch_size, self.margin, self.tolerance = max_batch_size, margin, tolerance
+        self.steps_per_trial, self.lr_scaling = steps_per_trial, lr_scaling
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        datamodule = trainer.datamodule
+        replicas = data_parallel_size(trainer)
+        dataset = datamodule.train_dataloader().dataset
+        old_global = datamodule.hparams.batch_size
+        saved = _snapshot(pl_module, trainer.optimizers)
+        start = time.perf_counter()
+        maximum = min(self.max_batch_size, len(dataset) // replicas)
+        fits = lambda size: self._fits(trainer, pl_module, dataset, size)  # noqa: E731
+        largest, trials = search(fits, datamodule.per_device_batch_size, maximum, self.tolerance)
+        _restore(pl_module, trainer.optimizers, saved)
+        if largest == 0:
+            raise RuntimeError("BatchSizeFinder: not even a batch of 1 fits in memory")
+        per_device = max(1, min(maximum, int(largest * (1 - self.margin))))
+        datamodule.hparams.batch_size = per_device * replicas
+        lr_factor = self._scale_learning_rate(trainer, per_device * replicas / old_global)
+        found = {
+            "batch_size_finder/largest_fitting": largest,
+            "batch_size_finder/per_device_batch_size": per_device,
+            "batch_size_finder/global_batch_size": per_device * replicas,
+            "batch_size_finder/trials": trials,
+            "batch_size_finder/seconds": time.perf_counter() - start,
+            "batch_size_finder/lr_factor": lr_factor,
+        }
+        rank_zero_info(
+            f"BatchSizeFinder: largest per-device batch that fits {largest}; using {per_device} per device "
+            f"(global {old_global} -> {per_device * replicas}, lr x{lr_factor:.3g}) after {trials} trials "
+            f"in {found['batch_size_finder/seconds']:.1f}s"
+        )
+        for logger in trainer.loggers:
+            logger.log_metrics(found, step=trainer.global_step)
+
+    def _fits(self, trainer: L.Trainer, pl_module: L.LightningModule, dataset, size: int) -> bool:
+        oom = False
+        try:
+            for _ in range(self.steps_per_trial):
+                _train_on(trainer, pl_module, next(iter(DataLoader(dataset, batch_size=size))))
+        except Exception as error:
+            if not is_oom_error(error):
+                raise
+            oom = True
+        for optimizer in trainer.optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        free_memory()  # outside `except`, where the failed step's tensors are no longer referenced
+        return trainer.strategy.reduce_boolean_decision(not oom, all=True)
+
+    def _scale_learning_rate(self, trainer: L.Trainer, ratio: float) -> float:
+        factor = {"none": 1.0, "linear": ratio, "sqrt": ratio**0.5}[self.lr_scaling]
+        for optimizer in trainer.optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] *= factor
+        return factor
+
+
+def _train_on(trainer: L.Trainer, pl_module: L.LightningModule, batch) -> None:
+    """One optimizer step on the bare module: forward, backward and the optimizer state, as in training."""
+    batch = trainer.strategy.batch_to_device(batch)
+    with trainer.precision_plugin.train_step_context():
+        output = pl_module.training_step(batch, 0)
+    loss = output["loss"] if isinstance(output, dict) else output
+    loss.backward()
+    for optimizer in trainer.optimizers:
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def _snapshot(pl_module: L.LightningModule, optimizers: list[torch.optim.Optimizer]) -> dict:
+    """Weights, optimizer state and RNG, copied to the CPU (a copy on the device would skew the trials)."""
+    return {
+        "model": _cpu_copy(pl_module.state_dict()),
+        "optimizers": [_cpu_copy(optimizer.state_dict()) for optimizer in optimizers],
+        "rng": torch.random.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
+    }
+
+
+def _cpu_copy(value):
+    if torch.is_tensor(value):
+        return value.to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {key: _cpu_copy(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_cpu_copy(item) for item in value)
+    return value
+
+
+def _restore(pl_module: L.LightningModule, optimizers: list[torch.optim.Optimizer], saved: dict) -> None:
+    pl_module.load_state_dict(saved["model"])
+    for optimizer, state in zip(optimizers, saved["optimizers"], strict=True):
+        optimizer.load_state_dict(state)
+    torch.random.set_rng_state(saved["rng"])
+    if saved["cuda_rng"] is not None:
+        torch.cuda.set_rng_state_all(saved["cuda_rng"])

@@ -1,0 +1,61 @@
+"""Log training-step metrics as Python numbers, with one host sync per logging step.
+
+`.item()` on a CUDA tensor waits for the GPU; doing it every step stalls the pipeline. Keeping the
+tensors themselves (e.g. appending the loss to a list) is worse: each one keeps its step's graph and
+activations alive, and memory grows with every step. This callback keeps a detached running sum on
+the device and turns it into floats only when it logs.
+"""
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
+
+
+class ItemMetricLogger(L.Callback):
+    """Logs train/<name>_mean: the mean, over the steps since the last log, of every scalar tensor the
+    training step returns (the loss included), averaged over the processes. Logs every
+    trainer.log_every_n_steps optimizer steps, at Lightning's step numbers."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+        self.count = 0
+        self.host_syncs = 0
+        self._warned = False
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        if not isinstance(outputs, dict) or "loss" not in outputs:  # a skipped step returns nothing
+            return
+        self._warn_about_graphs(outputs)
+        for name, value in outputs.items():
+            if torch.is_tensor(value) and value.numel() == 1:
+                value = value.detach().float().reshape(())
+                self.sums[name] = self.sums[name] + value if name in self.sums else value
+        self.count += 1
+        if trainer.global_step % trainer.log_every_n_steps == 0:
+            self._log(trainer, step=trainer.global_step - 1)  # the index of the step just taken, as Lightning's
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.sums, self.count = {}, 0
+
+    def _log(self, trainer: L.Trainer, step: int) -> None:
+        if not self.sums:
+            return
+        names = sorted(self.sums)
+        means = trainer.strategy.reduce(torch.stack([self.sums[name] for name in names]) / self.count, reduce_op="mean")
+        values = means.tolist()  # the one host sync of this logging step
+        self.host_syncs += 1
+        self.sums, self.count = {}, 0
+        metrics = {f"train/{name}_mean": value for name, value in zip(names, values, strict=True)}
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+
+    def _warn_about_graphs(self, outputs: dict) -> None:
+        if self._warned:
+            return
+        carrying = [name for name, value in outputs.items() if name != "loss" and getattr(value, "grad_fn", None)]
+        if carrying:
+            self._warned = True
+            rank_zero_warn(
+                f"training_step returned {carrying} with an autograd graph: anything that keeps them keeps the "
+                "step's activations alive. Return value.detach() instead."
+            )

@@ -1,0 +1,63 @@
+"""What counts as an out-of-memory error, and how to give memory back. Shared by every OOM callback."""
+
+import gc
+import os
+import resource
+import sys
+import warnings
+
+import torch
+
+# Messages of allocators that do not raise torch.OutOfMemoryError (older torch, cuDNN, the CPU allocator).
+OOM_MESSAGES = (
+    "CUDA out of memory",
+    "CUDA error: out of memory",
+    "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED",  # what cuDNN raises when it cannot get a workspace
+    "cuDNN error: CUDNN_STATUS_ALLOC_FAILED",
+    "DefaultCPUAllocator: can't allocate memory",
+    "MPS backend out of memory",
+)
+
+
+def is_oom_error(error: BaseException) -> bool:
+    """True for torch.OutOfMemoryError whatever its message, and for the known OOM messages."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    return isinstance(error, RuntimeError) and any(message in str(error) for message in OOM_MESSAGES)
+
+
+def free_memory() -> None:
+    """Collect garbage and return cached blocks to the device. Call it outside the `except` block:
+    inside it the traceback still references the failed step's tensors."""
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def rss_mb() -> float:
+    """This process's resident memory now, in MiB (Linux; falls back to the peak elsewhere)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+        return peak / (2**20 if sys.platform == "darwin" else 2**10)
+
+
+def memory_summary(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.memory_summary(device, abbreviated=True)
+    return f"process RSS {rss_mb():.0f} MiB"
+
+
+def configure_allocator() -> None:
+    """Ask the CUDA caching allocator for expandable segments (less fragmentation, fewer OOMs).
+    It reads PYTORCH_ALLOC_CONF once, when CUDA initialises, so set it before; a user's value wins."""
+    if any(name in os.environ for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")):
+        return
+    if not torch.cuda.is_available():
+        return
+    if torch.cuda.is_initialized():
+        warnings.warn("CUDA already initialised: PYTORCH_ALLOC_CONF=expandable_segments:True not applied", stacklevel=2)
+        return
+    os.environ["PYTORCH_ALLOC_CONF"] = "expandable_segments:True"

@@ -1,0 +1,33 @@
+"""Simulated out-of-memory errors for the OOM toolkit tests: deterministic, on CPU.
+
+Used inside training subprocesses (`model._target_=oom_sim.OOMClassifier`), so the tests folder is put
+on their PYTHONPATH.
+"""
+
+import torch
+
+from {{ cookiecutter.package_name }}.module import Classifier
+
+
+def simulated_oom() -> torch.OutOfMemoryError:
+    return torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+class OOMClassifier(Classifier):
+    """Raises a simulated CUDA OOM on rank `oom_rank` (every rank if None): for any batch larger than
+    `oom_above`, and for the whole batch (not its micro-batches) at the batch indices in `oom_batches`."""
+
+    def __init__(self, *args, oom_above: int | None = None, oom_batches=(), oom_rank: int | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.oom_above, self.oom_batches, self.oom_rank = oom_above, list(oom_batches), oom_rank
+        self.full_size = None
+
+    def training_step(self, batch, batch_idx):
+        size = len(batch[0])
+        if self.oom_rank is None or self.global_rank == self.oom_rank:
+            if self.oom_above is not None and size > self.oom_above:
+                raise simulated_oom()
+            whole_batch = size == self.trainer.datamodule.per_device_batch_size
+            if self.trainer.training and batch_idx in self.oom_batches and whole_batch:
+                raise simulated_oom()
+        return super().training_step(batch, batch_idx)
