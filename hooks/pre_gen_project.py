@@ -17,7 +17,7 @@ WANDB_ENTITY = {{ cookiecutter.wandb_entity | tojson }}
 AUTHOR_EMAIL = {{ cookiecutter.author_email | tojson }}
 DEFAULT_STRATEGY = {{ cookiecutter.default_strategy | tojson }}
 
-STRATEGIES = ("single", "ddp", "ddp_spawn")
+STRATEGIES = ("single", "ddp", "ddp_spawn", "pipeline")
 # Names a generated package must not take: they would shadow what it imports.
 TAKEN = set(sys.stdlib_module_names) | {"torch", "lightning", "hydra", "wandb", "omegaconf", "rich", "tests"}
 SLUG = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")

@@ -26,6 +26,7 @@ def expected_files(package: str) -> set[str]:
         f"{src}/tracking.py",
         f"{src}/train.py",
         f"{src}/strategies/__init__.py",
+        f"{src}/strategies/pipeline.py",
         f"{src}/configs/train.yaml",
         f"{src}/configs/callbacks/checkpoint.yaml",
         f"{src}/configs/callbacks/default.yaml",
@@ -37,12 +38,14 @@ def expected_files(package: str) -> set[str]:
         f"{src}/configs/model/classifier.yaml",
         f"{src}/configs/strategy/ddp.yaml",
         f"{src}/configs/strategy/ddp_spawn.yaml",
+        f"{src}/configs/strategy/pipeline.yaml",
         f"{src}/configs/strategy/single.yaml",
         f"{src}/configs/trainer/default.yaml",
         "tests/conftest.py",
         "tests/test_config.py",
         "tests/test_data.py",
         "tests/test_parity.py",
+        "tests/test_pipeline.py",
         "tests/test_train.py",
         "tests/wandb_records.py",
     }
@@ -64,7 +67,7 @@ def test_every_choice_bakes_the_expected_project(bake, answers):
 
 
 def test_choices_cover_every_strategy_preset():
-    presets = {"single", "ddp", "ddp_spawn"}
+    presets = {"single", "ddp", "ddp_spawn", "pipeline"}
     assert set(CHOICES["default_strategy"]) == presets
 
 

@@ -22,6 +22,9 @@ CASES = [
     ("ddp", ["strategy=ddp", "trainer.devices=2"], None),
     ("ddp_spawn", ["strategy=ddp_spawn", "trainer.devices=2"], None),
     ("ddp-torchrun", ["strategy=ddp", "trainer.devices=2"], TORCHRUN),
+    ("pipeline-gpipe", ["strategy=pipeline", "trainer.devices=2", "strategy.schedule=gpipe"], None),
+    ("pipeline-1f1b", ["strategy=pipeline", "trainer.devices=2", "strategy.schedule=1f1b"], None),
+    ("pipeline-torchrun", ["strategy=pipeline", "trainer.devices=2"], TORCHRUN),
 ]
 
 

@@ -66,9 +66,10 @@ class SyntheticDataModule(L.LightningDataModule):
     def _loader(self, split: str, shuffle: bool = False, drop_last: bool = False) -> DataLoader:
         dataset = self.splits[split]
         sampler = None
-        if self.replicas > 1:
-            # Our own sampler, because Lightning's always shuffles the training split (so data.shuffle=false
-            # would not hold) and shards over all processes, not over the data-parallel replicas only.
+        if self.trainer is not None and self.trainer.world_size > 1:
+            # Our own sampler whenever several processes run, because Lightning's always shuffles the training
+            # split (so data.shuffle=false would not hold) and shards over all processes, not over the
+            # data-parallel replicas only (all stages of a pipeline read the same batch).
             sampler = DistributedSampler(
                 dataset,
                 num_replicas=self.replicas,

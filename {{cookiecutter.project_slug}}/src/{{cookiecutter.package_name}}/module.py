@@ -17,9 +17,13 @@ class Classifier(L.LightningModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
 
+    def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Mean loss of a batch (strategy=pipeline computes it per micro-batch on the last stage)."""
+        return F.cross_entropy(logits, target)
+
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
-        loss = F.cross_entropy(self(x), y)
+        loss = self.loss(self(x), y)
         # sync_dist: log the mean over all data-parallel replicas, i.e. the loss of the global batch.
         self.log("train/loss", loss, on_step=True, on_epoch=False, sync_dist=True)
         return loss
@@ -33,7 +37,7 @@ class Classifier(L.LightningModule):
     def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> None:
         x, y = batch
         logits = self(x)
-        self.log(f"{split}/loss", F.cross_entropy(logits, y), sync_dist=True)
+        self.log(f"{split}/loss", self.loss(logits, y), sync_dist=True)
         self.log(f"{split}/acc", (logits.argmax(dim=-1) == y).float().mean(), sync_dist=True)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:

@@ -37,7 +37,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     callbacks = [build(callback) for callback in (cfg.callbacks or {}).values()]
     logger = build(cfg.logger) if cfg.logger else False
     trainer = build(cfg.trainer, strategy=cfg.strategy, callbacks=callbacks, logger=logger)
-    check_layout(preset(), trainer, cfg.data.batch_size)  # fail now, not inside a worker process
+    check_layout(preset(), trainer, cfg.data.batch_size, model)  # fail now, not inside a worker process
 
     if trainer.is_global_zero:
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)

@@ -32,7 +32,7 @@ def per_device_batch_size(global_batch_size: int, replicas: int) -> int:
     return global_batch_size // replicas
 
 
-def check_layout(preset: str, trainer: L.Trainer, global_batch_size: int) -> None:
+def check_layout(preset: str, trainer: L.Trainer, global_batch_size: int, module: L.LightningModule) -> None:
     """Refuse, before any process starts, a layout the preset cannot run."""
     if preset == "single" and trainer.world_size > 1:
         raise ConfigError(
@@ -40,3 +40,6 @@ def check_layout(preset: str, trainer: L.Trainer, global_batch_size: int) -> Non
             f"trainer.num_nodes={trainer.num_nodes} asks for {trainer.world_size}; use strategy=ddp for several"
         )
     per_device_batch_size(global_batch_size, data_parallel_size(trainer))
+    check_strategy = getattr(trainer.strategy, "check_layout", None)  # strategies that split the model know more
+    if check_strategy is not None:
+        check_strategy(trainer, module, global_batch_size)
