@@ -88,17 +88,10 @@ def test_too_few_microbatches_fail_in_one_line_from_the_command_line(train):
 
 
 @pytest.mark.slow
-def test_pipeline_trains_validates_tests_and_saves_a_checkpoint_one_device_can_load(train):
-    run = train(
-        *QUICK,
-        "strategy=pipeline",
-        "trainer.accelerator=cpu",
-        "trainer.devices=2",
-        "trainer.limit_train_batches=8",
-        "trainer.log_every_n_steps=2",
-        "test_after_fit=true",
-        "data.batch_size=64",
-    )
+def test_pipeline_checkpoints_round_trip_through_one_device(train):
+    pipeline = ["strategy=pipeline", "trainer.accelerator=cpu", "trainer.devices=2", "data.shuffle=false"]
+    quick = [*QUICK, *pipeline, "trainer.limit_train_batches=8", "data.batch_size=64"]
+    run = train(*quick, "trainer.log_every_n_steps=2", "test_after_fit=true")
     wandb = run.wandb
     assert wandb.steps("train/loss") == [1, 3, 5, 7], "once per logging step, at the global step"
     assert len(wandb.metric("val/loss")) == len(wandb.metric("val/acc")) == 1
@@ -114,8 +107,7 @@ def test_pipeline_trains_validates_tests_and_saves_a_checkpoint_one_device_can_l
         assert len(idle) == 4 and all(0 <= value < 1 for value in idle)
 
     # Each stage saved only its own part; the consolidated file holds the whole net under single-device names.
-    checkpoints = run.run_dir / "checkpoints"
-    [best] = checkpoints.glob("epoch*.ckpt")
+    [best] = (run.run_dir / "checkpoints").glob("epoch*.ckpt")
     single = module()
     parts = [set(torch.load(f"{best}.stage{stage}", weights_only=True)["state_dict"]) for stage in range(2)]
     assert parts[0].isdisjoint(parts[1]) and parts[0] | parts[1] == set(single.state_dict())
@@ -123,7 +115,7 @@ def test_pipeline_trains_validates_tests_and_saves_a_checkpoint_one_device_can_l
     single.load_state_dict(torch.load(best, weights_only=True)["state_dict"])
 
     # The single-device model predicts what the pipeline predicted: the same test loss and accuracy.
-    data = SyntheticDataModule(batch_size=64, seed=42)
+    data = SyntheticDataModule(batch_size=64, shuffle=False, seed=42)
     data.setup()
     single.eval()
     with torch.no_grad():
@@ -132,3 +124,12 @@ def test_pipeline_trains_validates_tests_and_saves_a_checkpoint_one_device_can_l
     accuracy = torch.cat([logits.argmax(dim=-1) == y for logits, y in batches]).float().mean().item()
     assert loss == pytest.approx(wandb.metric("test/loss")[0], abs=1e-5)
     assert accuracy == pytest.approx(wandb.metric("test/acc")[0], abs=1e-6)
+
+    # Resuming the pipeline from its stage files continues exactly as one device resuming the consolidated file
+    # (model and optimizer state); both follow Lightning's rules for where a resumed run starts.
+    resume = ["trainer.max_epochs=3", "trainer.max_steps=11", f"ckpt_path={run.run_dir / 'checkpoints' / 'last.ckpt'}"]
+    resumed = train(*quick, *resume)
+    on_one_device = train(*quick, *resume, "strategy=single", "trainer.devices=1")
+    assert len(resumed.wandb.steps("train/loss")) == 3
+    assert resumed.wandb.steps("train/loss") == on_one_device.wandb.steps("train/loss")
+    assert resumed.losses(3) == pytest.approx(on_one_device.losses(3), abs=1e-5)

@@ -7,7 +7,9 @@ optimization); validation, test, logging and checkpoints go through the usual Li
 Every stage reads the same batch: the pipeline is one data-parallel replica (pp x dp is not supported).
 """
 
+import copy
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -152,21 +154,25 @@ class PipelineStrategy(DDPStrategy):
         self.lightning_module.load_state_dict(state, strict=strict)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
-        # Each stage saves its part with its optimizer state (what resuming this pipeline needs) ...
+        # Each stage saves its part: its parameters and optimizer state (what resuming this pipeline reads) ...
         self.checkpoint_io.save_checkpoint(checkpoint, stage_path(filepath, self.global_rank), storage_options)
-        # ... and rank 0 the whole model under single-device names, which any preset (single too) can load.
+        # ... and rank 0 the whole model and optimizer state under single-device names and order, which any
+        # preset (single too) can load, for evaluation or to resume training.
         parts = [None] * self.world_size if self.is_global_zero else None
-        dist.gather_object(checkpoint["state_dict"], parts, dst=0)
+        dist.gather_object((checkpoint["state_dict"], checkpoint.get("optimizer_states")), parts, dst=0)
         if self.is_global_zero:
-            whole = {key: value for part in parts for key, value in part.items()}
-            # Without optimizer state: the per-stage states only fit this split (they are in the stage files).
-            consolidated = {key: value for key, value in checkpoint.items() if key != "optimizer_states"}
-            self.checkpoint_io.save_checkpoint({**consolidated, "state_dict": whole}, filepath, storage_options)
+            whole = dict(checkpoint, state_dict={key: value for part, _ in parts for key, value in part.items()})
+            if "optimizer_states" in checkpoint:  # absent from weights-only checkpoints
+                per_stage = [optimizer_states for _, optimizer_states in parts]
+                whole["optimizer_states"] = [merge_optimizer_states(states) for states in zip(*per_stage, strict=True)]
+            if "loops" in checkpoint:
+                whole["loops"] = with_automatic_step_count(checkpoint["loops"])
+            self.checkpoint_io.save_checkpoint(whole, filepath, storage_options)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         checkpoint = super().load_checkpoint(checkpoint_path, weights_only)
         stage_file = stage_path(checkpoint_path, self.global_rank)
-        if stage_file.is_file():  # resuming a pipeline run: this stage's optimizer state
+        if "optimizer_states" in checkpoint and stage_file.is_file():  # resuming: this stage's optimizer state
             stage_checkpoint = self.checkpoint_io.load_checkpoint(stage_file, weights_only=weights_only)
             checkpoint["optimizer_states"] = stage_checkpoint["optimizer_states"]
         return checkpoint
@@ -179,6 +185,36 @@ class PipelineStrategy(DDPStrategy):
 def stage_path(checkpoint_path: Any, stage: int) -> Path:
     """Where a stage keeps its part of a checkpoint: last.ckpt -> last.ckpt.stage1."""
     return Path(f"{checkpoint_path}.stage{stage}")
+
+
+def merge_optimizer_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One optimizer's state over the whole model, from its stages' states.
+
+    Stages hold consecutive parameters in model order, so within each parameter group the single-device
+    optimizer sees stage 0's parameters, then stage 1's, ...; they are renumbered in that order.
+    """
+    merged: dict[str, Any] = {"state": {}, "param_groups": []}
+    index = 0
+    for groups in zip(*(state["param_groups"] for state in states), strict=True):
+        params = []
+        for state, group in zip(states, groups, strict=True):
+            for param in group["params"]:
+                if param in state["state"]:
+                    merged["state"][index] = state["state"][param]
+                params.append(index)
+                index += 1
+        merged["param_groups"].append({**groups[0], "params": params})
+    return merged
+
+
+def with_automatic_step_count(loops: dict[str, Any]) -> dict[str, Any]:
+    """Loop state whose optimizer step count is also where automatic optimization (every other preset) reads
+    it, so that a single-device run resuming the consolidated checkpoint continues at the same global step."""
+    loops = copy.deepcopy(loops)
+    fit_loop = loops["fit_loop"]
+    steps = fit_loop["epoch_loop.manual_optimization.optim_step_progress"]
+    fit_loop["epoch_loop.automatic_optimization.optim_progress"]["optimizer"]["step"] = copy.deepcopy(steps)
+    return loops
 
 
 def single_device_name(key: str) -> str:
