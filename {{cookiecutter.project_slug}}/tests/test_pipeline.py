@@ -95,11 +95,12 @@ def test_pipeline_checkpoints_round_trip_through_one_device(train):
     wandb = run.wandb
     assert wandb.steps("train/loss") == [1, 3, 5, 7], "once per logging step, at the global step"
     assert len(wandb.metric("val/loss")) == len(wandb.metric("val/acc")) == 1
+    stages = [module().net.pipeline_stage(stage, 2) for stage in range(2)]
     assert wandb.config["pipeline"] == {
         "stages": 2,
         "microbatches": 4,
         "schedule": "1f1b",
-        "blocks_per_stage": 2,
+        "parameters_per_stage": [sum(p.numel() for p in stage.parameters()) for stage in stages],
         "bubble_fraction": 0.2,
     }
     for stage in range(2):

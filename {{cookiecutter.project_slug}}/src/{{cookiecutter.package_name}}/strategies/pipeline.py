@@ -107,11 +107,14 @@ class PipelineStrategy(DDPStrategy):
         self.setup_precision_plugin()
 
     def _log_layout(self, trainer: L.Trainer) -> None:
+        """Record the split (parameters per stage: is it balanced?) and the theoretical bubble."""
+        parameters = [None] * self.world_size
+        dist.all_gather_object(parameters, sum(p.numel() for p in self.lightning_module.net.stage.parameters()))
         layout = {
             "stages": self.world_size,
             "microbatches": self.microbatches,
             "schedule": self.schedule,
-            "blocks_per_stage": len(self.lightning_module.net.stage.blocks),
+            "parameters_per_stage": parameters,
             "bubble_fraction": round(self.bubble_fraction, 4),
         }
         for logger in trainer.loggers:
