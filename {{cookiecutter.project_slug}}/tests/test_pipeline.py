@@ -3,13 +3,17 @@
 Loss parity with a single device is checked in test_parity.py (rows pipeline-gpipe and pipeline-1f1b).
 """
 
+from datetime import timedelta
+
 import lightning as L
 import pytest
 import torch
 from conftest import QUICK
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
-from {{ cookiecutter.package_name }}.config import ConfigError
+from {{ cookiecutter.package_name }}.config import CONFIG_DIR, ConfigError
 from {{ cookiecutter.package_name }}.data import SyntheticDataModule
 from {{ cookiecutter.package_name }}.model import ResidualMLP, split_blocks
 from {{ cookiecutter.package_name }}.module import Classifier
@@ -73,6 +77,11 @@ def test_unknown_schedule_is_refused():
 def test_bubble_fraction_follows_the_formula():
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy=PipelineStrategy(microbatches=8), logger=False)
     assert trainer.strategy.bubble_fraction == pytest.approx(1 / 9)
+
+
+def test_a_stage_waiting_for_a_broken_peer_times_out_instead_of_hanging():
+    strategy = OmegaConf.load(CONFIG_DIR / "strategy" / "pipeline.yaml").strategy
+    assert instantiate(strategy.timeout) <= timedelta(minutes=10), "gloo send/recv would otherwise wait 30 minutes"
 
 
 def test_too_few_microbatches_fail_in_one_line_from_the_command_line(train):
