@@ -35,6 +35,7 @@ def expected_files(package: str) -> set[str]:
         f"{src}/callbacks/oom_recovery.py",
         f"{src}/strategies/dp.py",
         f"{src}/strategies/model_parallel.py",
+        f"{src}/strategies/pipeline.py",
         f"{src}/configs/train.yaml",
         f"{src}/configs/callbacks/checkpoint.yaml",
         f"{src}/configs/callbacks/default.yaml",
@@ -53,6 +54,7 @@ def expected_files(package: str) -> set[str]:
         f"{src}/configs/strategy/ddp_spawn.yaml",
         f"{src}/configs/strategy/dp.yaml",
         f"{src}/configs/strategy/model_parallel.yaml",
+        f"{src}/configs/strategy/pipeline.yaml",
         f"{src}/configs/strategy/single.yaml",
         f"{src}/configs/trainer/default.yaml",
         "tests/conftest.py",
@@ -65,6 +67,7 @@ def expected_files(package: str) -> set[str]:
         "tests/test_oom.py",
         "tests/test_parity.py",
         "tests/shard_probe.py",
+        "tests/test_pipeline.py",
         "tests/test_train.py",
         "tests/wandb_records.py",
     }
@@ -88,7 +91,7 @@ def test_every_choice_bakes_the_expected_project(bake, answers):
 
 
 def test_choices_cover_every_strategy_preset():
-    presets = {"single", "ddp", "ddp_spawn", "dp", "model_parallel"}
+    presets = {"single", "ddp", "ddp_spawn", "dp", "model_parallel", "pipeline"}
     assert set(CHOICES["default_strategy"]) == presets
 
 

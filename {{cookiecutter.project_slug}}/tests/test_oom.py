@@ -72,11 +72,14 @@ def test_search_respects_the_maximum_and_reports_nothing_fits():
 
 def test_oom_preset_turns_on_every_part_of_the_toolkit(tmp_path):
     cfg = compose_config(tmp_path, "callbacks=oom", "~callbacks.item_logger")
-    assert set(cfg.callbacks) == {"checkpoint", "progress_bar", "batch_size_finder", "oom_recovery", "device_memory"}
+    assert set(cfg.callbacks) == {
+        *("checkpoint", "last_checkpoint", "progress_bar"),
+        *("batch_size_finder", "oom_recovery", "device_memory"),
+    }
     callbacks = [instantiate(node) for node in cfg.callbacks.values()]
-    assert len(callbacks) == 5
+    assert len(callbacks) == 6
     alone = compose_config(tmp_path, "callbacks=[default,oom_recovery]")
-    assert set(alone.callbacks) == {"checkpoint", "progress_bar", "oom_recovery"}
+    assert set(alone.callbacks) == {"checkpoint", "last_checkpoint", "progress_bar", "oom_recovery"}
 
 
 # --- real trainings ----------------------------------------------------------------------------

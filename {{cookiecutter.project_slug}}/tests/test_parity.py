@@ -27,6 +27,9 @@ CASES = [
     ("model_parallel-tp2", ["strategy=model_parallel", "trainer.devices=2"], None),
     ("model_parallel-dp2xtp2", ["strategy=model_parallel", "trainer.devices=4", "strategy.data_parallel_size=2"], None),
     ("model_parallel-layers", ["strategy=model_parallel", "strategy.mode=layers", "strategy.devices=[cpu,cpu]"], None),
+    ("pipeline-gpipe", ["strategy=pipeline", "trainer.devices=2", "strategy.schedule=gpipe"], None),
+    ("pipeline-1f1b", ["strategy=pipeline", "trainer.devices=2", "strategy.schedule=1f1b"], None),
+    ("pipeline-torchrun", ["strategy=pipeline", "trainer.devices=2"], TORCHRUN),
 ]
 
 

@@ -23,13 +23,18 @@ class Classifier(L.LightningModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
 
+    def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Mean loss of a batch (strategy=pipeline computes it per micro-batch on the last stage)."""
+        return F.cross_entropy(logits, target)
+
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
-        return F.cross_entropy(self(x), y)
+        return self.loss(self(x), y)
 
     def on_train_batch_end(self, outputs: dict[str, torch.Tensor], batch: object, batch_idx: int) -> None:
-        # Logged here, from the loss Lightning returns, so that a step the OOM recovery split into
-        # micro-batches logs the loss of its whole batch (and a skipped step, with no loss, logs nothing).
+        # Logged here, from the loss the step returned, whatever ran the step: a step the OOM recovery split
+        # into micro-batches logs the loss of its whole batch (a skipped step, with no loss, logs nothing), and
+        # strategy=pipeline returns the last stage's loss on every stage.
         # sync_dist: the mean over all data-parallel replicas, i.e. the loss of the global batch.
         if "loss" in outputs:
             self.log("train/loss", outputs["loss"], on_step=True, on_epoch=False, sync_dist=True)
@@ -43,7 +48,7 @@ class Classifier(L.LightningModule):
     def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> None:
         x, y = batch
         logits = self(x)
-        self.log(f"{split}/loss", F.cross_entropy(logits, y), sync_dist=True)
+        self.log(f"{split}/loss", self.loss(logits, y), sync_dist=True)
         self.log(f"{split}/acc", (logits.argmax(dim=-1) == y).float().mean(), sync_dist=True)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:

@@ -37,16 +37,16 @@ def nearest_multiples(value: int, factor: int) -> str:
     return f"{below} or {below + factor}"
 
 
-def check_layout(preset: str, trainer: L.Trainer, global_batch_size: int, model: L.LightningModule) -> None:
+def check_layout(preset: str, trainer: L.Trainer, global_batch_size: int, module: L.LightningModule) -> None:
     """Refuse, before any process starts, a layout the preset cannot run.
 
-    A strategy with its own limits declares them in a `check_supported(model)` method.
+    A strategy with limits of its own declares them in a `check_layout(trainer, module, global_batch_size)` method.
     """
-    if hasattr(trainer.strategy, "check_supported"):
-        trainer.strategy.check_supported(model)
     if preset == "single" and trainer.world_size > 1:
         raise ConfigError(
             f"strategy=single runs one device but trainer.devices={trainer.num_devices} x "
             f"trainer.num_nodes={trainer.num_nodes} asks for {trainer.world_size}; use strategy=ddp for several"
         )
     per_device_batch_size(global_batch_size, data_parallel_size(trainer))
+    if hasattr(trainer.strategy, "check_layout"):
+        trainer.strategy.check_layout(trainer, module, global_batch_size)

@@ -87,7 +87,7 @@ class TensorParallelStrategy(ModelParallelStrategy):
         self._data_parallel_size, self._tensor_parallel_size = self._sizes()
         super().setup_environment()
 
-    def check_supported(self, model: nn.Module) -> None:
+    def check_layout(self, trainer: L.Trainer, model: nn.Module, global_batch_size: int) -> None:
         """Refuse a mesh that does not fit the processes or a model that does not divide over it."""
         dp, tp = self._sizes()
         if dp < 1 or tp < 1 or dp * tp != self.world_size:
@@ -145,7 +145,7 @@ class LayerSplitStrategy(SingleDeviceStrategy):
         super().__init__(device=self.devices[0])
         self._hooks: list[RemovableHandle] = []
 
-    def check_supported(self, model: nn.Module) -> None:
+    def check_layout(self, trainer: L.Trainer, model: nn.Module, global_batch_size: int) -> None:
         try:
             split_hooks(model, "layer_groups").layer_groups(len(self.devices))
         except ValueError as err:

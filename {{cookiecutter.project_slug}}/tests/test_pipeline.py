@@ -1,0 +1,145 @@
+"""strategy=pipeline: how the model is split, what each stage owns, bad settings, and one real run.
+
+Loss parity with a single device is checked in test_parity.py (rows pipeline-gpipe and pipeline-1f1b).
+"""
+
+from datetime import timedelta
+
+import lightning as L
+import pytest
+import torch
+from conftest import QUICK
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+from torch.utils.data import DataLoader
+
+from {{ cookiecutter.package_name }}.config import CONFIG_DIR, ConfigError
+from {{ cookiecutter.package_name }}.data import SyntheticDataModule
+from {{ cookiecutter.package_name }}.model import ResidualMLP, split_blocks
+from {{ cookiecutter.package_name }}.module import Classifier
+from {{ cookiecutter.package_name }}.strategies import check_layout
+from {{ cookiecutter.package_name }}.strategies.pipeline import PipelineStrategy
+
+
+@pytest.mark.parametrize(
+    "blocks, stages, split_points, expected",
+    [
+        (4, 2, None, [range(0, 2), range(2, 4)]),
+        (5, 2, None, [range(0, 3), range(3, 5)]),
+        (4, 3, None, [range(0, 2), range(2, 3), range(3, 4)]),
+        (4, 2, [1], [range(0, 1), range(1, 4)]),
+    ],
+)
+def test_default_split_balances_blocks_and_split_points_override_it(blocks, stages, split_points, expected):
+    assert split_blocks(blocks, stages, split_points) == expected
+
+
+def test_each_stage_owns_only_its_parameters_and_together_they_are_the_net():
+    torch.manual_seed(0)
+    net = ResidualMLP(in_features=32, num_classes=8, depth=4)
+    stages = [net.pipeline_stage(stage, 2) for stage in range(2)]
+    names = [set(stage.state_dict()) for stage in stages]
+    assert names[0].isdisjoint(names[1])
+    assert names[0] | names[1] == set(net.state_dict()), "stage parameters keep the single-device names"
+    assert {name.rsplit(".", 2)[0] for name in names[0] if name.startswith("blocks.")} == {"blocks.0", "blocks.1"}
+    assert any(name.startswith("embed.") for name in names[0]) and not any("head" in name for name in names[0])
+    assert any(name.startswith("head.") for name in names[1]) and not any("embed" in name for name in names[1])
+    x = torch.randn(5, 32)
+    assert torch.equal(stages[1](stages[0](x)), net(x))
+
+
+def module(depth: int = 4) -> Classifier:
+    return Classifier(ResidualMLP(in_features=32, num_classes=8, depth=depth), optimizer=torch.optim.AdamW)
+
+
+@pytest.mark.parametrize(
+    "devices, strategy, depth, batch, message",
+    [
+        (2, {"microbatches": 1}, 4, 64, "strategy.microbatches=1 is fewer than the 2 pipeline stages"),
+        (2, {"microbatches": 4}, 4, 30, "data.batch_size=30 does not split into strategy.microbatches=4"),
+        (2, {}, 1, 64, "2 pipeline stages need at least 2 blocks; the model has 1"),
+        (2, {"split_points": [4]}, 4, 64, "split_points=[4] must be 1 increasing block indices between 1 and 3"),
+        (1, {}, 4, 64, "strategy=pipeline runs one stage per process"),
+    ],
+    ids=["too-few-microbatches", "indivisible-batch", "more-stages-than-blocks", "bad-split", "one-device"],
+)
+def test_impossible_pipelines_are_refused_before_training(devices, strategy, depth, batch, message):
+    trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=PipelineStrategy(**strategy), logger=False)
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        check_layout("pipeline", trainer, batch, module(depth))
+
+
+def test_unknown_schedule_is_refused():
+    with pytest.raises(ValueError, match="schedule='zero_bubble' is unknown; valid: gpipe, 1f1b"):
+        PipelineStrategy(schedule="zero_bubble")
+
+
+def test_bubble_fraction_follows_the_formula():
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=PipelineStrategy(microbatches=8), logger=False)
+    assert trainer.strategy.bubble_fraction == pytest.approx(1 / 9)
+
+
+def test_a_stage_waiting_for_a_broken_peer_times_out_instead_of_hanging():
+    strategy = OmegaConf.load(CONFIG_DIR / "strategy" / "pipeline.yaml").strategy
+    assert instantiate(strategy.timeout) <= timedelta(minutes=10), "gloo send/recv would otherwise wait 30 minutes"
+
+
+def test_too_few_microbatches_fail_in_one_line_from_the_command_line(train):
+    run = train(
+        "strategy=pipeline", "trainer.accelerator=cpu", "trainer.devices=2", "strategy.microbatches=1", check=False
+    )
+    assert run.returncode == 2
+    assert [line for line in run.output.splitlines() if line.startswith("error:")] == [
+        "error: strategy.microbatches=1 is fewer than the 2 pipeline stages, so stages would only take turns; "
+        "use at least 2 (more micro-batches, smaller bubble)"
+    ]
+    assert "Traceback" not in run.output and not run.run_dir.exists()
+
+
+@pytest.mark.slow
+def test_pipeline_checkpoints_round_trip_through_one_device(train):
+    pipeline = ["strategy=pipeline", "trainer.accelerator=cpu", "trainer.devices=2", "data.shuffle=false"]
+    quick = [*QUICK, *pipeline, "trainer.limit_train_batches=8", "data.batch_size=64"]
+    run = train(*quick, "trainer.log_every_n_steps=2", "test_after_fit=true")
+    wandb = run.wandb
+    assert wandb.steps("train/loss") == [1, 3, 5, 7], "once per logging step, at the global step"
+    assert len(wandb.metric("val/loss")) == len(wandb.metric("val/acc")) == 1
+    stages = [module().net.pipeline_stage(stage, 2) for stage in range(2)]
+    assert wandb.config["pipeline"] == {
+        "stages": 2,
+        "microbatches": 4,
+        "schedule": "1f1b",
+        "parameters_per_stage": [sum(p.numel() for p in stage.parameters()) for stage in stages],
+        "bubble_fraction": 0.2,
+    }
+    for stage in range(2):
+        idle = wandb.metric(f"pipeline/idle_fraction/stage{stage}")
+        assert len(idle) == 4 and all(0 <= value < 1 for value in idle)
+
+    # Each stage saved only its own part; the consolidated file holds the whole net under single-device names.
+    [best] = (run.run_dir / "checkpoints").glob("epoch*.ckpt")
+    single = module()
+    parts = [set(torch.load(f"{best}.stage{stage}", weights_only=True)["state_dict"]) for stage in range(2)]
+    assert parts[0].isdisjoint(parts[1]) and parts[0] | parts[1] == set(single.state_dict())
+    assert "net.embed.weight" in parts[0] and "net.head.weight" in parts[1]
+    single.load_state_dict(torch.load(best, weights_only=True)["state_dict"])
+
+    # The single-device model predicts what the pipeline predicted: the same test loss and accuracy.
+    data = SyntheticDataModule(batch_size=64, shuffle=False, seed=42)
+    data.setup()
+    single.eval()
+    with torch.no_grad():
+        batches = [(single(x), y) for x, y in DataLoader(data.splits["test"], batch_size=64)]
+    loss = torch.stack([single.loss(logits, y) for logits, y in batches]).mean().item()
+    accuracy = torch.cat([logits.argmax(dim=-1) == y for logits, y in batches]).float().mean().item()
+    assert loss == pytest.approx(wandb.metric("test/loss")[0], abs=1e-5)
+    assert accuracy == pytest.approx(wandb.metric("test/acc")[0], abs=1e-6)
+
+    # Resuming the pipeline from its stage files continues exactly as one device resuming the consolidated file
+    # (model and optimizer state); both follow Lightning's rules for where a resumed run starts.
+    resume = ["trainer.max_epochs=3", "trainer.max_steps=11", f"ckpt_path={run.run_dir / 'checkpoints' / 'last.ckpt'}"]
+    resumed = train(*quick, *resume)
+    on_one_device = train(*quick, *resume, "strategy=single", "trainer.devices=1")
+    assert len(resumed.wandb.steps("train/loss")) == 3
+    assert resumed.wandb.steps("train/loss") == on_one_device.wandb.steps("train/loss")
+    assert resumed.losses(3) == pytest.approx(on_one_device.losses(3), abs=1e-5)
