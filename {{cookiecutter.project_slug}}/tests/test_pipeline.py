@@ -117,7 +117,7 @@ def test_pipeline_checkpoints_round_trip_through_one_device(train):
         assert len(idle) == 4 and all(0 <= value < 1 for value in idle)
 
     # Each stage saved only its own part; the consolidated file holds the whole net under single-device names.
-    [best] = (run.run_dir / "checkpoints").glob("epoch*.ckpt")
+    [best] = (run.run_dir / "checkpoints").glob("best-*.ckpt")
     single = module()
     parts = [set(torch.load(f"{best}.stage{stage}", weights_only=True)["state_dict"]) for stage in range(2)]
     assert parts[0].isdisjoint(parts[1]) and parts[0] | parts[1] == set(single.state_dict())
