@@ -135,6 +135,7 @@ def test_wandb_goes_offline_without_credentials_and_obeys_wandb_mode(monkeypatch
 
 def test_a_mistake_lightning_finds_during_fit_is_one_line_too(train):
     run = train(
+        "strategy=single",
         "trainer.limit_train_batches=2",
         "trainer.limit_val_batches=1",
         "callbacks.checkpoint.monitor=val/accc",
