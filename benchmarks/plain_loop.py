@@ -54,6 +54,7 @@ def main(package: str, epochs: int, batch_size: int, hidden: int = 128, depth: i
             optimizer.step()
     recorder.save()
     if distributed:
+        dist.barrier()  # leave together: a rank tearing down while its peer still talks can hang gloo
         dist.destroy_process_group()
 
 
