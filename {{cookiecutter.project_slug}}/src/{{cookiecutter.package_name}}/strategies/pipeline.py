@@ -9,7 +9,8 @@ Every stage reads the same batch: the pipeline is one data-parallel replica (pp 
 
 import copy
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -229,16 +230,18 @@ class TimedStage(PipelineStage):
     busy_seconds = 0.0
 
     def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
-        start = self._now()
-        try:
+        with self._busy():
             return super().forward_one_chunk(*args, **kwargs)
-        finally:
-            self.busy_seconds += self._now() - start
 
     def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+        with self._busy():
+            return super().backward_one_chunk(*args, **kwargs)
+
+    @contextmanager
+    def _busy(self) -> Iterator[None]:
         start = self._now()
         try:
-            return super().backward_one_chunk(*args, **kwargs)
+            yield
         finally:
             self.busy_seconds += self._now() - start
 
