@@ -1,14 +1,28 @@
-"""Print the next steps. Never prompts: the template must bake without a terminal."""
+"""Keep the chosen engine's training code, drop the other's, print the next steps. Never prompts."""
 
+import shutil
+from pathlib import Path
+
+ENGINE = {{ cookiecutter.engine | tojson }}
 PROJECT_SLUG = {{ cookiecutter.project_slug | tojson }}
 PACKAGE_NAME = {{ cookiecutter.package_name | tojson }}
 
+# _engines/<engine>/ mirrors the project tree: its files join the shared ones (model, data, configs, ...).
+engines = Path("_engines")
+shutil.copytree(engines / ENGINE, ".", dirs_exist_ok=True)
+shutil.rmtree(engines)
+
+if ENGINE == "accelerate":
+    multi = f"accelerate launch --config_file accelerate/ddp.yaml -m {PACKAGE_NAME}.train strategy=ddp"
+else:
+    multi = f"python -m {PACKAGE_NAME}.train strategy=ddp trainer.devices=2"
 print(
     f"""
-Created {PROJECT_SLUG}/. Next:
+Created {PROJECT_SLUG}/ ({ENGINE} engine). Next:
 
   cd {PROJECT_SLUG}
   pip install torch==2.13.0 && pip install -e '.[dev]' && python -m {PACKAGE_NAME}.train
+  {multi}
   pytest
 
 (On a GPU machine, install the torch build for your CUDA version instead of the pinned CPU wheel.)

@@ -1,1 +1,1 @@
-{{ (cookiecutter.project_name ~ ': ' ~ cookiecutter.description) | tojson }}
+"Scaled Trainer: A PyTorch training project that scales from one device to many by one flag."

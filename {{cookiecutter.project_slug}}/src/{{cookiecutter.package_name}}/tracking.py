@@ -1,14 +1,11 @@
-"""Weights & Biases glue that Lightning's WandbLogger leaves to the user: offline without credentials,
-the run's full config, and a finish that always happens, even when training fails."""
+"""Weights & Biases glue that no engine gives you: offline without credentials, and a finish that always
+happens (even when training fails) and says how to upload an offline run."""
 
 import netrc
 import os
-from typing import Any
 from urllib.parse import urlparse
 
-import lightning as L
 import wandb
-from lightning.pytorch.loggers import WandbLogger
 
 
 def has_wandb_credentials() -> bool:
@@ -27,17 +24,11 @@ def wandb_mode() -> str:
     return os.environ.get("WANDB_MODE") or ("online" if has_wandb_credentials() else "offline")
 
 
-def log_run_config(trainer: L.Trainer, config: dict[str, Any]) -> None:
-    """Record the resolved config (and how the run is laid out) in every logger; rank 0 only."""
-    for logger in trainer.loggers:
-        logger.log_hyperparams(config)
-
-
-def finish_wandb(trainer: L.Trainer, failed: bool) -> None:
-    """Close this process's wandb run; for an offline run, say how to upload it."""
-    if not any(isinstance(logger, WandbLogger) for logger in trainer.loggers) or wandb.run is None:
-        return
+def finish_wandb(failed: bool) -> None:
+    """Close this process's wandb run, if it has one; for an offline run, say how to upload it."""
     run = wandb.run
+    if run is None:
+        return
     offline = run.settings.mode == "offline"
     wandb.finish(exit_code=1 if failed else 0)
     if offline:

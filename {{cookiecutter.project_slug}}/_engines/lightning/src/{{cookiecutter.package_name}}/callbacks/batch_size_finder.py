@@ -15,8 +15,8 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
+from ..memory import free_memory, is_oom_error
 from ..strategies import data_parallel_size
-from .oom import free_memory, is_oom_error
 
 
 def search(fits: Callable[[int], bool], start: int, maximum: int, tolerance: float = 0.05) -> tuple[int, int]:
@@ -70,7 +70,7 @@ class BatchSizeFinder(L.Callback):
         datamodule = trainer.datamodule
         replicas = data_parallel_size(trainer)
         dataset = datamodule.train_dataloader().dataset
-        old_global = datamodule.hparams.batch_size
+        old_global = datamodule.batch_size
         saved = _snapshot(pl_module, trainer.optimizers)
         start = time.perf_counter()
         maximum = min(self.max_batch_size, len(dataset) // replicas)
@@ -80,7 +80,7 @@ class BatchSizeFinder(L.Callback):
         if largest == 0:
             raise RuntimeError("BatchSizeFinder: not even a batch of 1 fits in memory")
         per_device = max(1, min(maximum, int(largest * (1 - self.margin))))
-        datamodule.hparams.batch_size = per_device * replicas
+        datamodule.batch_size = per_device * replicas
         lr_factor = self._scale_learning_rate(trainer, per_device * replicas / old_global)
         found = {
             "batch_size_finder/largest_fitting": largest,

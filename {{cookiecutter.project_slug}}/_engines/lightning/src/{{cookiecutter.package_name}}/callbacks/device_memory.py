@@ -8,7 +8,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from .oom import rss_mb
+from ..memory import rss_mb
 
 
 class DeviceMemoryMonitor(L.Callback):

@@ -20,8 +20,9 @@ from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig, OmegaConf
 
 from .config import ConfigError, check_group_choices, fail, register_resolvers
-from .strategies import check_layout, data_parallel_size, per_device_batch_size
-from .tracking import finish_wandb, log_run_config
+from .data import per_device_batch_size
+from .strategies import check_layout, data_parallel_size
+from .tracking import finish_wandb
 
 register_resolvers()
 
@@ -47,14 +48,15 @@ def train(cfg: DictConfig) -> dict[str, float]:
     try:
         if trainer.is_global_zero:
             OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-            log_run_config(trainer, run_summary(cfg, trainer))
+            for logger in trainer.loggers:  # the resolved config and the run's layout, rank 0 only
+                logger.log_hyperparams(run_summary(cfg, trainer))
         trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
         if cfg.test_after_fit:
             best = trainer.checkpoint_callback and trainer.checkpoint_callback.best_model_path
             trainer.test(model, datamodule=datamodule, ckpt_path="best" if best else None)
         failed = False
     finally:
-        finish_wandb(trainer, failed)
+        finish_wandb(failed)
     return {name: float(value) for name, value in trainer.callback_metrics.items()}
 
 

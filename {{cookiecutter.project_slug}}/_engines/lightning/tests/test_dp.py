@@ -13,7 +13,7 @@ from lightning.fabric.utilities.apply_func import apply_to_collection
 from torch import Tensor, nn
 
 from {{ cookiecutter.package_name }}.config import ConfigError
-from {{ cookiecutter.package_name }}.data import SyntheticDataModule
+from {{ cookiecutter.package_name }}.datamodule import SyntheticDataModule
 from {{ cookiecutter.package_name }}.model import ResidualMLP
 from {{ cookiecutter.package_name }}.module import Classifier
 from {{ cookiecutter.package_name }}.strategies import data_parallel_size

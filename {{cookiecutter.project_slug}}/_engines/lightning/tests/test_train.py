@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from conftest import QUICK
 
 from {{ cookiecutter.package_name }}.checkpoints import load_trained
-from {{ cookiecutter.package_name }}.data import SyntheticDataModule
+from {{ cookiecutter.package_name }}.data import SyntheticData
 
 pytestmark = pytest.mark.slow
 
@@ -24,14 +24,14 @@ def test_default_training_learns_and_logs_offline_to_wandb(train, tmp_path):
     assert losses[-1] < losses[0]
     assert wandb.group == "default"
     assert wandb.config["data"]["batch_size"] == 256 and "batch_size" not in wandb.config
-    assert wandb.config["run"]["strategy_preset"] == "{{ cookiecutter.default_strategy }}"
+    assert wandb.config["run"]["strategy_preset"] == "single"
     assert wandb.exit_code == 0
     assert "wandb sync" in run.output
     assert (run.run_dir / "config.yaml").is_file()
 
     # The last checkpoint reloads on its own and reproduces the last logged validation loss.
     model = load_trained(run.run_dir / "checkpoints" / "last.ckpt")
-    data = SyntheticDataModule(**{k: v for k, v in wandb.config["data"].items() if k != "_target_"})
+    data = SyntheticData(**{k: v for k, v in wandb.config["data"].items() if k != "_target_"})
     data.setup()
     x, y = data.splits["val"].tensors
     with torch.no_grad():

@@ -18,11 +18,17 @@ import lightning as L
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy, SingleDeviceStrategy
 from torch import nn
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 from torch.utils.hooks import RemovableHandle
 
 from ..config import ConfigError
+from ..sharding import (
+    check_layer_split,
+    check_tensor_parallel,
+    default_layer_devices,
+    mesh_sizes,
+    parallelize,
+    place_layer_groups,
+)
 
 MODES = ("tensor", "layers")
 
@@ -48,27 +54,12 @@ def model_parallel(
     raise ValueError(f"strategy.mode={mode!r} is unknown; valid: {', '.join(MODES)}")
 
 
-def split_hooks(model: nn.Module, hook: str) -> nn.Module:
-    """The (sub)module that declares `hook`, e.g. the net inside the LightningModule."""
-    found = next((module for module in model.modules() if callable(getattr(module, hook, None))), None)
-    if found is None:
-        raise ConfigError(f"strategy=model_parallel needs a model with a {hook}() method (see the README)")
-    return found
-
-
 class TensorParallelStrategy(ModelParallelStrategy):
     """ModelParallelStrategy that knows its data-parallel layout before the processes start."""
 
     def _sizes(self) -> tuple[int, int]:
         """(data_parallel_size, tensor_parallel_size); "auto" fills in from the other and the world size."""
-        dp, tp = self._data_parallel_size, self._tensor_parallel_size
-        if dp == "auto" and tp == "auto":
-            return self.num_nodes, self.num_processes  # tensor parallel inside a node, data parallel across
-        if dp == "auto":
-            return max(self.world_size // tp, 1), tp
-        if tp == "auto":
-            return dp, max(self.world_size // dp, 1)
-        return dp, tp
+        return mesh_sizes(self._data_parallel_size, self._tensor_parallel_size, self.num_nodes, self.num_processes)
 
     @property
     def data_parallel_size(self) -> int:
@@ -95,40 +86,11 @@ class TensorParallelStrategy(ModelParallelStrategy):
                 f"strategy.data_parallel_size={dp} x strategy.tensor_parallel_size={tp} must equal the processes: "
                 f"trainer.devices={self.num_processes} x trainer.num_nodes={self.num_nodes} = {self.world_size}"
             )
-        net = split_hooks(model, "tensor_parallel_plan")
-        if dp > 1:
-            split_hooks(model, "layer_groups")  # the FSDP units
-        for pattern, style in net.tensor_parallel_plan().items():
-            for name, layer in net.named_modules():
-                if not (isinstance(layer, nn.Linear) and _matches(name, pattern)):
-                    continue
-                colwise = isinstance(style, ColwiseParallel)  # colwise splits outputs, rowwise splits inputs
-                features, side = (layer.out_features, "output") if colwise else (layer.in_features, "input")
-                if features % tp:
-                    raise ConfigError(
-                        f"{name} has {features} {side} features, which strategy.tensor_parallel_size={tp} does not "
-                        f"divide; use a tensor_parallel_size that divides {features}"
-                    )
+        check_tensor_parallel(model, dp, tp)
 
     def parallelize(self, net: nn.Module) -> None:
         """Shard `net` in place (called from LightningModule.configure_model); a no-op the second time."""
-        if getattr(net, "_parallelized", False):
-            return
-        tp_mesh, dp_mesh = self.device_mesh["tensor_parallel"], self.device_mesh["data_parallel"]
-        if tp_mesh.size() > 1:
-            parallelize_module(net, tp_mesh, net.tensor_parallel_plan())
-        if dp_mesh.size() > 1:
-            # FSDP2 over the data-parallel replicas: it shards weights, gradients and optimizer state, and
-            # averages the gradients. One unit per layer, so only one layer's weights are gathered at a time.
-            for layer in net.layer_groups(1)[0]:
-                fully_shard(layer, mesh=dp_mesh)
-            fully_shard(net, mesh=dp_mesh)
-        net._parallelized = True
-
-
-def _matches(name: str, pattern: str) -> bool:
-    parts, wanted = name.split("."), pattern.split(".")
-    return len(parts) == len(wanted) and all(w == "*" or w == p for p, w in zip(parts, wanted, strict=True))
+        parallelize(net, self.device_mesh)
 
 
 class LayerSplitStrategy(SingleDeviceStrategy):
@@ -138,18 +100,12 @@ class LayerSplitStrategy(SingleDeviceStrategy):
     data_parallel_rank = 0
 
     def __init__(self, devices: list[str] | None = None) -> None:
-        if devices is None:  # every visible GPU, or two CPU "devices" for trying it out
-            count = torch.cuda.device_count()
-            devices = [f"cuda:{i}" for i in range(count)] if count > 1 else ["cpu", "cpu"]
-        self.devices = [torch.device(device) for device in devices]
+        self.devices = [torch.device(device) for device in devices or default_layer_devices()]
         super().__init__(device=self.devices[0])
         self._hooks: list[RemovableHandle] = []
 
     def check_layout(self, trainer: L.Trainer, model: nn.Module, global_batch_size: int) -> None:
-        try:
-            split_hooks(model, "layer_groups").layer_groups(len(self.devices))
-        except ValueError as err:
-            raise ConfigError(f"strategy.devices={[str(d) for d in self.devices]}: {err}") from err
+        check_layer_split(model, self.devices)
 
     def model_to_device(self) -> None:
         # Lightning moves the whole module to the root device here (at fit, and again at test);
@@ -157,14 +113,7 @@ class LayerSplitStrategy(SingleDeviceStrategy):
         super().model_to_device()
         for handle in self._hooks:
             handle.remove()
-        self._hooks.clear()
-        net = split_hooks(self.model, "layer_groups")
-        for group, device in zip(net.layer_groups(len(self.devices)), self.devices, strict=True):
-            for module in group:
-                module.to(device)
-                self._hooks.append(module.register_forward_pre_hook(_move_inputs_to(device)))
-        # The loss is computed where the labels are: bring the output back to the first device.
-        self._hooks.append(net.register_forward_hook(lambda module, args, output: output.to(self.devices[0])))
+        self._hooks = place_layer_groups(self.model, self.devices)
 
     def setup(self, trainer: L.Trainer) -> None:
         super().setup(trainer)
@@ -174,10 +123,3 @@ class LayerSplitStrategy(SingleDeviceStrategy):
                 for key, value in state.items():
                     if isinstance(value, torch.Tensor) and value.dim() > 0:
                         state[key] = value.to(param.device)
-
-
-def _move_inputs_to(device: torch.device):
-    def hook(module: nn.Module, args: tuple) -> tuple:
-        return tuple(arg.to(device) if isinstance(arg, torch.Tensor) else arg for arg in args)
-
-    return hook

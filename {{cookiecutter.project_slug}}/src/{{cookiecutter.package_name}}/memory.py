@@ -1,4 +1,5 @@
-"""What counts as an out-of-memory error, and how to give memory back. Shared by every OOM callback."""
+"""Out-of-memory handling that needs no training engine: what counts as an OOM error, how to give memory
+back, how much memory a process holds. The OOM callbacks (and any other training loop) build on it."""
 
 import gc
 import os

@@ -7,6 +7,7 @@ the modules here add what it lacks.
 import lightning as L
 
 from ..config import ConfigError
+from ..data import per_device_batch_size
 
 
 def data_parallel_size(trainer: L.Trainer) -> int:
@@ -21,20 +22,6 @@ def data_parallel_size(trainer: L.Trainer) -> int:
 def data_parallel_rank(trainer: L.Trainer) -> int:
     """Which slice of the global batch this process reads (0 .. data_parallel_size - 1)."""
     return int(getattr(trainer.strategy, "data_parallel_rank", trainer.global_rank))
-
-
-def per_device_batch_size(global_batch_size: int, replicas: int) -> int:
-    if global_batch_size < 1 or global_batch_size % replicas:
-        raise ConfigError(
-            f"data.batch_size={global_batch_size} is the global batch and must be a positive multiple of the "
-            f"{replicas} data-parallel replicas; nearest valid: {nearest_multiples(global_batch_size, replicas)}"
-        )
-    return global_batch_size // replicas
-
-
-def nearest_multiples(value: int, factor: int) -> str:
-    below = max(factor, value // factor * factor)
-    return f"{below} or {below + factor}"
 
 
 def check_layout(preset: str, trainer: L.Trainer, global_batch_size: int, module: L.LightningModule) -> None:

@@ -52,8 +52,8 @@ def test_overrides_reach_the_objects(tmp_path):
         "+callbacks.lr._target_=lightning.pytorch.callbacks.LearningRateMonitor",
         "logger=none",
     )
-    assert instantiate(cfg.data).hparams.batch_size == 64
-    assert instantiate(cfg.data).hparams.shuffle is False and cfg.data.seed == 7
+    assert instantiate(cfg.data).batch_size == 64
+    assert instantiate(cfg.data).data.shuffle is False and cfg.data.seed == 7
     assert instantiate(cfg.trainer, strategy=cfg.strategy).max_steps == 3
     assert type(instantiate(cfg.callbacks.lr)).__name__ == "LearningRateMonitor"
     assert not cfg.logger, "logger=none composes to an empty node: no logger"

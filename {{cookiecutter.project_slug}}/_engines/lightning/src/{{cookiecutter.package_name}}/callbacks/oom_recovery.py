@@ -16,7 +16,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from .oom import configure_allocator, free_memory, is_oom_error, memory_summary
+from ..memory import configure_allocator, free_memory, is_oom_error, memory_summary
 
 
 class OutOfMemoryStop(RuntimeError):

@@ -1,0 +1,224 @@
+"""Pipeline parallelism that needs no training engine: the stages, the schedules, one training step, and the
+pieces that make a pipeline look like one model (evaluation through all stages, whole-model state dicts).
+
+Each process keeps only its stage of the net (the model's `pipeline_stage` hook) and trains it with a
+torch.distributed.pipelining schedule, which cuts the batch into micro-batches so the stages overlap.
+Every stage reads the same batch: the pipeline is one data-parallel replica (pp x dp is not supported).
+"""
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+from .config import ConfigError
+
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+
+
+def bubble_fraction(stages: int, microbatches: int) -> float:
+    """Share of each step a stage idles while the pipeline fills and drains: (p - 1) / (m + p - 1)."""
+    return (stages - 1) / (microbatches + stages - 1)
+
+
+def check_pipeline(stages: int, microbatches: int, global_batch_size: int, net: nn.Module, split_points: Any) -> None:
+    """Refuse, before any process starts, a pipeline that cannot run."""
+    if stages < 2:
+        raise ConfigError(f"strategy=pipeline runs one stage per process; {stages} process given, use 2+")
+    if microbatches < stages:
+        raise ConfigError(
+            f"strategy.microbatches={microbatches} is fewer than the {stages} pipeline stages, so stages would only "
+            f"take turns; use at least {stages} (more micro-batches, smaller bubble)"
+        )
+    if global_batch_size % microbatches:
+        raise ConfigError(
+            f"data.batch_size={global_batch_size} does not split into strategy.microbatches={microbatches} equal "
+            f"micro-batches; use a multiple of {microbatches}"
+        )
+    try:
+        net.pipeline_stage(0, stages, split_points)
+    except ValueError as err:
+        raise ConfigError(f"strategy=pipeline: {err}") from err
+
+
+class Pipeline:
+    """Trains this process's stage (a PipelinedNet) with a schedule; stage i = global rank i."""
+
+    def __init__(
+        self,
+        net: "PipelinedNet",
+        device: torch.device,
+        microbatches: int,
+        schedule: str,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    ) -> None:
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule={schedule!r} is unknown; valid: {', '.join(SCHEDULES)}")
+        self.net, self.device = net, device
+        self.rank, self.stages = net.index, net.last + 1
+        self.stage = TimedStage(net.stage, self.rank, self.stages, device)
+        self.schedule = SCHEDULES[schedule](self.stage, microbatches, loss_fn=loss_fn)
+
+    def parameter_counts(self) -> list[int]:
+        """Parameters held by each stage (is the split balanced?), on every process."""
+        counts = [None] * self.stages
+        dist.all_gather_object(counts, sum(p.numel() for p in self.net.stage.parameters()))
+        return counts
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
+        """Forward and backward of one batch through all stages (gradients averaged over micro-batches).
+
+        Returns, on every process, the batch's loss (the mean of the last stage's micro-batch means = the mean
+        over the batch, as on one device) and each stage's idle share of the step, brought together by one
+        all_gather. The caller steps the optimizer.
+        """
+        stage = self.stage
+        losses: list[torch.Tensor] | None = [] if stage.is_last else None
+        stage.busy_seconds, start = 0.0, time.perf_counter()
+        # The first stage feeds the inputs, the last one the targets.
+        self.schedule.step(*([x] if stage.is_first else []), target=y if stage.is_last else None, losses=losses)
+        idle = 1.0 - stage.busy_seconds / (time.perf_counter() - start)
+        loss = torch.stack(losses).mean().item() if losses is not None else 0.0
+        mine = torch.tensor([loss, idle], device=self.device)
+        stats = [torch.empty_like(mine) for _ in range(self.stages)]
+        dist.all_gather(stats, mine)
+        return stats[-1][0], [float(stage_stats[1]) for stage_stats in stats]
+
+
+def gather_whole_state(
+    state: dict[str, Any], optimizer_states: list[dict[str, Any]] | None, rank: int, stages: int
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]] | None]:
+    """The whole model's state dict and optimizer states under single-device names and order, gathered from
+    every stage's on rank 0 (other ranks get None, None). Every stage must call it."""
+    parts = [None] * stages if rank == 0 else None
+    dist.gather_object((state, optimizer_states), parts, dst=0)
+    if rank != 0:
+        return None, None
+    whole = {single_device_name(key): value for part, _ in parts for key, value in part.items()}
+    if optimizer_states is None:  # e.g. a weights-only checkpoint
+        return whole, None
+    per_stage = [states for _, states in parts]
+    return whole, [merge_optimizer_states(states) for states in zip(*per_stage, strict=True)]
+
+
+def merge_optimizer_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One optimizer's state over the whole model, from its stages' states.
+
+    Stages hold consecutive parameters in model order, so within each parameter group the single-device
+    optimizer sees stage 0's parameters, then stage 1's, ...; they are renumbered in that order.
+    """
+    merged: dict[str, Any] = {"state": {}, "param_groups": []}
+    index = 0
+    for groups in zip(*(state["param_groups"] for state in states), strict=True):
+        params = []
+        for state, group in zip(states, groups, strict=True):
+            for param in group["params"]:
+                if param in state["state"]:
+                    merged["state"][index] = state["state"][param]
+                params.append(index)
+                index += 1
+        merged["param_groups"].append({**groups[0], "params": params})
+    return merged
+
+
+def single_device_name(key: str) -> str:
+    """A stage's parameter name as one device names it: [net.]stage.blocks.2.x -> [net.]blocks.2.x."""
+    prefix, found, rest = key.partition("stage.")
+    return prefix + rest if found and prefix in ("", "net.") else key
+
+
+class TimedStage(PipelineStage):
+    """A PipelineStage that adds up its compute time; the rest of a step it waits for other stages."""
+
+    busy_seconds = 0.0
+
+    def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+        with self._busy():
+            return super().forward_one_chunk(*args, **kwargs)
+
+    def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+        with self._busy():
+            return super().backward_one_chunk(*args, **kwargs)
+
+    @contextmanager
+    def _busy(self) -> Iterator[None]:
+        start = self._now()
+        try:
+            yield
+        finally:
+            self.busy_seconds += self._now() - start
+
+    def _now(self) -> float:
+        if self.device.type == "cuda":  # GPU kernels run asynchronously: wait for them to time them
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+
+class PipelinedNet(nn.Module):
+    """The net under strategy=pipeline: this process's stage of the network.
+
+    forward() (validation, test, predict) passes the batch through all stages with send/recv and returns
+    the last stage's output on every process, so the metrics code works unchanged. Training does not call
+    it: the schedule drives the stage directly.
+    """
+
+    def __init__(self, stage: nn.Module, index: int, num_stages: int) -> None:
+        super().__init__()
+        self.stage = stage
+        self.index = index
+        self.last = num_stages - 1
+
+    @classmethod
+    def of(cls, net: nn.Module, rank: int, stages: int, split_points: Sequence[int] | None = None) -> "PipelinedNet":
+        """Stage `rank` of `net` (the model's `pipeline_stage` hook); the rest of the net is not kept."""
+        return cls(net.pipeline_stage(rank, stages, split_points), rank, stages)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.index > 0:
+            x = _recv(self.index - 1, x.device)
+        out = self.stage(x)
+        if self.index < self.last:
+            _send(out, self.index + 1)
+        return _broadcast(out if self.index == self.last else None, self.last, x.device)
+
+
+# Evaluation batches can have any size, so each tensor is preceded by a header: dtype, rank, shape.
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+_MAX_DIMS = 6
+
+
+def _header(tensor: torch.Tensor) -> torch.Tensor:
+    shape = [*tensor.shape, *[0] * (_MAX_DIMS - tensor.dim())]
+    return torch.tensor([_DTYPES.index(tensor.dtype), tensor.dim(), *shape], device=tensor.device)
+
+
+def _empty_like_header(header: torch.Tensor, device: torch.device) -> torch.Tensor:
+    dtype, dims, *shape = header.tolist()
+    return torch.empty(shape[:dims], dtype=_DTYPES[dtype], device=device)
+
+
+def _send(tensor: torch.Tensor, dst: int) -> None:
+    dist.send(_header(tensor), dst)
+    dist.send(tensor.contiguous(), dst)
+
+
+def _recv(src: int, device: torch.device) -> torch.Tensor:
+    header = torch.zeros(2 + _MAX_DIMS, dtype=torch.long, device=device)
+    dist.recv(header, src)
+    tensor = _empty_like_header(header, device)
+    dist.recv(tensor, src)
+    return tensor
+
+
+def _broadcast(tensor: torch.Tensor | None, src: int, device: torch.device) -> torch.Tensor:
+    header = _header(tensor) if tensor is not None else torch.zeros(2 + _MAX_DIMS, dtype=torch.long, device=device)
+    dist.broadcast(header, src)
+    if tensor is None:
+        tensor = _empty_like_header(header, device)
+    dist.broadcast(tensor, src)
+    return tensor
