@@ -13,7 +13,7 @@ shutil.copytree(engines / ENGINE, ".", dirs_exist_ok=True)
 shutil.rmtree(engines)
 
 if ENGINE == "accelerate":
-    multi = f"accelerate launch --config_file accelerate/ddp.yaml -m {PACKAGE_NAME}.train strategy=ddp"
+    multi = f"accelerate launch --config_file launch/multi_process.yaml -m {PACKAGE_NAME}.train strategy=ddp"
 else:
     multi = f"python -m {PACKAGE_NAME}.train strategy=ddp trainer.devices=2"
 print(

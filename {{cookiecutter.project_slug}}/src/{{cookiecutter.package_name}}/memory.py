@@ -45,6 +45,18 @@ def rss_mb() -> float:
         return peak / (2**20 if sys.platform == "darwin" else 2**10)
 
 
+def device_memory_figures(device: torch.device) -> dict[str, float]:
+    """CUDA: peak allocated and peak reserved MiB since the last call. Elsewhere: the process's resident memory."""
+    if device.type == "cuda":
+        figures = {
+            "peak_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20,
+            "peak_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20,
+        }
+        torch.cuda.reset_peak_memory_stats(device)  # the next period's peak, not the run's
+        return figures
+    return {"rss_mb": rss_mb()}
+
+
 def memory_summary(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.memory_summary(device, abbreviated=True)

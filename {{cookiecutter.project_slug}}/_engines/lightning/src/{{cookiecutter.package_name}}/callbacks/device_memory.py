@@ -8,7 +8,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from ..memory import rss_mb
+from ..memory import device_memory_figures
 
 
 class DeviceMemoryMonitor(L.Callback):
@@ -16,7 +16,7 @@ class DeviceMemoryMonitor(L.Callback):
     process's resident memory (RSS). Logged as memory/rank<r>/<figure> and memory/imbalance."""
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        figures = self._local_figures(pl_module.device)
+        figures = device_memory_figures(pl_module.device)
         local = torch.tensor(list(figures.values()), dtype=torch.float64, device=pl_module.device)
         gathered = trainer.strategy.all_gather(local).reshape(trainer.world_size, len(figures)).tolist()
         metrics = {
@@ -31,14 +31,3 @@ class DeviceMemoryMonitor(L.Callback):
         rank_zero_info(f"DeviceMemoryMonitor: {next(iter(figures))} per rank [{per_rank}], max/min {imbalance:.2f}")
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
-
-    @staticmethod
-    def _local_figures(device: torch.device) -> dict[str, float]:
-        if device.type == "cuda":
-            figures = {
-                "peak_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20,
-                "peak_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20,
-            }
-            torch.cuda.reset_peak_memory_stats(device)  # next epoch's peak, not the run's
-            return figures
-        return {"rss_mb": rss_mb()}

@@ -1,0 +1,78 @@
+"""How each preset lays a run out over processes and devices, for the Accelerate loop in train.py.
+
+`Strategy` is strategy=single and the base of the others. A preset answers five questions: how its
+processes start (`launch`), whether a layout can work (`check_layout`, before training), how many
+data-parallel replicas there are (`data_parallel`), how the net and optimizer are wrapped (`prepare`) and
+how one batch is trained (`train_step`). configs/strategy/<name>.yaml points at the class.
+"""
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import InitProcessGroupKwargs
+from omegaconf import DictConfig
+from torch import nn
+
+from ..config import ConfigError
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class Strategy:
+    """single: one process, one device (a GPU, or the CPU)."""
+
+    name = "single"
+    supports_batch_size_search = True  # False where the forward itself is a collective
+
+    def __init__(self, timeout: timedelta = timedelta(minutes=10)) -> None:
+        self.timeout = timeout
+
+    def launch(self, run: Callable[[], None], devices: int) -> None:
+        """Start the training processes; this preset runs in the process it is given (or launched) in."""
+        run()
+
+    def processes(self, launched: int, devices: int) -> int:
+        """How many processes the run will have: the launcher's (accelerate launch, torchrun) by default."""
+        return launched
+
+    def check_layout(self, processes: int, net: nn.Module, cfg: DictConfig) -> None:
+        """Refuse, before anything is written, a layout this preset cannot run."""
+        if processes > 1:
+            raise ConfigError(f"strategy=single runs one process but {processes} were launched; use strategy=ddp")
+
+    def accelerator_kwargs(self) -> dict[str, Any]:
+        # A hung collective fails after the timeout instead of blocking forever.
+        return {"kwargs_handlers": [InitProcessGroupKwargs(timeout=self.timeout)]}
+
+    def data_parallel(self, process_index: int, processes: int) -> tuple[int, int]:
+        """(replicas, this process's replica): each replica reads its own slice of every global batch."""
+        return processes, process_index
+
+    def prepare(
+        self, accelerator: Accelerator, net: nn.Module, optimizer: Callable[..., torch.optim.Optimizer]
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Move (and, under ddp, wrap) the net; the optimizer is made for the parameters that are trained."""
+        return accelerator.prepare(net, optimizer(net.parameters()))
+
+    def train_step(
+        self, accelerator: Accelerator, model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn
+    ) -> torch.Tensor:
+        """Forward and backward of one batch; returns the (detached) loss. The loop steps the optimizer."""
+        loss = loss_fn(model(x), y)
+        accelerator.backward(loss)
+        return loss.detach()
+
+    def step_metrics(self) -> dict[str, float]:
+        """Extra figures logged with train/loss."""
+        return {}
+
+    def checkpoint_objects(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> list[Any]:
+        """What save_state must also save, beyond the prepared model and optimizer (which it saves itself)."""
+        return []
+
+    def describe(self) -> dict[str, Any]:
+        """This preset's layout, logged with the run's config."""
+        return {}

@@ -1,0 +1,39 @@
+"""ddp and ddp_spawn: DistributedDataParallel, one process per device; Accelerator.prepare wraps the net.
+
+ddp's processes come from a launcher (accelerate launch, torchrun); ddp_spawn starts them itself from one
+command, with accelerate's notebook_launcher (forked processes: nothing may touch CUDA before it).
+"""
+
+from collections.abc import Callable
+
+from accelerate import notebook_launcher
+from omegaconf import DictConfig
+from torch import nn
+
+from ..config import ConfigError
+from . import Strategy
+
+
+class DDP(Strategy):
+    name = "ddp"
+
+    def check_layout(self, processes: int, net: nn.Module, cfg: DictConfig) -> None:
+        if processes < 2:
+            # The trap this guards against: `accelerate launch --cpu --num_processes 2` starts ONE process.
+            raise ConfigError(
+                "strategy=ddp needs 2+ processes but this is 1; launch it with `accelerate launch --config_file "
+                "launch/multi_process.yaml -m {{ cookiecutter.package_name }}.train strategy=ddp` (or torchrun), "
+                "or use strategy=ddp_spawn"
+            )
+
+
+class DDPSpawn(DDP):
+    name = "ddp_spawn"
+
+    def processes(self, launched: int, devices: int) -> int:
+        if launched > 1:
+            raise ConfigError("strategy=ddp_spawn starts its own processes: run it with python, not a launcher")
+        return devices
+
+    def launch(self, run: Callable[[], None], devices: int) -> None:
+        notebook_launcher(run, num_processes=devices)

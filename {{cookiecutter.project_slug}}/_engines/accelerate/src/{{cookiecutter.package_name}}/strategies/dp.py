@@ -1,0 +1,49 @@
+"""dp: nn.DataParallel, one process that scatters each batch over the GPUs of its machine.
+
+One process loads the whole global batch; nn.DataParallel splits it over `trainer.devices` GPUs, runs a
+replica of the net on each (threads) and gathers the outputs on the first GPU, where the loss is computed.
+Without 2+ GPUs it warns once and runs on one device (the same code path with one replica).
+"""
+
+import warnings
+from collections.abc import Callable
+
+import torch
+from accelerate import Accelerator
+from torch import nn
+
+from ..config import ConfigError
+from . import Strategy
+
+
+class DataParallel(Strategy):
+    name = "dp"
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.devices = 1
+
+    def processes(self, launched: int, devices: int) -> int:
+        if launched > 1:
+            raise ConfigError("strategy=dp is one process: run it with python, not a launcher (or use strategy=ddp)")
+        self.devices = devices
+        return 1
+
+    def data_parallel(self, process_index: int, processes: int) -> tuple[int, int]:
+        return 1, 0  # one process reads the whole global batch; the scatter splits it
+
+    def prepare(
+        self, accelerator: Accelerator, net: nn.Module, optimizer: Callable[..., torch.optim.Optimizer]
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        net, optimizer = super().prepare(accelerator, net, optimizer)
+        gpus = min(self.devices, torch.cuda.device_count()) if accelerator.device.type == "cuda" else 0
+        if gpus < 2:
+            warnings.warn(
+                f"strategy=dp replicates over 2 or more GPUs, got {gpus}: running on one device, {accelerator.device}",
+                stacklevel=2,
+            )
+            return net, optimizer
+        return nn.DataParallel(net, device_ids=list(range(gpus))), optimizer
+
+    def describe(self) -> dict[str, int]:
+        return {"replica_devices": self.devices}

@@ -1,0 +1,129 @@
+"""model_parallel: split the model itself over devices, for models too big for one device's memory.
+
+Accelerate's own tensor parallelism (ParallelismConfig) needs a transformers model with a `tp_plan`, and its
+FSDP plugin needs GPUs. This preset applies the net's own hooks with torch.distributed instead (sharding.py,
+shared with the Lightning engine), which also runs on CPU/gloo; Accelerate still launches the processes,
+moves the data and saves the checkpoints.
+
+- tensor (default): a (data_parallel x tensor_parallel) DeviceMesh over the launched processes; every block
+  is sharded by the net's `tensor_parallel_plan()`, and across data-parallel groups FSDP2 shards the rest.
+- layers: one process; consecutive layer groups (`layer_groups(n)`) on consecutive devices.
+"""
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from omegaconf import DictConfig
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+
+from ..config import ConfigError
+from ..sharding import (
+    check_layer_split,
+    check_tensor_parallel,
+    default_layer_devices,
+    mesh_sizes,
+    parallelize,
+    place_layer_groups,
+)
+from . import Strategy
+
+MODES = ("tensor", "layers")
+
+
+class ModelParallel(Strategy):
+    name = "model_parallel"
+    supports_batch_size_search = False
+
+    def __init__(
+        self,
+        mode: str = "tensor",
+        tensor_parallel_size: int | str = "auto",
+        data_parallel_size: int | str = "auto",
+        devices: list[str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"strategy.mode={mode!r} is unknown; valid: {', '.join(MODES)}")
+        super().__init__(**kwargs)
+        self.mode = mode
+        self.requested = (data_parallel_size, tensor_parallel_size)
+        self.layer_devices = [torch.device(device) for device in devices or default_layer_devices()]
+        self.sizes = (1, 1)
+
+    def processes(self, launched: int, devices: int) -> int:
+        if self.mode == "layers" and launched > 1:
+            raise ConfigError("strategy.mode=layers is one process: run it with python, not a launcher")
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", launched))
+        self.sizes = mesh_sizes(*self.requested, max(launched // per_node, 1), per_node)
+        return launched
+
+    def check_layout(self, processes: int, net: nn.Module, cfg: DictConfig) -> None:
+        if cfg.trainer.precision == "16-mixed":
+            raise ConfigError("strategy=model_parallel supports trainer.precision=32-true or bf16-mixed, not 16-mixed")
+        if self.mode == "layers":
+            check_layer_split(net, self.layer_devices)
+            return
+        dp, tp = self.sizes
+        if processes < 2:
+            raise ConfigError(
+                "strategy=model_parallel (mode=tensor) needs 2+ processes but this is 1; launch it with `accelerate "
+                "launch --config_file launch/multi_process.yaml -m {{ cookiecutter.package_name }}.train strategy=model_parallel`"
+            )
+        if dp < 1 or tp < 1 or dp * tp != processes:
+            raise ConfigError(
+                f"strategy.data_parallel_size={dp} x strategy.tensor_parallel_size={tp} must equal the {processes} "
+                "launched processes"
+            )
+        check_tensor_parallel(net, dp, tp)
+
+    def data_parallel(self, process_index: int, processes: int) -> tuple[int, int]:
+        dp, tp = self.sizes
+        # The mesh is laid out row-major: ranks 0..tp-1 form data-parallel group 0, and so on.
+        return dp, process_index // tp
+
+    def prepare(
+        self, accelerator: Accelerator, net: nn.Module, optimizer: Callable[..., torch.optim.Optimizer]
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        # Not accelerator.prepare: it would wrap the net in DDP. Each process keeps only its shards.
+        if self.mode == "layers":
+            place_layer_groups(net, self.layer_devices)
+        else:
+            names = ("data_parallel", "tensor_parallel")
+            mesh = init_device_mesh(accelerator.device.type, self.sizes, mesh_dim_names=names)
+            parallelize(net.to(accelerator.device), mesh)
+        return net, optimizer(net.parameters())
+
+    def checkpoint_objects(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> list[Any]:
+        return [WholeState(model, optimizer)]
+
+    def describe(self) -> dict[str, Any]:
+        if self.mode == "layers":
+            return {"mode": "layers", "devices": [str(device) for device in self.layer_devices]}
+        return {"mode": "tensor", "data_parallel_size": self.sizes[0], "tensor_parallel_size": self.sizes[1]}
+
+
+class WholeState:
+    """The net and optimizer state as one device would hold them, gathered from the shards, for save_state
+    (which saves on the main process only); loading shards it again. Any preset can load the saved net."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+        self.options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        model, optimizer = get_state_dict(self.model, self.optimizer, options=self.options)
+        return {"model": model, "optimizer": optimizer}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"],
+            options=StateDictOptions(full_state_dict=True),
+        )

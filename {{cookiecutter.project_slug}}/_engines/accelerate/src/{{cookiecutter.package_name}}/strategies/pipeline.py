@@ -1,0 +1,98 @@
+"""pipeline: one process per pipeline stage, trained with the schedule in pipelining.py (shared with the
+Lightning engine). Each process keeps only its stage; every stage reads the whole global batch, which the
+schedule cuts into micro-batches so the stages overlap."""
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from accelerate import Accelerator
+from omegaconf import DictConfig
+from torch import nn
+
+from ..config import ConfigError
+from ..pipelining import Pipeline, PipelinedNet, bubble_fraction, check_pipeline, gather_whole_state
+from . import LossFn, Strategy
+
+
+class PipelineParallel(Strategy):
+    name = "pipeline"
+    supports_batch_size_search = False
+
+    def __init__(
+        self, microbatches: int = 4, schedule: str = "1f1b", split_points: list[int] | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.microbatches, self.schedule = microbatches, schedule
+        self.split_points = list(split_points) if split_points is not None else None
+        self.stages = 1
+        self.pipeline: Pipeline | None = None
+        self.idle: list[float] = []
+
+    def check_layout(self, processes: int, net: nn.Module, cfg: DictConfig) -> None:
+        self.stages = processes
+        check_pipeline(processes, self.microbatches, cfg.data.batch_size, net, self.split_points)
+        if cfg.trainer.accumulate_grad_batches != 1 or cfg.trainer.gradient_clip_val:
+            raise ConfigError(
+                "strategy=pipeline does not support trainer.accumulate_grad_batches or trainer.gradient_clip_val; "
+                "raise strategy.microbatches to save memory instead"
+            )
+        if cfg.trainer.precision == "16-mixed":
+            raise ConfigError("strategy=pipeline supports trainer.precision=32-true or bf16-mixed, not 16-mixed")
+
+    def data_parallel(self, process_index: int, processes: int) -> tuple[int, int]:
+        return 1, 0  # every stage reads the whole batch
+
+    def prepare(
+        self, accelerator: Accelerator, net: nn.Module, optimizer: Callable[..., torch.optim.Optimizer]
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        stage = PipelinedNet.of(net, accelerator.process_index, accelerator.num_processes, self.split_points)
+        stage = stage.to(accelerator.device)
+        return stage, optimizer(stage.parameters())
+
+    def train_step(
+        self, accelerator: Accelerator, model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn
+    ) -> torch.Tensor:
+        if self.pipeline is None:
+            self.pipeline = Pipeline(model, accelerator.device, self.microbatches, self.schedule, loss_fn)
+        with accelerator.autocast():
+            loss, self.idle = self.pipeline.train_step(x, y)
+        return loss
+
+    def step_metrics(self) -> dict[str, float]:
+        return {f"pipeline/idle_fraction/stage{rank}": idle for rank, idle in enumerate(self.idle)}
+
+    def checkpoint_objects(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> list[Any]:
+        return [StagesState(model, optimizer)]
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "stages": self.stages,
+            "microbatches": self.microbatches,
+            "schedule": self.schedule,
+            "bubble_fraction": round(bubble_fraction(self.stages, self.microbatches), 4),
+        }
+
+
+class StagesState:
+    """Every stage's net and optimizer state, gathered on the main process for save_state, plus the whole
+    net under single-device names (what any preset loads to evaluate); loading gives each stage its part."""
+
+    def __init__(self, model: PipelinedNet, optimizer: torch.optim.Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+
+    def state_dict(self) -> dict[str, Any] | None:
+        mine = (self.model.state_dict(), self.optimizer.state_dict())
+        stages = [None] * (self.model.last + 1) if self.model.index == 0 else None
+        dist.gather_object(mine, stages, dst=0)
+        whole, _ = gather_whole_state(mine[0], None, self.model.index, self.model.last + 1)
+        return {"stages": stages, "model": whole}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        stages = self.model.last + 1
+        if len(state["stages"]) != stages:
+            raise ConfigError(f"the checkpoint has {len(state['stages'])} pipeline stages; this run has {stages}")
+        model, optimizer = state["stages"][self.model.index]
+        self.model.load_state_dict(model)
+        self.optimizer.load_state_dict(optimizer)

@@ -1,0 +1,267 @@
+"""Train, then test, a model with Hugging Face Accelerate. Run from the project root:
+
+    python -m {{ cookiecutter.package_name }}.train [hydra overrides, e.g. strategy=dp]
+    accelerate launch --config_file launch/multi_process.yaml -m {{ cookiecutter.package_name }}.train strategy=ddp
+
+config -> strategy (checked before anything starts) -> processes -> accelerator -> data -> model -> fit -> test.
+The loop below is the whole training: what a preset changes lives in strategies/.
+"""
+
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import hydra
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from .config import ConfigError, check_group_choices, fail, register_resolvers
+from .data import per_device_batch_size
+from .oom import find_batch_size, log_device_memory
+from .strategies import Strategy
+from .tracking import finish_wandb
+
+register_resolvers()
+logging.getLogger("accelerate").setLevel(logging.WARNING)  # not one INFO line per file it saves
+
+# trainer.precision takes Lightning's names, so both engines share the flag; accelerate's names on the right.
+PRECISION = {"32-true": "no", "bf16-mixed": "bf16", "16-mixed": "fp16"}
+
+
+@dataclass
+class Progress:
+    """Where training is; saved with every checkpoint, so that a resumed run continues where it stopped."""
+
+    epoch: int = 0
+    batch: int = 0  # batches done in the current epoch
+    global_step: int = 0  # optimizer steps done
+    best_val_loss: float = float("inf")
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        vars(self).update(state)
+
+
+def train(cfg: DictConfig) -> None:
+    """Check the layout, start the processes, fit and test. Raises ConfigError before training."""
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    if cfg.ckpt_path and not (Path(cfg.ckpt_path) / "custom_checkpoint_0.pkl").is_file():
+        raise ConfigError(
+            f"ckpt_path={cfg.ckpt_path} is not a checkpoint folder; give one, e.g. <run dir>/checkpoints/last"
+        )
+    if cfg.trainer.precision not in PRECISION:
+        raise ConfigError(f"trainer.precision={cfg.trainer.precision!r} is unknown; valid: {', '.join(PRECISION)}")
+    strategy: Strategy = build(cfg.strategy)
+    processes = strategy.processes(int(os.environ.get("WORLD_SIZE", 1)), cfg.trainer.devices)
+    strategy.check_layout(processes, build(cfg.model.net), cfg)
+    per_device_batch_size(cfg.data.batch_size, strategy.data_parallel(0, processes)[0])
+    if cfg.oom.find_batch_size and not strategy.supports_batch_size_search:
+        raise ConfigError(f"oom.find_batch_size works with single, ddp, ddp_spawn and dp, not strategy={strategy.name}")
+
+    def process() -> None:  # a named function: notebook_launcher (ddp_spawn) needs one
+        fit_and_test(cfg, strategy, run_dir)
+
+    strategy.launch(process, processes)
+
+
+def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path) -> None:
+    """What every training process runs."""
+    accelerator = Accelerator(
+        cpu=cfg.trainer.accelerator == "cpu" or not torch.cuda.is_available(),  # else 2 CPU processes do not connect
+        mixed_precision=PRECISION[cfg.trainer.precision],
+        gradient_accumulation_steps=cfg.trainer.accumulate_grad_batches,
+        log_with="wandb" if cfg.logger else None,
+        project_dir=run_dir,
+        **strategy.accelerator_kwargs(),
+    )
+    set_seed(cfg.seed)
+    data = build(cfg.data)
+    model, optimizer = strategy.prepare(accelerator, build(cfg.model.net), build(cfg.model.optimizer))
+    replicas, rank = strategy.data_parallel(accelerator.process_index, accelerator.num_processes)
+    progress = Progress()
+    accelerator.register_for_checkpointing(progress, *strategy.checkpoint_objects(model, optimizer))
+    if cfg.ckpt_path:
+        accelerator.load_state(cfg.ckpt_path)
+
+    failed = True
+    try:
+        if accelerator.is_main_process:
+            OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+            start_wandb(accelerator, cfg, strategy, replicas, data.batch_size)
+        if cfg.oom.find_batch_size:
+            find_batch_size(accelerator, strategy, model, data, replicas, loss_fn, cfg.oom.shrink)
+        loaders = {split: data.loader(split, replicas, rank, accelerator.device.type == "cuda") for split in SPLITS}
+        fit(accelerator, cfg, strategy, model, optimizer, loaders, progress, run_dir / "checkpoints")
+        if cfg.test_after_fit:
+            step = progress.global_step
+            accelerator.load_state(run_dir / "checkpoints" / "best")
+            log(accelerator, prefixed("test", evaluate(accelerator, model, loaders["test"])), step)
+        failed = False
+    finally:
+        finish_wandb(failed)
+
+
+SPLITS = ("train", "val", "test")
+
+
+def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean loss of a batch (strategy=pipeline computes it per micro-batch on the last stage)."""
+    return F.cross_entropy(logits, target)
+
+
+def fit(
+    accelerator: Accelerator,
+    cfg: DictConfig,
+    strategy: Strategy,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loaders: dict[str, Any],
+    progress: Progress,
+    checkpoints: Path,
+) -> None:
+    trainer = cfg.trainer
+    model.train()
+    while progress.epoch < trainer.max_epochs and not done(progress, trainer.max_steps):
+        epoch = progress.epoch
+        loaders["train"].sampler.set_epoch(epoch)  # the seeded shuffle of this epoch, on every replica
+        # A resumed run skips the batches its epoch had already done (same sampler order, so the same batches).
+        for x, y in islice(loaders["train"], progress.batch, None):
+            x, y = x.to(accelerator.device), y.to(accelerator.device)
+            with accelerator.accumulate(model):
+                loss = strategy.train_step(accelerator, model, x, y, loss_fn)
+                if accelerator.sync_gradients:
+                    if trainer.gradient_clip_val:
+                        accelerator.clip_grad_norm_(model.parameters(), trainer.gradient_clip_val)
+                    optimizer.step()
+                    optimizer.zero_grad()
+            progress.batch += 1
+            if not accelerator.sync_gradients:
+                continue
+            if (progress.global_step + 1) % trainer.log_every_n_steps == 0:
+                # The only host sync of the step, and only on logging steps: the mean over all processes is
+                # the global batch's loss (processes that share a batch hold the same loss).
+                metrics = {"train/loss": accelerator.reduce(loss, "mean").item(), **strategy.step_metrics()}
+                log(accelerator, {**metrics, "epoch": epoch}, progress.global_step)
+            progress.global_step += 1
+            if done(progress, trainer.max_steps):
+                break
+        else:
+            progress.epoch, progress.batch = progress.epoch + 1, 0
+        validate(accelerator, cfg, model, loaders["val"], progress, epoch, checkpoints)
+
+
+def done(progress: Progress, max_steps: int) -> bool:
+    return 0 < max_steps <= progress.global_step
+
+
+def validate(
+    accelerator: Accelerator,
+    cfg: DictConfig,
+    model: nn.Module,
+    loader: Any,
+    progress: Progress,
+    epoch: int,
+    checkpoints: Path,
+) -> None:
+    """Evaluate on the validation split, log, and checkpoint: the latest state, and the best by val/loss."""
+    metrics = evaluate(accelerator, model, loader)
+    log(accelerator, {**prefixed("val", metrics), "epoch": epoch}, progress.global_step)
+    if cfg.oom.log_memory:
+        log_device_memory(accelerator, progress.global_step)
+    best = metrics["loss"] < progress.best_val_loss
+    progress.best_val_loss = min(progress.best_val_loss, metrics["loss"])
+    accelerator.save_state(checkpoints / "last")
+    if best:
+        accelerator.save_state(checkpoints / "best")
+
+
+@torch.no_grad()
+def evaluate(accelerator: Accelerator, model: nn.Module, loader: Any) -> dict[str, float]:
+    """Loss and accuracy over the whole split, exact: sums are reduced, not per-process means."""
+    model.eval()
+    totals = torch.zeros(3, dtype=torch.float64, device=accelerator.device)
+    for x, y in loader:
+        x, y = x.to(accelerator.device), y.to(accelerator.device)
+        with accelerator.autocast():
+            logits = model(x)
+        totals[0] += F.cross_entropy(logits.float(), y, reduction="sum")
+        totals[1] += (logits.argmax(dim=-1) == y).sum()
+        totals[2] += len(y)
+    loss_sum, correct, count = accelerator.reduce(totals, "sum").tolist()
+    model.train()
+    return {"loss": loss_sum / count, "acc": correct / count}
+
+
+def prefixed(split: str, metrics: dict[str, float]) -> dict[str, float]:
+    return {f"{split}/{name}": value for name, value in metrics.items()}
+
+
+def log(accelerator: Accelerator, metrics: dict[str, float], step: int) -> None:
+    """One wandb row (main process only). The step is a metric, as Lightning's WandbLogger logs it, so runs
+    of both engines chart alike."""
+    accelerator.log({**metrics, "trainer/global_step": step})
+
+
+def start_wandb(accelerator: Accelerator, cfg: DictConfig, strategy: Strategy, replicas: int, batch: int) -> None:
+    """One wandb run (main process), with the resolved config and how the run is laid out."""
+    if not cfg.logger:
+        return
+    config = OmegaConf.to_container(cfg, resolve=True)
+    processes = accelerator.num_processes
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", processes))
+    config["run"] = {
+        "engine": "accelerate",
+        "strategy_preset": HydraConfig.get().runtime.choices["strategy"],
+        "world_size": processes,
+        "devices": per_node,
+        "num_nodes": processes // per_node,
+        "data_parallel_size": replicas,
+        "per_device_batch_size": per_device_batch_size(batch, replicas),
+        **strategy.describe(),
+    }
+    settings = {key: value for key, value in cfg.logger.items() if key != "project"}
+    accelerator.init_trackers(cfg.logger.project, config=config, init_kwargs={"wandb": settings})
+    accelerator.get_tracker("wandb", unwrap=True).define_metric("*", step_metric="trainer/global_step")
+
+
+def build(node: DictConfig, **kwargs: Any) -> Any:
+    """hydra.utils.instantiate, with a bad argument reported as a ConfigError instead of a traceback."""
+    try:
+        return instantiate(node, **kwargs)
+    except InstantiationException as err:
+        if isinstance(err.__cause__, ValueError | TypeError):
+            raise ConfigError(f"{node.get('_target_', 'config')}: {err.__cause__}") from err
+        raise
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="train")
+def run(cfg: DictConfig) -> None:
+    try:
+        train(cfg)
+    except ConfigError as err:
+        fail(err, Path(HydraConfig.get().runtime.output_dir))
+
+
+def main() -> None:
+    try:
+        check_group_choices(sys.argv[1:])
+    except ConfigError as err:
+        fail(err)
+    run()
+
+
+if __name__ == "__main__":
+    main()
