@@ -18,7 +18,9 @@ PACKAGE = "{{ cookiecutter.package_name }}"
 QUICK = [
     "trainer.max_epochs=1",
     "trainer.log_every_n_steps=1",
+{%- if cookiecutter.engine == "lightning" %}
     "trainer.enable_progress_bar=false",
+{%- endif %}
     "test_after_fit=false",
 ]
 

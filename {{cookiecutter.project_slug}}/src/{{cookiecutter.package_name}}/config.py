@@ -33,11 +33,28 @@ def check_group_choices(overrides: list[str]) -> None:
 
 
 def run_stamp() -> str:
-    """Name of the run folder. Processes started by torchrun share its run id, so they share one folder."""
+    """Name of the run folder, the same in every process of one launch, so that they share one folder.
+
+    torchrun gives its processes a run id. accelerate launch does not (it sets "none"): its processes are
+    named after the moment their launcher, the parent of them all, started.
+    """
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     if run_id and run_id != "none":
         return f"torchrun-{run_id}"
-    return time.strftime("%Y-%m-%d_%H-%M-%S")
+    started = launcher_start_time() if int(os.environ.get("WORLD_SIZE", 1)) > 1 else None
+    return time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(started))
+
+
+def launcher_start_time() -> float | None:
+    """When this process's parent started, in seconds since the epoch (Linux /proc); None elsewhere."""
+    try:
+        with open(f"/proc/{os.getppid()}/stat") as stat:
+            ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime, in clock ticks after boot
+        with open("/proc/stat") as stat:
+            boot = next(int(line.split()[1]) for line in stat if line.startswith("btime"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def register_resolvers() -> None:

@@ -8,7 +8,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import open_dict
 
-from {{ cookiecutter.package_name }}.config import CONFIG_DIR, register_resolvers, run_stamp
+from {{ cookiecutter.package_name }}.config import CONFIG_DIR, register_resolvers
 
 MODEL_PARALLEL = ["strategy=model_parallel", "trainer.accelerator=cpu"]
 PRESETS = sorted(path.stem for path in (CONFIG_DIR / "strategy").glob("*.yaml"))
@@ -60,13 +60,6 @@ def test_overrides_reach_the_objects(tmp_path):
     assert cfg.callbacks.checkpoint.dirpath == f"{tmp_path}/checkpoints"
 
 
-def test_run_folders_are_shared_by_torchrun_ranks(monkeypatch):
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc123")
-    assert run_stamp() == "torchrun-abc123"
-    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
-    assert run_stamp()[:2] == "20"
-
-
 @pytest.mark.parametrize(
     "overrides, message",
     [
@@ -111,26 +104,6 @@ def test_bad_input_fails_in_one_line(train, overrides, message):
         next(line for line in run.output.splitlines() if message in line)
     ]
     assert not run.run_dir.exists(), "a rejected run must not leave a folder behind"
-
-
-def test_wandb_goes_offline_without_credentials_and_obeys_wandb_mode(monkeypatch, tmp_path):
-    from {{ cookiecutter.package_name }}.tracking import wandb_mode
-
-    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
-        monkeypatch.delenv(name, raising=False)
-    netrc = tmp_path / "netrc"
-    monkeypatch.setenv("NETRC", str(netrc))
-    assert wandb_mode() == "offline", "no key, no netrc file"
-    netrc.write_text("machine example.com login user password secret\n")
-    assert wandb_mode() == "offline", "a netrc without wandb's host"
-    netrc.write_text("machine api.wandb.ai login user password secret\n")
-    assert wandb_mode() == "online"
-    monkeypatch.setenv("WANDB_MODE", "disabled")
-    assert wandb_mode() == "disabled", "WANDB_MODE always wins"
-    monkeypatch.delenv("WANDB_MODE")
-    netrc.unlink()
-    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
-    assert wandb_mode() == "online"
 
 
 def test_a_mistake_lightning_finds_during_fit_is_one_line_too(train):

@@ -65,11 +65,11 @@ def train(cfg: DictConfig) -> None:
     if cfg.trainer.precision not in PRECISION:
         raise ConfigError(f"trainer.precision={cfg.trainer.precision!r} is unknown; valid: {', '.join(PRECISION)}")
     strategy: Strategy = build(cfg.strategy)
+    if cfg.oom.find_batch_size and not strategy.supports_batch_size_search:
+        raise ConfigError(f"oom.find_batch_size works with single, ddp, ddp_spawn and dp, not strategy={strategy.name}")
     processes = strategy.processes(int(os.environ.get("WORLD_SIZE", 1)), cfg.trainer.devices)
     strategy.check_layout(processes, build(cfg.model.net), cfg)
     per_device_batch_size(cfg.data.batch_size, strategy.data_parallel(0, processes)[0])
-    if cfg.oom.find_batch_size and not strategy.supports_batch_size_search:
-        raise ConfigError(f"oom.find_batch_size works with single, ddp, ddp_spawn and dp, not strategy={strategy.name}")
 
     def process() -> None:  # a named function: notebook_launcher (ddp_spawn) needs one
         fit_and_test(cfg, strategy, run_dir)
@@ -106,8 +106,10 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path) -> None:
         loaders = {split: data.loader(split, replicas, rank, accelerator.device.type == "cuda") for split in SPLITS}
         fit(accelerator, cfg, strategy, model, optimizer, loaders, progress, run_dir / "checkpoints")
         if cfg.test_after_fit:
-            step = progress.global_step
-            accelerator.load_state(run_dir / "checkpoints" / "best")
+            step, best = progress.global_step, run_dir / "checkpoints" / "best"
+            accelerator.wait_for_everyone()  # the main process writes the checkpoints; the others read them
+            if best.is_dir():  # else no validation ran: test the weights as they are
+                accelerator.load_state(best)
             log(accelerator, prefixed("test", evaluate(accelerator, model, loaders["test"])), step)
         failed = False
     finally:
@@ -158,9 +160,11 @@ def fit(
             progress.global_step += 1
             if done(progress, trainer.max_steps):
                 break
-        else:
+        else:  # a whole epoch: validate (as Lightning does, not after stopping at max_steps mid-epoch)
             progress.epoch, progress.batch = progress.epoch + 1, 0
-        validate(accelerator, cfg, model, loaders["val"], progress, epoch, checkpoints)
+            validate(accelerator, cfg, model, loaders["val"], progress, epoch, checkpoints)
+            continue
+        accelerator.save_state(checkpoints / "last")
 
 
 def done(progress: Progress, max_steps: int) -> bool:

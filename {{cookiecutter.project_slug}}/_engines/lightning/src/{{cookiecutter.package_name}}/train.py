@@ -75,6 +75,7 @@ def run_summary(cfg: DictConfig, trainer: L.Trainer) -> dict[str, Any]:
     """The resolved config plus how the run is laid out, as logged to wandb."""
     summary = OmegaConf.to_container(cfg, resolve=True)
     summary["run"] = {
+        "engine": "lightning",
         "strategy_preset": preset(),
         "world_size": trainer.world_size,
         "devices": trainer.num_devices,

@@ -1,0 +1,62 @@
+"""Every preset is documented and composes; bad input fails early, in one line, leaving nothing behind."""
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+from {{ cookiecutter.package_name }}.config import CONFIG_DIR, register_resolvers
+
+PRESETS = sorted(path.stem for path in (CONFIG_DIR / "strategy").glob("*.yaml"))
+
+
+def test_every_preset_is_documented_and_builds():
+    assert PRESETS == sorted(["single", "ddp", "ddp_spawn", "dp", "model_parallel", "pipeline"])
+    register_resolvers()
+    for preset in PRESETS:
+        header = (CONFIG_DIR / "strategy" / f"{preset}.yaml").read_text()
+        assert f"# {preset}:" in header, f"{preset}.yaml lacks its 'what it is for' line"
+        assert "# Hardware:" in header and "# Launch:" in header, f"{preset}.yaml lacks hardware/launch lines"
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            cfg = compose("train", overrides=[f"strategy={preset}"])
+        assert instantiate(cfg.strategy).name == preset
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["strategy=warp_drive"], "unknown strategy 'warp_drive'; valid: " + ", ".join(PRESETS)),
+        (["oom=lots"], "unknown oom 'lots'; valid: none, toolkit"),
+        (["strategy=ddp"], "strategy=ddp needs 2+ processes but this is 1; launch it with `accelerate launch"),
+        (
+            ["strategy=ddp_spawn", "trainer.devices=2", "data.batch_size=255"],
+            "data.batch_size=255 is the global batch and must be a positive multiple of the 2 data-parallel replicas",
+        ),
+        (["ckpt_path=missing"], "ckpt_path=missing is not a checkpoint folder"),
+        (["trainer.precision=16"], "trainer.precision=16 is unknown; valid: 32-true, bf16-mixed, 16-mixed"),
+        (["strategy=pipeline"], "strategy=pipeline runs one stage per process; 1 process given, use 2+"),
+        (["strategy=model_parallel"], "strategy=model_parallel (mode=tensor) needs 2+ processes"),
+        (["strategy=model_parallel", "strategy.mode=pipes"], "strategy.mode='pipes' is unknown; valid: tensor, layers"),
+        (["strategy=single", "oom=toolkit", "strategy=pipeline"], "oom.find_batch_size works with single, ddp"),
+    ],
+    ids=[
+        "unknown-strategy",
+        "unknown-oom",
+        "ddp-without-launcher",
+        "indivisible-batch",
+        "missing-checkpoint",
+        "unknown-precision",
+        "pipeline-one-stage",
+        "tensor-parallel-one-process",
+        "unknown-mode",
+        "batch-search-on-pipeline",
+    ],
+)
+def test_bad_input_fails_in_one_line(train, overrides, message):
+    run = train(*overrides, check=False)
+    assert run.returncode == 2
+    assert message in run.output
+    assert "Traceback" not in run.output
+    assert [line for line in run.output.splitlines() if line.startswith("error:")] == [
+        next(line for line in run.output.splitlines() if message in line)
+    ]
+    assert not run.run_dir.exists(), "a rejected run must not leave a folder behind"

@@ -1,0 +1,52 @@
+"""The default training learns and logs one wandb run; checkpoints resume and reload."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import QUICK
+from launchers import accelerate_launch
+
+from {{ cookiecutter.package_name }}.checkpoints import load_trained
+from {{ cookiecutter.package_name }}.data import SyntheticData
+
+pytestmark = pytest.mark.slow
+
+
+def test_default_training_learns_and_logs_offline_to_wandb(train):
+    run = train("trainer.accelerator=cpu")
+    wandb = run.wandb
+    assert wandb.metric("val/acc")[-1] >= 0.8, "chance is 1/8: the model must learn the task"
+    assert len(wandb.metric("val/loss")) == 3 and len(wandb.metric("test/acc")) == 1
+    steps = wandb.steps("train/loss")
+    assert steps == list(range(9, 96, 10)), "every log_every_n_steps=10 optimizer steps, as Lightning logs"
+    assert wandb.group == "default" and wandb.exit_code == 0
+    assert wandb.config["data"]["batch_size"] == 256 and wandb.config["run"]["engine"] == "accelerate"
+    assert "wandb sync" in run.output and (run.run_dir / "config.yaml").is_file()
+
+    # The last checkpoint reloads on its own and reproduces the last logged validation loss.
+    model = load_trained(run.run_dir / "checkpoints" / "last")
+    data = SyntheticData(**{k: v for k, v in wandb.config["data"].items() if k != "_target_"})
+    data.setup()
+    x, y = data.splits["val"].tensors
+    with torch.no_grad():
+        assert F.cross_entropy(model(x), y).item() == pytest.approx(wandb.metric("val/loss")[-1], abs=1e-5)
+
+
+@pytest.mark.parametrize("preset, launcher", [("ddp", accelerate_launch), ("pipeline", accelerate_launch)])
+def test_resume_continues_where_the_run_stopped(train, preset, launcher):
+    """Stop at step 5 of 10, resume from checkpoints/last: the losses after the stop equal an uninterrupted run's."""
+    common = [*QUICK, "data.shuffle=true", "data.batch_size=64", "trainer.accelerator=cpu", f"strategy={preset}"]
+    whole = train(*common, "trainer.max_steps=10", launcher=launcher()).losses(10)
+    first = train(*common, "trainer.max_steps=5", launcher=launcher())
+    last = first.run_dir / "checkpoints" / "last"
+    rest = train(*common, "trainer.max_steps=10", f"ckpt_path={last}", launcher=launcher())
+    assert rest.wandb.steps("train/loss") == list(range(5, 10))
+    assert rest.losses(5) == pytest.approx(whole[5:], abs=1e-5)
+    # Whatever the preset, the checkpoint reloads on one device for evaluation.
+    assert sum(p.numel() for p in load_trained(last).parameters()) > 0
+
+
+def test_a_failing_run_still_closes_its_wandb_run(train):
+    run = train(*QUICK, "trainer.accelerator=cpu", "model.net._target_=nets.FailingNet", check=False)
+    assert run.returncode != 0 and "FailingNet: simulated crash" in run.output
+    assert run.wandb.exit_code == 1, "the run is closed, and marked failed"
