@@ -9,10 +9,13 @@ from conftest import CHOICES, TEMPLATE, every_choice
 COMBINATIONS = list(every_choice())
 
 
-def expected_files(package: str) -> set[str]:
+PRESETS = ("ddp", "ddp_spawn", "dp", "model_parallel", "pipeline", "single")
+
+
+def expected_files(package: str, engine: str) -> set[str]:
     """The exact file set of a baked project (extend it when the template gains a file)."""
     src = f"src/{package}"
-    return {
+    shared = {
         ".github/workflows/ci.yml",
         ".gitignore",
         ".pre-commit-config.yaml",
@@ -22,21 +25,51 @@ def expected_files(package: str) -> set[str]:
         f"{src}/checkpoints.py",
         f"{src}/config.py",
         f"{src}/data.py",
+        f"{src}/memory.py",
         f"{src}/model.py",
-        f"{src}/module.py",
+        f"{src}/pipelining.py",
+        f"{src}/sharding.py",
         f"{src}/tracking.py",
         f"{src}/train.py",
         f"{src}/strategies/__init__.py",
-        f"{src}/callbacks/__init__.py",
-        f"{src}/callbacks/batch_size_finder.py",
-        f"{src}/callbacks/device_memory.py",
-        f"{src}/callbacks/item_logger.py",
-        f"{src}/callbacks/oom.py",
-        f"{src}/callbacks/oom_recovery.py",
         f"{src}/strategies/dp.py",
         f"{src}/strategies/model_parallel.py",
         f"{src}/strategies/pipeline.py",
         f"{src}/configs/train.yaml",
+        f"{src}/configs/data/synthetic.yaml",
+        f"{src}/configs/logger/none.yaml",
+        f"{src}/configs/logger/wandb.yaml",
+        f"{src}/configs/model/classifier.yaml",
+        f"{src}/configs/trainer/default.yaml",
+        *(f"{src}/configs/strategy/{preset}.yaml" for preset in PRESETS),
+        "tests/conftest.py",
+        "tests/test_config.py",
+        "tests/test_data.py",
+        "tests/test_oom.py",
+        "tests/test_parity.py",
+        "tests/test_pipelining.py",
+        "tests/test_tracking.py",
+        "tests/test_train.py",
+        "tests/wandb_records.py",
+    }
+    if engine == "accelerate":
+        return shared | {
+            "launch/multi_process.yaml",
+            f"{src}/oom.py",
+            f"{src}/strategies/ddp.py",
+            f"{src}/configs/oom/none.yaml",
+            f"{src}/configs/oom/toolkit.yaml",
+            "tests/launchers.py",
+            "tests/nets.py",
+        }
+    return shared | {
+        f"{src}/datamodule.py",
+        f"{src}/module.py",
+        f"{src}/callbacks/__init__.py",
+        f"{src}/callbacks/batch_size_finder.py",
+        f"{src}/callbacks/device_memory.py",
+        f"{src}/callbacks/item_logger.py",
+        f"{src}/callbacks/oom_recovery.py",
         f"{src}/configs/callbacks/checkpoint.yaml",
         f"{src}/configs/callbacks/default.yaml",
         f"{src}/configs/callbacks/none.yaml",
@@ -46,30 +79,12 @@ def expected_files(package: str) -> set[str]:
         f"{src}/configs/callbacks/oom.yaml",
         f"{src}/configs/callbacks/oom_recovery.yaml",
         f"{src}/configs/callbacks/progress_bar.yaml",
-        f"{src}/configs/data/synthetic.yaml",
-        f"{src}/configs/logger/none.yaml",
-        f"{src}/configs/logger/wandb.yaml",
-        f"{src}/configs/model/classifier.yaml",
-        f"{src}/configs/strategy/ddp.yaml",
-        f"{src}/configs/strategy/ddp_spawn.yaml",
-        f"{src}/configs/strategy/dp.yaml",
-        f"{src}/configs/strategy/model_parallel.yaml",
-        f"{src}/configs/strategy/pipeline.yaml",
-        f"{src}/configs/strategy/single.yaml",
-        f"{src}/configs/trainer/default.yaml",
-        "tests/conftest.py",
         "tests/failing_callback.py",
         "tests/oom_sim.py",
-        "tests/test_config.py",
-        "tests/test_data.py",
+        "tests/shard_probe.py",
         "tests/test_dp.py",
         "tests/test_model_parallel.py",
-        "tests/test_oom.py",
-        "tests/test_parity.py",
-        "tests/shard_probe.py",
         "tests/test_pipeline.py",
-        "tests/test_train.py",
-        "tests/wandb_records.py",
     }
 
 
@@ -78,7 +93,8 @@ def test_every_choice_bakes_the_expected_project(bake, answers):
     project = bake(project_name="Pixel Shuffler", **answers)
     assert project.name == "pixel-shuffler"
     files = {str(path.relative_to(project)) for path in project.rglob("*") if path.is_file()}
-    assert files == expected_files("pixel_shuffler")
+    assert files == expected_files("pixel_shuffler", answers["engine"])
+    assert not (project / "_engines").exists(), "the post-gen hook removes the other engine's code"
     for name in files:
         text = (project / name).read_text()
         assert "{{" not in text and "{%" not in text, f"unrendered Jinja left in {name}"
@@ -90,9 +106,15 @@ def test_every_choice_bakes_the_expected_project(bake, answers):
     assert pyproject["project"]["requires-python"] == f">={answers['python_version']}"
 
 
-def test_choices_cover_every_strategy_preset():
-    presets = TEMPLATE / "{{cookiecutter.project_slug}}/src/{{cookiecutter.package_name}}/configs/strategy"
-    assert set(CHOICES["default_strategy"]) == {path.stem for path in presets.glob("*.yaml")}
+@pytest.mark.parametrize("engine", CHOICES["engine"])
+def test_choices_cover_every_strategy_preset(engine):
+    presets = (
+        TEMPLATE
+        / "{{cookiecutter.project_slug}}/_engines"
+        / engine
+        / "src/{{cookiecutter.package_name}}/configs/strategy"
+    )
+    assert set(CHOICES["default_strategy"]) == {path.stem for path in presets.glob("*.yaml")} == set(PRESETS)
     assert CHOICES["default_strategy"][0] == "single", "the default must run on any machine"
 
 

@@ -22,6 +22,24 @@ def run(command: list[str], project, tmp_path, timeout: int = 1500) -> subproces
     )
 
 
+def last_losses(project, tmp_path, k: int) -> list[float]:
+    """The first k train/loss values of a short single-device run, read back from its wandb files."""
+    run_dir = tmp_path / "parity-run"
+    overrides = ["strategy=single", "trainer.accelerator=cpu", "trainer.max_epochs=1", f"trainer.max_steps={k}"]
+    overrides += ["trainer.log_every_n_steps=1", "data.shuffle=false", "data.batch_size=64", "test_after_fit=false"]
+    result = run(
+        [sys.executable, "-m", "scaled_trainer.train", *overrides, f"hydra.run.dir={run_dir}"], project, tmp_path
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    sys.path.insert(0, str(project / "tests"))
+    try:
+        from wandb_records import offline_runs
+    finally:
+        sys.path.pop(0)
+    [wandb] = offline_runs(run_dir)
+    return wandb.metric("train/loss")[:k]
+
+
 def passed_count(output: str) -> int:
     """Tests pytest reports as passed; 0 when it ran none (which must fail, not pass silently)."""
     summary = output.strip().splitlines()[-1]
@@ -30,22 +48,25 @@ def passed_count(output: str) -> int:
     return int(match.group(1))
 
 
-def test_generated_project_passes_its_own_test_suite(bake, tmp_path):
-    project = bake()
+@pytest.mark.parametrize("engine", CHOICES["engine"])
+def test_generated_project_passes_its_own_test_suite(bake, engine, tmp_path):
+    project = bake(engine=engine)
     result = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], project, tmp_path)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert passed_count(result.stdout) >= 20
 
 
-def test_generated_project_is_lint_clean(bake, tmp_path):
-    project = bake()
+@pytest.mark.parametrize("engine", CHOICES["engine"])
+def test_generated_project_is_lint_clean(bake, engine, tmp_path):
+    project = bake(engine=engine)
     for check in (["check"], ["format", "--check"]):
         result = run([sys.executable, "-m", "ruff", *check, "--no-cache", "."], project, tmp_path)
         assert result.returncode == 0, result.stdout
 
 
-def test_generated_project_builds_a_wheel_with_its_configs(bake, tmp_path):
-    project = bake()
+@pytest.mark.parametrize("engine", CHOICES["engine"])
+def test_generated_project_builds_a_wheel_with_its_configs(bake, engine, tmp_path):
+    project = bake(engine=engine)
     result = run(
         [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp_path)],
         project,
@@ -60,9 +81,10 @@ def test_generated_project_builds_a_wheel_with_its_configs(bake, tmp_path):
     assert "scaled_trainer/configs/strategy/ddp.yaml" in names
 
 
-def test_readme_install_keeps_the_installed_torch(bake, tmp_path):
+@pytest.mark.parametrize("engine", CHOICES["engine"])
+def test_readme_install_keeps_the_installed_torch(bake, engine, tmp_path):
     """With torch==2.13.0 installed first (the README's first step), installing the project pulls no other build."""
-    project = bake()
+    project = bake(engine=engine)
     command = [sys.executable, "-m", "pip", "install", "--dry-run", "--no-build-isolation", "-e", ".[dev]"]
     result = run(command, project, tmp_path, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -81,3 +103,14 @@ def test_other_default_strategies_compose(bake, tmp_path, strategy):
     )
     assert result.returncode == 0, result.stdout[-6000:]
     assert passed_count(result.stdout) >= 5
+
+
+def test_both_engines_compute_the_same_losses(cookies, tmp_path_factory):
+    """Same seed, data order and batch: the Accelerate loop's first losses equal the Lightning Trainer's."""
+    losses = {}
+    for engine in CHOICES["engine"]:
+        result = cookies.bake(extra_context={"engine": engine})
+        assert result.exit_code == 0, result.exception
+        losses[engine] = last_losses(result.project_path, tmp_path_factory.mktemp(engine), k=6)
+    assert len(losses["lightning"]) == 6
+    assert losses["accelerate"] == pytest.approx(losses["lightning"], abs=1e-5)

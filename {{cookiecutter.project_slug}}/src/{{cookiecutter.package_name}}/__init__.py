@@ -1,1 +1,1 @@
-"Scaled Trainer: A PyTorch training project that scales from one device to many by one flag."
+{{ (cookiecutter.project_name ~ ': ' ~ cookiecutter.description) | tojson }}

@@ -24,7 +24,7 @@ def test_default_training_learns_and_logs_offline_to_wandb(train, tmp_path):
     assert losses[-1] < losses[0]
     assert wandb.group == "default"
     assert wandb.config["data"]["batch_size"] == 256 and "batch_size" not in wandb.config
-    assert wandb.config["run"]["strategy_preset"] == "single"
+    assert wandb.config["run"]["strategy_preset"] == "{{ cookiecutter.default_strategy }}"
     assert wandb.exit_code == 0
     assert "wandb sync" in run.output
     assert (run.run_dir / "config.yaml").is_file()
