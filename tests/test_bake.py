@@ -64,6 +64,7 @@ def expected_files(package: str) -> set[str]:
         "tests/test_data.py",
         "tests/test_dp.py",
         "tests/test_model_parallel.py",
+        "tests/test_module.py",
         "tests/test_oom.py",
         "tests/test_parity.py",
         "tests/shard_probe.py",
