@@ -84,6 +84,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         "tests/shard_probe.py",
         "tests/test_dp.py",
         "tests/test_model_parallel.py",
+        "tests/test_module.py",
         "tests/test_pipeline.py",
     }
 

@@ -54,3 +54,12 @@ def test_shuffled_runs_match_too(train, single_losses):
     single = train(*shuffled, "strategy=single").losses(K)
     assert single != pytest.approx(single_losses, abs=TOLERANCE), "shuffling must change the batches"
     assert train(*shuffled, "strategy=ddp", "trainer.devices=2").losses(K) == pytest.approx(single, abs=TOLERANCE)
+
+
+@pytest.mark.parametrize("name", ["ddp", "model_parallel-dp2xtp2"])
+def test_logging_every_few_steps_still_logs_the_global_batch_loss(train, single_losses, name):
+    """train/loss is averaged over the processes only on the steps that are logged, with the same result."""
+    [(overrides, launcher)] = [(overrides, launcher) for case, overrides, launcher in CASES if case == name]
+    run = train(*PARITY, *overrides, "trainer.log_every_n_steps=3", launcher=launcher)
+    assert run.wandb.steps("train/loss") == [2, 5]
+    assert run.losses(2) == pytest.approx([single_losses[2], single_losses[5]], abs=TOLERANCE)

@@ -33,10 +33,11 @@ class Classifier(L.LightningModule):
 
     def on_train_batch_end(self, outputs: dict[str, torch.Tensor], batch: object, batch_idx: int) -> None:
         # Logged here, from the loss the step returned, whatever ran the step: a step the OOM recovery split
-        # into micro-batches logs the loss of its whole batch (a skipped step, with no loss, logs nothing), and
-        # strategy=pipeline returns the last stage's loss on every stage.
-        # sync_dist: the mean over all data-parallel replicas, i.e. the loss of the global batch.
-        if "loss" in outputs:
+        # into micro-batches logs the loss of its whole batch, and strategy=pipeline returns the last stage's
+        # loss on every stage. A skipped step has no loss (Lightning then repeats the last value logged).
+        # sync_dist: the mean over all processes, i.e. the loss of the global batch (the tensor-parallel ranks
+        # of a model_parallel replica hold the same loss). It is an all-reduce, so only on steps the loggers see.
+        if "loss" in outputs and writes_step_metrics(self.trainer):
             self.log("train/loss", outputs["loss"], on_step=True, on_epoch=False, sync_dist=True)
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
@@ -53,3 +54,20 @@ class Classifier(L.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return self.optimizer_factory(self.parameters())
+
+
+def writes_step_metrics(trainer: L.Trainer) -> bool:
+    """Whether Lightning sends this training batch's `on_step` metrics to the loggers; ask in
+    on_train_batch_end. The same test as Lightning 2.5-2.6 (`_LoggerConnector.update_train_step_metrics`),
+    which reads loop counters that have no public name."""
+    loop = trainer.fit_loop
+    if trainer.lightning_module.automatic_optimization and loop._should_accumulate():
+        return False  # a batch that only accumulates gradients is never logged
+    if trainer.fast_dev_run:
+        return True
+    if trainer.log_every_n_steps == 0:
+        return False
+    # Batches that took an optimizer step, this one included (the counter moves after this hook): every
+    # log_every_n_steps-th is logged, and the last one when training is told to stop.
+    step = loop.epoch_loop._batches_that_stepped + 1
+    return step % trainer.log_every_n_steps == 0 or trainer.should_stop

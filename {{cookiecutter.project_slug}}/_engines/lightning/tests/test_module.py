@@ -1,0 +1,84 @@
+"""train/loss is averaged over the processes only on the steps Lightning writes to the loggers."""
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.loggers import Logger
+
+from {{ cookiecutter.package_name }}.datamodule import SyntheticDataModule
+from {{ cookiecutter.package_name }}.model import ResidualMLP
+from {{ cookiecutter.package_name }}.module import Classifier
+
+
+class Recorder(Logger):
+    """Keeps the train/loss values the trainer writes, by step."""
+
+    name, version = "recorder", 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.losses: dict[int, float] = {}
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        if "train/loss" in metrics:
+            self.losses[step] = metrics["train/loss"]
+
+    def log_hyperparams(self, params, *args, **kwargs) -> None:
+        pass
+
+
+class Spied(Classifier):
+    """Records each step's loss and the steps at which train/loss was logged with sync_dist (an all-reduce
+    under several processes; this test runs one, where Lightning skips it)."""
+
+    def __init__(self) -> None:
+        super().__init__(ResidualMLP(32, 8, hidden=16, depth=1), torch.optim.SGD)
+        self.losses: dict[int, float] = {}
+        self.synced: list[int] = []
+
+    def log(self, name: str, value, **options) -> None:
+        if name == "train/loss" and options.get("sync_dist"):
+            self.synced.append(self.trainer.fit_loop.epoch_loop._batches_that_stepped)
+        super().log(name, value, **options)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        self.losses[self.trainer.fit_loop.epoch_loop._batches_that_stepped] = outputs["loss"].item()
+        super().on_train_batch_end(outputs, batch, batch_idx)
+
+
+class StopAt(L.Callback):
+    def __init__(self, batch: int) -> None:
+        self.batch = batch
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        trainer.should_stop = batch_idx == self.batch
+
+
+@pytest.mark.parametrize(
+    "options, written",
+    [
+        (dict(log_every_n_steps=3), [2, 5, 8]),
+        (dict(log_every_n_steps=2, accumulate_grad_batches=2), [1, 3]),  # 10 batches, 5 optimizer steps
+        (dict(log_every_n_steps=3, callbacks=[StopAt(batch=3)]), [2, 3]),  # the step that stops is written
+        (dict(log_every_n_steps=0), []),
+    ],
+    ids=["every-3", "accumulate", "should-stop", "never"],
+)
+def test_train_loss_is_synced_only_on_the_steps_written(tmp_path, options, written):
+    model, recorder = Spied(), Recorder()
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        limit_train_batches=10,
+        limit_val_batches=0,
+        logger=recorder,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        **options,
+    )
+    trainer.fit(model, datamodule=SyntheticDataModule(batch_size=8, seed=0))
+    assert sorted(recorder.losses) == written
+    assert model.synced == written, "one sync per written step, none in between"
+    assert recorder.losses == pytest.approx({step: model.losses[step] for step in written})
