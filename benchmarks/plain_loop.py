@@ -29,11 +29,10 @@ def main(package: str, epochs: int, batch_size: int, hidden: int = 128, depth: i
         world, rank = dist.get_world_size(), dist.get_rank()
 
     torch.manual_seed(42)
-    datamodule = data.SyntheticDataModule(batch_size=batch_size, seed=42)
-    datamodule.setup()
-    dataset = datamodule.splits["train"]
-    hp = datamodule.hparams
-    model = model_module.ResidualMLP(hp.num_features, hp.num_classes, hidden=hidden, depth=depth)
+    synthetic = data.SyntheticData(batch_size=batch_size, seed=42)
+    synthetic.setup()
+    dataset = synthetic.splits["train"]
+    model = model_module.ResidualMLP(synthetic.num_features, synthetic.num_classes, hidden=hidden, depth=depth)
     sampler = DistributedSampler(dataset, world, rank, shuffle=True, seed=42, drop_last=True) if distributed else None
     loader = DataLoader(
         dataset, batch_size=batch_size // world, shuffle=sampler is None, sampler=sampler, drop_last=True
