@@ -18,7 +18,7 @@ demo: install
 	cd build/demo/scaled-trainer && PYTHONPATH=src $(PYTHON) -m scaled_trainer.train
 
 test: install
-	$(PYTHON) -m pytest tests
+	$(PYTHON) -m pytest tests --durations=12
 
 bench: install  ## overhead of the template vs a plain PyTorch loop (single and ddp)
 	$(PYTHON) benchmarks/overhead.py --ddp

@@ -40,6 +40,15 @@ class Run:
     def losses(self, k: int) -> list[float]:
         return self.wandb.metric("train/loss")[:k]
 
+    def assert_rejected(self, message: str) -> None:
+        """Bad input: exit 2 with `message` as the one `error:` line, no traceback, no run folder left behind."""
+        assert self.returncode == 2, self.output[-3000:]
+        assert message in self.output
+        assert "Traceback" not in self.output
+        errors = [line for line in self.output.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and message in errors[0], errors
+        assert not self.run_dir.exists(), "a rejected run must not leave a folder behind"
+
 
 @pytest.fixture(scope="session")
 def train_env(tmp_path_factory) -> dict[str, str]:
@@ -86,6 +95,22 @@ def make_runner(base_dir: Path, base_env: dict[str, str]):
         return Run(proc.returncode, output, run_dir)
 
     return run
+
+
+# Loss parity: same seed, same data order, same GLOBAL batch; the first K train/loss values of every preset
+# must equal strategy=single's within TOLERANCE (differences come only from the order of floating-point sums).
+K = 6
+TOLERANCE = 1e-5
+PARITY = [*QUICK, f"trainer.max_steps={K}", "data.shuffle=false", "data.batch_size=64", "trainer.accelerator=cpu"]
+
+
+@pytest.fixture(scope="module")
+def single_losses(tmp_path_factory, train_env) -> list[float]:
+    """The first K losses of strategy=single under PARITY."""
+    run = make_runner(tmp_path_factory.mktemp("single"), train_env)(*PARITY, "strategy=single")
+    losses = run.losses(K)
+    assert len(losses) == K
+    return losses
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -30,6 +31,15 @@ def check_group_choices(overrides: list[str]) -> None:
             choices = sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml"))
             if choice not in choices:
                 raise ConfigError(f"unknown {group} {choice!r}; valid: {', '.join(choices)}")
+
+
+def run_cli(run: Callable[[], None]) -> None:
+    """The command line: an unknown config group choice is refused in one line, then Hydra runs `run`."""
+    try:
+        check_group_choices(sys.argv[1:])
+    except ConfigError as err:
+        fail(err)
+    run()
 
 
 def run_stamp() -> str:

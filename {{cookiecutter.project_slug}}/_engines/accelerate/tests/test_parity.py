@@ -7,14 +7,11 @@ compare the two engines.
 """
 
 import pytest
-from conftest import QUICK, make_runner
+from conftest import PARITY, TOLERANCE, K
 from launchers import accelerate_launch, torchrun
 
 pytestmark = pytest.mark.slow
 
-K = 6
-TOLERANCE = 1e-5
-PARITY = [*QUICK, f"trainer.max_steps={K}", "data.shuffle=false", "data.batch_size=64", "trainer.accelerator=cpu"]
 
 # (name, overrides, launcher): one row per preset and launch mode.
 CASES = [
@@ -27,14 +24,6 @@ CASES = [
     ("pipeline-gpipe", ["strategy=pipeline", "strategy.schedule=gpipe"], accelerate_launch),
     ("pipeline-1f1b", ["strategy=pipeline", "strategy.schedule=1f1b"], torchrun),
 ]
-
-
-@pytest.fixture(scope="module")
-def single_losses(tmp_path_factory, train_env):
-    run = make_runner(tmp_path_factory.mktemp("single"), train_env)(*PARITY, "strategy=single")
-    losses = run.losses(K)
-    assert len(losses) == K
-    return losses
 
 
 @pytest.mark.parametrize("name, overrides, launcher", CASES, ids=[case[0] for case in CASES])

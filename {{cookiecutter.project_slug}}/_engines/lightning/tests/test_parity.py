@@ -9,13 +9,10 @@ all-reduce sums each block's partial outputs; exactly 0 for model_parallel layer
 import sys
 
 import pytest
-from conftest import QUICK, make_runner
+from conftest import PARITY, TOLERANCE, K
 
 pytestmark = pytest.mark.slow
 
-K = 6
-TOLERANCE = 1e-5
-PARITY = [*QUICK, f"trainer.max_steps={K}", "data.shuffle=false", "data.batch_size=64", "trainer.accelerator=cpu"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m"]
 
 # (name, overrides, launcher): one row per preset and launch mode.
@@ -31,14 +28,6 @@ CASES = [
     ("pipeline-1f1b", ["strategy=pipeline", "trainer.devices=2", "strategy.schedule=1f1b"], None),
     ("pipeline-torchrun", ["strategy=pipeline", "trainer.devices=2"], TORCHRUN),
 ]
-
-
-@pytest.fixture(scope="module")
-def single_losses(tmp_path_factory, train_env):
-    run = make_runner(tmp_path_factory.mktemp("single"), train_env)(*PARITY, "strategy=single")
-    losses = run.losses(K)
-    assert len(losses) == K
-    return losses
 
 
 @pytest.mark.parametrize("name, overrides, launcher", CASES, ids=[case[0] for case in CASES])

@@ -9,7 +9,6 @@ The loop below is the whole training: what a preset changes lives in strategies/
 
 import logging
 import os
-import sys
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -26,7 +25,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from .config import ConfigError, check_group_choices, fail, register_resolvers
+from .config import ConfigError, fail, register_resolvers, run_cli
 from .data import per_device_batch_size
 from .oom import find_batch_size, log_device_memory
 from .strategies import Strategy
@@ -260,11 +259,7 @@ def run(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    try:
-        check_group_choices(sys.argv[1:])
-    except ConfigError as err:
-        fail(err)
-    run()
+    run_cli(run)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ config -> data -> model -> callbacks -> logger -> trainer -> fit -> test. Every 
 from configs/ by Hydra, so each line below reads the same whatever the strategy.
 """
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig, OmegaConf
 
-from .config import ConfigError, check_group_choices, fail, register_resolvers
+from .config import ConfigError, fail, register_resolvers, run_cli
 from .data import per_device_batch_size
 from .strategies import check_layout, data_parallel_size
 from .tracking import finish_wandb
@@ -102,11 +101,7 @@ def run(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    try:
-        check_group_choices(sys.argv[1:])
-    except ConfigError as err:
-        fail(err)
-    run()
+    run_cli(run)
 
 
 if __name__ == "__main__":
