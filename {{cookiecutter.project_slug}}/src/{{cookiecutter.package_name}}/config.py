@@ -1,4 +1,4 @@
-"""Config helpers: the resolvers the YAML files use, and the one-line error for bad input."""
+"""Config helpers: the resolvers the YAML files use, and the one-line errors (bad input, a crashed process)."""
 
 import os
 import sys
@@ -15,6 +15,15 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 
 class ConfigError(ValueError):
     """A setting that cannot work. train.py prints it as one line and exits before training."""
+
+
+class ProcessCrashed(RuntimeError):
+    """A training process that this command started (strategy=ddp_spawn) crashed: a bug, not bad input. Its
+    traceback is in the output already; the message names the process and the exception in one line."""
+
+    def __init__(self, rank: int, traceback: str) -> None:
+        lines = traceback.strip().splitlines()
+        super().__init__(f"training process {rank} failed: {lines[-1] if lines else 'no message'} (traceback above)")
 
 
 def check_group_choices(overrides: list[str]) -> None:
@@ -74,8 +83,11 @@ def register_resolvers() -> None:
 
 
 def fail(error: Exception, run_dir: Path | None = None) -> None:
-    """Report a predictable mistake in one line, remove the run folder if nothing was written, exit 2."""
+    """Report a predictable mistake in one line, remove the run folder if nothing was written, exit 2.
+    A crashed process exits 1 instead, keeping what the run wrote."""
     print(f"error: {error}", file=sys.stderr)
+    if isinstance(error, ProcessCrashed):
+        sys.exit(1)
     if run_dir is not None:
         run_dir, cwd = run_dir.resolve(), Path.cwd().resolve()
         while run_dir.is_dir() and not any(run_dir.iterdir()) and run_dir != cwd:

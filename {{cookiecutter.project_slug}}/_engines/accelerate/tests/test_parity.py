@@ -6,32 +6,41 @@ sums, ~1e-7 on CPU). The Lightning engine's single run gives the same values too
 compare the two engines.
 """
 
+from functools import partial
+
 import pytest
+import torch
 from conftest import PARITY, TOLERANCE, K
 from launchers import accelerate_launch, torchrun
+
+from {{ cookiecutter.package_name }}.checkpoints import load_trained
 
 pytestmark = pytest.mark.slow
 
 
-# (name, overrides, launcher): one row per preset and launch mode.
+DP2_TP2 = ["strategy=model_parallel", "strategy.data_parallel_size=2", "strategy.tensor_parallel_size=2"]
+LAYERS = ["strategy=model_parallel", "strategy.mode=layers", "strategy.devices=[cpu,cpu]"]
+
+# (name, overrides, launcher, processes): one row per preset and launch mode.
 CASES = [
-    ("ddp-accelerate-launch", ["strategy=ddp"], accelerate_launch),
-    ("ddp-torchrun", ["strategy=ddp"], torchrun),
-    ("ddp_spawn", ["strategy=ddp_spawn", "trainer.devices=2"], None),
-    ("dp", ["strategy=dp", "trainer.devices=2"], None),  # on CPU: one device, through the same code
-    ("model_parallel-tp2", ["strategy=model_parallel"], accelerate_launch),
-    ("model_parallel-layers", ["strategy=model_parallel", "strategy.mode=layers", "strategy.devices=[cpu,cpu]"], None),
-    ("pipeline-gpipe", ["strategy=pipeline", "strategy.schedule=gpipe"], accelerate_launch),
-    ("pipeline-1f1b", ["strategy=pipeline", "strategy.schedule=1f1b"], torchrun),
+    ("ddp-accelerate-launch", ["strategy=ddp"], accelerate_launch, 2),
+    ("ddp-torchrun", ["strategy=ddp"], torchrun, 2),
+    ("ddp_spawn", ["strategy=ddp_spawn", "trainer.devices=2"], None, 2),
+    ("dp", ["strategy=dp", "trainer.devices=2"], None, 1),  # on CPU: one device, through the same code
+    ("model_parallel-tp2", ["strategy=model_parallel"], accelerate_launch, 2),
+    ("model_parallel-dp2xtp2", DP2_TP2, partial(accelerate_launch, 4), 4),
+    ("model_parallel-layers", LAYERS, None, 1),
+    ("pipeline-gpipe", ["strategy=pipeline", "strategy.schedule=gpipe"], accelerate_launch, 2),
+    ("pipeline-1f1b", ["strategy=pipeline", "strategy.schedule=1f1b"], torchrun, 2),
 ]
 
 
-@pytest.mark.parametrize("name, overrides, launcher", CASES, ids=[case[0] for case in CASES])
-def test_first_losses_equal_single_device(train, single_losses, name, overrides, launcher):
+@pytest.mark.parametrize("name, overrides, launcher, processes", CASES, ids=[case[0] for case in CASES])
+def test_first_losses_equal_single_device(train, single_losses, name, overrides, launcher, processes):
     run = train(*PARITY, *overrides, launcher=launcher() if launcher else None)
     assert run.wandb.steps("train/loss")[:K] == list(range(K))
     assert run.losses(K) == pytest.approx(single_losses, abs=TOLERANCE), name
-    assert run.wandb.config["run"]["world_size"] == (2 if launcher or "ddp_spawn" in overrides[0] else 1)
+    assert run.wandb.config["run"]["world_size"] == processes
 
 
 def test_shuffled_runs_match_too(train, single_losses):
@@ -42,3 +51,31 @@ def test_shuffled_runs_match_too(train, single_losses):
     assert train(*shuffled, "strategy=ddp", launcher=accelerate_launch()).losses(K) == pytest.approx(
         single, abs=TOLERANCE
     )
+
+
+# Plain SGD, so that clipping changes the update in proportion (Adam's update hardly depends on the scale).
+SGD = ["model.optimizer._target_=torch.optim.SGD", "model.optimizer.lr=0.1", "trainer.gradient_clip_val=0.05"]
+HALVES = ["data.batch_size=32", "trainer.accumulate_grad_batches=2"]
+
+
+def test_accumulated_half_batches_train_like_the_whole_batch(train):
+    """Two accumulated half batches are one whole batch: on every layout the clipped weights after K optimizer
+    steps equal single's at the whole batch. Under ddp the first half skips the gradient all-reduce (no_sync);
+    under model_parallel the clip must use the norm of the whole gradient, not of each shard."""
+    whole_batch = [*PARITY, *SGD]
+    expected = weights(train(*whole_batch, "strategy=single"))
+    unclipped = weights(train(*(o for o in whole_batch if "clip" not in o), "strategy=single"))
+    assert not all(torch.allclose(expected[name], unclipped[name], atol=1e-4) for name in expected), "no clipping"
+
+    halves = [*(o for o in whole_batch if o != "data.batch_size=64"), *HALVES]
+    for overrides, launcher in [(["strategy=single"], None), (["strategy=ddp"], accelerate_launch()),
+                                (["strategy=model_parallel"], accelerate_launch())]:  # fmt: skip
+        run = train(*halves, *overrides, launcher=launcher)
+        assert run.wandb.steps("train/loss") == list(range(K)), "logged once per optimizer step"
+        got = weights(run)
+        for name, value in expected.items():
+            assert torch.allclose(got[name], value, atol=TOLERANCE), f"{overrides[0]}: {name} differs"
+
+
+def weights(run) -> dict[str, torch.Tensor]:
+    return load_trained(run.run_dir / "checkpoints" / "last").state_dict()

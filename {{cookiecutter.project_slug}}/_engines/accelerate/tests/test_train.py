@@ -32,21 +32,31 @@ def test_default_training_learns_and_logs_offline_to_wandb(train):
         assert F.cross_entropy(model(x), y).item() == pytest.approx(wandb.metric("val/loss")[-1], abs=1e-5)
 
 
-@pytest.mark.parametrize("preset, launcher", [("ddp", accelerate_launch), ("pipeline", accelerate_launch)])
-def test_resume_continues_where_the_run_stopped(train, preset, launcher):
+# Each preset saves its state its own way: accelerate's files (ddp), one gathered state per stage (pipeline),
+# the full state dict of the sharded net and optimizer (model_parallel).
+@pytest.mark.parametrize("preset", ["ddp", "pipeline", "model_parallel"])
+def test_resume_continues_where_the_run_stopped(train, preset):
     """Stop at step 5 of 10, resume from checkpoints/last: the losses after the stop equal an uninterrupted run's."""
     common = [*QUICK, "data.shuffle=true", "data.batch_size=64", "trainer.accelerator=cpu", f"strategy={preset}"]
-    whole = train(*common, "trainer.max_steps=10", launcher=launcher()).losses(10)
-    first = train(*common, "trainer.max_steps=5", launcher=launcher())
+    whole = train(*common, "trainer.max_steps=10", launcher=accelerate_launch()).losses(10)
+    first = train(*common, "trainer.max_steps=5", launcher=accelerate_launch())
     last = first.run_dir / "checkpoints" / "last"
-    rest = train(*common, "trainer.max_steps=10", f"ckpt_path={last}", launcher=launcher())
+    rest = train(*common, "trainer.max_steps=10", f"ckpt_path={last}", launcher=accelerate_launch())
     assert rest.wandb.steps("train/loss") == list(range(5, 10))
     assert rest.losses(5) == pytest.approx(whole[5:], abs=1e-5)
     # Whatever the preset, the checkpoint reloads on one device for evaluation.
     assert sum(p.numel() for p in load_trained(last).parameters()) > 0
 
 
-def test_a_failing_run_still_closes_its_wandb_run(train):
-    run = train(*QUICK, "trainer.accelerator=cpu", "model.net._target_=nets.FailingNet", check=False)
-    assert run.returncode != 0 and "FailingNet: simulated crash" in run.output
+# ddp_spawn: the crash happens in a process the command started itself.
+@pytest.mark.parametrize(
+    "layout", [["strategy=single"], ["strategy=ddp_spawn", "trainer.devices=2"]], ids=["single", "spawn"]
+)
+def test_a_failing_run_still_closes_its_wandb_run(train, layout):
+    run = train(*QUICK, *layout, "trainer.accelerator=cpu", "model.net._target_=nets.FailingNet", check=False)
+    assert run.returncode == 1 and "FailingNet: simulated crash" in run.output
     assert run.wandb.exit_code == 1, "the run is closed, and marked failed"
+    if layout[0] == "strategy=ddp_spawn":  # the crashed process's traceback, then one line; not the launcher's
+        assert run.output.rstrip().splitlines()[-1].startswith("error: training process ")
+        assert run.output.rstrip().endswith("failed: RuntimeError: FailingNet: simulated crash (traceback above)")
+        assert "ChildFailedError" not in run.output

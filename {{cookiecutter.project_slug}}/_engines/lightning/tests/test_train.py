@@ -46,8 +46,13 @@ def test_resume_continues_the_global_step(train):
     assert resumed.wandb.steps("train/loss") == [8, 9, 10, 11]
 
 
-def test_a_failing_run_still_closes_its_wandb_run(train):
-    run = train(*QUICK, "+callbacks.fail._target_=failing_callback.FailAtStep", check=False)
-    assert run.returncode != 0 and "failing on purpose at step 3" in run.output
+# ddp_spawn: the crash happens in a process the command started itself.
+@pytest.mark.parametrize("layout", [["strategy=single"], ["strategy=ddp_spawn", "trainer.devices=2"]], ids=["single", "spawn"])
+def test_a_failing_run_still_closes_its_wandb_run(train, layout):
+    run = train(*QUICK, *layout, "+callbacks.fail._target_=failing_callback.FailAtStep", check=False)
+    assert run.returncode == 1 and "failing on purpose at step 3" in run.output
     assert run.wandb.exit_code == 1, "wandb.finish(exit_code=1) must run when training fails"
     assert run.wandb.steps("train/loss") == [0, 1, 2]
+    if layout[0] == "strategy=ddp_spawn":  # the crashed process's traceback, then one line; not the launcher's
+        assert run.output.rstrip().endswith("failed: RuntimeError: failing on purpose at step 3 (traceback above)")
+        assert "ProcessRaisedException" not in run.output

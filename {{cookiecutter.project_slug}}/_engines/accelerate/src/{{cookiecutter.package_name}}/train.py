@@ -25,7 +25,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from .config import ConfigError, fail, register_resolvers, run_cli
+from .config import ConfigError, ProcessCrashed, fail, register_resolvers, run_cli
 from .data import per_device_batch_size
 from .oom import find_batch_size, log_device_memory
 from .strategies import Strategy
@@ -254,7 +254,7 @@ def build(node: DictConfig, **kwargs: Any) -> Any:
 def run(cfg: DictConfig) -> None:
     try:
         train(cfg)
-    except ConfigError as err:
+    except (ConfigError, ProcessCrashed) as err:
         fail(err, Path(HydraConfig.get().runtime.output_dir))
 
 

@@ -6,6 +6,7 @@ config -> data -> model -> callbacks -> logger -> trainer -> fit -> test. Every 
 from configs/ by Hydra, so each line below reads the same whatever the strategy.
 """
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,9 @@ from hydra.utils import instantiate
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig, OmegaConf
+from torch.multiprocessing.spawn import ProcessRaisedException
 
-from .config import ConfigError, fail, register_resolvers, run_cli
+from .config import ConfigError, ProcessCrashed, fail, register_resolvers, run_cli
 from .data import per_device_batch_size
 from .strategies import check_layout, data_parallel_size
 from .tracking import finish_wandb
@@ -98,6 +100,9 @@ def run(cfg: DictConfig) -> None:
         fail(err, Path(HydraConfig.get().runtime.output_dir))
     except MisconfigurationException as err:  # found by Lightning once fit starts, e.g. an unknown monitor key
         fail(err)
+    except ProcessRaisedException as err:  # strategy=ddp_spawn: a spawned process crashed
+        print(err, file=sys.stderr)  # its traceback, without the launcher's around it
+        fail(ProcessCrashed(err.error_index, str(err)))
 
 
 def main() -> None:

@@ -9,8 +9,9 @@ from collections.abc import Callable
 from accelerate import notebook_launcher
 from omegaconf import DictConfig
 from torch import nn
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from ..config import ConfigError
+from ..config import ConfigError, ProcessCrashed
 from . import Strategy
 
 
@@ -36,4 +37,11 @@ class DDPSpawn(DDP):
         return devices
 
     def launch(self, run: Callable[[], None], devices: int) -> None:
-        notebook_launcher(run, num_processes=devices)
+        try:
+            notebook_launcher(run, num_processes=devices)
+        except ChildFailedError as err:
+            # The launcher has already logged the process's traceback; its own report would repeat it.
+            rank, failure = err.get_first_failure()
+            record = failure.message  # the process's error record: {"message": "<Error>: ...", ...} or a text
+            text = record.get("message", "") if isinstance(record, dict) else record
+            raise ProcessCrashed(rank, str(text) or f"exit code {failure.exitcode}") from None

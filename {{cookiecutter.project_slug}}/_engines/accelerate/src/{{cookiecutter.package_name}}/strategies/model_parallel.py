@@ -10,8 +10,10 @@ moves the data and saves the checkpoints.
 - layers: one process; consecutive layer groups (`layer_groups(n)`) on consecutive devices.
 """
 
+import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -116,7 +118,8 @@ class WholeState:
         self.options = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
     def state_dict(self) -> dict[str, Any]:
-        model, optimizer = get_state_dict(self.model, self.optimizer, options=self.options)
+        with quiet_redistribution():
+            model, optimizer = get_state_dict(self.model, self.optimizer, options=self.options)
         return {"model": model, "optimizer": optimizer}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -127,3 +130,17 @@ class WholeState:
             optim_state_dict=state["optimizer"],
             options=StateDictOptions(full_state_dict=True),
         )
+
+
+@contextmanager
+def quiet_redistribution() -> Iterator[None]:
+    """Gathering a net sharded over both mesh dimensions (dp x tp) makes every rank log that it needs two
+    all_gathers "which may give inconsistent results". That is about reductions; a gather copies exactly, so
+    the warning is noise in the run's output while a checkpoint is written."""
+    logger = logging.getLogger("torch.distributed.tensor._redistribute")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
