@@ -2,12 +2,14 @@
 
     python benchmarks/overhead.py           # single process: default settings and a small-step setting
     python benchmarks/overhead.py --ddp     # adds strategy=ddp (2 gloo processes) vs a plain DDP loop
+    python benchmarks/overhead.py --engine accelerate   # the same for a project baked with engine=accelerate
     python benchmarks/overhead.py --smoke   # a few steps only: checks that it runs and prints ratios (CI)
 
-It bakes the default project, then runs each variant as its own process, interleaved, --repeats
-times: the template's default training (default callbacks, wandb offline, progress bar), plain
-Lightning (same LightningModule, no logger, callbacks or progress bar) and plain PyTorch
-(benchmarks/plain_loop.py). Step time is the median time between consecutive batch starts,
+It bakes the project, then runs each variant as its own process, interleaved, --repeats times: the
+template's default training (Lightning: default callbacks, wandb offline, progress bar; Accelerate: wandb
+offline, checkpoints every epoch), plain Lightning (same LightningModule, no logger, callbacks or
+progress bar; Lightning engine only) and plain PyTorch (benchmarks/plain_loop.py). Multi-process
+Accelerate runs start with torchrun, like the plain DDP loop. Step time is the median time between consecutive batch starts,
 after the first epoch (warm-up) and never across an epoch end (validation). Start-up is the
 time from launching the command to the first batch. Ratios compare runs of the same repeat.
 """
@@ -63,29 +65,36 @@ def run(command: list[str], project: Path, workdir: Path, env: dict[str, str]) -
     }
 
 
-def variants(setting: str, epochs: int, train_size: int, ddp: bool, workdir: Path) -> dict[str, list[str]]:
+def variants(engine: str, setting: str, epochs: int, train_size: int, ddp: bool, workdir: Path) -> dict[str, list[str]]:
     overrides, (hidden, depth), batch = SETTINGS[setting]
+    timer = (
+        "+callbacks.step_timer._target_=step_timer.StepTimer"
+        if engine == "lightning"
+        else "model.net._target_=step_timer.timed_net"  # the Accelerate loop has no callbacks
+    )
     common = [
         *overrides,
         f"trainer.max_epochs={epochs}",
         f"data.train_size={train_size}",
         "test_after_fit=false",
-        "+callbacks.step_timer._target_=step_timer.StepTimer",
+        timer,
         *(DDP if ddp else []),
     ]
-    train = [sys.executable, "-m", f"{PACKAGE}.train"]
-    plain = [str(HERE / "plain_loop.py"), PACKAGE, str(epochs), str(batch), str(hidden), str(depth)]
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    return {
-        "template": [*train, f"hydra.run.dir={workdir}/template", *common],
-        "lightning": [*train, f"hydra.run.dir={workdir}/lightning", *common, *PLAIN_LIGHTNING],
-        "plain": [*(launcher if ddp else [sys.executable]), *plain],
-    }
+    # Lightning starts its ddp processes itself; the Accelerate engine's come from a launcher.
+    train = [*(launcher if ddp and engine == "accelerate" else [sys.executable]), "-m", f"{PACKAGE}.train"]
+    plain = [str(HERE / "plain_loop.py"), PACKAGE, str(epochs), str(batch), str(hidden), str(depth)]
+    commands = {"template": [*train, f"hydra.run.dir={workdir}/template", *common]}
+    if engine == "lightning":
+        commands["lightning"] = [*train, f"hydra.run.dir={workdir}/lightning", *common, *PLAIN_LIGHTNING]
+    commands["plain"] = [*(launcher if ddp else [sys.executable]), *plain]
+    return commands
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ddp", action="store_true", help="also benchmark strategy=ddp on 2 CPU processes")
+    parser.add_argument("--engine", choices=["lightning", "accelerate"], default="lightning")
     parser.add_argument("--smoke", action="store_true", help="tiny run for CI: checks that it works")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=3)
@@ -94,8 +103,11 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        project = Path(cookiecutter(str(TEMPLATE), no_input=True, output_dir=str(workdir)))
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(project / "src"), str(HERE)]))
+        baked = cookiecutter(
+            str(TEMPLATE), no_input=True, output_dir=str(workdir), extra_context={"engine": args.engine}
+        )
+        project = Path(baked)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(project / "src"), str(HERE)]), BENCH_PACKAGE=PACKAGE)
         env.update(WANDB_MODE="offline", WANDB_DIR=tmp, WANDB_CACHE_DIR=tmp, WANDB_CONFIG_DIR=tmp, WANDB_SILENT="true")
         layouts = [("single", False)] + ([("ddp x2", True)] if args.ddp else [])
         print(
@@ -103,7 +115,7 @@ def main() -> None:
         )
         for layout, ddp in layouts:
             for setting in SETTINGS:
-                commands = variants(setting, epochs, train_size, ddp, workdir)
+                commands = variants(args.engine, setting, epochs, train_size, ddp, workdir)
                 results = {name: [] for name in commands}
                 for _ in range(repeats):  # interleaved, so load on the machine hits every variant alike
                     for name, command in commands.items():

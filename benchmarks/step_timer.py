@@ -1,17 +1,22 @@
 """Timestamps of every training iteration, recorded the same way in both runs being compared.
 
 `StepTimer` is a Lightning callback added to the baked project's training with
-`+callbacks.step_timer._target_=step_timer.StepTimer`; `record` serves the plain loops.
+`+callbacks.step_timer._target_=step_timer.StepTimer`. The Accelerate engine's loop has no callbacks:
+`timed_net` (`model.net._target_=step_timer.timed_net`) builds the project's net with a hook that
+records the start of every training forward. `Recorder` serves the plain loops.
 An iteration is the time between two consecutive batch starts: data loading, forward,
 backward, optimizer step and whatever the framework does around them.
 """
 
+import atexit
+import importlib
 import json
 import os
 import resource
 import time
 
 import lightning as L
+from torch import nn
 
 
 class Recorder:
@@ -47,3 +52,26 @@ class StepTimer(L.Callback):
     def on_train_end(self, trainer, pl_module) -> None:
         if trainer.is_global_zero:
             self.recorder.save()
+
+
+RECORDER = Recorder()  # timed_net's; saved when the process exits, if it trained (train.py may build two nets)
+atexit.register(lambda: RECORDER.starts and RECORDER.save())
+
+
+def timed_net(**settings) -> nn.Module:
+    """The baked project's ResidualMLP ($BENCH_PACKAGE), recording each training forward's start. A forward in
+    eval mode (validation) ends the epoch: the next training forward starts the next one."""
+    net = importlib.import_module(f"{os.environ['BENCH_PACKAGE']}.model").ResidualMLP(**settings)
+    epoch, evaluated = 0, False
+
+    def record(module: nn.Module, args: tuple) -> None:
+        nonlocal epoch, evaluated
+        if not module.training:
+            evaluated = True
+            return
+        if evaluated:
+            epoch, evaluated = epoch + 1, False
+        RECORDER.batch_start(epoch)
+
+    net.register_forward_pre_hook(record)
+    return net

@@ -4,12 +4,17 @@ import re
 import subprocess
 import sys
 
+import pytest
 from conftest import TEMPLATE
 
+# What each engine's project is compared with: the Accelerate engine has no "plain Lightning" to compare.
+VARIANTS = {"lightning": ("template", "lightning", "plain"), "accelerate": ("template", "plain")}
 
-def test_overhead_benchmark_smoke(tmp_path):
+
+@pytest.mark.parametrize("engine", VARIANTS)
+def test_overhead_benchmark_smoke(tmp_path, engine):
     result = subprocess.run(
-        [sys.executable, str(TEMPLATE / "benchmarks" / "overhead.py"), "--smoke"],
+        [sys.executable, str(TEMPLATE / "benchmarks" / "overhead.py"), "--smoke", "--engine", engine],
         check=False,
         capture_output=True,
         text=True,
@@ -19,7 +24,7 @@ def test_overhead_benchmark_smoke(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = re.findall(r"^single\s+(\S+)\s+(\S+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)$", result.stdout, re.MULTILINE)
     assert {(setting, variant) for setting, variant, *_ in rows} == {
-        (setting, variant) for setting in ("default", "small-step") for variant in ("template", "lightning", "plain")
+        (setting, variant) for setting in ("default", "small-step") for variant in VARIANTS[engine]
     }
     for setting, variant, step_ms, ratio, startup, rss in rows:
         assert float(step_ms) > 0 and float(ratio) > 0 and float(startup) > 0 and int(rss) > 0

@@ -1,27 +1,32 @@
-"""train/loss is averaged over the processes only on the steps Lightning writes to the loggers."""
+"""train/loss is averaged over the processes only on the steps Lightning writes to the loggers; the .item()
+logger (callbacks/item_logger.py) writes on those same steps."""
 
 import lightning as L
 import pytest
 import torch
 from lightning.pytorch.loggers import Logger
 
+from {{ cookiecutter.package_name }}.callbacks.item_logger import ItemMetricLogger
 from {{ cookiecutter.package_name }}.datamodule import SyntheticDataModule
 from {{ cookiecutter.package_name }}.model import ResidualMLP
 from {{ cookiecutter.package_name }}.module import Classifier
 
 
 class Recorder(Logger):
-    """Keeps the train/loss values the trainer writes, by step."""
+    """Keeps the train/loss values the trainer writes, and the steps of the item logger's means."""
 
     name, version = "recorder", 0
 
     def __init__(self) -> None:
         super().__init__()
         self.losses: dict[int, float] = {}
+        self.mean_steps: list[int] = []
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         if "train/loss" in metrics:
             self.losses[step] = metrics["train/loss"]
+        if "train/loss_mean" in metrics:
+            self.mean_steps.append(step)
 
     def log_hyperparams(self, params, *args, **kwargs) -> None:
         pass
@@ -65,7 +70,8 @@ class StopAt(L.Callback):
     ids=["every-3", "accumulate", "should-stop", "never"],
 )
 def test_train_loss_is_synced_only_on_the_steps_written(tmp_path, options, written):
-    model, recorder = Spied(), Recorder()
+    model, recorder, item_logger = Spied(), Recorder(), ItemMetricLogger()
+    options["callbacks"] = [*options.get("callbacks", []), item_logger]
     trainer = L.Trainer(
         accelerator="cpu",
         max_epochs=1,
@@ -82,3 +88,4 @@ def test_train_loss_is_synced_only_on_the_steps_written(tmp_path, options, writt
     assert sorted(recorder.losses) == written
     assert model.synced == written, "one sync per written step, none in between"
     assert recorder.losses == pytest.approx({step: model.losses[step] for step in written})
+    assert recorder.mean_steps == written and item_logger.host_syncs == len(written), "the item logger too"

@@ -47,7 +47,9 @@ def test_resume_continues_the_global_step(train):
 
 
 # ddp_spawn: the crash happens in a process the command started itself.
-@pytest.mark.parametrize("layout", [["strategy=single"], ["strategy=ddp_spawn", "trainer.devices=2"]], ids=["single", "spawn"])
+@pytest.mark.parametrize(
+    "layout", [["strategy=single"], ["strategy=ddp_spawn", "trainer.devices=2"]], ids=["single", "spawn"]
+)
 def test_a_failing_run_still_closes_its_wandb_run(train, layout):
     run = train(*QUICK, *layout, "+callbacks.fail._target_=failing_callback.FailAtStep", check=False)
     assert run.returncode == 1 and "failing on purpose at step 3" in run.output

@@ -10,11 +10,13 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
+from ..module import writes_step_metrics
+
 
 class ItemMetricLogger(L.Callback):
-    """Logs train/<name>_mean: the mean, over the steps since the last log, of every scalar tensor the
-    training step returns (the loss included), averaged over the processes. Logs every
-    trainer.log_every_n_steps optimizer steps, at Lightning's step numbers."""
+    """Logs train/<name>_mean: the mean, over the batches since the last log, of every scalar tensor the
+    training step returns (the loss included), averaged over the processes. Logs on the steps where
+    Lightning writes train/loss (every trainer.log_every_n_steps optimizer steps), at its step numbers."""
 
     def __init__(self) -> None:
         self.sums: dict[str, torch.Tensor] = {}
@@ -31,7 +33,7 @@ class ItemMetricLogger(L.Callback):
                 value = value.detach().float().reshape(())
                 self.sums[name] = self.sums[name] + value if name in self.sums else value
         self.count += 1
-        if trainer.global_step % trainer.log_every_n_steps == 0:
+        if writes_step_metrics(trainer):
             self._log(trainer, step=trainer.global_step - 1)  # the index of the step just taken, as Lightning's
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
