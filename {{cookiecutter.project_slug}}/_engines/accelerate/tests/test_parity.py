@@ -79,3 +79,19 @@ def test_accumulated_half_batches_train_like_the_whole_batch(train):
 
 def weights(run) -> dict[str, torch.Tensor]:
     return load_trained(run.run_dir / "checkpoints" / "last").state_dict()
+
+
+def test_bf16_mixed_precision_runs_under_autocast(train, single_losses):
+    """trainer.precision=bf16-mixed: accelerate's autocast (on the CPU here, CUDA's on a GPU). Close to the
+    fp32 losses, and not equal to them: the forward really ran in bf16."""
+    losses = train(*PARITY, "strategy=single", "trainer.precision=bf16-mixed").losses(K)
+    assert losses == pytest.approx(single_losses, abs=2e-2)
+    assert losses != pytest.approx(single_losses, abs=1e-5), "bf16 must change the arithmetic"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="16-mixed with its gradient scaler is tested on a CUDA GPU")
+def test_fp16_mixed_precision_on_gpu_stays_close_to_fp32(train, single_losses):
+    on_gpu = [*(o for o in PARITY if o != "trainer.accelerator=cpu"), "trainer.accelerator=auto"]
+    run = train(*on_gpu, "strategy=single", "trainer.precision=16-mixed")
+    assert run.losses(K) == pytest.approx(single_losses, abs=2e-2)
+    assert run.wandb.config["trainer"]["precision"] == "16-mixed"
