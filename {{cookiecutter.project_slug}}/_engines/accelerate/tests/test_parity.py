@@ -89,9 +89,18 @@ def test_bf16_mixed_precision_runs_under_autocast(train, single_losses):
     assert losses != pytest.approx(single_losses, abs=1e-5), "bf16 must change the arithmetic"
 
 
+ON_GPU = [*(o for o in PARITY if o != "trainer.accelerator=cpu"), "trainer.accelerator=auto"]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="16-mixed with its gradient scaler is tested on a CUDA GPU")
 def test_fp16_mixed_precision_on_gpu_stays_close_to_fp32(train, single_losses):
-    on_gpu = [*(o for o in PARITY if o != "trainer.accelerator=cpu"), "trainer.accelerator=auto"]
-    run = train(*on_gpu, "strategy=single", "trainer.precision=16-mixed")
+    run = train(*ON_GPU, "strategy=single", "trainer.precision=16-mixed")
     assert run.losses(K) == pytest.approx(single_losses, abs=2e-2)
     assert run.wandb.config["trainer"]["precision"] == "16-mixed"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="nn.DataParallel replicates only over 2 or more GPUs")
+def test_dp_over_two_gpus_matches_single(train, single_losses):
+    run = train(*ON_GPU, "strategy=dp", "trainer.devices=2")
+    assert run.losses(K) == pytest.approx(single_losses, abs=1e-4)  # GPU against CPU arithmetic
+    assert run.wandb.config["run"]["replica_devices"] == 2
