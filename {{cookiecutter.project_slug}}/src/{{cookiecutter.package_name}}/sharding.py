@@ -18,6 +18,13 @@ from torch.utils.hooks import RemovableHandle
 
 from .config import ConfigError
 
+MODES = ("tensor", "layers")  # strategy.mode of model_parallel, in both engines
+
+
+def check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"strategy.mode={mode!r} is unknown; valid: {', '.join(MODES)}")
+
 
 def split_hooks(model: nn.Module, hook: str) -> nn.Module:
     """The (sub)module that declares `hook`, e.g. the net inside a LightningModule."""

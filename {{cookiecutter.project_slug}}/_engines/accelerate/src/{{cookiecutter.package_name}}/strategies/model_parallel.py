@@ -26,6 +26,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from ..config import ConfigError
 from ..sharding import (
     check_layer_split,
+    check_mode,
     check_tensor_parallel,
     default_layer_devices,
     mesh_sizes,
@@ -33,8 +34,6 @@ from ..sharding import (
     place_layer_groups,
 )
 from . import Strategy
-
-MODES = ("tensor", "layers")
 
 
 class ModelParallel(Strategy):
@@ -49,8 +48,7 @@ class ModelParallel(Strategy):
         devices: list[str] | None = None,
         **kwargs: Any,
     ) -> None:
-        if mode not in MODES:
-            raise ValueError(f"strategy.mode={mode!r} is unknown; valid: {', '.join(MODES)}")
+        check_mode(mode)
         super().__init__(**kwargs)
         self.mode = mode
         self.requested = (data_parallel_size, tensor_parallel_size)

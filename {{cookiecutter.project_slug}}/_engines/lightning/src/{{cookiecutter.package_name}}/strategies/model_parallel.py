@@ -23,14 +23,13 @@ from torch.utils.hooks import RemovableHandle
 from ..config import ConfigError
 from ..sharding import (
     check_layer_split,
+    check_mode,
     check_tensor_parallel,
     default_layer_devices,
     mesh_sizes,
     parallelize,
     place_layer_groups,
 )
-
-MODES = ("tensor", "layers")
 
 
 def model_parallel(
@@ -42,6 +41,7 @@ def model_parallel(
     timeout: timedelta = timedelta(minutes=10),
 ) -> "TensorParallelStrategy | LayerSplitStrategy":
     """The preset's `_target_`: one strategy per mode. Settings of the other mode are ignored."""
+    check_mode(mode)
     if mode == "tensor":
         return TensorParallelStrategy(
             data_parallel_size=data_parallel_size,
@@ -49,9 +49,7 @@ def model_parallel(
             save_distributed_checkpoint=save_distributed_checkpoint,
             timeout=timeout,
         )
-    if mode == "layers":
-        return LayerSplitStrategy(devices)
-    raise ValueError(f"strategy.mode={mode!r} is unknown; valid: {', '.join(MODES)}")
+    return LayerSplitStrategy(devices)
 
 
 class TensorParallelStrategy(ModelParallelStrategy):
