@@ -73,7 +73,9 @@ def scaling(cfg: DictConfig, overrides: list[str], run_dir: Path, console: Conso
             batch = cfg.data.batch_size * (n if weak else 1)
             times = run_point(cfg, "single" if n == 1 else preset, n, batch, schedule, overrides, run_dir)
             rows.append(measure(times, n, batch, schedule, cfg, parameters, peak))
-            console.print(f"  {n} process(es){f' {schedule}' if schedule else ''}: {rows[-1]['samples_per_s']:.0f} samples/s")
+            console.print(
+                f"  {n} process(es){f' {schedule}' if schedule else ''}: {rows[-1]['samples_per_s']:.0f} samples/s"
+            )
     base = rows[0]["samples_per_s"] / rows[0]["devices"]  # per device, at the smallest count
     for row in rows:
         row["linear_samples_per_s"] = base * row["devices"]
@@ -108,8 +110,10 @@ def run_point(
     if "train_size" in cfg.data:  # all steps in one epoch: no validation pause among the timed steps
         settings.append(f"data.train_size={batch * (steps + 1)}")
     command = train_command(preset, n, 1, settings, module="steptimes")
-    launcher = {"python": [sys.executable], "accelerate": [sys.executable, "-m", "accelerate.commands.launch"]}
-    command = [*launcher[command[0]], *command[1:]]
+    if command[:2] == ["accelerate", "launch"]:  # this interpreter's, whatever is on PATH
+        command = [sys.executable, "-m", "accelerate.commands.launch", *command[2:]]
+    else:
+        command = [sys.executable, *command[1:]]
     proc = subprocess.run(
         command, env={**os.environ, ENV: str(times_file)}, capture_output=True, text=True,
         timeout=cfg.bench.timeout_s, check=False,
@@ -121,7 +125,13 @@ def run_point(
 
 
 def measure(
-    times: dict[str, Any], n: int, batch: int, schedule: str | None, cfg: DictConfig, parameters: int, peak: float | None
+    times: dict[str, Any],
+    n: int,
+    batch: int,
+    schedule: str | None,
+    cfg: DictConfig,
+    parameters: int,
+    peak: float | None,
 ) -> dict[str, Any]:
     warmup = cfg.bench.warmup_steps
     ends = times["step_ends"][warmup - 1 :]  # the end of the last warm-up step starts the clock
@@ -240,7 +250,10 @@ def run(cfg: DictConfig) -> None:
 
 def main() -> None:
     if sys.argv[1:2] != ["scaling"]:
-        print("error: usage: python -m {{ cookiecutter.package_name }}.bench scaling [overrides]; valid benchmarks: scaling", file=sys.stderr)
+        print(
+            "error: usage: python -m {{ cookiecutter.package_name }}.bench scaling [overrides]; valid benchmarks: scaling",
+            file=sys.stderr,
+        )
         sys.exit(2)
     del sys.argv[1]  # the rest are Hydra overrides
     run_cli(run)

@@ -166,10 +166,15 @@ def recommend(
         speedup = step / ddp_step
         if speedup < plan.min_speedup:
             return advice(
-                "single", 1, 1, f"it fits on one device and ddp over {data_parallel} would be only {speedup:.2f}x "
-                f"faster (step {step * 1e3:.1f} ms; all-reduce {all_reduce * 1e3:.1f} ms)"
+                "single",
+                1,
+                1,
+                f"it fits on one device and ddp over {data_parallel} would be only {speedup:.2f}x "
+                f"faster (step {step * 1e3:.1f} ms; all-reduce {all_reduce * 1e3:.1f} ms)",
             )
-        return advice("ddp", data_parallel, 1, f"it fits on one device; ddp over {data_parallel} is ~{speedup:.1f}x faster")
+        return advice(
+            "ddp", data_parallel, 1, f"it fits on one device; ddp over {data_parallel} is ~{speedup:.1f}x faster"
+        )
     if fits("ddp", data_parallel):
         return advice("ddp", data_parallel, 1, "one replica plus its share of the batch fits on each device")
     pcie_only = bool(env["gpus"]) and not any(p["nvlinks"] or p["nvswitch_links"] for p in hardware.topology()["pairs"])
@@ -178,7 +183,10 @@ def recommend(
         if fits("model_parallel", n) and not (pcie_only and split_fits):
             data, tensor = mesh(n, per_node)
             return advice(
-                "model_parallel", n, 1, f"sharded over {n} devices (mesh dp={data} x tp={tensor}) it fits",
+                "model_parallel",
+                n,
+                1,
+                f"sharded over {n} devices (mesh dp={data} x tp={tensor}) it fits",
                 (f"strategy.tensor_parallel_size={tensor}", f"strategy.data_parallel_size={data}"),
             )
         if split_fits:
@@ -187,14 +195,19 @@ def recommend(
             split = ", ".join(f"stage {i}: blocks {r.start}-{r.stop - 1}" for i, r in enumerate(bounds))
             link = "GPUs linked by PCIe only: " if pcie_only else ""
             return advice(
-                "pipeline", n, 1, f"{link}cut into {n} stages ({split}), {microbatches} micro-batches, it fits",
+                "pipeline",
+                n,
+                1,
+                f"{link}cut into {n} stages ({split}), {microbatches} micro-batches, it fits",
                 (f"strategy.split_points=[{','.join(map(str, points))}]",),
             )
     for nodes in range(2, plan.max_nodes + 1):
         if fits("model_parallel", nodes * per_node):
             data, tensor = mesh(nodes * per_node, per_node)
             return advice(
-                "model_parallel", per_node, nodes,
+                "model_parallel",
+                per_node,
+                nodes,
                 f"it needs {nodes} nodes: tensor parallel x{tensor} inside each node, FSDP over {data} replicas",
             )
     return {
@@ -216,8 +229,14 @@ def show(report: dict[str, Any], console: Console) -> None:
         table = Table("GPU", "name", "memory", "capability", "bf16", "used", "util", "NUMA", title="Devices")
         for g in env["gpus"]:
             table.add_row(
-                str(g["index"]), g["name"], f"{g['memory_gb']:.1f} GB", g["compute_capability"], str(g["bf16"]),
-                _size(g["memory_used_gb"] * GB if g.get("memory_used_gb") is not None else None), f"{g.get('utilization_percent')}%", str(g.get("numa_node")),
+                str(g["index"]),
+                g["name"],
+                f"{g['memory_gb']:.1f} GB",
+                g["compute_capability"],
+                str(g["bf16"]),
+                _size(g["memory_used_gb"] * GB if g.get("memory_used_gb") is not None else None),
+                f"{g.get('utilization_percent')}%",
+                str(g.get("numa_node")),
             )
         console.print(table)
     else:
@@ -225,7 +244,9 @@ def show(report: dict[str, Any], console: Console) -> None:
     if topo["pairs"]:
         table = Table("GPUs", "link", "PCIe path", "same socket", "P2P", title="Topology (NVML)")
         for p in topo["pairs"]:
-            table.add_row(f"{p['gpus'][0]}-{p['gpus'][1]}", p["link"], str(p["pcie_path"]), str(p["same_socket"]), str(p["p2p"]))
+            table.add_row(
+                f"{p['gpus'][0]}-{p['gpus'][1]}", p["link"], str(p["pcie_path"]), str(p["same_socket"]), str(p["p2p"])
+            )
         console.print(table)
     else:
         console.print(f"Topology: none ({topo['why_empty']})")
@@ -239,7 +260,9 @@ def show(report: dict[str, Any], console: Console) -> None:
         table = Table("size", "time", "algbw GB/s", "busbw GB/s", title=title)
         for row in bw["sizes"]:
             table.add_row(
-                f"{row['bytes'] / 2**20:g} MiB", f"{row['time_us']:.0f} us", f"{row['algbw_gbs']:.2f}",
+                f"{row['bytes'] / 2**20:g} MiB",
+                f"{row['time_us']:.0f} us",
+                f"{row['algbw_gbs']:.2f}",
                 f"{row['busbw_gbs']:.2f}",
             )
         console.print(table)
@@ -254,18 +277,32 @@ def show(report: dict[str, Any], console: Console) -> None:
         + (f"{step * 1e3:.1f} ms" if step is not None else "not measured (does not fit here)")
     )
     counts = sorted({row["devices"] for row in report["memory"]})
-    table = Table("preset", *(f"{n} device{'s' * (n > 1)}" for n in counts),
-                  title=f"Memory per device (plan: {plan['devices_per_node']} x {_size(plan['device_memory_gb'] * GB)} per node)")
+    table = Table(
+        "preset",
+        *(f"{n} device{'s' * (n > 1)}" for n in counts),
+        title=f"Memory per device (plan: {plan['devices_per_node']} x {_size(plan['device_memory_gb'] * GB)} per node)",
+    )
     for preset in PRESETS:
         cells = {row["devices"]: row for row in report["memory"] if row["preset"] == preset}
         table.add_row(preset, *(_size(cells[n]["bytes"]) for n in counts))
     console.print(table)
-    table = Table("devices", "gradients", "ring per device 2(N/P)(P-1)", "time", "parameter server N(P-1)", "time",
-                  title="Gradient traffic per step, at the measured bus bandwidth")
+    table = Table(
+        "devices",
+        "gradients",
+        "ring per device 2(N/P)(P-1)",
+        "time",
+        "parameter server N(P-1)",
+        "time",
+        title="Gradient traffic per step, at the measured bus bandwidth",
+    )
     for row in report["traffic"]:
         table.add_row(
-            str(row["devices"]), _size(row["gradient_bytes"]), _size(row["ring_bytes_per_device"]),
-            _ms(row["ring_seconds"]), _size(row["parameter_server_bytes"]), _ms(row["parameter_server_seconds"]),
+            str(row["devices"]),
+            _size(row["gradient_bytes"]),
+            _size(row["ring_bytes_per_device"]),
+            _ms(row["ring_seconds"]),
+            _size(row["parameter_server_bytes"]),
+            _ms(row["parameter_server_seconds"]),
         )
     console.print(table)
     advice = report["recommendation"]

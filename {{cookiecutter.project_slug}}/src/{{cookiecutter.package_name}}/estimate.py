@@ -163,7 +163,9 @@ def memory_per_device(
         ):
             # GPipe keeps every micro-batch's activations until backward; 1F1B at most (stages - stage) of them.
             in_flight = microbatches if schedule == "gpipe" else min(devices - stage, microbatches)
-            total = params * (2 * FP32 + facts.optimizer_state_per_parameter) + act_stage * batch / microbatches * in_flight
+            total = (
+                params * (2 * FP32 + facts.optimizer_state_per_parameter) + act_stage * batch / microbatches * in_flight
+            )
             worst = max(worst, total)
         return worst, f"{schedule}, {microbatches} micro-batches, bubble {bubble_fraction(devices, microbatches):.0%}"
     raise ValueError(f"unknown preset {preset}")
