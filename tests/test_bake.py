@@ -30,6 +30,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         f"{src}/doctor.py",
         f"{src}/estimate.py",
         f"{src}/hardware.py",
+        f"{src}/launcher.py",
         f"{src}/memory.py",
         f"{src}/model.py",
         f"{src}/pipelining.py",
@@ -55,6 +56,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         "tests/test_bench.py",
         "tests/test_data.py",
         "tests/test_doctor.py",
+        "tests/test_launcher.py",
         "tests/test_oom.py",
         "tests/test_parity.py",
         "tests/test_pipelining.py",
@@ -75,6 +77,7 @@ def expected_files(package: str, engine: str) -> set[str]:
     return shared | {
         f"{src}/datamodule.py",
         f"{src}/module.py",
+        f"{src}/wandb_logger.py",
         f"{src}/callbacks/__init__.py",
         f"{src}/callbacks/batch_size_finder.py",
         f"{src}/callbacks/device_memory.py",
