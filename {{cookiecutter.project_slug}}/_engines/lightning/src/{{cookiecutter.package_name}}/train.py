@@ -20,6 +20,7 @@ from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig, OmegaConf
 from torch.multiprocessing.spawn import ProcessRaisedException
 
+from .callbacks.epoch_metrics import EpochMetricsFile
 from .config import ConfigError, ProcessCrashed, fail, register_resolvers, run_cli
 from .data import per_device_batch_size
 from .strategies import check_layout, data_parallel_size
@@ -41,6 +42,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     callbacks = [build(callback) for callback in (cfg.callbacks or {}).values()]
     if not cfg.trainer.enable_progress_bar:  # one switch hides the bar, whichever bar callback is configured
         callbacks = [callback for callback in callbacks if not isinstance(callback, ProgressBar)]
+    if cfg.epoch_metrics:  # the search reads it to prune a trial
+        callbacks.append(EpochMetricsFile(cfg.epoch_metrics))
     logger = build(cfg.logger) if cfg.logger else False
     trainer = build(cfg.trainer, strategy=cfg.strategy, callbacks=callbacks, logger=logger)
     check_layout(preset(), trainer, cfg.data.batch_size, model)  # fail now, not inside a worker process
