@@ -44,10 +44,12 @@ def main() -> None:
         grid = grid_space(params) if settings.sampler == "grid" else None
         preset, processes = groups["strategy"], processes_per_trial(cfg, groups["strategy"])
         train_command(preset, processes or 1)  # refuses a launched preset without its launcher config
-        compose_training([*overrides, *(param.override(param.grid[0] if param.grid else param.distribution.low) for param in params)])
+        compose_training(
+            [*overrides, *(param.override(param.grid[0] if param.grid else param.distribution.low) for param in params)]
+        )
         if sweep_file:
             write_wandb_sweep(Path(sweep_file), settings, params, overrides, preset, processes or 1)
-            print(f"wandb sweep written to {sweep_file}; run it with: wandb sweep {sweep_file}, then wandb agent <sweep id>")
+            print(f"wandb sweep written to {sweep_file}; run it: wandb sweep {sweep_file}, then wandb agent <id>")
             return
         slots = DeviceSlots(settings.n_jobs, processes, cpu=cfg.trainer.accelerator == "cpu")
         study_dir = settings.study_dir
@@ -75,7 +77,9 @@ def main() -> None:
         ]
         with slots.take() as devices:
             env = {**os.environ, **devices, "MASTER_PORT": free_port()}
-            return run_trial(trial, [*train_command(preset, processes or 1), *trial_overrides], env, run_dir, settings.metric)
+            return run_trial(
+                trial, [*train_command(preset, processes or 1), *trial_overrides], env, run_dir, settings.metric
+            )
 
     signal.signal(signal.SIGTERM, stop_search)
     signal.signal(signal.SIGINT, stop_search)
@@ -187,7 +191,9 @@ def requeue_interrupted(study: optuna.Study, requeue: bool) -> None:
         study.tell(trial.number, state=TrialState.FAIL)
         if requeue:
             study.enqueue_trial(trial.params)
-        print(f"trial {trial.number} was interrupted: marked failed{', its parameters queued again' if requeue else ''}")
+        print(
+            f"trial {trial.number} was interrupted: marked failed{', its parameters queued again' if requeue else ''}"
+        )
 
 
 def finished(study: optuna.Study) -> int:

@@ -39,12 +39,16 @@ def summarize(
     with open(study_dir / "trials.csv", "w", newline="") as file:
         csv.writer(file).writerows([columns, *rows])
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    counts = {state.name.lower(): len(study.get_trials(deepcopy=False, states=(state,))) for state in optuna.trial.TrialState}
+    counts = {
+        state.name.lower(): len(study.get_trials(deepcopy=False, states=(state,))) for state in optuna.trial.TrialState
+    }
     print(f"study {study.study_name}: " + ", ".join(f"{n} {state}" for state, n in counts.items() if n))
     plot = best = None
     if complete:
         best = study.best_trial
-        rerun = write_best_config(study_dir / "best.yaml", study, overrides, groups, typed_command(groups["strategy"], processes))
+        rerun = write_best_config(
+            study_dir / "best.yaml", study, overrides, groups, typed_command(groups["strategy"], processes)
+        )
         plot = save_plot(study, settings.metric, study_dir / "parallel_coordinate.png")
         print(f"best: trial {best.number}, {settings.metric}={best.value:.6g}, {best.params}")
         print(f"re-run it: {rerun}")

@@ -80,7 +80,9 @@ def parse_settings(args: list[str]) -> Settings:
         key, _, value = arg.partition("=")
         name = "space" if key == "search" else key.removeprefix("search.")
         if name not in names:
-            raise ConfigError(f"unknown setting {key}; valid: search=<space>, {', '.join('search.' + n for n in names)}")
+            raise ConfigError(
+                f"unknown setting {key}; valid: search=<space>, {', '.join('search.' + n for n in names)}"
+            )
         values[name] = yaml.safe_load(value) if value else None
     try:
         settings = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Settings), values))

@@ -69,7 +69,9 @@ def parse_param(key: str, spec: Any, cfg: DictConfig, groups: dict[str, str]) ->
         raise ConfigError(f"{key}: give a distribution with type: {', '.join(FIELDS)} (got {spec!r})")
     unknown = set(spec) - FIELDS[kind]
     if unknown:
-        raise ConfigError(f"{key}: unknown field {', '.join(sorted(unknown))}; valid for {kind}: {', '.join(sorted(FIELDS[kind]))}")
+        raise ConfigError(
+            f"{key}: unknown field {', '.join(sorted(unknown))}; valid for {kind}: {', '.join(sorted(FIELDS[kind]))}"
+        )
     if key in groups and kind != "categorical":
         raise ConfigError(f"{key} is a config group: give its choices (type: categorical)")
     try:

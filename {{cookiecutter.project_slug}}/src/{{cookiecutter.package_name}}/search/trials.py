@@ -51,7 +51,8 @@ def typed_command(preset: str, processes: int) -> list[str]:
     """The same command as a user types it (for best.yaml's header and the wandb sweep)."""
 {%- if cookiecutter.engine == "accelerate" %}
     if preset in LAUNCHED_PRESETS:
-        return ["accelerate", "launch", "--config_file", str(LAUNCH_CONFIG), "--num_processes", str(processes), "-m", TRAIN]
+        launch = ["accelerate", "launch", "--config_file", str(LAUNCH_CONFIG), "--num_processes", str(processes)]
+        return [*launch, "-m", TRAIN]
 {%- endif %}
     return ["python", "-m", TRAIN]
 
@@ -86,7 +87,8 @@ class DeviceSlots:
                     f"search.n_jobs={n_jobs} trials of {per_trial} GPUs each need {n_jobs * per_trial} GPUs; "
                     f"{len(gpus)} are visible"
                 )
-            slots = [{"CUDA_VISIBLE_DEVICES": ",".join(gpus[i * per_trial : (i + 1) * per_trial])} for i in range(n_jobs)]
+            sets = [gpus[i * per_trial : (i + 1) * per_trial] for i in range(n_jobs)]
+            slots = [{"CUDA_VISIBLE_DEVICES": ",".join(gpu_set)} for gpu_set in sets]
         else:
             threads = max(1, (os.cpu_count() or 1) // (n_jobs * (per_trial or 1)))
             slots = [{"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(threads))} for _ in range(n_jobs)]
@@ -120,7 +122,10 @@ class TrialProcess:
 
     def __init__(self, command: list[str], env: dict[str, str], log: Path) -> None:
         with open(log, "w") as output, self.lock:
-            self.process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+            # Its own session: Ctrl-C in the terminal reaches the search only, which stops the trial itself.
+            self.process = subprocess.Popen(
+                command, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+            )
             self.running.add(self)
 
     def wait(self, seconds: float) -> int | None:
