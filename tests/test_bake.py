@@ -26,6 +26,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         f"{src}/checkpoints.py",
         f"{src}/config.py",
         f"{src}/data.py",
+        f"{src}/launcher.py",
         f"{src}/memory.py",
         f"{src}/model.py",
         f"{src}/pipelining.py",
@@ -48,6 +49,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         "tests/conftest.py",
         "tests/test_config.py",
         "tests/test_data.py",
+        "tests/test_launcher.py",
         "tests/test_oom.py",
         "tests/test_parity.py",
         "tests/test_pipelining.py",
@@ -69,6 +71,7 @@ def expected_files(package: str, engine: str) -> set[str]:
     return shared | {
         f"{src}/datamodule.py",
         f"{src}/module.py",
+        f"{src}/wandb_logger.py",
         f"{src}/callbacks/__init__.py",
         f"{src}/callbacks/batch_size_finder.py",
         f"{src}/callbacks/epoch_metrics.py",
