@@ -2,6 +2,7 @@
 the trials' run folders and their offline wandb files."""
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -192,6 +193,25 @@ def test_failing_trials_are_recorded_with_their_log_and_stop_the_search(search):
     logs = [Path(trial.user_attrs["log"]) for trial in failed]
     assert all("negative dimension" in log.read_text() for log in logs)
     assert f"error: search stopped: 2 trials in a row failed; the last one's log: {logs[-1]}" in result.output
+
+
+def slurm_answers() -> bool:
+    return shutil.which("sbatch") is not None and subprocess.run(["sinfo", "-h"], capture_output=True).returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not slurm_answers(), reason="no SLURM here (the template's CI starts one with .ci/slurm.sh)")
+def test_trials_run_as_slurm_jobs(search):
+    args = ["search.backend=slurm", "search.sampler=random", "search.n_trials=2", "search.n_jobs=2", *TINY]
+    result = search(*args, space=LR_WIDTH, study="slurm")
+    jobs = {path.name for path in (result.dir / "slurm").iterdir() if path.is_dir()}  # one folder per job id
+    assert len(jobs) == 2, "one SLURM job per trial"
+    for trial in result.trials():
+        assert trial.state == TrialState.COMPLETE
+        config = yaml.safe_load((result.trial_dir(trial) / "config.yaml").read_text())
+        assert str(config["run_id"]) in jobs, "the trial trained inside its SLURM job"
+        (run,) = offline_runs(result.trial_dir(trial))
+        assert run.group == "slurm" and run.exit_code == 0
 
 
 @pytest.fixture

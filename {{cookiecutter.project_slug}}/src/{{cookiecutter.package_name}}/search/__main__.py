@@ -14,6 +14,7 @@ import math
 import os
 import signal
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,20 @@ from optuna.trial import TrialState
 from ..config import CONFIG_DIR, ConfigError, check_group_choices, fail, register_resolvers
 from .report import summarize
 from .settings import Settings, parse_command_line
+from .slurm import SlurmTrial, slurm_executor
 from .space import Param, grid_space, hydra_value, load_space, space_path
-from .trials import DeviceSlots, TrialFailed, TrialProcess, free_port, processes_per_trial, run_trial, train_command
+from .trials import (
+    DeviceSlots,
+    TrialFailed,
+    TrialProcess,
+    free_port,
+    local_devices,
+    processes_per_trial,
+    run_trial,
+    slurm_tasks,
+    stop_all,
+    train_command,
+)
 from .wandb_sweep import write_wandb_sweep
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
@@ -51,7 +64,12 @@ def main() -> None:
             write_wandb_sweep(Path(sweep_file), settings, params, overrides, preset, processes or 1)
             print(f"wandb sweep written to {sweep_file}; run it: wandb sweep {sweep_file}, then wandb agent <id>")
             return
-        slots = DeviceSlots(settings.n_jobs, processes, cpu=cfg.trainer.accelerator == "cpu")
+        if settings.backend == "slurm":  # SLURM gives each job its devices
+            executor = slurm_executor(settings, tasks=slurm_tasks(preset, processes or 1))
+            slots, start = DeviceSlots([{}] * settings.n_jobs), partial(SlurmTrial, executor)
+        else:
+            cpu = cfg.trainer.accelerator == "cpu"
+            slots, start = DeviceSlots(local_devices(settings.n_jobs, processes, cpu)), TrialProcess
         study_dir = settings.study_dir
         study_dir.mkdir(parents=True, exist_ok=True)
         lock = hold_lock(study_dir)  # noqa: F841 (held until the search exits)
@@ -76,10 +94,9 @@ def main() -> None:
             *([f"++logger.name={hydra_value(f'{study.study_name}-trial-{trial.number}')}"] if logging_to_wandb else []),
         ]
         with slots.take() as devices:
-            env = {**os.environ, **devices, "MASTER_PORT": free_port()}
-            return run_trial(
-                trial, [*train_command(preset, processes or 1), *trial_overrides], env, run_dir, settings.metric
-            )
+            command = [*train_command(preset, processes or 1), *trial_overrides]
+            env = {**devices, "MASTER_PORT": free_port()}
+            return run_trial(trial, start, command, env, run_dir, settings.metric)
 
     signal.signal(signal.SIGTERM, stop_search)
     signal.signal(signal.SIGINT, stop_search)
@@ -222,7 +239,7 @@ def stop_search(signum: int, frame: Any) -> None:
     """Ctrl-C or SIGTERM: stop the running trials (each closes its wandb run) and exit at once. They stay
     "running" in the study; the next search marks them failed and runs their parameters again."""
     print(f"search stopped by {signal.Signals(signum).name}; stopping the running trials", flush=True)
-    TrialProcess.stop_all()
+    stop_all()
     os._exit(128 + signum)  # now: Optuna would otherwise start the next trial, or mark these ones failed
 
 

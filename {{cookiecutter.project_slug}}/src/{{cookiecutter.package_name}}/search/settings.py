@@ -13,6 +13,7 @@ from ..config import ConfigError
 SAMPLERS = ("grid", "random", "tpe")
 PRUNERS = ("none", "median", "hyperband")
 DIRECTIONS = ("minimize", "maximize")
+BACKENDS = ("local", "slurm")
 
 
 @dataclass
@@ -30,6 +31,10 @@ class Settings:
     baseline: bool = False  # trial 0 runs the training config as it is, to measure what the search gains
     max_failures: int = 3  # consecutive failed trials that stop the search
     seed: int = 0  # seeds the sampler
+    backend: str = "local"  # local: trials are subprocesses here; slurm: one SLURM job per trial (submitit)
+    slurm_partition: str | None = None  # backend=slurm: the partition (default: the cluster's default)
+    slurm_timeout_min: int = 120  # backend=slurm: a trial's time limit, in minutes
+    slurm_gpus_per_trial: int = 0  # backend=slurm: GPUs a trial's job asks for (its one node's)
 
     @property
     def study_name(self) -> str:
@@ -44,6 +49,7 @@ class Settings:
             ("sampler", self.sampler, SAMPLERS),
             ("pruner", self.pruner, PRUNERS),
             ("direction", self.direction, DIRECTIONS),
+            ("backend", self.backend, BACKENDS),
         ]:
             if value not in valid:
                 raise ConfigError(f"search.{name}={value!r} is unknown; valid: {', '.join(valid)}")

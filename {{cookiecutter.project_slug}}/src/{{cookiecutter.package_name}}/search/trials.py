@@ -9,9 +9,10 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Protocol
 
 import optuna
 from omegaconf import DictConfig
@@ -57,6 +58,16 @@ def typed_command(preset: str, processes: int) -> list[str]:
     return ["python", "-m", TRAIN]
 
 
+def slurm_tasks(preset: str, processes: int) -> int:
+    """SLURM tasks of a trial's job: {% if cookiecutter.engine == "lightning" %}Lightning under SLURM runs one task per process of a multi-process
+    preset (as `srun python -m ...` does) and starts none itself{% else %}one, which starts the processes (accelerate launch){% endif %}."""
+{%- if cookiecutter.engine == "lightning" %}
+    return processes if preset in ("ddp", "model_parallel", "pipeline") else 1
+{%- else %}
+    return 1
+{%- endif %}
+
+
 def processes_per_trial(cfg: DictConfig, preset: str) -> int | None:
     """Devices (one process each) a trial of this config uses; None for "all it is given" (devices=auto)."""
     devices = cfg.trainer.devices
@@ -74,24 +85,27 @@ def free_port() -> str:
         return str(sock.getsockname()[1])
 
 
-class DeviceSlots:
-    """n_jobs disjoint sets of GPUs (CUDA_VISIBLE_DEVICES), one per concurrent trial; on the CPU, n_jobs
-    slots that share the cores evenly (OMP_NUM_THREADS), since every process would otherwise take them all."""
+def local_devices(n_jobs: int, per_trial: int | None, cpu: bool) -> list[dict[str, str]]:
+    """The environment of each of n_jobs concurrent trials: disjoint sets of GPUs (CUDA_VISIBLE_DEVICES); on
+    the CPU, an even share of the cores (OMP_NUM_THREADS), since every process would otherwise take them all."""
+    gpus = [] if cpu else visible_gpus()
+    if not gpus:
+        threads = max(1, (os.cpu_count() or 1) // (n_jobs * (per_trial or 1)))
+        return [{"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(threads))}] * n_jobs
+    per_trial = per_trial or len(gpus) // n_jobs
+    if per_trial < 1 or per_trial * n_jobs > len(gpus):
+        raise ConfigError(
+            f"search.n_jobs={n_jobs} trials of {per_trial} GPUs each need {n_jobs * per_trial} GPUs; "
+            f"{len(gpus)} are visible"
+        )
+    sets = [gpus[i * per_trial : (i + 1) * per_trial] for i in range(n_jobs)]
+    return [{"CUDA_VISIBLE_DEVICES": ",".join(gpu_set)} for gpu_set in sets]
 
-    def __init__(self, n_jobs: int, per_trial: int | None, cpu: bool) -> None:
-        gpus = [] if cpu else visible_gpus()
-        if gpus:
-            per_trial = per_trial or len(gpus) // n_jobs
-            if per_trial < 1 or per_trial * n_jobs > len(gpus):
-                raise ConfigError(
-                    f"search.n_jobs={n_jobs} trials of {per_trial} GPUs each need {n_jobs * per_trial} GPUs; "
-                    f"{len(gpus)} are visible"
-                )
-            sets = [gpus[i * per_trial : (i + 1) * per_trial] for i in range(n_jobs)]
-            slots = [{"CUDA_VISIBLE_DEVICES": ",".join(gpu_set)} for gpu_set in sets]
-        else:
-            threads = max(1, (os.cpu_count() or 1) // (n_jobs * (per_trial or 1)))
-            slots = [{"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(threads))} for _ in range(n_jobs)]
+
+class DeviceSlots:
+    """One slot per concurrent trial; a trial holds its slot (its devices) while it runs."""
+
+    def __init__(self, slots: list[dict[str, str]]) -> None:
         self.free: queue.Queue[dict[str, str]] = queue.Queue()
         for slot in slots:
             self.free.put(slot)
@@ -114,29 +128,43 @@ def visible_gpus() -> list[str]:
     return [str(index) for index in range(torch.cuda.device_count())]
 
 
-class TrialProcess:
-    """A trial's training as a local process tree (its own session, so that it can be stopped as a whole)."""
+class Trial(Protocol):
+    """A trial's training, started: as a local process tree (TrialProcess) or a SLURM job (slurm.SlurmTrial)."""
 
-    running: set["TrialProcess"] = set()  # every trial running now, to stop them all when the search stops
-    lock = threading.Lock()
+    def wait(self, seconds: float) -> int | None: ...  # the exit code, or None while it runs
+    def interrupt(self) -> None: ...  # ask it to stop (Ctrl-C): it closes its wandb run
+    def finish(self) -> None: ...  # wait for it to end; kill what is left after STOP_GRACE_SECONDS
+
+
+StartTrial = Callable[[list[str], dict[str, str], Path], Trial]  # (command, extra environment, log file)
+RUNNING: set[Trial] = set()  # the trials running now, to stop them all when the search is stopped
+RUNNING_LOCK = threading.Lock()
+
+
+def stop_all() -> None:
+    with RUNNING_LOCK:
+        trials = list(RUNNING)
+    for trial in trials:
+        trial.interrupt()
+    for trial in trials:
+        trial.finish()
+
+
+class TrialProcess:
+    """A trial's training as a local process tree."""
 
     def __init__(self, command: list[str], env: dict[str, str], log: Path) -> None:
-        with open(log, "w") as output, self.lock:
+        with open(log, "w") as output:
             # Its own session: Ctrl-C in the terminal reaches the search only, which stops the trial itself.
             self.process = subprocess.Popen(
-                command, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+                command, env={**os.environ, **env}, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
             )
-            self.running.add(self)
 
     def wait(self, seconds: float) -> int | None:
         try:
             return self.process.wait(seconds)
         except subprocess.TimeoutExpired:
             return None
-
-    def stop(self) -> None:
-        self.interrupt()
-        self.finish()
 
     def interrupt(self) -> None:
         """Ctrl-C to the training (its launcher passes it on): the training unwinds and closes its wandb run."""
@@ -151,25 +179,18 @@ class TrialProcess:
         except ProcessLookupError:
             pass  # the whole tree has ended
         self.process.wait()
-        with self.lock:
-            self.running.discard(self)
-
-    @classmethod
-    def stop_all(cls) -> None:
-        with cls.lock:
-            trials = list(cls.running)
-        for trial in trials:
-            trial.interrupt()
-        for trial in trials:
-            trial.finish()
 
 
-def run_trial(trial: optuna.Trial, command: list[str], env: dict[str, str], run_dir: Path, metric: str) -> float:
+def run_trial(
+    trial: optuna.Trial, start: StartTrial, command: list[str], env: dict[str, str], run_dir: Path, metric: str
+) -> float:
     """Train, report `metric` after every epoch, stop early if the pruner says so; the last epoch's value."""
     run_dir.mkdir(parents=True, exist_ok=True)
     log, metrics_file = run_dir / "train.log", run_dir / "epochs.jsonl"
     trial.set_user_attr("log", str(log))
-    process = TrialProcess(command, env, log)
+    process = start(command, env, log)
+    with RUNNING_LOCK:
+        RUNNING.add(process)
     reported: list[dict[str, float]] = []
     try:
         while True:
@@ -185,7 +206,10 @@ def run_trial(trial: optuna.Trial, command: list[str], env: dict[str, str], run_
             if code is not None:
                 break
     finally:
-        process.stop()  # at once if it has ended; also ends the processes it may have left behind
+        process.interrupt()  # nothing if it has ended
+        process.finish()  # also ends the processes it may have left behind
+        with RUNNING_LOCK:
+            RUNNING.discard(process)
     if code != 0:
         raise TrialFailed(f"trial {trial.number} failed (exit code {code}); log: {log}")
     if not reported:
