@@ -32,6 +32,7 @@ from .slurm import SlurmTrial, slurm_executor
 from .space import Param, grid_space, hydra_value, load_space, space_path
 from .trials import (
     DeviceSlots,
+    StartTrial,
     TrialFailed,
     TrialProcess,
     free_port,
@@ -53,61 +54,52 @@ def main() -> None:
         check_group_choices(overrides)
         cfg, groups = compose_training(overrides)
         params = load_space(space_path(settings.space), cfg, groups)
-        check_no_overlap(params, overrides)
+        check_trial_config(params, overrides)
         grid = grid_space(params) if settings.sampler == "grid" else None
-        preset, processes = groups["strategy"], processes_per_trial(cfg, groups["strategy"])
-        train_command(preset, processes or 1)  # refuses a launched preset without its launcher config
-        compose_training(
-            [*overrides, *(param.override(param.grid[0] if param.grid else param.distribution.low) for param in params)]
-        )
+        preset, processes = groups["strategy"], processes_per_trial(cfg, groups["strategy"]) or 1
+        train_command(preset, processes)  # refuses a launched preset without its launcher config
         if sweep_file:
-            write_wandb_sweep(Path(sweep_file), settings, params, overrides, preset, processes or 1)
+            write_wandb_sweep(Path(sweep_file), settings, params, overrides, preset, processes)
             print(f"wandb sweep written to {sweep_file}; run it: wandb sweep {sweep_file}, then wandb agent <id>")
             return
-        if settings.backend == "slurm":  # SLURM gives each job its devices
-            executor = slurm_executor(settings, tasks=slurm_tasks(preset, processes or 1))
-            slots, start = DeviceSlots([{}] * settings.n_jobs), partial(SlurmTrial, executor)
-        else:
-            cpu = cfg.trainer.accelerator == "cpu"
-            slots, start = DeviceSlots(local_devices(settings.n_jobs, processes, cpu)), TrialProcess
-        study_dir = settings.study_dir
-        study_dir.mkdir(parents=True, exist_ok=True)
-        lock = hold_lock(study_dir)  # noqa: F841 (held until the search exits)
-        study = open_study(settings, params, overrides, grid, cfg, study_dir)
+        slots, start = trial_starter(settings, cfg, preset)
+        settings.study_dir.mkdir(parents=True, exist_ok=True)
+        lock = hold_lock(settings.study_dir)  # noqa: F841 (held until the search exits)
+        study = open_study(settings, params, overrides, grid, cfg)
     except ConfigError as err:
         fail(err)
 
     requeue_interrupted(study, requeue=grid is None)
     total = min(settings.n_trials, math.prod(map(len, grid.values()))) if grid else settings.n_trials
     failures = FailureLimit(settings.max_failures)
-    logging_to_wandb = bool(cfg.logger)
 
     def objective(trial: optuna.Trial) -> float:
-        values = {param.key: param.suggest(trial) for param in params}
-        run_dir = study_dir / "trials" / str(trial.number)
+        run_dir = settings.study_dir / "trials" / str(trial.number)
         trial_overrides = [
             f"experiment={hydra_value(study.study_name)}",  # the wandb group (a user's experiment=... wins)
             *overrides,
-            *(param.override(values[param.key]) for param in params),
+            *(param.override(param.suggest(trial)) for param in params),
             f"hydra.run.dir={hydra_value(str(run_dir))}",
             f"epoch_metrics={hydra_value(str(run_dir / 'epochs.jsonl'))}",
-            *([f"++logger.name={hydra_value(f'{study.study_name}-trial-{trial.number}')}"] if logging_to_wandb else []),
         ]
+        if cfg.logger:
+            trial_overrides.append(f"++logger.name={hydra_value(f'{study.study_name}-trial-{trial.number}')}")
         with slots.take() as devices:
-            command = [*train_command(preset, processes or 1), *trial_overrides]
+            command = [*train_command(preset, processes), *trial_overrides]
             env = {**devices, "MASTER_PORT": free_port()}
             return run_trial(trial, start, command, env, run_dir, settings.metric)
 
     signal.signal(signal.SIGTERM, stop_search)
     signal.signal(signal.SIGINT, stop_search)
-    print(f"study {study.study_name} in {study_dir}: {finished(study)} of {total} trials finished", flush=True)
-    while not failures.reached and (left := total - finished(study)) > 0:
+    print(f"study {study.study_name} in {settings.study_dir}: {finished(study)} of {total} trials finished", flush=True)
+    while not failures.reached and (left := total - finished(study)) > 0:  # failed trials are replaced
         jobs = min(settings.n_jobs, left)
         study.optimize(objective, n_trials=left, n_jobs=jobs, catch=(TrialFailed,), callbacks=[failures])
-    summarize(study, settings, params, overrides, cfg, groups, processes or 1)
+    summarize(study, settings, params, overrides, cfg, groups, processes)
     if failures.reached:
-        log = failures.last.user_attrs.get("log", "no log") if failures.last else "no log"
-        print(f"error: search stopped: {failures.in_a_row} trials in a row failed; the last one's log: {log}")
+        log = failures.last.user_attrs.get("log", "no log")
+        why = f"{failures.in_a_row} trials in a row failed; the last one's log: {log}"
+        print(f"error: search stopped: {why}", file=sys.stderr)
         sys.exit(1)
 
 
@@ -122,11 +114,24 @@ def compose_training(overrides: list[str]) -> tuple[DictConfig, dict[str, str]]:
     return cfg, dict(cfg.hydra.runtime.choices)
 
 
-def check_no_overlap(params: list[Param], overrides: list[str]) -> None:
+def check_trial_config(params: list[Param], overrides: list[str]) -> None:
+    """A searched key is not also set on the command line, and a trial's overrides compose."""
     given = {override.lstrip("+~").partition("=")[0] for override in overrides}
     both = [param.key for param in params if param.key in given]
     if both:
         raise ConfigError(f"{', '.join(both)} is both searched and set on the command line; drop one")
+    sample = [param.override(param.grid[0] if param.grid else param.distribution.low) for param in params]
+    compose_training([*overrides, *sample])
+
+
+def trial_starter(settings: Settings, cfg: DictConfig, preset: str) -> tuple[DeviceSlots, StartTrial]:
+    """Where trials run: as local processes on their own devices, or as SLURM jobs (SLURM picks the devices)."""
+    processes = processes_per_trial(cfg, preset)
+    if settings.backend == "slurm":
+        executor = slurm_executor(settings, tasks=slurm_tasks(preset, processes or 1))
+        return DeviceSlots([{}] * settings.n_jobs), partial(SlurmTrial, executor)
+    cpu = cfg.trainer.accelerator == "cpu"
+    return DeviceSlots(local_devices(settings.n_jobs, processes, cpu)), TrialProcess
 
 
 def hold_lock(study_dir: Path) -> Any:
@@ -141,11 +146,12 @@ def hold_lock(study_dir: Path) -> Any:
 
 
 def open_study(
-    settings: Settings, params: list[Param], overrides: list[str], grid: dict | None, cfg: DictConfig, study_dir: Path
+    settings: Settings, params: list[Param], overrides: list[str], grid: dict | None, cfg: DictConfig
 ) -> optuna.Study:
     """Create the study, or load it to continue. Journal storage: an append-only file that several threads
     (n_jobs) and processes can write under a file lock, where a crash loses at most the line being written;
     SQLite would need SQLAlchemy and fails with "database is locked" under concurrent writers on a shared disk."""
+    study_dir = settings.study_dir
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(study_dir / "journal.log")))
     try:
         study = optuna.create_study(
@@ -221,7 +227,8 @@ class FailureLimit:
     """Stops the study after `limit` failed trials in a row (a broken setup fails every trial)."""
 
     def __init__(self, limit: int) -> None:
-        self.limit, self.in_a_row, self.last = limit, 0, None
+        self.limit, self.in_a_row = limit, 0
+        self.last: optuna.trial.FrozenTrial | None = None
 
     def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         self.in_a_row = self.in_a_row + 1 if trial.state == TrialState.FAIL else 0
