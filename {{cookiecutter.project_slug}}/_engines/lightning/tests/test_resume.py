@@ -50,10 +50,10 @@ def uninterrupted(tmp_path_factory, train_env):
     return run.wandb
 
 
-def assert_continues_exactly(run, uninterrupted, starts: int, tolerance: float = 0.0) -> None:
-    """One wandb run, every step logged once, with the uninterrupted training's loss."""
+def assert_continues_exactly(run, uninterrupted, starts: int, tolerance: float = 0.0, more: bool = False) -> None:
+    """One wandb run started `starts` times (or `more`), every step logged once, with the uninterrupted loss."""
     history = run.wandb
-    assert history.starts == starts
+    assert history.starts >= starts if more else history.starts == starts
     assert history.steps("train/loss") == list(range(STEPS)), "each step once, none missing"
     assert history.metric("train/loss") == pytest.approx(uninterrupted.metric("train/loss"), abs=tolerance, rel=0)
     assert history.metric("val/loss") == pytest.approx(uninterrupted.metric("val/loss"), abs=tolerance, rel=0)
@@ -111,14 +111,15 @@ def torchrun(*args: str) -> list[str]:
 
 
 def test_torchrun_restarts_a_killed_worker_and_the_training_continues_exactly(train, uninterrupted, tmp_path):
-    # A c10d rendezvous rather than --standalone: with torch 2.13, gloo workers restarted under --standalone
-    # fail to connect (stale addresses), with or without this project.
+    # A c10d rendezvous rather than --standalone: with torch 2.13, gloo workers restarted under --standalone fail
+    # to connect (connection refused), with or without this project; under c10d too, now and then (a plain
+    # torch script shows it as well), so torchrun may need more than one restart: each is a start of the run.
     rendezvous = ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=elastic"]
-    launcher = torchrun("--nnodes=1", "--nproc-per-node=2", "--max-restarts=2", *rendezvous)
+    launcher = torchrun("--nnodes=1", "--nproc-per-node=2", "--max-restarts=4", *rendezvous)
     run = train(*TRAIN, "strategy=ddp", *kill_at(7, tmp_path / "killed", rank=1), launcher=launcher)
     assert (tmp_path / "killed").exists(), "rank 1 was killed"
     assert "resuming from" in run.output
-    assert_continues_exactly(run, uninterrupted, starts=2, tolerance=TOLERANCE)
+    assert_continues_exactly(run, uninterrupted, starts=2, tolerance=TOLERANCE, more=True)
 
 
 def start_two_nodes(run_id: str, overrides: list[str], cwd: Path, env: dict[str, str]) -> list[str]:
