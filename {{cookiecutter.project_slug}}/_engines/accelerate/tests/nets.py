@@ -1,6 +1,9 @@
-"""Test-only nets, selected with model.net._target_=nets.<Name> (the tests folder is on the trainings' path)."""
+"""Test-only nets (model.net._target_=nets.<Name>) and optimizers (model.optimizer._target_=nets.<Name>); the
+tests folder is on the trainings' path."""
 
 import os
+import signal
+from pathlib import Path
 
 import torch
 
@@ -33,3 +36,40 @@ class OOMNet(ResidualMLP):
         if len(x) > self.max_batch and int(os.environ.get("RANK", 0)) == self.oom_rank:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return super().forward(x)
+
+
+class KilledOnce(ResidualMLP):
+    """SIGKILLs its own process in the forward of training step `kill_at` (0-based), on the process of rank
+    `rank`, as a crashed machine or the kernel's OOM killer would: no cleanup, no exception. Only once: it leaves
+    the file `marker` behind, so the restarted (or re-run) training goes through."""
+
+    def __init__(self, *args, kill_at: int = 3, rank: int = 0, marker: str = "killed", **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.kill_at, self.rank, self.marker, self.calls = kill_at, rank, Path(marker), 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += self.training
+        if self.calls == self.kill_at + 1 and int(os.environ.get("RANK", 0)) == self.rank:
+            kill_once(self.marker)
+        return super().forward(x)
+
+
+class AdamWKilledWhileSaving(torch.optim.AdamW):
+    """AdamW whose process is SIGKILLed while the checkpoint of optimizer step `kill_at_step` is written, after
+    the net's weights and before the optimizer's state: a half-written checkpoint. Once, like KilledOnce."""
+
+    def __init__(self, *args, kill_at_step: int = 6, marker: str = "killed", **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.kill_at_step, self.marker = kill_at_step, Path(marker)
+
+    def state_dict(self) -> dict:
+        steps = [int(state["step"]) for state in self.state.values()]
+        if steps and steps[0] == self.kill_at_step:
+            kill_once(self.marker)
+        return super().state_dict()
+
+
+def kill_once(marker: Path) -> None:
+    if not marker.exists():
+        marker.touch()
+        os.kill(os.getpid(), signal.SIGKILL)
