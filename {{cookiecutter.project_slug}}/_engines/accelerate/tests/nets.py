@@ -3,6 +3,7 @@ tests folder is on the trainings' path."""
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import torch
@@ -51,6 +52,23 @@ class KilledOnce(ResidualMLP):
         self.calls += self.training
         if self.calls == self.kill_at + 1 and int(os.environ.get("RANK", 0)) == self.rank:
             kill_once(self.marker)
+        return super().forward(x)
+
+
+class StalledOnce(ResidualMLP):
+    """Stops in the forward of training step `stall_at` (0-based), on the process of rank 0, until something
+    kills the job (a test's `scontrol requeue`, standing for a pre-emption). Only once: it leaves `marker` behind,
+    which also tells the test that the job has got that far."""
+
+    def __init__(self, *args, stall_at: int = 3, marker: str = "stalled", **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.stall_at, self.marker, self.calls = stall_at, Path(marker), 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += self.training
+        if self.calls == self.stall_at + 1 and int(os.environ.get("RANK", 0)) == 0 and not self.marker.exists():
+            self.marker.touch()
+            time.sleep(600)
         return super().forward(x)
 
 

@@ -1,8 +1,11 @@
-"""Many machines, and a machine that fails, under torchrun: two torchrun agents on this machine rendezvous as
-two nodes and train as one data-parallel group would; a worker SIGKILLed mid-epoch makes torchrun restart the
-group, which continues from the last checkpoint, exactly."""
+"""Many machines, and machines that fail: two torchrun agents on this machine rendezvous as two nodes and train
+as one data-parallel group would; a worker SIGKILLed mid-epoch makes torchrun restart the group, and a SLURM job
+requeued mid-run starts again; both continue from the last checkpoint, exactly."""
 
+import shutil
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 from conftest import PACKAGE, TOLERANCE, make_runner
@@ -64,3 +67,52 @@ def test_a_killed_worker_is_restarted_and_the_run_continues_exactly(tmp_path, tr
     (wandb,) = offline_runs(run_dir)
     assert wandb.starts == 2, "one wandb run, continued by the restarted group"
     assert losses_by_step(run_dir) == uninterrupted
+
+
+def slurm_answers() -> bool:
+    return shutil.which("sbatch") is not None and subprocess.run(["sinfo", "-h"], capture_output=True).returncode == 0
+
+
+SLURM_SCRIPT = Path(__file__).resolve().parents[1] / "launch" / "slurm.sbatch"
+
+
+@pytest.mark.skipif(not slurm_answers(), reason="no SLURM here (the template's CI starts one with .ci/slurm.sh)")
+def test_a_requeued_slurm_job_continues_exactly(tmp_path, train_env, uninterrupted):
+    """launch/slurm.sbatch as the README gives it (1 node x 2 processes); `scontrol requeue` while the job runs,
+    after its checkpoint of step 6: the job starts again, in the same run folder, and continues exactly."""
+    stalled = tmp_path / "stalled"
+    stall_at_step_7 = ["model.net._target_=nets.StalledOnce", "+model.net.stall_at=7", f"+model.net.marker={stalled}"]
+    submit = ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", f"--chdir={tmp_path}", str(SLURM_SCRIPT)]
+    job = subprocess.run([*submit, *DDP, *stall_at_step_7], env=train_env, capture_output=True, text=True, check=True)
+    job_id = job.stdout.strip().split(";")[0]
+    log = tmp_path / f"slurm-{job_id}.out"
+    try:
+        wait_for(lambda: stalled.exists(), job_id, log)
+        subprocess.run(["scontrol", "requeue", job_id], check=True)
+        wait_for(lambda: job_state(job_id) == "COMPLETED", job_id, log)
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True)
+    output = log.read_text()
+    assert job_state(job_id) == "COMPLETED", output[-4000:]
+    assert "Restarts=1" in subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
+    run_dir = tmp_path / "outputs" / "default" / job_id  # named after the job, which keeps its id when requeued
+    assert "resuming from" in output and "step-0000006" in output
+    (wandb,) = offline_runs(run_dir)
+    assert wandb.starts == 2, "one wandb run, continued by the requeued job"
+    assert losses_by_step(run_dir) == uninterrupted
+
+
+FAILED = {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "GONE"}
+
+
+def job_state(job_id: str) -> str:
+    info = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
+    return next((word.split("=", 1)[1] for word in info.split() if word.startswith("JobState=")), "GONE")
+
+
+def wait_for(condition, job_id: str, log: Path, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        state, output = job_state(job_id), log.read_text() if log.exists() else ""
+        assert state not in FAILED and time.monotonic() < deadline, f"job {job_id}: {state}\n{output[-4000:]}"
+        time.sleep(0.5)
