@@ -10,6 +10,8 @@ import torch
 
 from {{ cookiecutter.package_name }}.model import ResidualMLP
 
+WANDB_FLUSH_SECONDS = 2
+
 
 class FailingNet(ResidualMLP):
     """Raises in its forward of training step `fail_at`: a crash in the middle of training."""
@@ -88,6 +90,10 @@ class AdamWKilledWhileSaving(torch.optim.AdamW):
 
 
 def kill_once(marker: Path) -> None:
+    """SIGKILL this process, unless `marker` says it happened before. It first waits out wandb's one-second
+    flush of its run file (tracking.resumed_wandb_run): a kill loses up to a second of metrics, more than the
+    tests' tiny steps take."""
     if not marker.exists():
         marker.touch()
+        time.sleep(WANDB_FLUSH_SECONDS)
         os.kill(os.getpid(), signal.SIGKILL)

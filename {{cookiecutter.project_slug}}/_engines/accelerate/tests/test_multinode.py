@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import PACKAGE, TOLERANCE, make_runner
 from launchers import free_port, torchrun, torchrun_elastic, torchrun_node
+from nets import WANDB_FLUSH_SECONDS
 from restarts import RESTARTABLE, STEPS, losses_by_step, run_in
 from wandb_records import offline_runs
 
@@ -88,7 +89,11 @@ def test_a_requeued_slurm_job_continues_exactly(tmp_path, train_env, uninterrupt
     log = tmp_path / f"slurm-{job_id}.out"
     try:
         wait_for(lambda: stalled.exists(), job_id, log)
+        time.sleep(WANDB_FLUSH_SECONDS)  # a kill loses up to a second of wandb metrics (see nets.kill_once)
         subprocess.run(["scontrol", "requeue", job_id], check=True)
+        wait_for(lambda: job_state(job_id) == "PENDING", job_id, log)
+        # SLURM holds a requeued job back for a while (about 2 minutes here): let it start again at once.
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
         wait_for(lambda: job_state(job_id) == "COMPLETED", job_id, log)
     finally:
         subprocess.run(["scancel", job_id], capture_output=True)

@@ -4,6 +4,7 @@ again: from its last complete checkpoint, by itself, with the same per-step loss
 import pytest
 from conftest import make_runner
 from restarts import RESTARTABLE, STEPS, losses_by_step, run_in
+from wandb_records import offline_runs
 
 from {{ cookiecutter.package_name }}.checkpoints import load_trained
 
@@ -44,3 +45,4 @@ def test_killed_while_saving_then_run_again_continues_exactly(tmp_path, train_en
     assert fresh.returncode == 0, fresh.stdout + fresh.stderr
     assert f"resume=false: starting afresh; removing the checkpoints in {checkpoints}" in fresh.stdout
     assert (checkpoints / "last").resolve() == checkpoints / "step-0000002"
+    assert len(offline_runs(run_dir)) == 2, "and a new wandb run"

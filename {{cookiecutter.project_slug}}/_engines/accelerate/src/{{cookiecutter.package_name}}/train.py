@@ -27,9 +27,10 @@ from torch import nn
 from .checkpoints import Checkpoints
 from .config import ConfigError, ProcessCrashed, fail, register_resolvers, run_cli
 from .data import per_device_batch_size
+from .launcher import fit_layout_to_launcher
 from .oom import find_batch_size, log_device_memory
 from .strategies import Strategy
-from .tracking import finish_wandb
+from .tracking import finish_wandb, forget_wandb_run
 from .wandb_tracker import ResumingWandBTracker
 
 register_resolvers()
@@ -68,7 +69,10 @@ def train(cfg: DictConfig) -> None:
     strategy: Strategy = build(cfg.strategy)
     if cfg.oom.find_batch_size and not strategy.supports_batch_size_search:
         raise ConfigError(f"oom.find_batch_size works with single, ddp, ddp_spawn and dp, not strategy={strategy.name}")
-    processes = strategy.processes(int(os.environ.get("WORLD_SIZE", 1)), cfg.trainer.devices)
+    # Under torchrun or SLURM: the launcher's layout, unless the command line gives one (checked against it).
+    preset, overrides = HydraConfig.get().runtime.choices["strategy"], HydraConfig.get().overrides.task
+    _, devices = fit_layout_to_launcher(preset, cfg.trainer.num_nodes, cfg.trainer.devices, overrides)
+    processes = strategy.processes(int(os.environ.get("WORLD_SIZE", 1)), devices)
     strategy.check_layout(processes, build(cfg.model.net), cfg)
     per_device_batch_size(cfg.data.batch_size, strategy.data_parallel(0, processes)[0])
 
@@ -134,6 +138,8 @@ def resume_point(accelerator: Accelerator, cfg: DictConfig, checkpoints: Checkpo
     if not cfg.resume:
         if checkpoints.last:
             accelerator.print(f"resume=false: starting afresh; removing the checkpoints in {checkpoints.folder}")
+        if accelerator.is_main_process:
+            forget_wandb_run(checkpoints.folder.parent)  # and a new wandb run
         checkpoints.clear()
         return None
     if checkpoints.last:
