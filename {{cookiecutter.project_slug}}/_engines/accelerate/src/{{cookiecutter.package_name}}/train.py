@@ -29,6 +29,7 @@ from .config import ConfigError, ProcessCrashed, fail, register_resolvers, run_c
 from .data import per_device_batch_size
 from .launcher import fit_layout_to_launcher
 from .oom import find_batch_size, log_device_memory
+from .search.epoch_metrics import append_epoch_metrics
 from .strategies import Strategy
 from .tracking import finish_wandb, forget_wandb_run
 from .wandb_tracker import ResumingWandBTracker
@@ -214,6 +215,8 @@ def validate(
     """Evaluate on the validation split, log, and checkpoint: the latest state, and the best by val/loss."""
     metrics = evaluate(accelerator, model, loader)
     log(accelerator, {**prefixed("val", metrics), "epoch": epoch}, progress.global_step)
+    if cfg.epoch_metrics and accelerator.is_main_process:  # the search reads it to prune a trial
+        append_epoch_metrics(cfg.epoch_metrics, epoch, prefixed("val", metrics))
     if cfg.oom.log_memory:
         log_device_memory(accelerator, progress.global_step)
     best = metrics["loss"] < progress.best_val_loss

@@ -20,6 +20,7 @@ from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig, OmegaConf
 from torch.multiprocessing.spawn import ProcessRaisedException
 
+from .callbacks.epoch_metrics import EpochMetricsFile
 from .checkpoints import resume_from
 from .config import ConfigError, ProcessCrashed, fail, register_resolvers, run_cli
 from .data import per_device_batch_size
@@ -44,6 +45,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     callbacks = [build(callback) for callback in (cfg.callbacks or {}).values()]
     if not cfg.trainer.enable_progress_bar:  # one switch hides the bar, whichever bar callback is configured
         callbacks = [callback for callback in callbacks if not isinstance(callback, ProgressBar)]
+    if cfg.epoch_metrics:  # the search reads it to prune a trial
+        callbacks.append(EpochMetricsFile(cfg.epoch_metrics))
     logger = build(cfg.logger) if cfg.logger else False
     # Under torchrun or SLURM the launcher's layout, unless the command line gave one (checked against it).
     num_nodes, devices = fit_layout_to_launcher(
