@@ -85,6 +85,8 @@ def expected_files(package: str, engine: str) -> set[str]:
             "tests/test_resume.py",
         }
     return shared | {
+        "launch/slurm.sbatch",
+        "launch/torchrun_multinode.sh",
         f"{src}/datamodule.py",
         f"{src}/module.py",
         f"{src}/wandb_logger.py",
@@ -104,12 +106,14 @@ def expected_files(package: str, engine: str) -> set[str]:
         f"{src}/configs/callbacks/oom_recovery.yaml",
         f"{src}/configs/callbacks/progress_bar.yaml",
         "tests/failing_callback.py",
+        "tests/kill_switch.py",
         "tests/oom_sim.py",
         "tests/shard_probe.py",
         "tests/test_dp.py",
         "tests/test_model_parallel.py",
         "tests/test_module.py",
         "tests/test_pipeline.py",
+        "tests/test_resume.py",
     }
 
 

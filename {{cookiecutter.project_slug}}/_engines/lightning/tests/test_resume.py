@@ -1,10 +1,13 @@
-"""Trainings that die and start again: the same command (or a launcher's restart) continues from the last complete
-checkpoint, and every step's loss is the uninterrupted training's. Real kills (SIGKILL), real restarts."""
+"""Trainings that die and start again: the same command (or a launcher's restart: torchrun, SLURM requeue) continues
+from the last complete checkpoint, and every step's loss is the uninterrupted training's. Real kills (SIGKILL), real
+restarts, real torchrun agents and a real SLURM (skipped with the reason where none can be used)."""
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -108,27 +111,93 @@ def torchrun(*args: str) -> list[str]:
 
 
 def test_torchrun_restarts_a_killed_worker_and_the_training_continues_exactly(train, uninterrupted, tmp_path):
-    launcher = torchrun("--standalone", "--nproc-per-node=2", "--max-restarts=2")
+    # A c10d rendezvous rather than --standalone: with torch 2.13, gloo workers restarted under --standalone
+    # fail to connect (stale addresses), with or without this project.
+    rendezvous = ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=elastic"]
+    launcher = torchrun("--nnodes=1", "--nproc-per-node=2", "--max-restarts=2", *rendezvous)
     run = train(*TRAIN, "strategy=ddp", *kill_at(7, tmp_path / "killed", rank=1), launcher=launcher)
     assert (tmp_path / "killed").exists(), "rank 1 was killed"
     assert "resuming from" in run.output
     assert_continues_exactly(run, uninterrupted, starts=2, tolerance=TOLERANCE)
 
 
-def test_two_torchrun_nodes_train_like_one_process_in_one_run_folder(tmp_path, train_env, uninterrupted):
-    """Two torchrun agents on this machine rendezvous as two nodes of one process each (c10d)."""
-    port, run_id = free_port(), "two-nodes"
-    node = torchrun("--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}")
-    command = [*node[:-1], f"--rdzv-id={run_id}", "-m", f"{PACKAGE}.train", *TRAIN, "strategy=ddp"]
+def start_two_nodes(run_id: str, overrides: list[str], cwd: Path, env: dict[str, str]) -> list[str]:
+    """Two torchrun agents on this machine, rendezvousing as two nodes of one process each (c10d); their output."""
+    rendezvous = ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", f"--rdzv-id={run_id}"]
+    command = [*torchrun("--nnodes=2", "--nproc-per-node=1", *rendezvous), f"{PACKAGE}.train", *overrides]
     agents = [
-        subprocess.Popen(command, cwd=tmp_path, env=train_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=1)
+        subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for _ in range(2)
     ]
     outputs = [agent.communicate(timeout=300)[0] for agent in agents]
     assert all(agent.returncode == 0 for agent in agents), "\n".join(output[-3000:] for output in outputs)
+    return outputs
+
+
+def test_two_torchrun_nodes_train_like_one_process_in_one_run_folder(tmp_path, train_env, uninterrupted):
+    outputs = start_two_nodes("two-nodes", [*TRAIN, "strategy=ddp"], tmp_path, train_env)
     folders = list((tmp_path / "outputs/default").iterdir())
-    assert [folder.name for folder in folders] == [run_id], "one run folder, named after the rendezvous id"
+    assert [folder.name for folder in folders] == ["two-nodes"], "one run folder, named after the rendezvous id"
     run = Run(0, "".join(outputs), folders[0])
     assert run.wandb.config["run"]["num_nodes"] == 2 and run.wandb.config["run"]["world_size"] == 2
     assert_continues_exactly(run, uninterrupted, starts=1, tolerance=TOLERANCE)
     assert os.path.islink(folders[0] / "checkpoints/last.ckpt")
+
+
+@pytest.mark.parametrize("preset", ["model_parallel", "pipeline"])
+def test_model_splitting_presets_span_two_nodes(tmp_path, train_env, uninterrupted, preset):
+    """model_parallel: tensor parallel within a node, data parallel across (here 1 x 2); pipeline: a stage a node."""
+    steps = 6
+    start_two_nodes(preset, [*TRAIN, f"strategy={preset}", f"trainer.max_steps={steps}"], tmp_path, train_env)
+    run = Run(0, "", tmp_path / "outputs/default" / preset)
+    assert run.wandb.config["run"]["num_nodes"] == 2
+    expected = uninterrupted.metric("train/loss")[:steps]
+    assert run.wandb.metric("train/loss") == pytest.approx(expected, abs=TOLERANCE, rel=0)
+    assert (run.run_dir / "checkpoints/last.ckpt").resolve().name == f"step{steps:06d}.ckpt"
+
+
+def slurm_missing() -> str:
+    """Why SLURM cannot be used here, or "" if it can."""
+    if not shutil.which("sbatch"):
+        return "no SLURM here (the template's CI starts one with .ci/slurm.sh)"
+    if subprocess.run(["sinfo", "-h"], capture_output=True, timeout=30).returncode:
+        return "SLURM is installed but does not answer (sinfo failed)"
+    return ""
+
+
+def job_state(job_id: str) -> str:
+    info = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
+    return info.split("JobState=")[1].split()[0] if "JobState=" in info else "GONE"
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(1)
+
+
+@pytest.mark.skipif(bool(slurm_missing()), reason=slurm_missing() or "SLURM answers")
+def test_sbatch_trains_two_processes_and_a_requeued_job_continues_exactly(tmp_path, train_env, uninterrupted):
+    """The shipped launch/slurm.sbatch with 2 tasks on a real (single-host) SLURM; scontrol requeue mid-run."""
+    script = Path(__file__).resolve().parents[1] / "launch/slurm.sbatch"
+    slow = ["+callbacks.slow._target_=kill_switch.SlowSteps", "+callbacks.slow.seconds=0.5"]
+    submit = ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", f"--chdir={tmp_path}"]
+    job = subprocess.run(
+        [*submit, str(script), *TRAIN, *slow], env=train_env, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    run_dir = tmp_path / "outputs/default" / job  # named after the job: the same folder after the requeue
+    log = tmp_path / f"slurm-{job}.out"
+    try:
+        last = run_dir / "checkpoints/last.ckpt"
+        wait_for(lambda: last.exists() and last.resolve().name >= "step000006", 300, "a checkpoint at step 6")
+        subprocess.run(["scontrol", "requeue", job], check=True)
+        wait_for(lambda: job_state(job) in ("COMPLETED", "FAILED", "CANCELLED", "GONE"), 400, "the job to end")
+    finally:
+        subprocess.run(["scancel", job])
+    output = log.read_text() if log.exists() else ""
+    assert job_state(job) in ("COMPLETED", "GONE"), output[-4000:]
+    assert "resuming from" in output, output[-4000:]
+    run = Run(0, output, run_dir)
+    assert run.wandb.config["run"]["world_size"] == 2
+    assert_continues_exactly(run, uninterrupted, starts=2, tolerance=TOLERANCE)

@@ -1,0 +1,19 @@
+#!/bin/bash
+# Train over 2 machines with torchrun (c10d rendezvous). Run this on EACH machine, with the same arguments:
+#   launch/torchrun_multinode.sh HEAD_HOST RUN_ID [overrides]
+# HEAD_HOST: an address of one of the machines that all can reach (its port 29500 must be open);
+# RUN_ID: names the training; its run folder is outputs/<experiment>/RUN_ID (put outputs/ on a filesystem that
+# every machine sees). Started again with the same RUN_ID, the training continues from its last checkpoint.
+# A process that dies makes torchrun restart all of them (up to --max-restarts times); they resume from the last
+# checkpoint. Processes per machine: --nproc-per-node (one per GPU).
+set -euo pipefail
+head_host=$1 run_id=$2
+shift 2
+exec torchrun \
+  --nnodes=2 \
+  --nproc-per-node="${NPROC_PER_NODE:-gpu}" \
+  --rdzv-backend=c10d \
+  --rdzv-endpoint="$head_host:29500" \
+  --rdzv-id="$run_id" \
+  --max-restarts=3 \
+  -m {{ cookiecutter.package_name }}.train strategy=ddp "$@"
