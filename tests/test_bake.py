@@ -71,12 +71,18 @@ def expected_files(package: str, engine: str) -> set[str]:
     if engine == "accelerate":
         return shared | {
             "launch/multi_process.yaml",
+            "launch/slurm.sbatch",
+            "launch/torchrun_multinode.sh",
             f"{src}/oom.py",
+            f"{src}/wandb_tracker.py",
             f"{src}/strategies/ddp.py",
             f"{src}/configs/oom/none.yaml",
             f"{src}/configs/oom/toolkit.yaml",
             "tests/launchers.py",
             "tests/nets.py",
+            "tests/restarts.py",
+            "tests/test_multinode.py",
+            "tests/test_resume.py",
         }
     return shared | {
         "launch/slurm.sbatch",

@@ -24,3 +24,16 @@ def accelerate_launch(processes: int = 2) -> list[str]:
 def torchrun(processes: int = 2) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}", "--rdzv-backend=c10d",
             f"--rdzv-endpoint=localhost:{free_port()}", "-m"]  # fmt: skip
+
+
+def torchrun_elastic(processes: int = 2, max_restarts: int = 2) -> list[str]:
+    """torchrun restarting the whole group, up to `max_restarts` times, when a process dies."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}",
+            f"--max-restarts={max_restarts}", "-m"]  # fmt: skip
+
+
+def torchrun_node(nodes: int, endpoint: str, run_id: str) -> list[str]:
+    """One node's torchrun agent (one process) of a multi-node launch: run it once per node, with the same
+    rendezvous endpoint and id."""
+    return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", "--nproc-per-node=1",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}", "-m"]  # fmt: skip

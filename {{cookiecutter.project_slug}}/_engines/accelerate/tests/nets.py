@@ -1,10 +1,16 @@
-"""Test-only nets, selected with model.net._target_=nets.<Name> (the tests folder is on the trainings' path)."""
+"""Test-only nets (model.net._target_=nets.<Name>) and optimizers (model.optimizer._target_=nets.<Name>); the
+tests folder is on the trainings' path."""
 
 import os
+import signal
+import time
+from pathlib import Path
 
 import torch
 
 from {{ cookiecutter.package_name }}.model import ResidualMLP
+
+WANDB_FLUSH_SECONDS = 2
 
 
 class FailingNet(ResidualMLP):
@@ -33,3 +39,61 @@ class OOMNet(ResidualMLP):
         if len(x) > self.max_batch and int(os.environ.get("RANK", 0)) == self.oom_rank:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return super().forward(x)
+
+
+class KilledOnce(ResidualMLP):
+    """SIGKILLs its own process in the forward of training step `kill_at` (0-based), on the process of rank
+    `rank`, as a crashed machine or the kernel's OOM killer would: no cleanup, no exception. Only once: it leaves
+    the file `marker` behind, so the restarted (or re-run) training goes through."""
+
+    def __init__(self, *args, kill_at: int = 3, rank: int = 0, marker: str = "killed", **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.kill_at, self.rank, self.marker, self.calls = kill_at, rank, Path(marker), 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += self.training
+        if self.calls == self.kill_at + 1 and int(os.environ.get("RANK", 0)) == self.rank:
+            kill_once(self.marker)
+        return super().forward(x)
+
+
+class StalledOnce(ResidualMLP):
+    """Stops in the forward of training step `stall_at` (0-based), on the process of rank 0, until something
+    kills the job (a test's `scontrol requeue`, standing for a pre-emption). Only once: it leaves `marker` behind,
+    which also tells the test that the job has got that far."""
+
+    def __init__(self, *args, stall_at: int = 3, marker: str = "stalled", **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.stall_at, self.marker, self.calls = stall_at, Path(marker), 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += self.training
+        if self.calls == self.stall_at + 1 and int(os.environ.get("RANK", 0)) == 0 and not self.marker.exists():
+            self.marker.touch()
+            time.sleep(600)
+        return super().forward(x)
+
+
+class AdamWKilledWhileSaving(torch.optim.AdamW):
+    """AdamW whose process is SIGKILLed while the checkpoint of optimizer step `kill_at_step` is written, after
+    the net's weights and before the optimizer's state: a half-written checkpoint. Once, like KilledOnce."""
+
+    def __init__(self, *args, kill_at_step: int = 6, marker: str = "killed", **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.kill_at_step, self.marker = kill_at_step, Path(marker)
+
+    def state_dict(self) -> dict:
+        steps = [int(state["step"]) for state in self.state.values()]
+        if steps and steps[0] == self.kill_at_step:
+            kill_once(self.marker)
+        return super().state_dict()
+
+
+def kill_once(marker: Path) -> None:
+    """SIGKILL this process, unless `marker` says it happened before. It first waits out wandb's one-second
+    flush of its run file (tracking.resumed_wandb_run): a kill loses up to a second of metrics, more than the
+    tests' tiny steps take."""
+    if not marker.exists():
+        marker.touch()
+        time.sleep(WANDB_FLUSH_SECONDS)
+        os.kill(os.getpid(), signal.SIGKILL)

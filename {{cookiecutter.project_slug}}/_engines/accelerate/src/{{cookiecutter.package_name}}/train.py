@@ -10,7 +10,6 @@ The loop below is the whole training: what a preset changes lives in strategies/
 import logging
 import os
 from dataclasses import dataclass
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +24,15 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from .checkpoints import Checkpoints
 from .config import ConfigError, ProcessCrashed, fail, register_resolvers, run_cli
 from .data import per_device_batch_size
+from .launcher import fit_layout_to_launcher
 from .oom import find_batch_size, log_device_memory
 from .search.epoch_metrics import append_epoch_metrics
 from .strategies import Strategy
-from .tracking import finish_wandb
+from .tracking import finish_wandb, forget_wandb_run
+from .wandb_tracker import ResumingWandBTracker
 
 register_resolvers()
 logging.getLogger("accelerate").setLevel(logging.WARNING)  # not one INFO line per file it saves
@@ -44,9 +46,10 @@ class Progress:
     """Where training is; saved with every checkpoint, so that a resumed run continues where it stopped."""
 
     epoch: int = 0
-    batch: int = 0  # batches done in the current epoch
+    samples: int = 0  # samples of the epoch trained on, all processes together (the data loader's position)
     global_step: int = 0  # optimizer steps done
     best_val_loss: float = float("inf")
+    found_batch_size: int = 0  # the global batch that oom.find_batch_size found (0: not searched yet)
 
     def state_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -67,7 +70,10 @@ def train(cfg: DictConfig) -> None:
     strategy: Strategy = build(cfg.strategy)
     if cfg.oom.find_batch_size and not strategy.supports_batch_size_search:
         raise ConfigError(f"oom.find_batch_size works with single, ddp, ddp_spawn and dp, not strategy={strategy.name}")
-    processes = strategy.processes(int(os.environ.get("WORLD_SIZE", 1)), cfg.trainer.devices)
+    # Under torchrun or SLURM: the launcher's layout, unless the command line gives one (checked against it).
+    preset, overrides = HydraConfig.get().runtime.choices["strategy"], HydraConfig.get().overrides.task
+    _, devices = fit_layout_to_launcher(preset, cfg.trainer.num_nodes, cfg.trainer.devices, overrides)
+    processes = strategy.processes(int(os.environ.get("WORLD_SIZE", 1)), devices)
     strategy.check_layout(processes, build(cfg.model.net), cfg)
     per_device_batch_size(cfg.data.batch_size, strategy.data_parallel(0, processes)[0])
 
@@ -83,7 +89,7 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path) -> None:
         cpu=cfg.trainer.accelerator == "cpu" or not torch.cuda.is_available(),  # else 2 CPU processes do not connect
         mixed_precision=PRECISION[cfg.trainer.precision],
         gradient_accumulation_steps=cfg.trainer.accumulate_grad_batches,
-        log_with="wandb" if cfg.logger else None,
+        log_with=ResumingWandBTracker(run_dir, **cfg.logger) if cfg.logger else None,
         project_dir=run_dir,
         **strategy.accelerator_kwargs(),
     )
@@ -93,20 +99,25 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path) -> None:
     replicas, rank = strategy.data_parallel(accelerator.process_index, accelerator.num_processes)
     progress = Progress()
     accelerator.register_for_checkpointing(progress, *strategy.checkpoint_objects(model, optimizer))
-    if cfg.ckpt_path:
-        accelerator.load_state(cfg.ckpt_path)
+    checkpoints = Checkpoints(accelerator, run_dir / "checkpoints")
+    start = resume_point(accelerator, cfg, checkpoints)
+    if start:
+        accelerator.load_state(start)
 
     failed = True
     try:
         if accelerator.is_main_process:
             OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
             start_wandb(accelerator, cfg, strategy, replicas, data.batch_size)
-        if cfg.oom.find_batch_size:
+        if cfg.oom.find_batch_size and progress.found_batch_size:  # searched before this run was restarted
+            data.batch_size = progress.found_batch_size
+        elif cfg.oom.find_batch_size:
             find_batch_size(accelerator, strategy, model, data, replicas, loss_fn, cfg.oom.shrink)
+            progress.found_batch_size = data.batch_size
         loaders = {split: data.loader(split, replicas, rank, accelerator.device.type == "cuda") for split in SPLITS}
-        fit(accelerator, cfg, strategy, model, optimizer, loaders, progress, run_dir / "checkpoints")
+        fit(accelerator, cfg, strategy, model, optimizer, loaders, progress, checkpoints)
         if cfg.test_after_fit:
-            step, best = progress.global_step, run_dir / "checkpoints" / "best"
+            step, best = progress.global_step, checkpoints.folder / "best"
             accelerator.wait_for_everyone()  # the main process writes the checkpoints; the others read them
             if best.is_dir():  # else no validation ran: test the weights as they are
                 accelerator.load_state(best)
@@ -117,6 +128,24 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path) -> None:
 
 
 SPLITS = ("train", "val", "test")
+
+
+def resume_point(accelerator: Accelerator, cfg: DictConfig, checkpoints: Checkpoints) -> Path | None:
+    """Where training starts: `ckpt_path` if given; else the run's last complete checkpoint, so that a
+    restarted run (torchrun, a SLURM requeue, the same command again) continues by itself; resume=false
+    starts afresh and removes the run's checkpoints."""
+    if cfg.ckpt_path:
+        return Path(cfg.ckpt_path)
+    if not cfg.resume:
+        if checkpoints.last:
+            accelerator.print(f"resume=false: starting afresh; removing the checkpoints in {checkpoints.folder}")
+        if accelerator.is_main_process:
+            forget_wandb_run(checkpoints.folder.parent)  # and a new wandb run
+        checkpoints.clear()
+        return None
+    if checkpoints.last:
+        accelerator.print(f"resuming from {checkpoints.last.resolve()} (resume=false starts afresh)")
+    return checkpoints.last
 
 
 def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -132,15 +161,16 @@ def fit(
     optimizer: torch.optim.Optimizer,
     loaders: dict[str, Any],
     progress: Progress,
-    checkpoints: Path,
+    checkpoints: Checkpoints,
 ) -> None:
-    trainer = cfg.trainer
+    trainer, every_n_steps = cfg.trainer, cfg.checkpoint.every_n_steps
     model.train()
     while progress.epoch < trainer.max_epochs and not done(progress, trainer.max_steps):
-        epoch = progress.epoch
-        loaders["train"].sampler.set_epoch(epoch)  # the seeded shuffle of this epoch, on every replica
-        # A resumed run skips the batches its epoch had already done (same sampler order, so the same batches).
-        for x, y in islice(loaders["train"], progress.batch, None):
+        epoch, loader = progress.epoch, loaders["train"]
+        # This epoch's seeded shuffle, from the first batch not trained yet: a resumed run goes on with the
+        # next batch, and its sampler leaves out the ones before it (nothing is read twice).
+        loader.load_state_dict({"epoch": epoch, "samples_done": progress.samples})
+        for x, y in loader:
             x, y = x.to(accelerator.device), y.to(accelerator.device)
             with accelerator.accumulate(model):
                 loss = strategy.train_step(accelerator, model, x, y, loss_fn)
@@ -149,7 +179,7 @@ def fit(
                         accelerator.clip_grad_norm_(model.parameters(), trainer.gradient_clip_val)
                     optimizer.step()
                     optimizer.zero_grad()
-            progress.batch += 1
+            progress.samples += loader.global_batch_size
             if not accelerator.sync_gradients:
                 continue
             if (progress.global_step + 1) % trainer.log_every_n_steps == 0:
@@ -160,11 +190,13 @@ def fit(
             progress.global_step += 1
             if done(progress, trainer.max_steps):
                 break
+            if every_n_steps and progress.global_step % every_n_steps == 0 and loader.batches_done < len(loader):
+                checkpoints.save(progress.global_step)  # (the epoch's last batch: its end saves just after)
         else:  # a whole epoch: validate (as Lightning does, not after stopping at max_steps mid-epoch)
-            progress.epoch, progress.batch = progress.epoch + 1, 0
+            progress.epoch, progress.samples = progress.epoch + 1, 0
             validate(accelerator, cfg, model, loaders["val"], progress, epoch, checkpoints)
             continue
-        accelerator.save_state(checkpoints / "last")
+        checkpoints.save(progress.global_step)  # stopped at trainer.max_steps
 
 
 def done(progress: Progress, max_steps: int) -> bool:
@@ -178,7 +210,7 @@ def validate(
     loader: Any,
     progress: Progress,
     epoch: int,
-    checkpoints: Path,
+    checkpoints: Checkpoints,
 ) -> None:
     """Evaluate on the validation split, log, and checkpoint: the latest state, and the best by val/loss."""
     metrics = evaluate(accelerator, model, loader)
@@ -189,9 +221,7 @@ def validate(
         log_device_memory(accelerator, progress.global_step)
     best = metrics["loss"] < progress.best_val_loss
     progress.best_val_loss = min(progress.best_val_loss, metrics["loss"])
-    accelerator.save_state(checkpoints / "last")
-    if best:
-        accelerator.save_state(checkpoints / "best")
+    checkpoints.save(progress.global_step, best=best)
 
 
 @torch.no_grad()
@@ -238,8 +268,7 @@ def start_wandb(accelerator: Accelerator, cfg: DictConfig, strategy: Strategy, r
         "per_device_batch_size": per_device_batch_size(batch, replicas),
         **strategy.describe(),
     }
-    settings = {key: value for key, value in cfg.logger.items() if key != "project"}
-    accelerator.init_trackers(cfg.logger.project, config=config, init_kwargs={"wandb": settings})
+    accelerator.init_trackers(cfg.logger.project, config=config)
     accelerator.get_tracker("wandb", unwrap=True).define_metric("*", step_metric="trainer/global_step")
 
 

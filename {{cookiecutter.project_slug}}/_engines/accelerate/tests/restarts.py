@@ -1,0 +1,36 @@
+"""Helpers for the restart tests: the same command run again in the same run folder, and the per-step losses
+of a training that took several starts, read back from its wandb run."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import PACKAGE, QUICK
+from wandb_records import offline_runs
+
+# Shuffled (so a resume that repeats or skips a sample shows), 8 steps an epoch, 16 in all, crossing an epoch
+# boundary; a checkpoint every 3 steps and at the end of each epoch.
+RESTARTABLE = [
+    *QUICK,
+    "trainer.accelerator=cpu",
+    "data.shuffle=true",
+    "data.train_size=512",
+    "data.batch_size=64",
+    "trainer.max_epochs=2",
+    "checkpoint.every_n_steps=3",
+]
+STEPS = 16
+
+
+def run_in(run_dir: Path, env: dict[str, str], *overrides: str, launcher: list[str] | None = None):
+    """One attempt of a training whose run folder is `run_dir`; the finished process."""
+    command = [*(launcher or [sys.executable, "-m"]), f"{PACKAGE}.train", f"hydra.run.dir={run_dir}", *overrides]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, cwd=run_dir.parent)
+
+
+def losses_by_step(run_dir: Path) -> dict[int, float]:
+    """train/loss by global step, read back from the training's one wandb run (all of its starts merged)."""
+    (run,) = offline_runs(run_dir)
+    steps = run.steps("train/loss")
+    assert len(steps) == len(set(steps)), f"a step logged twice: {steps}"
+    return dict(zip(steps, run.metric("train/loss"), strict=True))

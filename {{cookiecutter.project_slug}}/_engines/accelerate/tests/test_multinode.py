@@ -1,0 +1,123 @@
+"""Many machines, and machines that fail: two torchrun agents on this machine rendezvous as two nodes and train
+as one data-parallel group would; a worker SIGKILLed mid-epoch makes torchrun restart the group, and a SLURM job
+requeued mid-run starts again; both continue from the last checkpoint, exactly."""
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import PACKAGE, TOLERANCE, make_runner
+from launchers import free_port, torchrun, torchrun_elastic, torchrun_node
+from nets import WANDB_FLUSH_SECONDS
+from restarts import RESTARTABLE, STEPS, losses_by_step, run_in
+from wandb_records import offline_runs
+
+pytestmark = pytest.mark.slow
+
+DDP = [*RESTARTABLE, "strategy=ddp"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, train_env) -> dict[int, float]:
+    """Two processes on one node, nothing killed."""
+    run = make_runner(tmp_path_factory.mktemp("uninterrupted"), train_env)(*DDP, launcher=torchrun())
+    losses = losses_by_step(run.run_dir)
+    assert list(losses) == list(range(STEPS))
+    return losses
+
+
+def test_two_nodes_train_as_one_group_in_one_run_folder(tmp_path, train_env, uninterrupted):
+    endpoint = f"127.0.0.1:{free_port()}"
+    nodes = [
+        subprocess.Popen(
+            [*torchrun_node(2, endpoint, "two-nodes"), f"{PACKAGE}.train", *DDP],
+            cwd=tmp_path,
+            env=train_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(output[-3000:] for output in outputs)
+    # One folder, named after the rendezvous id, for both nodes; one wandb run.
+    assert [path.name for path in (tmp_path / "outputs" / "default").iterdir()] == ["two-nodes"]
+    run_dir = tmp_path / "outputs" / "default" / "two-nodes"
+    (wandb,) = offline_runs(run_dir)
+    assert wandb.config["run"]["num_nodes"] == 2 and wandb.config["run"]["world_size"] == 2
+    # Equal up to the order of floating-point sums: gloo reduces across nodes and within a node differently.
+    assert losses_by_step(run_dir) == pytest.approx(uninterrupted, abs=TOLERANCE)
+
+
+def test_a_killed_worker_is_restarted_and_the_run_continues_exactly(tmp_path, train_env, uninterrupted):
+    run_dir = tmp_path / "run"
+    kill_rank_1_at_step_7 = [  # after the checkpoint of step 6, mid-epoch
+        "model.net._target_=nets.KilledOnce",
+        "+model.net.kill_at=7",
+        "+model.net.rank=1",
+        f"+model.net.marker={tmp_path / 'killed'}",
+    ]
+    run = run_in(run_dir, train_env, *DDP, *kill_rank_1_at_step_7, launcher=torchrun_elastic(2, max_restarts=2))
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-4000:]
+    assert (tmp_path / "killed").exists() and "exitcode: -9" in output, "rank 1 was killed, and restarted"
+    assert "step-0000006" in output, "the restarted group resumed from the checkpoint of step 6"
+    (wandb,) = offline_runs(run_dir)
+    assert wandb.starts == 2, "one wandb run, continued by the restarted group"
+    assert losses_by_step(run_dir) == uninterrupted
+
+
+def slurm_answers() -> bool:
+    return shutil.which("sbatch") is not None and subprocess.run(["sinfo", "-h"], capture_output=True).returncode == 0
+
+
+SLURM_SCRIPT = Path(__file__).resolve().parents[1] / "launch" / "slurm.sbatch"
+
+
+@pytest.mark.skipif(not slurm_answers(), reason="no SLURM here (the template's CI starts one with .ci/slurm.sh)")
+def test_a_requeued_slurm_job_continues_exactly(tmp_path, train_env, uninterrupted):
+    """launch/slurm.sbatch as the README gives it (1 node x 2 processes); `scontrol requeue` while the job runs,
+    after its checkpoint of step 6: the job starts again, in the same run folder, and continues exactly."""
+    stalled = tmp_path / "stalled"
+    stall_at_step_7 = ["model.net._target_=nets.StalledOnce", "+model.net.stall_at=7", f"+model.net.marker={stalled}"]
+    submit = ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", f"--chdir={tmp_path}", str(SLURM_SCRIPT)]
+    job = subprocess.run([*submit, *DDP, *stall_at_step_7], env=train_env, capture_output=True, text=True, check=True)
+    job_id = job.stdout.strip().split(";")[0]
+    log = tmp_path / f"slurm-{job_id}.out"
+    try:
+        wait_for(lambda: stalled.exists(), job_id, log)
+        time.sleep(WANDB_FLUSH_SECONDS)  # a kill loses up to a second of wandb metrics (see nets.kill_once)
+        subprocess.run(["scontrol", "requeue", job_id], check=True)
+        wait_for(lambda: job_state(job_id) == "PENDING", job_id, log)
+        # SLURM holds a requeued job back for a while (about 2 minutes here): let it start again at once.
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
+        wait_for(lambda: job_state(job_id) == "COMPLETED", job_id, log)
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True)
+    output = log.read_text()
+    assert job_state(job_id) == "COMPLETED", output[-4000:]
+    assert "Restarts=1" in subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
+    run_dir = tmp_path / "outputs" / "default" / job_id  # named after the job, which keeps its id when requeued
+    assert "resuming from" in output and "step-0000006" in output
+    (wandb,) = offline_runs(run_dir)
+    assert wandb.starts == 2, "one wandb run, continued by the requeued job"
+    assert losses_by_step(run_dir) == uninterrupted
+
+
+FAILED = {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "GONE"}
+
+
+def job_state(job_id: str) -> str:
+    info = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
+    return next((word.split("=", 1)[1] for word in info.split() if word.startswith("JobState=")), "GONE")
+
+
+def wait_for(condition, job_id: str, log: Path, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        state, output = job_state(job_id), log.read_text() if log.exists() else ""
+        assert state not in FAILED and time.monotonic() < deadline, f"job {job_id}: {state}\n{output[-4000:]}"
+        time.sleep(0.5)

@@ -1,0 +1,48 @@
+"""A training killed anywhere, even while it writes a checkpoint, continues exactly when the same command runs
+again: from its last complete checkpoint, by itself, with the same per-step losses (bit-identical on CPU)."""
+
+import pytest
+from conftest import make_runner
+from restarts import RESTARTABLE, STEPS, losses_by_step, run_in
+from wandb_records import offline_runs
+
+from {{ cookiecutter.package_name }}.checkpoints import load_trained
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, train_env) -> dict[int, float]:
+    run = make_runner(tmp_path_factory.mktemp("uninterrupted"), train_env)(*RESTARTABLE, "strategy=single")
+    losses = losses_by_step(run.run_dir)
+    assert list(losses) == list(range(STEPS))
+    return losses
+
+
+def test_killed_while_saving_then_run_again_continues_exactly(tmp_path, train_env, uninterrupted):
+    run_dir = tmp_path / "run"
+    killed_at_step_6 = [  # SIGKILL after the checkpoint's weights are written and before its optimizer state
+        "model.optimizer._target_=nets.AdamWKilledWhileSaving",
+        "+model.optimizer.kill_at_step=6",
+        f"+model.optimizer.marker={tmp_path / 'killed'}",
+    ]
+    first = run_in(run_dir, train_env, *RESTARTABLE, *killed_at_step_6)
+    assert first.returncode == -9, first.stdout + first.stderr
+    checkpoints = run_dir / "checkpoints"
+    partial = checkpoints / ".step-0000006.partial"
+    assert [path.name for path in partial.iterdir()] == ["model.safetensors"], "killed half-way through the save"
+    assert (checkpoints / "last").resolve() == checkpoints / "step-0000003", "last: the previous, complete one"
+
+    again = run_in(run_dir, train_env, *RESTARTABLE, *killed_at_step_6)  # the same command, no flag
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "resuming from" in again.stdout and "step-0000003" in again.stdout
+    assert losses_by_step(run_dir) == uninterrupted  # exactly; steps 3-5 ran twice, with the same losses
+    assert not partial.exists(), "the half-written checkpoint is cleared away"
+    assert (checkpoints / "last").resolve() == checkpoints / f"step-{STEPS:07d}"
+    assert load_trained(checkpoints / "last") is not None
+
+    fresh = run_in(run_dir, train_env, *RESTARTABLE, "trainer.max_steps=2", "resume=false")
+    assert fresh.returncode == 0, fresh.stdout + fresh.stderr
+    assert f"resume=false: starting afresh; removing the checkpoints in {checkpoints}" in fresh.stdout
+    assert (checkpoints / "last").resolve() == checkpoints / "step-0000002"
+    assert len(offline_runs(run_dir)) == 2, "and a new wandb run"
