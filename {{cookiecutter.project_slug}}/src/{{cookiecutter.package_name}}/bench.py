@@ -234,7 +234,7 @@ def run(cfg: DictConfig) -> None:
     overrides = [
         o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").startswith(("bench.", "hydra.", *OWN_KEYS))
     ]
-    console = Console(width=160)
+    console = Console()
     try:
         rows = scaling(cfg, overrides, run_dir, console)
     except ConfigError as err:

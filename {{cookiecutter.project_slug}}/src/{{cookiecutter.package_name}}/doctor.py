@@ -332,7 +332,7 @@ def run(cfg: DictConfig) -> None:
         report = diagnose(cfg, overrides)
     except ConfigError as err:
         fail(err, run_dir)
-    show(report, Console(width=160))
+    show(report, Console())
     path = run_dir / "doctor.json"
     path.write_text(json.dumps(report, indent=2))
     print(f"doctor: report written to {path}")
