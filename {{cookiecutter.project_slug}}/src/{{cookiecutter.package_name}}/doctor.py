@@ -57,8 +57,8 @@ def diagnose(cfg: DictConfig, overrides: list[str]) -> dict[str, Any]:
     stage_counts = sorted({*counts, *range(2, per_node + 1)} - {1})
     facts = model_facts(cfg, example_input(cfg, batch), stage_counts)
 
-    def need(preset: str, devices: int) -> tuple[float | None, str]:
-        return memory_per_device(facts, preset, devices, per_node, batch, microbatches, schedule)
+    def need(preset: str, devices: int, tensor: int | None = None) -> tuple[float | None, str]:
+        return memory_per_device(facts, preset, devices, per_node, batch, microbatches, schedule, tensor)
 
     memory = [
         {"preset": preset, "devices": n, "bytes": need(preset, n)[0], "holds": need(preset, n)[1]}
@@ -139,18 +139,19 @@ def recommend(
     device; else split the model over the fewest devices that hold it (model_parallel, or pipeline where GPUs
     talk over PCIe only), on one node if possible, else over nodes."""
 
-    def fits(preset: str, n: int) -> bool:
-        nbytes = need(preset, n)[0]
+    def fits(preset: str, n: int, tensor: int | None = None) -> bool:
+        nbytes = need(preset, n, tensor)[0]
         return nbytes is not None and nbytes <= usable
 
-    def advice(preset: str, devices: int, nodes: int, why: str, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    def advice(
+        preset: str, devices: int, nodes: int, why: str, extra: tuple[str, ...] = (), tensor: int | None = None
+    ) -> dict[str, Any]:
         command = train_command(preset, devices, nodes, [*extra, *overrides])
-        total = devices * nodes
         return {
             "preset": preset,
             "devices_per_node": devices,
             "nodes": nodes,
-            "bytes_per_device": need(preset, total)[0],
+            "bytes_per_device": need(preset, devices * nodes, tensor)[0],
             "why": why,
             "command": " ".join(command),
         }
@@ -181,13 +182,17 @@ def recommend(
     for n in range(2, per_node + 1):
         split_fits = fits("pipeline", n)
         if fits("model_parallel", n) and not (pcie_only and split_fits):
-            data, tensor = mesh(n, per_node)
+            # Every device of the node: the smallest tensor-parallel group that fits (the least communication per
+            # block), FSDP2 over the rest, which shards weights and optimizer state further.
+            tensor = min(t for t in range(1, per_node + 1) if per_node % t == 0 and fits("model_parallel", per_node, t))
+            data = per_node // tensor
             return advice(
                 "model_parallel",
-                n,
+                per_node,
                 1,
-                f"sharded over {n} devices (mesh dp={data} x tp={tensor}) it fits",
+                f"it fits sharded over {n}; over all {per_node}: mesh dp={data} (FSDP2) x tp={tensor}",
                 (f"strategy.tensor_parallel_size={tensor}", f"strategy.data_parallel_size={data}"),
+                tensor,
             )
         if split_fits:
             bounds = split_blocks(facts.blocks, n)
@@ -321,7 +326,9 @@ def _size(nbytes: float | None) -> str:
 
 
 def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.3g} ms"
+    if seconds is None:
+        return "-"
+    return f"{seconds:.3g} s" if seconds >= 1 else f"{seconds * 1e3:.3g} ms"
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="doctor")
