@@ -10,6 +10,7 @@ COMBINATIONS = list(every_choice())
 
 
 PRESETS = ("ddp", "ddp_spawn", "dp", "model_parallel", "pipeline", "single")
+SEARCH_MODULES = ("__init__", "__main__", "epoch_metrics", "report", "settings", "slurm", "space", "trials", "wandb_sweep")
 
 
 def expected_files(package: str, engine: str) -> set[str]:
@@ -46,6 +47,8 @@ def expected_files(package: str, engine: str) -> set[str]:
         f"{src}/configs/bench.yaml",
         f"{src}/configs/doctor.yaml",
         f"{src}/configs/train.yaml",
+        f"{src}/configs/search/default.yaml",
+        *(f"{src}/search/{name}.py" for name in SEARCH_MODULES),
         f"{src}/configs/data/synthetic.yaml",
         f"{src}/configs/logger/none.yaml",
         f"{src}/configs/logger/wandb.yaml",
@@ -61,6 +64,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         "tests/test_oom.py",
         "tests/test_parity.py",
         "tests/test_pipelining.py",
+        "tests/test_search.py",
         "tests/test_tracking.py",
         "tests/test_train.py",
         "tests/wandb_records.py",
@@ -81,6 +85,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         f"{src}/wandb_logger.py",
         f"{src}/callbacks/__init__.py",
         f"{src}/callbacks/batch_size_finder.py",
+        f"{src}/callbacks/epoch_metrics.py",
         f"{src}/callbacks/device_memory.py",
         f"{src}/callbacks/item_logger.py",
         f"{src}/callbacks/oom_recovery.py",

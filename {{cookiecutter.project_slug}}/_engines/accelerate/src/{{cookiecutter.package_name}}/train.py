@@ -28,6 +28,7 @@ from torch import nn
 from .config import ConfigError, ProcessCrashed, fail, register_resolvers, run_cli
 from .data import per_device_batch_size
 from .oom import find_batch_size, log_device_memory
+from .search.epoch_metrics import append_epoch_metrics
 from .strategies import Strategy
 from .tracking import finish_wandb
 
@@ -182,6 +183,8 @@ def validate(
     """Evaluate on the validation split, log, and checkpoint: the latest state, and the best by val/loss."""
     metrics = evaluate(accelerator, model, loader)
     log(accelerator, {**prefixed("val", metrics), "epoch": epoch}, progress.global_step)
+    if cfg.epoch_metrics and accelerator.is_main_process:  # the search reads it to prune a trial
+        append_epoch_metrics(cfg.epoch_metrics, epoch, prefixed("val", metrics))
     if cfg.oom.log_memory:
         log_device_memory(accelerator, progress.global_step)
     best = metrics["loss"] < progress.best_val_loss
