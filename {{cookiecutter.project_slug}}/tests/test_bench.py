@@ -58,6 +58,7 @@ def test_ddp_weak_scaling(tmp_path, train_env):
     logged = next(row for row in run.history if "scaling/table/nrows" in row)
     assert logged["scaling/table/nrows"] == 2 and logged["scaling/plot/_type"] == "image-file"
     assert run.config["strategy_preset"] == "ddp"
+{%- if cookiecutter.engine == "lightning" %}
 
 
 # The pipeline's timing is the engines' shared pipelining.py; one engine's run covers it (CI time).
@@ -70,3 +71,4 @@ def test_pipeline_bubble(tmp_path, train_env):
         assert int(row["global_batch"]) == 32  # strong scaling: one replica, the same batch
         assert float(row["theoretical_bubble"]) == pytest.approx(1 / 5)
         assert 0 <= float(row["measured_bubble"]) < 1
+{%- endif %}
