@@ -99,7 +99,7 @@ def run_point(
     point_dir, times_file = run_dir / "points" / name, run_dir / "points" / f"{name}.json"
     steps = cfg.bench.warmup_steps + cfg.bench.steps
     settings = [
-        *(o for o in overrides if preset != "single" or not o.startswith("strategy.")),
+        *(o for o in overrides if not dropped(o, preset, schedule)),
         *([f"strategy.schedule={schedule}"] if schedule else []),
         f"data.batch_size={batch}",
         f"trainer.max_steps={steps}",
@@ -122,6 +122,13 @@ def run_point(
         print(proc.stdout[-4000:] + proc.stderr[-4000:], file=sys.stderr)
         raise PointFailed(f"the point with {n} process(es) failed: {' '.join(command)}")
     return json.loads(times_file.read_text())
+
+
+def dropped(override: str, preset: str, schedule: str | None) -> bool:
+    """The user's strategy settings a point cannot take: none for single, not the schedule while it is swept."""
+    return (preset == "single" and override.startswith("strategy.")) or (
+        schedule is not None and override.startswith("strategy.schedule=")
+    )
 
 
 def measure(
