@@ -47,7 +47,10 @@ DDP = ["strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]
 
 
 def run(command: list[str], project: Path, workdir: Path, env: dict[str, str]) -> dict:
-    out = workdir / f"timing-{time.monotonic_ns()}.json"
+    run_id = time.monotonic_ns()
+    out = workdir / f"timing-{run_id}.json"
+    if f"{PACKAGE}.train" in command:  # a fresh run folder: one with a checkpoint in it would resume
+        command = [*command, f"hydra.run.dir={workdir}/run-{run_id}"]
     env = dict(env, BENCH_OUT=str(out), BENCH_LAUNCH=repr(time.time()))
     proc = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0 or not out.exists():
@@ -86,9 +89,9 @@ def variants(engine: str, setting: str, epochs: int, train_size: int, ddp: bool,
     # Lightning starts its ddp processes itself; the Accelerate engine's come from a launcher.
     train = [*(launcher if ddp and engine == "accelerate" else [sys.executable]), "-m", f"{PACKAGE}.train"]
     plain = [str(HERE / "plain_loop.py"), PACKAGE, str(epochs), str(batch), str(hidden), str(depth)]
-    commands = {"template": [*train, f"hydra.run.dir={workdir}/template", *common]}
+    commands = {"template": [*train, *common]}
     if engine == "lightning":
-        commands["lightning"] = [*train, f"hydra.run.dir={workdir}/lightning", *common, *PLAIN_LIGHTNING]
+        commands["lightning"] = [*train, *common, *PLAIN_LIGHTNING]
     commands["plain"] = [*(launcher if ddp else [sys.executable]), *plain]
     return commands
 
