@@ -68,10 +68,14 @@ def diagnose(cfg: DictConfig, overrides: list[str]) -> dict[str, Any]:
     traffic = [gradient_traffic(facts.parameters, n, busbw) for n in counts if n > 1]
     step = step_seconds(cfg, facts, batch, env["host_memory_gb"])
     usable = USABLE * memory_gb * GB
-    advice = recommend(need, facts, usable, per_node, plan, batch, step, busbw, microbatches, env, overrides)
+    topology = hardware.topology()
+    # Tensor parallelism all-reduces in every block: without NVLink/NVSwitch between the GPUs, prefer a pipeline.
+    pairs = topology["pairs"]  # none without 2+ GPUs: then nothing is known against tensor parallelism
+    pcie_only = bool(pairs) and not any(p["nvlinks"] or p["nvswitch_links"] for p in pairs)
+    advice = recommend(need, facts, usable, per_node, plan, batch, step, busbw, microbatches, pcie_only, overrides)
     return {
         "environment": env,
-        "topology": hardware.topology(),
+        "topology": topology,
         "allreduce": bandwidth,
         "model": {
             "net": cfg.model.net._target_,
@@ -132,7 +136,7 @@ def recommend(
     step: float | None,
     busbw: float | None,
     microbatches: int,
-    env: dict[str, Any],
+    pcie_only: bool,
     overrides: list[str],
 ) -> dict[str, Any]:
     """The decision tree: one device if it fits and ddp would not be much faster; ddp if a replica fits on each
@@ -178,7 +182,6 @@ def recommend(
         )
     if fits("ddp", data_parallel):
         return advice("ddp", data_parallel, 1, "one replica plus its share of the batch fits on each device")
-    pcie_only = bool(env["gpus"]) and not any(p["nvlinks"] or p["nvswitch_links"] for p in hardware.topology()["pairs"])
     for n in range(2, per_node + 1):
         split_fits = fits("pipeline", n)
         if fits("model_parallel", n) and not (pcie_only and split_fits):
