@@ -21,6 +21,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         ".gitignore",
         ".pre-commit-config.yaml",
         "README.md",
+        "docs/scaling.png",
         "pyproject.toml",
         f"{src}/__init__.py",
         f"{src}/bench.py",

@@ -22,7 +22,8 @@ def test_overhead_benchmark_smoke(tmp_path, engine):
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    rows = re.findall(r"^single\s+(\S+)\s+(\S+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)$", result.stdout, re.MULTILINE)
+    row = rf"^{engine}\s+single\s+(\S+)\s+(\S+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)$"
+    rows = re.findall(row, result.stdout, re.MULTILINE)
     assert {(setting, variant) for setting, variant, *_ in rows} == {
         (setting, variant) for setting in ("default", "small-step") for variant in VARIANTS[engine]
     }
@@ -30,3 +31,9 @@ def test_overhead_benchmark_smoke(tmp_path, engine):
         assert float(step_ms) > 0 and float(ratio) > 0 and float(startup) > 0 and int(rss) > 0
         if variant == "plain":
             assert float(ratio) == 1.0
+    # The targets' table: template / plain loop, and for Lightning template / plain Lightning, per setting.
+    targets = re.findall(rf"^{engine}\s+single\s+(\S+)\s+([\d.]+)\s+(\S+)$", result.stdout, re.MULTILINE)
+    assert {setting for setting, *_ in targets} == {"default", "small-step"}
+    for _, over_loop, over_lightning in targets:
+        assert float(over_loop) > 0
+        assert (over_lightning == "-") == (engine == "accelerate")

@@ -91,8 +91,10 @@ def test_doctor_splits_a_model_too_big_for_pretend_devices(tmp_path, train_env):
     assert advice["preset"] in ("model_parallel", "pipeline") and advice["nodes"] == 1
     assert advice["bytes_per_device"] <= usable
     assert f"strategy={advice['preset']}" in advice["command"]
-    if advice["preset"] == "model_parallel":
-        assert "strategy.tensor_parallel_size=4" in advice["command"]
+    if advice["preset"] == "model_parallel":  # every device of the node, in a mesh of dp x tp = 4
+        sizes = dict(arg.split("=") for arg in advice["command"].split() if arg.startswith("strategy.") and "=" in arg)
+        assert int(sizes["strategy.data_parallel_size"]) * int(sizes["strategy.tensor_parallel_size"]) == 4
+        assert advice["devices_per_node"] == 4
 
 
 def test_doctor_plans_several_nodes(tmp_path, train_env):

@@ -99,7 +99,7 @@ def run_point(
     point_dir, times_file = run_dir / "points" / name, run_dir / "points" / f"{name}.json"
     steps = cfg.bench.warmup_steps + cfg.bench.steps
     settings = [
-        *(o for o in overrides if preset != "single" or not o.startswith("strategy.")),
+        *(o for o in overrides if not dropped(o, preset, schedule)),
         *([f"strategy.schedule={schedule}"] if schedule else []),
         f"data.batch_size={batch}",
         f"trainer.max_steps={steps}",
@@ -122,6 +122,13 @@ def run_point(
         print(proc.stdout[-4000:] + proc.stderr[-4000:], file=sys.stderr)
         raise PointFailed(f"the point with {n} process(es) failed: {' '.join(command)}")
     return json.loads(times_file.read_text())
+
+
+def dropped(override: str, preset: str, schedule: str | None) -> bool:
+    """The user's strategy settings a point cannot take: none for single, not the schedule while it is swept."""
+    return (preset == "single" and override.startswith("strategy.")) or (
+        schedule is not None and override.startswith("strategy.schedule=")
+    )
 
 
 def measure(
@@ -188,6 +195,7 @@ def save(rows: list[dict[str, Any]], run_dir: Path, preset: str) -> tuple[Path, 
     axes.plot([r["devices"] for r in rows], [r["linear_samples_per_s"] for r in rows], "k--", label="linear")
     axes.set(xlabel="processes", ylabel="samples/s", title=f"Scaling of strategy={preset}")
     axes.set_xticks(sorted({r["devices"] for r in rows}))
+    axes.set_ylim(bottom=0)
     axes.legend()
     figure.tight_layout()
     figure.savefig(png_path)
@@ -215,15 +223,24 @@ def log_wandb(cfg: DictConfig, rows: list[dict[str, Any]], png: Path, run_dir: P
 
 
 def show(rows: list[dict[str, Any]], console: Console) -> None:
-    table = Table("processes", "schedule", "global batch", "step", "samples/s", "linear", "efficiency", "MFU",
-                  "bubble measured", "bubble (p-1)/(m+p-1)", title="Scaling")  # fmt: skip
+    """The results as a table; columns that no row has (MFU on a CPU, the bubble outside pipeline) are left out."""
+    percent = "{:.0%}".format
+    columns = {
+        "processes": ("devices", str),
+        "schedule": ("schedule", str),
+        "global batch": ("global_batch", str),
+        "step ms": ("step_ms", "{:.1f}".format),
+        "samples/s": ("samples_per_s", "{:.0f}".format),
+        "linear": ("linear_samples_per_s", "{:.0f}".format),
+        "efficiency": ("efficiency", percent),
+        "MFU": ("mfu", "{:.1%}".format),
+        "bubble measured": ("measured_bubble", percent),
+        "bubble (p-1)/(m+p-1)": ("theoretical_bubble", percent),
+    }
+    shown = {name: c for name, c in columns.items() if any(row.get(c[0]) not in (None, "") for row in rows)}
+    table = Table(*shown, title="Scaling")
     for row in rows:
-        bubble = (row.get("measured_bubble"), row.get("theoretical_bubble"))
-        table.add_row(
-            str(row["devices"]), row["schedule"], str(row["global_batch"]), f"{row['step_ms']:.1f} ms",
-            f"{row['samples_per_s']:.0f}", f"{row['linear_samples_per_s']:.0f}", f"{row['efficiency']:.0%}",
-            "-" if row["mfu"] is None else f"{row['mfu']:.1%}", *("-" if b is None else f"{b:.0%}" for b in bubble),
-        )  # fmt: skip
+        table.add_row(*("-" if row.get(key) is None else fmt(row[key]) for key, fmt in shown.values()))
     console.print(table)
 
 
@@ -234,7 +251,7 @@ def run(cfg: DictConfig) -> None:
     overrides = [
         o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").startswith(("bench.", "hydra.", *OWN_KEYS))
     ]
-    console = Console(width=160)
+    console = Console()
     try:
         rows = scaling(cfg, overrides, run_dir, console)
     except ConfigError as err:

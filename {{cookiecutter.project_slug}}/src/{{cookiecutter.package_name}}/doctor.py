@@ -57,8 +57,8 @@ def diagnose(cfg: DictConfig, overrides: list[str]) -> dict[str, Any]:
     stage_counts = sorted({*counts, *range(2, per_node + 1)} - {1})
     facts = model_facts(cfg, example_input(cfg, batch), stage_counts)
 
-    def need(preset: str, devices: int) -> tuple[float | None, str]:
-        return memory_per_device(facts, preset, devices, per_node, batch, microbatches, schedule)
+    def need(preset: str, devices: int, tensor: int | None = None) -> tuple[float | None, str]:
+        return memory_per_device(facts, preset, devices, per_node, batch, microbatches, schedule, tensor)
 
     memory = [
         {"preset": preset, "devices": n, "bytes": need(preset, n)[0], "holds": need(preset, n)[1]}
@@ -68,10 +68,14 @@ def diagnose(cfg: DictConfig, overrides: list[str]) -> dict[str, Any]:
     traffic = [gradient_traffic(facts.parameters, n, busbw) for n in counts if n > 1]
     step = step_seconds(cfg, facts, batch, env["host_memory_gb"])
     usable = USABLE * memory_gb * GB
-    advice = recommend(need, facts, usable, per_node, plan, batch, step, busbw, microbatches, env, overrides)
+    topology = hardware.topology()
+    # Tensor parallelism all-reduces in every block: without NVLink/NVSwitch between the GPUs, prefer a pipeline.
+    pairs = topology["pairs"]  # none without 2+ GPUs: then nothing is known against tensor parallelism
+    pcie_only = bool(pairs) and not any(p["nvlinks"] or p["nvswitch_links"] for p in pairs)
+    advice = recommend(need, facts, usable, per_node, plan, batch, step, busbw, microbatches, pcie_only, overrides)
     return {
         "environment": env,
-        "topology": hardware.topology(),
+        "topology": topology,
         "allreduce": bandwidth,
         "model": {
             "net": cfg.model.net._target_,
@@ -132,25 +136,26 @@ def recommend(
     step: float | None,
     busbw: float | None,
     microbatches: int,
-    env: dict[str, Any],
+    pcie_only: bool,
     overrides: list[str],
 ) -> dict[str, Any]:
     """The decision tree: one device if it fits and ddp would not be much faster; ddp if a replica fits on each
     device; else split the model over the fewest devices that hold it (model_parallel, or pipeline where GPUs
     talk over PCIe only), on one node if possible, else over nodes."""
 
-    def fits(preset: str, n: int) -> bool:
-        nbytes = need(preset, n)[0]
+    def fits(preset: str, n: int, tensor: int | None = None) -> bool:
+        nbytes = need(preset, n, tensor)[0]
         return nbytes is not None and nbytes <= usable
 
-    def advice(preset: str, devices: int, nodes: int, why: str, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    def advice(
+        preset: str, devices: int, nodes: int, why: str, extra: tuple[str, ...] = (), tensor: int | None = None
+    ) -> dict[str, Any]:
         command = train_command(preset, devices, nodes, [*extra, *overrides])
-        total = devices * nodes
         return {
             "preset": preset,
             "devices_per_node": devices,
             "nodes": nodes,
-            "bytes_per_device": need(preset, total)[0],
+            "bytes_per_device": need(preset, devices * nodes, tensor)[0],
             "why": why,
             "command": " ".join(command),
         }
@@ -177,17 +182,20 @@ def recommend(
         )
     if fits("ddp", data_parallel):
         return advice("ddp", data_parallel, 1, "one replica plus its share of the batch fits on each device")
-    pcie_only = bool(env["gpus"]) and not any(p["nvlinks"] or p["nvswitch_links"] for p in hardware.topology()["pairs"])
     for n in range(2, per_node + 1):
         split_fits = fits("pipeline", n)
         if fits("model_parallel", n) and not (pcie_only and split_fits):
-            data, tensor = mesh(n, per_node)
+            # Every device of the node: the smallest tensor-parallel group that fits (the least communication per
+            # block), FSDP2 over the rest, which shards weights and optimizer state further.
+            tensor = min(t for t in range(1, per_node + 1) if per_node % t == 0 and fits("model_parallel", per_node, t))
+            data = per_node // tensor
             return advice(
                 "model_parallel",
-                n,
+                per_node,
                 1,
-                f"sharded over {n} devices (mesh dp={data} x tp={tensor}) it fits",
+                f"it fits sharded over {n}; over all {per_node}: mesh dp={data} (FSDP2) x tp={tensor}",
                 (f"strategy.tensor_parallel_size={tensor}", f"strategy.data_parallel_size={data}"),
+                tensor,
             )
         if split_fits:
             bounds = split_blocks(facts.blocks, n)
@@ -321,7 +329,9 @@ def _size(nbytes: float | None) -> str:
 
 
 def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.3g} ms"
+    if seconds is None:
+        return "-"
+    return f"{seconds:.3g} s" if seconds >= 1 else f"{seconds * 1e3:.3g} ms"
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="doctor")
@@ -332,7 +342,7 @@ def run(cfg: DictConfig) -> None:
         report = diagnose(cfg, overrides)
     except ConfigError as err:
         fail(err, run_dir)
-    show(report, Console(width=160))
+    show(report, Console())
     path = run_dir / "doctor.json"
     path.write_text(json.dumps(report, indent=2))
     print(f"doctor: report written to {path}")

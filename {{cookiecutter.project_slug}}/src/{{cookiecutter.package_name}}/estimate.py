@@ -125,10 +125,18 @@ def mesh(devices: int, per_node: int) -> tuple[int, int]:
 
 
 def memory_per_device(
-    facts: ModelFacts, preset: str, devices: int, per_node: int, batch: int, microbatches: int, schedule: str
+    facts: ModelFacts,
+    preset: str,
+    devices: int,
+    per_node: int,
+    batch: int,
+    microbatches: int,
+    schedule: str,
+    tensor: int | None = None,
 ) -> tuple[float | None, str]:
     """Bytes the most loaded device of `preset` on `devices` needs at global batch `batch`, and what it holds.
-    None (with the reason) when the layout cannot run."""
+    None (with the reason) when the layout cannot run. model_parallel: `tensor` parallel size (default: the
+    preset's "auto" mesh)."""
     state, act = facts.state_bytes, facts.activation_bytes_per_sample
     grads = facts.parameters * FP32
     if preset == "single":
@@ -142,7 +150,7 @@ def memory_per_device(
     if preset == "model_parallel":
         if not facts.tensor_parallel_parameters:
             return None, "the model has no tensor_parallel_plan()"
-        data, tensor = mesh(devices, per_node)
+        data, tensor = (devices // tensor, tensor) if tensor else mesh(devices, per_node)
         if batch % data:
             return None, f"batch {batch} does not split over {data} replicas"
         sharded = facts.tensor_parallel_parameters

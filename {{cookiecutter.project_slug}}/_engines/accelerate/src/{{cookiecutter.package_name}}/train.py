@@ -7,12 +7,14 @@ config -> strategy (checked before anything starts) -> processes -> accelerator 
 The loop below is the whole training: what a preset changes lives in strategies/.
 """
 
+import functools
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import accelerate.optimizer
 import hydra
 import torch
 import torch.nn.functional as F
@@ -36,6 +38,9 @@ from .wandb_tracker import ResumingWandBTracker
 
 register_resolvers()
 logging.getLogger("accelerate").setLevel(logging.WARNING)  # not one INFO line per file it saves
+# AcceleratedOptimizer.step asks twice per step whether the lomo_optim package is installed: an uncached
+# package-metadata scan of ~45 us each, a tenth of a small step. The answer cannot change during a run.
+accelerate.optimizer.is_lomo_available = functools.cache(accelerate.optimizer.is_lomo_available)
 
 # trainer.precision takes Lightning's names, so both engines share the flag; accelerate's names on the right.
 PRECISION = {"32-true": "no", "bf16-mixed": "bf16", "16-mixed": "fp16"}
