@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .sharding import clip_grad_norm_
+
 
 class Classifier(L.LightningModule):
     def __init__(self, net: nn.Module, optimizer: Callable[..., torch.optim.Optimizer]) -> None:
@@ -51,6 +53,15 @@ class Classifier(L.LightningModule):
         logits = self(x)
         self.log(f"{split}/loss", self.loss(logits, y), sync_dist=True)
         self.log(f"{split}/acc", (logits.argmax(dim=-1) == y).float().mean(), sync_dist=True)
+
+    def configure_gradient_clipping(
+        self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm=None
+    ) -> None:
+        # Tensor-parallel shards (DTensors) next to plain parameters: torch's clip_grad_norm_ refuses the mix.
+        if gradient_clip_val and gradient_clip_algorithm in (None, "norm") and self.device_mesh is not None:
+            clip_grad_norm_(self.parameters(), gradient_clip_val)
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return self.optimizer_factory(self.parameters())

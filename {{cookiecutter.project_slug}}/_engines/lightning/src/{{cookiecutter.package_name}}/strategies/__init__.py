@@ -4,6 +4,8 @@ Lightning ships ddp and ddp_spawn (configs/strategy/*.yaml point straight at its
 the modules here add what it lacks.
 """
 
+from contextlib import AbstractContextManager, nullcontext
+
 import lightning as L
 
 from ..config import ConfigError
@@ -37,3 +39,11 @@ def check_layout(preset: str, trainer: L.Trainer, global_batch_size: int, module
     per_device_batch_size(global_batch_size, data_parallel_size(trainer))
     if hasattr(trainer.strategy, "check_layout"):
         trainer.strategy.check_layout(trainer, module, global_batch_size)
+
+
+def model_init_context(trainer: L.Trainer) -> AbstractContextManager:
+    """Where train.py builds the model: on the meta device for strategies that shard it and allocate only each
+    rank's shards (`builds_on_meta`), else as usual (on the CPU, moved to the device by Lightning)."""
+    if getattr(trainer.strategy, "builds_on_meta", False):
+        return trainer.init_module(empty_init=True)
+    return nullcontext()
