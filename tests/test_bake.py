@@ -25,6 +25,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         f"{src}/checkpoints.py",
         f"{src}/config.py",
         f"{src}/data.py",
+        f"{src}/launcher.py",
         f"{src}/memory.py",
         f"{src}/model.py",
         f"{src}/pipelining.py",
@@ -45,6 +46,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         "tests/conftest.py",
         "tests/test_config.py",
         "tests/test_data.py",
+        "tests/test_launcher.py",
         "tests/test_oom.py",
         "tests/test_parity.py",
         "tests/test_pipelining.py",
@@ -65,6 +67,7 @@ def expected_files(package: str, engine: str) -> set[str]:
     return shared | {
         f"{src}/datamodule.py",
         f"{src}/module.py",
+        f"{src}/wandb_logger.py",
         f"{src}/callbacks/__init__.py",
         f"{src}/callbacks/batch_size_finder.py",
         f"{src}/callbacks/device_memory.py",

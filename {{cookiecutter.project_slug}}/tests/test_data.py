@@ -41,3 +41,38 @@ def test_replicas_split_the_global_batch_exactly(shuffle):
 def test_indivisible_global_batch_is_refused():
     with pytest.raises(ConfigError, match="multiple of the 4 data-parallel replicas; nearest valid: 28 or 32"):
         SyntheticData(batch_size=30).loader("train", replicas=4)
+
+
+def global_batches(data: SyntheticData, replicas: int, epoch: int, state: dict | None = None) -> list[torch.Tensor]:
+    """The epoch's global batches (replicas' shares concatenated), read from `state` on if given."""
+    loaders = [data.loader("train", replicas, rank) for rank in range(replicas)]
+    for loader in loaders:
+        loader.sampler.set_epoch(epoch)
+        if state:
+            loader.load_state_dict(state)
+            loader.sampler.set_epoch(epoch)  # what the engines do at the start of each epoch
+    return [torch.cat(shares) for shares in zip(*([x for x, _ in loader] for loader in loaders), strict=True)]
+
+
+@pytest.mark.parametrize("replicas_after", [1, 2, 4])
+def test_train_loader_resumes_mid_epoch_with_the_next_global_batch(replicas_after):
+    data = SyntheticData(batch_size=32, train_size=320, shuffle=True, seed=3)
+    whole = global_batches(data, 2, epoch=1)
+    loader = data.loader("train", 2, 0)
+    loader.sampler.set_epoch(1)
+    for done, _ in enumerate(loader, start=1):
+        if done == 4:
+            state = loader.state_dict()
+            break
+    assert state == {"epoch": 1, "samples_done": 4 * 32}
+    resumed = global_batches(data, replicas_after, epoch=1, state=state)
+    assert len(resumed) == len(whole) - 4
+    for batch, expected in zip(resumed, whole[4:], strict=True):  # the same samples, in any replica order
+        assert sorted(batch.sum(dim=1).tolist()) == pytest.approx(sorted(expected.sum(dim=1).tolist()))
+    assert len(global_batches(data, replicas_after, epoch=2, state=state)) == len(whole), "only that epoch is cut"
+
+
+def test_a_resume_with_another_global_batch_is_refused():
+    state = {"epoch": 0, "samples_done": 96}
+    with pytest.raises(ValueError, match="resume with the data.batch_size it was trained with"):
+        SyntheticData(batch_size=64).loader("train").load_state_dict(state)

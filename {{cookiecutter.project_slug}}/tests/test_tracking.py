@@ -1,29 +1,62 @@
-"""Run folders and wandb modes: the engine-neutral parts of config.py and tracking.py."""
+"""Run ids, wandb modes, wandb runs that survive restarts: the engine-neutral parts of launcher.py and tracking.py."""
 
 import subprocess
 import sys
 import time
 
-from {{ cookiecutter.package_name }}.config import run_stamp
-from {{ cookiecutter.package_name }}.tracking import wandb_mode
+from {{ cookiecutter.package_name }}.launcher import default_run_id
+from {{ cookiecutter.package_name }}.tracking import LoggedSteps, keep_wandb_run_id, wandb_mode, wandb_run_id
+
+LAUNCHER_VARS = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "TORCHELASTIC_RUN_ID", "LOCAL_WORLD_SIZE")
 
 
-def test_run_folders_are_shared_by_torchrun_ranks(monkeypatch):
+def test_run_id_is_the_slurm_job_then_the_torchrun_rendezvous_then_the_time(monkeypatch):
+    for name in LAUNCHER_VARS:
+        monkeypatch.delenv(name, raising=False)
+    assert default_run_id()[:2] == "20"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun without --rdzv-id
+    assert default_run_id()[:2] == "20"
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc123")
-    assert run_stamp() == "torchrun-abc123"
-    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
-    assert run_stamp()[:2] == "20"
+    assert default_run_id() == "abc123"
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    assert default_run_id() == "77"
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "70")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
+    assert default_run_id() == "70_3"
 
 
 def test_processes_of_one_accelerate_launch_share_a_run_folder(monkeypatch):
     """accelerate launch sets no run id; its processes may start in different seconds."""
+    for name in LAUNCHER_VARS:
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    stamp = "from {{ cookiecutter.package_name }}.config import run_stamp; print(run_stamp())"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    stamp = "from {{ cookiecutter.package_name }}.launcher import default_run_id; print(default_run_id())"
     first = subprocess.run([sys.executable, "-c", stamp], capture_output=True, text=True, check=True).stdout
     time.sleep(1.1)
     second = subprocess.run([sys.executable, "-c", stamp], capture_output=True, text=True, check=True).stdout
     assert first == second and first.startswith("20")
+
+
+def test_a_restart_keeps_the_wandb_run_id(tmp_path):
+    first = wandb_run_id(tmp_path)
+    assert wandb_run_id(tmp_path) != first, "nothing kept yet: a run refused before training leaves no file"
+    keep_wandb_run_id(tmp_path, first)
+    assert wandb_run_id(tmp_path) == first
+    keep_wandb_run_id(tmp_path, "other")
+    assert wandb_run_id(tmp_path) == first, "the first start's id stays"
+
+
+def test_a_resumed_run_does_not_log_a_step_twice(tmp_path):
+    steps = LoggedSteps(tmp_path)
+    for step in range(5):
+        steps.record(steps.unlogged({"train/loss": 1.0}, step), step)
+    steps.record(steps.unlogged({"val/loss": 2.0}, 4), 4)
+    resumed = LoggedSteps(tmp_path)  # a restart from the checkpoint of step 2
+    assert resumed.unlogged({"train/loss": 1.0}, 3) == {}
+    assert resumed.unlogged({"train/loss": 1.0, "val/loss": 2.0, "val/acc": 0.5}, 4) == {"val/acc": 0.5}
+    assert resumed.unlogged({"train/loss": 1.0}, 5) == {"train/loss": 1.0}
 
 
 def test_wandb_goes_offline_without_credentials_and_obeys_wandb_mode(monkeypatch, tmp_path):

@@ -1,4 +1,8 @@
-"""Read an offline wandb run back from its `.wandb` file (wandb has no public reader for it).
+"""Read an offline wandb run back from its `.wandb` files (wandb has no public reader for them).
+
+A training restarted (torchrun restart, SLURM requeue, same command again) resumes its wandb run: offline, each
+start writes one more `offline-run-*-<id>` folder with the same run id (`wandb sync` uploads the first, then
+`wandb sync --append` the others). They are read back as one run, their histories one after the other.
 
 The file is a record log: a 7-byte header (":W&B", magic, version), then 32 KiB blocks of
 chunks, each with a 7-byte header (crc32, length, type) and a slice of a protobuf `Record`.
@@ -18,7 +22,9 @@ FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 
 @dataclass
 class OfflineRun:
-    path: Path
+    path: Path  # the first start's file
+    id: str = ""
+    starts: int = 1  # how many times the training started (1 + restarts)
     group: str = ""
     config: dict = field(default_factory=dict)
     history: list[dict] = field(default_factory=list)
@@ -59,6 +65,7 @@ def read_run(path: Path) -> OfflineRun:
     for record in records(path):
         kind = record.WhichOneof("record_type")
         if kind == "run":
+            run.id = record.run.run_id
             run.group = record.run.run_group
             run.config.update(_items(record.run.config.update))
         elif kind == "config":
@@ -71,5 +78,16 @@ def read_run(path: Path) -> OfflineRun:
 
 
 def offline_runs(run_dir: Path) -> list[OfflineRun]:
-    """Every wandb run written under <run_dir>/wandb/ (a training must write exactly one)."""
-    return [read_run(path) for path in sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))]
+    """Every wandb run written under <run_dir>/wandb/ (a training must write exactly one), its starts merged."""
+    runs: dict[str, OfflineRun] = {}
+    for path in sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb")):  # folder names start with the time
+        start = read_run(path)
+        if start.id not in runs:
+            runs[start.id] = start
+            continue
+        run = runs[start.id]
+        run.starts += 1
+        run.config.update(start.config)
+        run.history += start.history
+        run.exit_code = start.exit_code
+    return list(runs.values())

@@ -1,8 +1,6 @@
 """Config helpers: the resolvers the YAML files use, and the one-line errors (bad input, a crashed process)."""
 
-import os
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -43,41 +41,22 @@ def check_group_choices(overrides: list[str]) -> None:
 
 
 def run_cli(run: Callable[[], None]) -> None:
-    """The command line: an unknown config group choice is refused in one line, then Hydra runs `run`."""
+    """The command line: an unknown config group choice, or a multi-node launch without a run id, is refused in
+    one line, then Hydra runs `run`."""
+    from .launcher import check_run_id
+
     try:
         check_group_choices(sys.argv[1:])
+        check_run_id(sys.argv[1:])
     except ConfigError as err:
         fail(err)
     run()
 
 
-def run_stamp() -> str:
-    """Name of the run folder, the same in every process of one launch, so that they share one folder.
-
-    torchrun gives its processes a run id. accelerate launch does not (it sets "none"): its processes are
-    named after the moment their launcher, the parent of them all, started.
-    """
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    if run_id and run_id != "none":
-        return f"torchrun-{run_id}"
-    started = launcher_start_time() if int(os.environ.get("WORLD_SIZE", 1)) > 1 else None
-    return time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(started))
-
-
-def launcher_start_time() -> float | None:
-    """When this process's parent started, in seconds since the epoch (Linux /proc); None elsewhere."""
-    try:
-        with open(f"/proc/{os.getppid()}/stat") as stat:
-            ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime, in clock ticks after boot
-        with open("/proc/stat") as stat:
-            boot = next(int(line.split()[1]) for line in stat if line.startswith("btime"))
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
-
-
 def register_resolvers() -> None:
-    for name, resolver in {"run_stamp": run_stamp, "wandb_mode": wandb_mode}.items():
+    from .launcher import default_run_id  # launcher.py raises this module's ConfigError
+
+    for name, resolver in {"default_run_id": default_run_id, "wandb_mode": wandb_mode}.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, resolver)
 

@@ -5,6 +5,9 @@ Everything is generated from the seed, so every process and every run sees the s
 without a download. Replace `_make_split` (or the whole class) to use your own data.
 """
 
+from collections.abc import Iterator
+from typing import Any
+
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
@@ -55,15 +58,16 @@ class SyntheticData:
 
         The same seeded sampler for every layout, one replica included: each global batch is then the same
         samples whatever the strategy or engine, shuffled or not. The training split drops its last partial
-        batch, so every optimizer step sees a full global batch, as on a single device.
+        batch, so every optimizer step sees a full global batch, as on a single device, and its loader can
+        say where it is in the epoch and start there again (see ResumableLoader).
         """
         self.setup()
         train = split == "train"
         dataset = self.splits[split]
-        sampler = DistributedSampler(
+        sampler = ResumableSampler(
             dataset, num_replicas=replicas, rank=rank, shuffle=train and self.shuffle, seed=self.seed, drop_last=train
         )
-        return DataLoader(
+        return (ResumableLoader if train else DataLoader)(
             dataset,
             batch_size=per_device_batch_size(self.batch_size, replicas),
             sampler=sampler,
@@ -72,6 +76,64 @@ class SyntheticData:
             persistent_workers=self.num_workers > 0,
             pin_memory=pin_memory,  # page-locked host memory makes host-to-GPU copies faster
         )
+
+
+class ResumableSampler(DistributedSampler):
+    """torch's DistributedSampler (same seeded order), able to start partway through its epoch."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.start = 0  # indices of this replica's epoch to leave out: the ones a resumed run already trained on
+
+    def __iter__(self) -> Iterator[int]:
+        indices = list(super().__iter__())[self.start :]
+        self.start = 0  # only the epoch being resumed is cut short
+        return iter(indices)
+
+
+class ResumableLoader(DataLoader):
+    """A training DataLoader that can be checkpointed mid-epoch: its state is the epoch and the samples of the
+    GLOBAL batch order already trained on, so a resumed run continues with the next batch, on any number of
+    data-parallel replicas (the global batch, hence the order of global batches, does not depend on it).
+
+    torch's DataLoader has no state_dict; Lightning (>= 2.2) saves and restores that of a loader that has
+    one, and accelerate does for objects registered for checkpointing. Batches are counted as they are handed
+    out, not as the sampler is read, so worker prefetching does not move the count.
+    """
+
+    sampler: ResumableSampler
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.batches_done = 0  # of the current epoch, handed out to the training loop
+        self._resume: tuple[int, int] | None = None  # (epoch, batches done) to continue from
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.batch_size * self.sampler.num_replicas
+
+    def __iter__(self) -> Iterator[Any]:
+        self.batches_done = 0
+        if self._resume is not None and self._resume[0] == self.sampler.epoch:
+            self.batches_done = self._resume[1]
+            self.sampler.start = self.batches_done * self.batch_size
+        self._resume = None
+        for batch in super().__iter__():
+            self.batches_done += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.sampler.epoch, "samples_done": self.batches_done * self.global_batch_size}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        samples, epoch = state["samples_done"], state["epoch"]
+        if samples % self.global_batch_size:
+            raise ValueError(
+                f"the checkpoint stopped after {samples} samples of epoch {epoch}, which is not a whole number of "
+                f"global batches of {self.global_batch_size}: resume with the data.batch_size it was trained with"
+            )
+        self.sampler.set_epoch(epoch)
+        self._resume = (epoch, samples // self.global_batch_size)
 
 
 def per_device_batch_size(global_batch_size: int, replicas: int) -> int:

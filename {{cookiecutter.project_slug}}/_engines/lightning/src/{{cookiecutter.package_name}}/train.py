@@ -22,6 +22,7 @@ from torch.multiprocessing.spawn import ProcessRaisedException
 
 from .config import ConfigError, ProcessCrashed, fail, register_resolvers, run_cli
 from .data import per_device_batch_size
+from .launcher import fit_layout_to_launcher
 from .strategies import check_layout, data_parallel_size, model_init_context
 from .tracking import finish_wandb
 
@@ -41,7 +42,13 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if not cfg.trainer.enable_progress_bar:  # one switch hides the bar, whichever bar callback is configured
         callbacks = [callback for callback in callbacks if not isinstance(callback, ProgressBar)]
     logger = build(cfg.logger) if cfg.logger else False
-    trainer = build(cfg.trainer, strategy=cfg.strategy, callbacks=callbacks, logger=logger)
+    # Under torchrun or SLURM the launcher's layout, unless the command line gave one (checked against it).
+    num_nodes, devices = fit_layout_to_launcher(
+        preset(), cfg.trainer.num_nodes, cfg.trainer.devices, HydraConfig.get().overrides.task
+    )
+    trainer = build(
+        cfg.trainer, num_nodes=num_nodes, devices=devices, strategy=cfg.strategy, callbacks=callbacks, logger=logger
+    )
     with model_init_context(trainer):  # model_parallel: on the meta device, each rank allocates its shards
         model = build(cfg.model)
     check_layout(preset(), trainer, cfg.data.batch_size, model)  # fail now, not inside a worker process

@@ -1,0 +1,58 @@
+"""Layouts given by a launcher (torchrun, SLURM), checked against the command line before training."""
+
+import pytest
+
+from {{ cookiecutter.package_name }}.config import ConfigError
+from {{ cookiecutter.package_name }}.launcher import check_run_id, detect_launcher, fit_layout_to_launcher
+
+TORCHRUN_2x2 = {"TORCHELASTIC_RUN_ID": "job", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_WORLD_SIZE": "2"}
+SLURM_1x2 = {"SLURM_JOB_ID": "7", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "1", "SLURM_JOB_NAME": "job"}
+
+
+@pytest.fixture
+def launched_by(monkeypatch):
+    for name in {*TORCHRUN_2x2, *SLURM_1x2}:
+        monkeypatch.delenv(name, raising=False)
+
+    def set_env(env: dict[str, str]) -> None:
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+
+    return set_env
+
+
+def test_no_launcher_keeps_the_configured_layout(launched_by):
+    assert detect_launcher() is None
+    assert fit_layout_to_launcher("ddp", 1, 2, ["trainer.devices=2"]) == (1, 2)
+
+
+@pytest.mark.parametrize(("env", "layout"), [(TORCHRUN_2x2, (2, 2)), (SLURM_1x2, (1, 2))])
+def test_a_launcher_gives_the_layout_when_the_command_line_does_not(launched_by, env, layout):
+    launched_by(env)
+    assert fit_layout_to_launcher("ddp", 1, "auto", ["strategy=ddp"]) == layout
+    assert fit_layout_to_launcher("ddp", 1, "auto", ["trainer.devices=auto"]) == layout
+    nodes, devices = layout
+    assert fit_layout_to_launcher("ddp", nodes, devices, [f"trainer.num_nodes={nodes}"]) == layout
+
+
+def test_a_layout_that_contradicts_the_launcher_is_refused_naming_both(launched_by):
+    launched_by(TORCHRUN_2x2)
+    message = r"trainer.num_nodes=1 x trainer.devices=2 = 2 processes, but torchrun started 4 \(2 nodes x 2\)"
+    with pytest.raises(ConfigError, match=message):
+        fit_layout_to_launcher("ddp", 1, 2, ["trainer.num_nodes=1"])
+
+
+@pytest.mark.parametrize("preset", ["dp", "ddp_spawn"])
+def test_single_machine_presets_are_refused_under_a_launcher_and_over_nodes(launched_by, preset):
+    with pytest.raises(ConfigError, match=f"strategy={preset} .* so not on trainer.num_nodes=2; use strategy=ddp"):
+        fit_layout_to_launcher(preset, 2, 1, [])
+    launched_by(SLURM_1x2)
+    with pytest.raises(ConfigError, match=f"strategy={preset} .* so not under SLURM; use strategy=ddp"):
+        fit_layout_to_launcher(preset, 1, 1, [])
+
+
+def test_several_nodes_without_a_run_id_are_refused(launched_by):
+    launched_by({**TORCHRUN_2x2, "TORCHELASTIC_RUN_ID": "none"})
+    with pytest.raises(ConfigError, match="give run_id=NAME"):
+        check_run_id(["strategy=ddp"])
+    check_run_id(["run_id=mine"])
