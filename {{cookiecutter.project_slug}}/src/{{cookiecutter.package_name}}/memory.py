@@ -6,6 +6,7 @@ import os
 import resource
 import sys
 import warnings
+from collections.abc import MutableMapping
 
 import torch
 
@@ -63,14 +64,22 @@ def memory_summary(device: torch.device) -> str:
     return f"process RSS {rss_mb():.0f} MiB"
 
 
-def configure_allocator() -> None:
-    """Ask the CUDA caching allocator for expandable segments (less fragmentation, fewer OOMs).
-    It reads PYTORCH_ALLOC_CONF once, when CUDA initialises, so set it before; a user's value wins."""
-    if any(name in os.environ for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")):
+def allocator_env_names(torch_version: str = torch.__version__) -> tuple[str, ...]:
+    """The variables the installed torch's CUDA caching allocator reads: PYTORCH_ALLOC_CONF since torch 2.9
+    (the old name still works there, with a deprecation warning), only PYTORCH_CUDA_ALLOC_CONF before."""
+    major, minor = (int(part) for part in torch_version.split(".")[:2])
+    return ("PYTORCH_ALLOC_CONF",) if (major, minor) >= (2, 9) else ("PYTORCH_CUDA_ALLOC_CONF",)
+
+
+def configure_allocator(environ: MutableMapping[str, str] = os.environ) -> None:
+    """Ask the CUDA caching allocator for expandable segments (less fragmentation, fewer OOMs). It reads its
+    variable once, when CUDA initialises: both engines call this first thing; a user's value wins."""
+    if any(name in environ for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")):
         return
     if not torch.cuda.is_available():
         return
     if torch.cuda.is_initialized():
-        warnings.warn("CUDA already initialised: PYTORCH_ALLOC_CONF=expandable_segments:True not applied", stacklevel=2)
+        warnings.warn("CUDA already initialised: expandable_segments:True not applied", stacklevel=2)
         return
-    os.environ["PYTORCH_ALLOC_CONF"] = "expandable_segments:True"
+    for name in allocator_env_names():
+        environ[name] = "expandable_segments:True"

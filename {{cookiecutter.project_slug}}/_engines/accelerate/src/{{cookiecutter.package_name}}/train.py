@@ -27,6 +27,7 @@ from torch import nn
 
 from .config import ConfigError, ProcessCrashed, fail, register_resolvers, run_cli
 from .data import per_device_batch_size
+from .memory import configure_allocator
 from .oom import find_batch_size, log_device_memory
 from .strategies import Strategy
 from .tracking import finish_wandb
@@ -57,6 +58,7 @@ class Progress:
 def train(cfg: DictConfig) -> None:
     """Check the layout, start the processes, fit and test. Raises ConfigError before training."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    configure_allocator()  # before anything initialises CUDA
     if cfg.ckpt_path and not (Path(cfg.ckpt_path) / "custom_checkpoint_0.pkl").is_file():
         raise ConfigError(
             f"ckpt_path={cfg.ckpt_path} is not a checkpoint folder; give one, e.g. <run dir>/checkpoints/last"
@@ -67,7 +69,8 @@ def train(cfg: DictConfig) -> None:
     if cfg.oom.find_batch_size and not strategy.supports_batch_size_search:
         raise ConfigError(f"oom.find_batch_size works with single, ddp, ddp_spawn and dp, not strategy={strategy.name}")
     processes = strategy.processes(int(os.environ.get("WORLD_SIZE", 1)), cfg.trainer.devices)
-    strategy.check_layout(processes, build(cfg.model.net), cfg)
+    with torch.device("meta"):  # shapes and hooks only: the real net is built in each process
+        strategy.check_layout(processes, build(cfg.model.net), cfg)
     per_device_batch_size(cfg.data.batch_size, strategy.data_parallel(0, processes)[0])
 
     def process() -> None:  # a named function: notebook_launcher (ddp_spawn) needs one
@@ -88,7 +91,8 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path) -> None:
     )
     set_seed(cfg.seed)
     data = build(cfg.data)
-    model, optimizer = strategy.prepare(accelerator, build(cfg.model.net), build(cfg.model.optimizer))
+    net = strategy.build_net(lambda: build(cfg.model.net))
+    model, optimizer = strategy.prepare(accelerator, net, build(cfg.model.optimizer))
     replicas, rank = strategy.data_parallel(accelerator.process_index, accelerator.num_processes)
     progress = Progress()
     accelerator.register_for_checkpointing(progress, *strategy.checkpoint_objects(model, optimizer))
@@ -140,7 +144,7 @@ def fit(
         loaders["train"].sampler.set_epoch(epoch)  # the seeded shuffle of this epoch, on every replica
         # A resumed run skips the batches its epoch had already done (same sampler order, so the same batches).
         for x, y in islice(loaders["train"], progress.batch, None):
-            x, y = x.to(accelerator.device), y.to(accelerator.device)
+            x, y = to_device(accelerator, x, y)
             with accelerator.accumulate(model):
                 loss = strategy.train_step(accelerator, model, x, y, loss_fn)
                 if accelerator.sync_gradients:
@@ -193,19 +197,26 @@ def validate(
 
 @torch.no_grad()
 def evaluate(accelerator: Accelerator, model: nn.Module, loader: Any) -> dict[str, float]:
-    """Loss and accuracy over the whole split, exact: sums are reduced, not per-process means."""
+    """Loss and accuracy over the whole split, exact: per-target sums are reduced over the processes, then
+    divided by the number of targets (every sample is evaluated once: the eval sampler does not pad)."""
     model.eval()
     totals = torch.zeros(3, dtype=torch.float64, device=accelerator.device)
     for x, y in loader:
-        x, y = x.to(accelerator.device), y.to(accelerator.device)
+        x, y = to_device(accelerator, x, y)
         with accelerator.autocast():
             logits = model(x)
-        totals[0] += F.cross_entropy(logits.float(), y, reduction="sum")
+        logits, y = logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1)  # one row per target (token)
+        totals[0] += F.cross_entropy(logits, y, reduction="sum")
         totals[1] += (logits.argmax(dim=-1) == y).sum()
-        totals[2] += len(y)
+        totals[2] += y.numel()
     loss_sum, correct, count = accelerator.reduce(totals, "sum").tolist()
     model.train()
     return {"loss": loss_sum / count, "acc": correct / count}
+
+
+def to_device(accelerator: Accelerator, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    """Host-to-device copies that overlap with compute on a GPU (the loaders pin their memory there)."""
+    return [tensor.to(accelerator.device, non_blocking=True) for tensor in tensors]
 
 
 def prefixed(split: str, metrics: dict[str, float]) -> dict[str, float]:

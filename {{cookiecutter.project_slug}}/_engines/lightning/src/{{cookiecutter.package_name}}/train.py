@@ -23,6 +23,7 @@ from torch.multiprocessing.spawn import ProcessRaisedException
 from .config import ConfigError, ProcessCrashed, fail, register_resolvers, run_cli
 from .data import per_device_batch_size
 from .launcher import fit_layout_to_launcher
+from .memory import configure_allocator
 from .strategies import check_layout, data_parallel_size, model_init_context
 from .tracking import finish_wandb
 
@@ -32,6 +33,7 @@ register_resolvers()
 def train(cfg: DictConfig) -> dict[str, float]:
     """Fit and test as configured; returns the final metrics. Raises ConfigError before training."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    configure_allocator()  # before anything initialises CUDA
     if cfg.ckpt_path and not Path(cfg.ckpt_path).exists():
         # A folder is fine: model_parallel saves sharded checkpoints as one folder of per-rank files.
         raise ConfigError(f"ckpt_path={cfg.ckpt_path} does not exist; give a .ckpt file (e.g. a run's last.ckpt)")

@@ -43,6 +43,9 @@ class DataParallel(Strategy):
                 stacklevel=2,
             )
             return net, optimizer
+        # accelerate's prepare made the net's forward an autocast wrapper bound to this (root) module, which the
+        # replicas would copy and run on the root's weights: drop it; train_step autocasts around the replicas.
+        vars(net).pop("forward", None)
         return nn.DataParallel(net, device_ids=list(range(gpus))), optimizer
 
     def describe(self) -> dict[str, int]:
