@@ -6,9 +6,7 @@ host: bf16-mixed is real autocast there. 32-true must give single's losses (loss
 close to single's bf16 losses, and differ from fp32 (the forward really ran in bf16).
 """
 
-{%- if cookiecutter.engine == "accelerate" %}
 import sys
-{%- endif %}
 import time
 
 import pytest
@@ -17,7 +15,7 @@ from conftest import PARITY, TOLERANCE, make_runner
 
 pytestmark = [pytest.mark.slow, pytest.mark.gpu]
 
-ENGINE = "{{ cookiecutter.engine }}"
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m"]
 GPUS = torch.cuda.device_count()
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 BF16_TOLERANCE = 5e-2  # bf16 keeps 8 bits of mantissa; layouts sum in different orders
@@ -38,7 +36,6 @@ PRESETS = [
 ]
 {%- else %}
 MEMORY = ["oom.log_memory=true"]
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m"]
 # (preset, overrides, launcher, processes)
 PRESETS = [
     ("single", ["strategy=single"], None, 1),
@@ -99,10 +96,8 @@ def run_row(runner, preset: str, overrides: list[str], launcher, precision: str)
     figures = ("/peak_allocated_mb", "/rss_mb")  # CUDA, CPU
     names = {name for row in wandb.history for name in row if name.startswith("memory/") and name.endswith(figures)}
     memory = {name.removeprefix("memory/").rsplit("/", 1)[0]: wandb.metric(name)[-1] for name in names}
-    return wandb.metric("train/loss")[:STEPS], (wandb.metric("val/loss")[-1], wandb.metric("val/acc")[-1]), {
-        "seconds": seconds,
-        "memory": memory,
-    }
+    validation = (wandb.metric("val/loss")[-1], wandb.metric("val/acc")[-1])
+    return wandb.metric("train/loss")[:STEPS], validation, {"seconds": seconds, "memory": memory}
 
 
 @pytest.mark.parametrize("preset, precision", ROWS, ids=[f"{p}-{q}" for p, q in ROWS])
