@@ -5,7 +5,12 @@ import pytest
 import torch
 
 from {{ cookiecutter.package_name }}.data import SyntheticData
-from {{ cookiecutter.package_name }}.memory import allocator_env_names, configure_allocator
+from {{ cookiecutter.package_name }}.memory import (
+    allocator_env_names,
+    configure_allocator,
+    memory_metrics,
+    process_memory_figures,
+)
 from {{ cookiecutter.package_name }}.model import ResidualMLP
 from {{ cookiecutter.package_name }}.pipelining import TimedStage, on_cpu
 from {{ cookiecutter.package_name }}.sharding import OnMeta, is_on_meta, materialize
@@ -77,3 +82,24 @@ def test_evaluation_splits_every_sample_once_over_replicas():
     assert len(seen) == 11
     assert torch.equal(torch.stack(sorted(seen, key=lambda x: x[0].item())),
                        torch.stack(sorted(data.splits["val"].tensors[0], key=lambda x: x[0].item())))  # fmt: skip
+
+
+def test_memory_is_logged_per_device_and_the_imbalance_covers_every_device():
+    names, rows = process_memory_figures([torch.device("cpu"), torch.device("cpu")])
+    assert names == ["rss_mb"] and len(rows) == 1, "CPU devices share the process's memory"
+    # dp on 2 GPUs: one process, two devices, GPU 0 holding the gathered outputs.
+    metrics = memory_metrics(["peak_allocated_mb", "peak_reserved_mb"], [[[300.0, 400.0], [100.0, 120.0]]])
+    assert metrics["memory/rank0/device0/peak_allocated_mb"] == 300.0
+    assert metrics["memory/rank0/device1/peak_reserved_mb"] == 120.0
+    assert metrics["memory/imbalance"] == 3.0
+    assert memory_metrics(["rss_mb"], [[[100.0]], [[200.0]]]) == {
+        "memory/rank0/rss_mb": 100.0,
+        "memory/rank1/rss_mb": 200.0,
+        "memory/imbalance": 2.0,
+    }
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs to see two devices' peaks")
+def test_every_gpu_of_the_process_has_its_figures():
+    names, rows = process_memory_figures([torch.device("cuda", 0), torch.device("cuda", 1)])
+    assert names[0] == "peak_allocated_mb" and len(rows) == 2

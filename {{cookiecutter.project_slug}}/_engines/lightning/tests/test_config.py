@@ -82,6 +82,22 @@ def test_overrides_reach_the_objects(tmp_path):
             "blocks.0.fc_in has 512 output features, which strategy.tensor_parallel_size=3 does not divide",
         ),
         ([*MODEL_PARALLEL, "strategy.mode=pipes"], "strategy.mode='pipes' is unknown; valid: tensor, layers"),
+        (
+            [*MODEL_PARALLEL, "trainer.devices=2", "trainer.precision=16-mixed"],
+            "strategy=model_parallel supports trainer.precision=32-true or bf16-mixed, not 16-mixed",
+        ),
+        (
+            ["strategy=pipeline", "trainer.accelerator=cpu", "trainer.precision=16-mixed"],
+            "strategy=pipeline supports trainer.precision=32-true or bf16-mixed, not 16-mixed",
+        ),
+        (
+            ["strategy=pipeline", "trainer.accelerator=cpu", "callbacks=oom"],
+            "BatchSizeFinder works under strategy=single|ddp|ddp_spawn, not strategy=pipeline",
+        ),
+        (
+            ["strategy=dp", "callbacks=oom", "~callbacks.batch_size_finder"],
+            "OOMRecovery works under strategy=single|ddp|ddp_spawn, not strategy=dp",
+        ),
     ],
     ids=[
         "unknown-strategy",
@@ -93,6 +109,10 @@ def test_overrides_reach_the_objects(tmp_path):
         "mesh-not-world-size",
         "hidden-not-divisible",
         "unknown-mode",
+        "model-parallel-fp16",
+        "pipeline-fp16",
+        "finder-under-pipeline",
+        "recovery-under-dp",
     ],
 )
 def test_bad_input_fails_in_one_line(train, overrides, message):

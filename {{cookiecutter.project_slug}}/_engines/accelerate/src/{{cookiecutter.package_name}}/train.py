@@ -105,7 +105,9 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path) -> None:
             OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
             start_wandb(accelerator, cfg, strategy, replicas, data.batch_size)
         if cfg.oom.find_batch_size:
-            find_batch_size(accelerator, strategy, model, data, replicas, loss_fn, cfg.oom.shrink)
+            find_batch_size(
+                accelerator, strategy, model, optimizer, data, replicas, loss_fn, **cfg.oom.batch_size_finder
+            )
         loaders = {split: data.loader(split, replicas, rank, accelerator.device.type == "cuda") for split in SPLITS}
         fit(accelerator, cfg, strategy, model, optimizer, loaders, progress, run_dir / "checkpoints")
         if cfg.test_after_fit:
@@ -165,7 +167,7 @@ def fit(
                 break
         else:  # a whole epoch: validate (as Lightning does, not after stopping at max_steps mid-epoch)
             progress.epoch, progress.batch = progress.epoch + 1, 0
-            validate(accelerator, cfg, model, loaders["val"], progress, epoch, checkpoints)
+            validate(accelerator, cfg, strategy, model, loaders["val"], progress, epoch, checkpoints)
             continue
         accelerator.save_state(checkpoints / "last")
 
@@ -177,6 +179,7 @@ def done(progress: Progress, max_steps: int) -> bool:
 def validate(
     accelerator: Accelerator,
     cfg: DictConfig,
+    strategy: Strategy,
     model: nn.Module,
     loader: Any,
     progress: Progress,
@@ -187,7 +190,7 @@ def validate(
     metrics = evaluate(accelerator, model, loader)
     log(accelerator, {**prefixed("val", metrics), "epoch": epoch}, progress.global_step)
     if cfg.oom.log_memory:
-        log_device_memory(accelerator, progress.global_step)
+        log_device_memory(accelerator, strategy, progress.global_step)
     best = metrics["loss"] < progress.best_val_loss
     progress.best_val_loss = min(progress.best_val_loss, metrics["loss"])
     accelerator.save_state(checkpoints / "last")

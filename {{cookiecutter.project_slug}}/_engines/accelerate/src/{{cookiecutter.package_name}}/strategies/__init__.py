@@ -72,6 +72,10 @@ class Strategy:
         accelerator.backward(loss)
         return loss.detach()
 
+    def devices_in_use(self) -> list[torch.device]:
+        """Devices this process uses besides accelerator.device (dp's replicas, model_parallel's layer groups)."""
+        return []
+
     def step_metrics(self) -> dict[str, float]:
         """Extra figures logged with train/loss."""
         return {}

@@ -110,6 +110,9 @@ class ModelParallel(Strategy):
             materialize(net, accelerator.device, self.init.rng_state)  # the values strategy=single draws
         return net, optimizer(net.parameters())
 
+    def devices_in_use(self) -> list[torch.device]:
+        return self.layer_devices if self.mode == "layers" else []
+
     def checkpoint_objects(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> list[Any]:
         return [WholeState(model, optimizer)]
 

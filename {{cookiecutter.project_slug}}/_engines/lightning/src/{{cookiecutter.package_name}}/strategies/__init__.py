@@ -37,6 +37,13 @@ def check_layout(preset: str, trainer: L.Trainer, global_batch_size: int, module
             f"trainer.num_nodes={trainer.num_nodes} asks for {trainer.world_size}; use strategy=ddp for several"
         )
     per_device_batch_size(global_batch_size, data_parallel_size(trainer))
+    for callback in trainer.callbacks:  # e.g. the OOM toolkit: a callback that works under some presets only
+        supported = getattr(callback, "supported_presets", None)
+        if supported is not None and preset not in supported:
+            raise ConfigError(
+                f"{type(callback).__name__} works under strategy={'|'.join(supported)}, not strategy={preset}; "
+                "drop it with ~callbacks.<its name>"
+            )
     if hasattr(trainer.strategy, "check_layout"):
         trainer.strategy.check_layout(trainer, module, global_batch_size)
 

@@ -119,6 +119,7 @@ class LayerSplitStrategy(SingleDeviceStrategy):
 
     def __init__(self, devices: list[str] | None = None) -> None:
         self.devices = [torch.device(device) for device in devices or default_layer_devices()]
+        self.devices_in_use = self.devices  # read by the memory monitor
         super().__init__(device=self.devices[0])
         self._hooks: list[RemovableHandle] = []
 
