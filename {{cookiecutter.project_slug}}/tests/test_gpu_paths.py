@@ -4,6 +4,7 @@ allocator settings, results gathered across pipeline stages, meta-device init of
 import pytest
 import torch
 
+from {{ cookiecutter.package_name }}.config import ConfigError
 from {{ cookiecutter.package_name }}.data import SyntheticData
 from {{ cookiecutter.package_name }}.memory import (
     allocator_env_names,
@@ -13,6 +14,7 @@ from {{ cookiecutter.package_name }}.memory import (
 )
 from {{ cookiecutter.package_name }}.model import ResidualMLP
 from {{ cookiecutter.package_name }}.pipelining import TimedStage, on_cpu
+from {{ cookiecutter.package_name }}.precision import resolve_precision
 from {{ cookiecutter.package_name }}.sharding import OnMeta, is_on_meta, materialize
 
 
@@ -103,3 +105,12 @@ def test_memory_is_logged_per_device_and_the_imbalance_covers_every_device():
 def test_every_gpu_of_the_process_has_its_figures():
     names, rows = process_memory_figures([torch.device("cuda", 0), torch.device("cuda", 1)])
     assert names[0] == "peak_allocated_mb" and len(rows) == 2
+
+
+def test_precision_auto_is_fp32_on_the_cpu_and_bf16_on_a_bf16_gpu():
+    assert resolve_precision("auto", "cpu") == "32-true"
+    gpu_bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    assert resolve_precision("auto", "auto") == ("bf16-mixed" if gpu_bf16 else "32-true")
+    assert resolve_precision(32, "cpu") == "32-true" and resolve_precision("16-mixed", "cpu") == "16-mixed"
+    with pytest.raises(ConfigError, match="trainer.precision=16 is unknown; valid: auto, 32-true"):
+        resolve_precision(16, "cpu")

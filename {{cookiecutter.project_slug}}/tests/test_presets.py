@@ -19,9 +19,9 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 GPUS = torch.cuda.device_count()
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 BF16_TOLERANCE = 5e-2  # bf16 keeps 8 bits of mantissa; layouts sum in different orders
-STEPS = 4  # = one epoch of data.train_size / data.batch_size (64), so validation and the memory figures run
+STEPS = 4  # one epoch (QUICK) of data.train_size / data.batch_size (64): then validation and the memory figures
 TABLE = [*(o for o in PARITY if not o.startswith(("trainer.max_steps", "trainer.accelerator"))),
-         f"trainer.max_steps={STEPS}", "data.train_size=256", "data.val_size=101",
+         "trainer.max_steps=-1", "data.train_size=256", "data.val_size=101",
          "trainer.accelerator=" + ("gpu" if GPUS else "cpu")]  # fmt: skip
 {%- if cookiecutter.engine == "lightning" %}
 MEMORY = ["+callbacks.device_memory._target_={{ cookiecutter.package_name }}.callbacks.device_memory.DeviceMemoryMonitor"]

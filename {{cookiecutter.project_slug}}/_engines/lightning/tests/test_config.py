@@ -9,6 +9,7 @@ from hydra.utils import instantiate
 from omegaconf import open_dict
 
 from {{ cookiecutter.package_name }}.config import CONFIG_DIR, register_resolvers
+from {{ cookiecutter.package_name }}.precision import resolve_precision
 
 MODEL_PARALLEL = ["strategy=model_parallel", "trainer.accelerator=cpu"]
 PRESETS = sorted(path.stem for path in (CONFIG_DIR / "strategy").glob("*.yaml"))
@@ -38,7 +39,8 @@ def test_every_preset_is_documented():
 def test_preset_builds_a_trainer(tmp_path, preset):
     devices = 1 if preset == "single" else 2
     cfg = compose_config(tmp_path, f"strategy={preset}", "trainer.accelerator=cpu", f"trainer.devices={devices}")
-    trainer = instantiate(cfg.trainer, strategy=cfg.strategy, logger=False)
+    precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # train.py resolves "auto"
+    trainer = instantiate(cfg.trainer, strategy=cfg.strategy, logger=False, precision=precision)
     assert trainer.num_devices == (1 if preset == "dp" else devices), "dp runs on one device without 2 GPUs"
 
 
@@ -54,7 +56,7 @@ def test_overrides_reach_the_objects(tmp_path):
     )
     assert instantiate(cfg.data).batch_size == 64
     assert instantiate(cfg.data).data.shuffle is False and cfg.data.seed == 7
-    assert instantiate(cfg.trainer, strategy=cfg.strategy).max_steps == 3
+    assert instantiate(cfg.trainer, strategy=cfg.strategy, precision="32-true").max_steps == 3
     assert type(instantiate(cfg.callbacks.lr)).__name__ == "LearningRateMonitor"
     assert not cfg.logger, "logger=none composes to an empty node: no logger"
     assert cfg.callbacks.checkpoint.dirpath == f"{tmp_path}/checkpoints"

@@ -29,6 +29,7 @@ from .config import ConfigError, ProcessCrashed, fail, register_resolvers, run_c
 from .data import per_device_batch_size
 from .memory import configure_allocator
 from .oom import find_batch_size, log_device_memory
+from .precision import resolve_precision, use_tensor_cores
 from .strategies import Strategy
 from .tracking import finish_wandb
 
@@ -63,12 +64,12 @@ def train(cfg: DictConfig) -> None:
         raise ConfigError(
             f"ckpt_path={cfg.ckpt_path} is not a checkpoint folder; give one, e.g. <run dir>/checkpoints/last"
         )
-    if cfg.trainer.precision not in PRECISION:
-        raise ConfigError(f"trainer.precision={cfg.trainer.precision!r} is unknown; valid: {', '.join(PRECISION)}")
+    cfg.trainer.precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # auto: bf16 on GPUs
     strategy: Strategy = build(cfg.strategy)
     if cfg.oom.find_batch_size and not strategy.supports_batch_size_search:
         raise ConfigError(f"oom.find_batch_size works with single, ddp, ddp_spawn and dp, not strategy={strategy.name}")
-    processes = strategy.processes(int(os.environ.get("WORLD_SIZE", 1)), cfg.trainer.devices)
+    devices = cfg.trainer.devices if cfg.trainer.devices != "auto" else max(torch.cuda.device_count(), 1)
+    processes = strategy.processes(int(os.environ.get("WORLD_SIZE", 1)), devices)
     with torch.device("meta"):  # shapes and hooks only: the real net is built in each process
         strategy.check_layout(processes, build(cfg.model.net), cfg)
     per_device_batch_size(cfg.data.batch_size, strategy.data_parallel(0, processes)[0])
@@ -81,6 +82,7 @@ def train(cfg: DictConfig) -> None:
 
 def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path) -> None:
     """What every training process runs."""
+    use_tensor_cores()
     accelerator = Accelerator(
         cpu=cfg.trainer.accelerator == "cpu" or not torch.cuda.is_available(),  # else 2 CPU processes do not connect
         mixed_precision=PRECISION[cfg.trainer.precision],

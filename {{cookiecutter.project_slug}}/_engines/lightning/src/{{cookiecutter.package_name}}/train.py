@@ -24,6 +24,7 @@ from .config import ConfigError, ProcessCrashed, fail, register_resolvers, run_c
 from .data import per_device_batch_size
 from .launcher import fit_layout_to_launcher
 from .memory import configure_allocator
+from .precision import resolve_precision, use_tensor_cores
 from .strategies import check_layout, data_parallel_size, model_init_context
 from .tracking import finish_wandb
 
@@ -48,6 +49,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     num_nodes, devices = fit_layout_to_launcher(
         preset(), cfg.trainer.num_nodes, cfg.trainer.devices, HydraConfig.get().overrides.task
     )
+    cfg.trainer.precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # auto: bf16 on GPUs
+    use_tensor_cores()
     trainer = build(
         cfg.trainer, num_nodes=num_nodes, devices=devices, strategy=cfg.strategy, callbacks=callbacks, logger=logger
     )
