@@ -71,7 +71,8 @@ def train_env(tmp_path_factory) -> dict[str, str]:
 
 
 def make_runner(base_dir: Path, base_env: dict[str, str]):
-    """runner(*overrides, launcher=None, check=True, env=None) -> Run, each run in a new folder of base_dir.
+    """runner(*overrides, launcher=None, check=True, env=None, run_dir=None) -> Run, each run in a new folder of
+    base_dir, or in `run_dir` (a restart of the training there).
 
     `env` changes the environment of that run only; a None value removes the variable.
     """
@@ -83,8 +84,9 @@ def make_runner(base_dir: Path, base_env: dict[str, str]):
         check: bool = True,
         timeout: int = 300,
         env: dict[str, str | None] | None = None,
+        run_dir: Path | None = None,
     ) -> Run:
-        run_dir = base_dir / f"run{next(counter)}"
+        run_dir = run_dir or base_dir / f"run{next(counter)}"
         command = (launcher or [sys.executable, "-m"]) + [f"{PACKAGE}.train", f"hydra.run.dir={run_dir}", *overrides]
         run_env = {**base_env, **(env or {})}
         run_env = {name: value for name, value in run_env.items() if value is not None}

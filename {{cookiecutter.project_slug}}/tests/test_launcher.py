@@ -44,7 +44,7 @@ def test_a_layout_that_contradicts_the_launcher_is_refused_naming_both(launched_
 
 @pytest.mark.parametrize("preset", ["dp", "ddp_spawn"])
 def test_single_machine_presets_are_refused_under_a_launcher_and_over_nodes(launched_by, preset):
-    with pytest.raises(ConfigError, match=f"strategy={preset} .* so not on trainer.num_nodes=2; use strategy=ddp"):
+    with pytest.raises(ConfigError, match=f"strategy={preset} .*, so not on trainer.num_nodes=2; use strategy=ddp"):
         fit_layout_to_launcher(preset, 2, 1, [])
     launched_by(SLURM_1x2)
     with pytest.raises(ConfigError, match=f"strategy={preset} .* so not under SLURM; use strategy=ddp"):

@@ -5,7 +5,7 @@ import sys
 import time
 
 from {{ cookiecutter.package_name }}.launcher import default_run_id
-from {{ cookiecutter.package_name }}.tracking import LoggedSteps, keep_wandb_run_id, wandb_mode, wandb_run_id
+from {{ cookiecutter.package_name }}.tracking import keep_wandb_run_id, wandb_mode, wandb_run_id
 
 LAUNCHER_VARS = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "TORCHELASTIC_RUN_ID", "LOCAL_WORLD_SIZE")
 
@@ -46,17 +46,6 @@ def test_a_restart_keeps_the_wandb_run_id(tmp_path):
     assert wandb_run_id(tmp_path) == first
     keep_wandb_run_id(tmp_path, "other")
     assert wandb_run_id(tmp_path) == first, "the first start's id stays"
-
-
-def test_a_resumed_run_does_not_log_a_step_twice(tmp_path):
-    steps = LoggedSteps(tmp_path)
-    for step in range(5):
-        steps.record(steps.unlogged({"train/loss": 1.0}, step), step)
-    steps.record(steps.unlogged({"val/loss": 2.0}, 4), 4)
-    resumed = LoggedSteps(tmp_path)  # a restart from the checkpoint of step 2
-    assert resumed.unlogged({"train/loss": 1.0}, 3) == {}
-    assert resumed.unlogged({"train/loss": 1.0, "val/loss": 2.0, "val/acc": 0.5}, 4) == {"val/acc": 0.5}
-    assert resumed.unlogged({"train/loss": 1.0}, 5) == {"train/loss": 1.0}
 
 
 def test_wandb_goes_offline_without_credentials_and_obeys_wandb_mode(monkeypatch, tmp_path):

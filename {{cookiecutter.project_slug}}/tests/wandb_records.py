@@ -2,7 +2,9 @@
 
 A training restarted (torchrun restart, SLURM requeue, same command again) resumes its wandb run: offline, each
 start writes one more `offline-run-*-<id>` folder with the same run id (`wandb sync` uploads the first, then
-`wandb sync --append` the others). They are read back as one run, their histories one after the other.
+`wandb sync --append` the others). They are read back as one run: a start continues the history from the step
+its checkpoint had reached, so it replaces what an earlier start logged from that step on (the steps it trained
+again; with an exact resume, the same values).
 
 The file is a record log: a 7-byte header (":W&B", magic, version), then 32 KiB blocks of
 chunks, each with a 7-byte header (crc32, length, type) and a slice of a protobuf `Record`.
@@ -61,11 +63,10 @@ def _items(items) -> dict:
 
 
 def read_run(path: Path) -> OfflineRun:
-    run = OfflineRun(path)
+    run = OfflineRun(path, id=path.stem.removeprefix("run-"))  # run-<id>.wandb; a killed start may lack its header
     for record in records(path):
         kind = record.WhichOneof("record_type")
         if kind == "run":
-            run.id = record.run.run_id
             run.group = record.run.run_group
             run.config.update(_items(record.run.config.update))
         elif kind == "config":
@@ -88,6 +89,8 @@ def offline_runs(run_dir: Path) -> list[OfflineRun]:
         run = runs[start.id]
         run.starts += 1
         run.config.update(start.config)
-        run.history += start.history
+        if start.history:
+            first = start.history[0]["trainer/global_step"]
+            run.history = [row for row in run.history if row["trainer/global_step"] < first] + start.history
         run.exit_code = start.exit_code
     return list(runs.values())

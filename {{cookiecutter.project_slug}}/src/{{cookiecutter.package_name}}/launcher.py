@@ -10,8 +10,8 @@ from .config import ConfigError
 
 # Presets that start their processes themselves from one process on one machine; a launcher cannot run them.
 SINGLE_MACHINE_PRESETS = {
-    "dp": "strategy=dp runs one process with one thread per GPU of one machine",
-    "ddp_spawn": "strategy=ddp_spawn spawns its processes itself, from one process on one machine",
+    "dp": "strategy=dp runs one process on one node (one thread per GPU)",
+    "ddp_spawn": "strategy=ddp_spawn starts its own processes, from one process on one node",
 }
 
 

@@ -1,8 +1,7 @@
 """Weights & Biases glue that no engine gives you: offline without credentials, one wandb run per training
-across restarts (never a step logged twice), and a finish that always happens (even when training fails) and
-says how to upload an offline run."""
+across restarts, and a finish that always happens (even when training fails) and says how to upload an offline
+run."""
 
-import json
 import netrc
 import os
 import secrets
@@ -51,11 +50,33 @@ def wandb_run_id(run_dir: Path) -> str:
     return path.read_text().strip() if path.is_file() else secrets.token_hex(4)
 
 
+def resumed_wandb_run(run_dir: Path) -> dict[str, Any]:
+    """wandb.init arguments that continue the training's wandb run on every start.
+
+    wandb writes what it is given to its run file every few seconds (15 by default); a process killed outright
+    loses what was not written yet. Once a second, that loss stays within steps that a restart trains (and logs)
+    again, as checkpoints are further apart. A restart logs the steps after its checkpoint, so those of them that
+    reached wandb before the kill appear twice, with the same values (the resume is exact).
+    """
+    settings = wandb.Settings(x_transaction_log_flush_interval=1.0)
+    return {"id": wandb_run_id(run_dir), "resume": "allow", "settings": settings}
+
+
 def keep_wandb_run_id(run_dir: Path, run_id: str) -> None:
     """Keep the id once its wandb run has started (so a run refused before training leaves no file behind)."""
     path = run_dir / "wandb" / "run_id"
     if not path.is_file():
         write_atomically(path, run_id)
+
+
+def forget_wandb_run(run_dir: Path) -> None:
+    """Start the next training in `run_dir` as a new wandb run (resume=false)."""
+    (run_dir / "wandb" / "run_id").unlink(missing_ok=True)
+
+
+def is_first_process() -> bool:
+    """Rank 0 of the launch, as the launchers' variables say (usable before any process group exists)."""
+    return all(os.environ.get(name, "0") == "0" for name in ("RANK", "SLURM_PROCID", "LOCAL_RANK", "NODE_RANK"))
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -64,31 +85,3 @@ def write_atomically(path: Path, text: str) -> None:
     partial = path.with_name(f".{path.name}.partial")
     partial.write_text(text)
     os.replace(partial, path)
-
-
-class LoggedSteps:
-    """Which steps the training's wandb run already has, so that a resumed run does not log them again.
-
-    A run resumed from its last checkpoint replays the steps between that checkpoint and the crash; they were
-    logged already (with the same values, as the resume is exact), and wandb would keep both copies. The last
-    logged step and its metric names live in <run_dir>/wandb/logged_step, rewritten after each log (rank 0).
-    """
-
-    def __init__(self, run_dir: Path) -> None:
-        self.path = run_dir / "wandb" / "logged_step"
-        state = json.loads(self.path.read_text()) if self.path.is_file() else {"step": -1, "keys": []}
-        self.step, self.keys = state["step"], set(state["keys"])
-
-    def unlogged(self, metrics: dict[str, Any], step: int) -> dict[str, Any]:
-        """The part of `metrics` (logged at `step`) that the wandb run does not have yet."""
-        if step < self.step:
-            return {}
-        return {key: value for key, value in metrics.items() if step > self.step or key not in self.keys}
-
-    def record(self, metrics: dict[str, Any], step: int) -> None:
-        """Note `metrics` as logged at `step` (after wandb took them)."""
-        if not metrics:
-            return
-        self.keys = self.keys | set(metrics) if step == self.step else set(metrics)
-        self.step = step
-        write_atomically(self.path, json.dumps({"step": step, "keys": sorted(self.keys)}))

@@ -30,6 +30,7 @@ from .data import per_device_batch_size
 from .memory import configure_allocator
 from .oom import find_batch_size, log_device_memory
 from .precision import resolve_precision, use_tensor_cores
+from .search.epoch_metrics import append_epoch_metrics
 from .strategies import Strategy
 from .tracking import finish_wandb
 
@@ -191,6 +192,8 @@ def validate(
     """Evaluate on the validation split, log, and checkpoint: the latest state, and the best by val/loss."""
     metrics = evaluate(accelerator, model, loader)
     log(accelerator, {**prefixed("val", metrics), "epoch": epoch}, progress.global_step)
+    if cfg.epoch_metrics and accelerator.is_main_process:  # the search reads it to prune a trial
+        append_epoch_metrics(cfg.epoch_metrics, epoch, prefixed("val", metrics))
     if cfg.oom.log_memory:
         log_device_memory(accelerator, strategy, progress.global_step)
     best = metrics["loss"] < progress.best_val_loss

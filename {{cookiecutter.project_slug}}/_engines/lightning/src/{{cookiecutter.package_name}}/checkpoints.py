@@ -1,12 +1,126 @@
-"""Load a trained model from a checkpoint, without the Trainer, for evaluation or inference."""
+"""Checkpoints a training can trust: written every N steps and at each epoch's end, `last.ckpt` switched to a new
+one only once it is complete, found again by a restart; and loading a trained model without the Trainer."""
 
+import os
+import random
+import shutil
 from pathlib import Path
+from typing import Any
 
+import lightning as L
+import numpy as np
 import torch
+import torch.distributed as dist
 from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from omegaconf import OmegaConf
 
 from .module import Classifier
+from .tracking import forget_wandb_run, is_first_process
+
+LAST = "last.ckpt"
+
+
+class ResumeCheckpoint(ModelCheckpoint):
+    """The checkpoint a training resumes from: `every_n_steps` optimizer steps and at the end of every epoch, each
+    to a new `step<N>.ckpt`; then `last.ckpt`, a link, is switched to it in one atomic rename; then the previous
+    one is deleted. A process killed during a save therefore leaves `last.ckpt` on the previous, complete one.
+    (Lightning writes a checkpoint file through a temporary file that it moves into place, but moves across
+    filesystems copy; and sharded checkpoints are folders written in place. Its save_last="link" deletes the old
+    link before making the new one, and the old checkpoint before both.)
+
+    Lightning saves model, optimizer, LR schedulers, gradient scaler, loop counters (global step, epoch, batch in
+    the epoch), the stateful callbacks and the training loader's position (data.ResumableLoader). It does not save
+    random number generators: this adds every rank's.
+    """
+
+    def __init__(self, dirpath: str, every_n_steps: int) -> None:
+        super().__init__(
+            dirpath=dirpath,
+            filename="step{step:06d}",
+            auto_insert_metric_name=False,
+            every_n_train_steps=every_n_steps,
+            save_top_k=1,  # monitor=None: the latest only; the previous is deleted after the link moved on
+            enable_version_counter=False,
+        )
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # ModelCheckpoint saves either every N steps or every N epochs; this one does both.
+        if not self._should_skip_saving_checkpoint(trainer):  # skips a step saved already
+            self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        super()._save_checkpoint(trainer, filepath)  # returns once every rank has written its part
+        if trainer.is_global_zero:
+            point_last_at(Path(filepath))
+        trainer.strategy.barrier("ResumeCheckpoint")
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        # Every rank calls this while the checkpoint is assembled; rank 0 writes the list.
+        state = random_state()
+        states = [state] * trainer.world_size
+        if dist.is_available() and dist.is_initialized():
+            dist.all_gather_object(states, state)
+        checkpoint["rng_states"] = states
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        states = checkpoint.get("rng_states", [])
+        if len(states) == trainer.world_size:
+            set_random_state(states[trainer.global_rank])
+        elif states:
+            rank_zero_warn(
+                f"the checkpoint holds the random state of {len(states)} processes, this run has {trainer.world_size}:"
+                " random numbers (dropout, augmentation) continue from the seed instead"
+            )
+
+
+def random_state() -> dict[str, Any]:
+    """This process's random generators (torch, CUDA, numpy, Python), in types that torch.load(weights_only=True)
+    accepts (Lightning's own collector keeps numpy arrays, which it refuses)."""
+    name, keys, position, has_gauss, gauss = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": (name, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, gauss),
+        "python": random.getstate(),
+    }
+
+
+def set_random_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    name, keys, position, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), position, has_gauss, gauss))
+    random.setstate(state["python"])
+
+
+def point_last_at(checkpoint: Path) -> None:
+    """Make <dir>/last.ckpt a relative link to `checkpoint` (a file or a sharded folder) in one rename."""
+    link = checkpoint.with_name(f".{LAST}.new")
+    link.unlink(missing_ok=True)
+    os.symlink(checkpoint.name, link)
+    os.replace(link, checkpoint.with_name(LAST))
+
+
+def resume_from(run_dir: Path, ckpt_path: str | None, resume: bool) -> str | None:
+    """The checkpoint this training starts from: `ckpt_path` if given, else the run's last complete one (a restart
+    with the same run id), else none. resume=false instead deletes a previous training's checkpoints and wandb
+    run id in this folder (first process), so that it starts afresh."""
+    if ckpt_path:
+        return os.path.realpath(ckpt_path)  # a link (last.ckpt) to the checkpoint it points at
+    last = run_dir / "checkpoints" / LAST
+    if not last.exists():
+        return None
+    if resume:
+        rank_zero_info(f"resuming from {last.resolve()} (resume=false starts afresh)")
+        return os.path.realpath(last)
+    rank_zero_info(f"resume=false: starting afresh, overwriting the training in {run_dir}")
+    if is_first_process():
+        shutil.rmtree(run_dir / "checkpoints")
+        forget_wandb_run(run_dir)
+    return None
 
 
 def load_trained(checkpoint: str | Path, config: str | Path | None = None) -> Classifier:

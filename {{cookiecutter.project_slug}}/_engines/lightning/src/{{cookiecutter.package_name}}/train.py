@@ -20,6 +20,8 @@ from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig, OmegaConf
 from torch.multiprocessing.spawn import ProcessRaisedException
 
+from .callbacks.epoch_metrics import EpochMetricsFile
+from .checkpoints import resume_from
 from .config import ConfigError, ProcessCrashed, fail, register_resolvers, run_cli
 from .data import per_device_batch_size
 from .launcher import fit_layout_to_launcher
@@ -38,12 +40,15 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if cfg.ckpt_path and not Path(cfg.ckpt_path).exists():
         # A folder is fine: model_parallel saves sharded checkpoints as one folder of per-rank files.
         raise ConfigError(f"ckpt_path={cfg.ckpt_path} does not exist; give a .ckpt file (e.g. a run's last.ckpt)")
+    ckpt_path = resume_from(run_dir, cfg.ckpt_path, cfg.resume)  # before the logger: resume=false forgets the run
     L.seed_everything(cfg.seed, workers=True)
 
     datamodule = build(cfg.data)
     callbacks = [build(callback) for callback in (cfg.callbacks or {}).values()]
     if not cfg.trainer.enable_progress_bar:  # one switch hides the bar, whichever bar callback is configured
         callbacks = [callback for callback in callbacks if not isinstance(callback, ProgressBar)]
+    if cfg.epoch_metrics:  # the search reads it to prune a trial
+        callbacks.append(EpochMetricsFile(cfg.epoch_metrics))
     logger = build(cfg.logger) if cfg.logger else False
     # Under torchrun or SLURM the launcher's layout, unless the command line gave one (checked against it).
     num_nodes, devices = fit_layout_to_launcher(
@@ -64,7 +69,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
             OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
             for logger in trainer.loggers:  # the resolved config and the run's layout, rank 0 only
                 logger.log_hyperparams(run_summary(cfg, trainer))
-        trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
         if cfg.test_after_fit:
             best = trainer.checkpoint_callback and trainer.checkpoint_callback.best_model_path
             trainer.test(model, datamodule=datamodule, ckpt_path="best" if best else None)

@@ -1,0 +1,263 @@
+"""How a preset scales: `python -m {{ cookiecutter.package_name }}.bench scaling [train overrides, bench.devices=[1,2,4]]`.
+
+Each point is the real training command (the one the doctor prints) with a few steps, run through `steptimes`,
+which records when every optimizer step ends. Throughput is the timed steps' samples over their time, after
+bench.warmup_steps. One process is `strategy=single` (the baseline every point is compared with).
+- ddp, ddp_spawn, dp: WEAK scaling, the convention for data parallelism: each device keeps data.batch_size
+  samples, so the global batch grows with the processes (N x data.batch_size). Linear = N x one device.
+- model_parallel, pipeline: STRONG scaling: one model replica, the global batch stays data.batch_size.
+  pipeline runs both schedules and puts the measured idle share (pipeline/idle_fraction) next to the
+  theoretical bubble (p-1)/(m+p-1).
+On GPUs it also reports model FLOPs utilisation: 6 x parameters FLOPs per sample (forward 2, backward 4: the
+dense-network estimate; it ignores attention and normalisation) over the devices' peak.
+Writes scaling.csv and scaling.png into its run folder and logs both (a table, a chart) to one wandb run.
+A samples/s column is the seam for tokens/s: a token model multiplies by its sequence length.
+"""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+import torch
+import wandb
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+from rich.table import Table
+
+from .commands import train_command
+from .config import ConfigError, fail, register_resolvers, run_cli
+from .estimate import count_parameters
+from .pipelining import bubble_fraction
+from .steptimes import ENV
+from .tracking import finish_wandb, wandb_mode
+
+register_resolvers()
+
+DATA_PARALLEL = ("ddp", "ddp_spawn", "dp")
+# Set by the bench for every point; the user's values of these are not passed on.
+OWN_KEYS = ("strategy=", "trainer.devices=", "trainer.max_steps=", "data.batch_size=", "data.train_size=", "logger=")
+# Dense bf16 tensor-core peaks (TFLOPS) of common GPUs, for MFU when bench.peak_tflops is not set.
+PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
+
+
+class PointFailed(RuntimeError):
+    """A point's training failed: its output is printed above."""
+
+
+def scaling(cfg: DictConfig, overrides: list[str], run_dir: Path, console: Console) -> list[dict[str, Any]]:
+    preset = HydraConfig.get().runtime.choices["strategy"]
+    counts = list(cfg.bench.devices or default_counts())
+    if not counts or min(counts) < 1:
+        raise ConfigError(f"bench.devices={counts} must list process counts >= 1, e.g. [1,2,4]")
+    if cfg.bench.steps < 2 or cfg.bench.warmup_steps < 1:
+        raise ConfigError("bench.steps must be >= 2 and bench.warmup_steps >= 1")
+    schedules = ["gpipe", "1f1b"] if preset == "pipeline" else [None]
+    weak = preset in DATA_PARALLEL
+    with torch.device("meta"):
+        parameters = count_parameters(instantiate(cfg.model.net))
+    peak = peak_flops(cfg)
+    console.print(
+        f"bench scaling: strategy={preset}, {'weak' if weak else 'strong'} scaling "
+        + (f"(global batch = N x {cfg.data.batch_size})" if weak else f"(global batch {cfg.data.batch_size})")
+    )
+    rows: list[dict[str, Any]] = []
+    for n in sorted(set(counts)):
+        for schedule in schedules if n > 1 else [None]:
+            batch = cfg.data.batch_size * (n if weak else 1)
+            times = run_point(cfg, "single" if n == 1 else preset, n, batch, schedule, overrides, run_dir)
+            rows.append(measure(times, n, batch, schedule, cfg, parameters, peak))
+            console.print(
+                f"  {n} process(es){f' {schedule}' if schedule else ''}: {rows[-1]['samples_per_s']:.0f} samples/s"
+            )
+    base = rows[0]["samples_per_s"] / rows[0]["devices"]  # per device, at the smallest count
+    for row in rows:
+        row["linear_samples_per_s"] = base * row["devices"]
+        row["efficiency"] = row["samples_per_s"] / row["linear_samples_per_s"]
+    return rows
+
+
+def default_counts() -> list[int]:
+    """1, 2, 4, ... up to the GPUs here, and their count; without GPUs 1 and 2 CPU processes."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus < 2:
+        return [1, 2]
+    return sorted({*(2**k for k in range(gpus.bit_length()) if 2**k <= gpus), gpus})
+
+
+def run_point(
+    cfg: DictConfig, preset: str, n: int, batch: int, schedule: str | None, overrides: list[str], run_dir: Path
+) -> dict[str, Any]:
+    """Train `preset` on n processes for warm-up + timed steps; the step times rank 0 recorded."""
+    name = f"{n}" + (f"-{schedule}" if schedule else "")
+    point_dir, times_file = run_dir / "points" / name, run_dir / "points" / f"{name}.json"
+    steps = cfg.bench.warmup_steps + cfg.bench.steps
+    settings = [
+        *(o for o in overrides if preset != "single" or not o.startswith("strategy.")),
+        *([f"strategy.schedule={schedule}"] if schedule else []),
+        f"data.batch_size={batch}",
+        f"trainer.max_steps={steps}",
+        "logger=none",  # the bench logs one wandb run; the points none
+        "test_after_fit=false",
+        f"hydra.run.dir={point_dir}",
+    ]
+    if "train_size" in cfg.data:  # all steps in one epoch: no validation pause among the timed steps
+        settings.append(f"data.train_size={batch * (steps + 1)}")
+    command = train_command(preset, n, 1, settings, module="steptimes")
+    if command[:2] == ["accelerate", "launch"]:  # this interpreter's, whatever is on PATH
+        command = [sys.executable, "-m", "accelerate.commands.launch", *command[2:]]
+    else:
+        command = [sys.executable, *command[1:]]
+    proc = subprocess.run(
+        command, env={**os.environ, ENV: str(times_file)}, capture_output=True, text=True,
+        timeout=cfg.bench.timeout_s, check=False,
+    )  # fmt: skip
+    if proc.returncode != 0 or not times_file.exists():
+        print(proc.stdout[-4000:] + proc.stderr[-4000:], file=sys.stderr)
+        raise PointFailed(f"the point with {n} process(es) failed: {' '.join(command)}")
+    return json.loads(times_file.read_text())
+
+
+def measure(
+    times: dict[str, Any],
+    n: int,
+    batch: int,
+    schedule: str | None,
+    cfg: DictConfig,
+    parameters: int,
+    peak: float | None,
+) -> dict[str, Any]:
+    warmup = cfg.bench.warmup_steps
+    ends = times["step_ends"][warmup - 1 :]  # the end of the last warm-up step starts the clock
+    seconds = (ends[-1] - ends[0]) / (len(ends) - 1)
+    throughput = batch / seconds
+    row: dict[str, Any] = {
+        "devices": n,
+        "schedule": schedule or "",
+        "global_batch": batch,
+        "step_ms": seconds * 1e3,
+        "samples_per_s": throughput,
+        "mfu": 6 * parameters * throughput / (n * peak) if peak else None,
+    }
+    if schedule:
+        idle = [sum(step) / len(step) for step in times["idle_fractions"][warmup:]]
+        microbatches = cfg.strategy.microbatches
+        row["measured_bubble"] = sum(idle) / len(idle) if idle else None
+        row["theoretical_bubble"] = bubble_fraction(n, microbatches)
+    return row
+
+
+def peak_flops(cfg: DictConfig) -> float | None:
+    """The peak FLOP/s of one device, for MFU: bench.peak_tflops, or the table for bf16 on known GPUs."""
+    if cfg.bench.peak_tflops:
+        return cfg.bench.peak_tflops * 1e12
+    if not torch.cuda.is_available() or not str(cfg.trainer.precision).startswith("bf16"):
+        return None
+    name = torch.cuda.get_device_name(0)
+    return next((tflops * 1e12 for gpu, tflops in PEAK_BF16_TFLOPS.items() if gpu in name), None)
+
+
+COLUMNS = [
+    "devices", "schedule", "global_batch", "step_ms", "samples_per_s", "linear_samples_per_s", "efficiency", "mfu",
+    "measured_bubble", "theoretical_bubble",
+]  # fmt: skip
+
+
+def save(rows: list[dict[str, Any]], run_dir: Path, preset: str) -> tuple[Path, Path]:
+    csv_path, png_path = run_dir / "scaling.csv", run_dir / "scaling.png"
+    with csv_path.open("w", newline="") as file:
+        writer = csv.DictWriter(file, COLUMNS)
+        writer.writeheader()
+        writer.writerows({key: row.get(key) for key in COLUMNS} for row in rows)
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    from matplotlib import pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(5, 3.5), dpi=100)
+    for schedule in dict.fromkeys(row["schedule"] for row in rows if row["devices"] > 1) or [""]:
+        points = [row for row in rows if row["devices"] == 1 or row["schedule"] == schedule]
+        label = f"{preset} {schedule}".strip()
+        axes.plot([r["devices"] for r in points], [r["samples_per_s"] for r in points], "o-", label=label)
+    axes.plot([r["devices"] for r in rows], [r["linear_samples_per_s"] for r in rows], "k--", label="linear")
+    axes.set(xlabel="processes", ylabel="samples/s", title=f"Scaling of strategy={preset}")
+    axes.set_xticks(sorted({r["devices"] for r in rows}))
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(png_path)
+    plt.close(figure)
+    return csv_path, png_path
+
+
+def log_wandb(cfg: DictConfig, rows: list[dict[str, Any]], png: Path, run_dir: Path, preset: str) -> None:
+    """One wandb run: the table, a line chart of throughput vs processes (with linear), and the plot."""
+    if not cfg.logger:
+        return
+    settings = {key: cfg.logger[key] for key in ("project", "entity", "group") if key in cfg.logger}
+    wandb.init(
+        **settings, job_type="bench-scaling", dir=run_dir, mode=wandb_mode(),
+        config={"bench": OmegaConf.to_container(cfg.bench), "strategy_preset": preset},
+    )  # fmt: skip
+    table = wandb.Table(columns=COLUMNS, data=[[row.get(key) for key in COLUMNS] for row in rows])
+    chart = wandb.plot.line_series(
+        xs=[row["devices"] for row in rows],
+        ys=[[row["samples_per_s"] for row in rows], [row["linear_samples_per_s"] for row in rows]],
+        keys=["measured", "linear"], title=f"Scaling of strategy={preset}", xname="processes",
+    )  # fmt: skip
+    wandb.log({"scaling/table": table, "scaling/chart": chart, "scaling/plot": wandb.Image(str(png))})
+    finish_wandb(False)
+
+
+def show(rows: list[dict[str, Any]], console: Console) -> None:
+    table = Table("processes", "schedule", "global batch", "step", "samples/s", "linear", "efficiency", "MFU",
+                  "bubble measured", "bubble (p-1)/(m+p-1)", title="Scaling")  # fmt: skip
+    for row in rows:
+        bubble = (row.get("measured_bubble"), row.get("theoretical_bubble"))
+        table.add_row(
+            str(row["devices"]), row["schedule"], str(row["global_batch"]), f"{row['step_ms']:.1f} ms",
+            f"{row['samples_per_s']:.0f}", f"{row['linear_samples_per_s']:.0f}", f"{row['efficiency']:.0%}",
+            "-" if row["mfu"] is None else f"{row['mfu']:.1%}", *("-" if b is None else f"{b:.0%}" for b in bubble),
+        )  # fmt: skip
+    console.print(table)
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="bench")
+def run(cfg: DictConfig) -> None:
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    preset = HydraConfig.get().runtime.choices["strategy"]
+    overrides = [
+        o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").startswith(("bench.", "hydra.", *OWN_KEYS))
+    ]
+    console = Console(width=160)
+    try:
+        rows = scaling(cfg, overrides, run_dir, console)
+    except ConfigError as err:
+        fail(err, run_dir)
+    except PointFailed as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
+    show(rows, console)
+    csv_path, png_path = save(rows, run_dir, preset)
+    log_wandb(cfg, rows, png_path, run_dir, preset)
+    print(f"bench: wrote {csv_path} and {png_path}")
+
+
+def main() -> None:
+    if sys.argv[1:2] != ["scaling"]:
+        print(
+            "error: usage: python -m {{ cookiecutter.package_name }}.bench scaling [overrides]; valid benchmarks: scaling",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    del sys.argv[1]  # the rest are Hydra overrides
+    run_cli(run)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""How big the configured model is, and what each preset needs per device: memory and gradient traffic.
+
+The model is built on the meta device (shapes only, no memory), so a model far bigger than this machine can be
+planned for. Memory per device = weights + gradients + optimizer state + activations:
+- weights and gradients in fp32 (4 bytes each): the mixed precisions keep fp32 master weights;
+- optimizer state as the configured optimizer really keeps it (measured on a small tensor after one step);
+- activations: the bytes autograd saves for backward in one forward of the per-device batch, measured on the
+  meta device (a tensor saved by two operations counts twice, so this errs on the high side), halved under
+  bf16-mixed / 16-mixed (activations saved in 16 bits; an estimate: some operations keep fp32).
+Not counted: the CUDA context and allocator caches (about 0.5-1 GB per GPU): fits() leaves 10% free for them.
+"""
+
+import fnmatch
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+from torch import nn
+
+from .pipelining import bubble_fraction
+
+FP32 = 4
+USABLE = 0.9  # share of a device's memory a plan may fill
+
+
+@dataclass
+class ModelFacts:
+    parameters: int
+    optimizer_state_per_parameter: int  # bytes
+    activation_bytes_per_sample: float  # at the configured precision
+    tensor_parallel_parameters: int  # parameters the model's tensor_parallel_plan() shards (0: no plan)
+    blocks: int  # the blocks a pipeline cuts between (0: the model has no pipeline_stage hook)
+    stage_parameters: dict[int, list[int]]  # pipeline stages -> parameters of each stage
+    stage_activation_bytes_per_sample: dict[int, list[float]]
+
+    @property
+    def state_bytes(self) -> int:
+        """Weights + gradients + optimizer state of the whole model."""
+        return self.parameters * (2 * FP32 + self.optimizer_state_per_parameter)
+
+
+def model_facts(cfg: DictConfig, example_input: torch.Tensor, stage_counts: list[int]) -> ModelFacts:
+    """Measure the configured net on the meta device. `example_input`: one meta sample batch (any batch size)."""
+    with torch.device("meta"):
+        net = instantiate(cfg.model.net)
+    batch = example_input.shape[0]
+    scale = 0.5 if str(cfg.trainer.precision).startswith(("bf16", "16")) else 1.0
+    stages: dict[int, list[int]] = {}
+    stage_activations: dict[int, list[float]] = {}
+    if hasattr(net, "pipeline_stage"):
+        for count in stage_counts:
+            try:
+                parts = [net.pipeline_stage(i, count) for i in range(count)]
+            except ValueError:  # more stages than the model has blocks
+                continue
+            stages[count] = [count_parameters(part) for part in parts]
+            x, saved = example_input, []
+            for part in parts:
+                nbytes, x = saved_bytes(part, x)
+                saved.append(nbytes * scale / batch)
+                x = x.detach()
+            stage_activations[count] = saved
+    nbytes, _ = saved_bytes(net, example_input)
+    return ModelFacts(
+        parameters=count_parameters(net),
+        optimizer_state_per_parameter=optimizer_state_bytes(cfg),
+        activation_bytes_per_sample=nbytes * scale / batch,
+        tensor_parallel_parameters=tensor_parallel_parameters(net),
+        blocks=len(net.blocks) if stages else 0,
+        stage_parameters=stages,
+        stage_activation_bytes_per_sample=stage_activations,
+    )
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
+def saved_bytes(module: nn.Module, x: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """Bytes autograd keeps for backward during module(x), parameters (and views of them) excluded."""
+    params = {id(p) for p in module.parameters()}
+    total = 0
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        base = tensor._base if tensor._base is not None else tensor
+        if id(base) not in params and id(tensor) not in params:
+            total += tensor.numel() * tensor.element_size()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        out = module(x)
+    return total, out
+
+
+def optimizer_state_bytes(cfg: DictConfig) -> int:
+    """Bytes of optimizer state per fp32 parameter, as the configured optimizer keeps it after a step."""
+    param = nn.Parameter(torch.zeros(64))
+    param.grad = torch.zeros(64)
+    optimizer = instantiate(cfg.model.optimizer)([param])
+    optimizer.step()
+    per_param = [t for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
+    return sum(t.numel() * t.element_size() for t in per_param if t.numel() == param.numel()) // param.numel()
+
+
+def tensor_parallel_parameters(net: nn.Module) -> int:
+    if not hasattr(net, "tensor_parallel_plan"):
+        return 0
+    patterns = list(net.tensor_parallel_plan())
+    return sum(
+        count_parameters(module)
+        for name, module in net.named_modules()
+        if any(fnmatch.fnmatch(name, pattern) for pattern in patterns)
+    )
+
+
+def mesh(devices: int, per_node: int) -> tuple[int, int]:
+    """(data_parallel, tensor_parallel) as the model_parallel preset's "auto" lays it out: tensor parallel
+    within a node, data parallel (FSDP2) across nodes."""
+    tensor = math.gcd(devices, per_node)
+    return devices // tensor, tensor
+
+
+def memory_per_device(
+    facts: ModelFacts, preset: str, devices: int, per_node: int, batch: int, microbatches: int, schedule: str
+) -> tuple[float | None, str]:
+    """Bytes the most loaded device of `preset` on `devices` needs at global batch `batch`, and what it holds.
+    None (with the reason) when the layout cannot run."""
+    state, act = facts.state_bytes, facts.activation_bytes_per_sample
+    grads = facts.parameters * FP32
+    if preset == "single":
+        return (state + act * batch, "everything") if devices == 1 else (None, "one device only")
+    if batch % devices:
+        return None, f"batch {batch} does not split over {devices}"
+    if preset == "ddp":
+        return state + grads + act * batch / devices, "full replica + gradient buckets + batch/N activations"
+    if preset == "dp":
+        return state + act * batch / devices, "device 0: the model, optimizer and gathered outputs"
+    if preset == "model_parallel":
+        if not facts.tensor_parallel_parameters:
+            return None, "the model has no tensor_parallel_plan()"
+        data, tensor = mesh(devices, per_node)
+        if batch % data:
+            return None, f"batch {batch} does not split over {data} replicas"
+        sharded = facts.tensor_parallel_parameters
+        replicated = facts.parameters - sharded
+        per_device_params = (sharded / tensor + replicated) / data  # FSDP2 shards the rest over the replicas
+        return (
+            per_device_params * (2 * FP32 + facts.optimizer_state_per_parameter) + act * batch / data / tensor,
+            f"mesh dp={data} x tp={tensor}",
+        )
+    if preset == "pipeline":
+        if devices not in facts.stage_parameters:
+            return None, "the model cannot be cut into that many stages"
+        if batch % microbatches or microbatches < devices:
+            return None, f"needs {devices}+ micro-batches dividing the batch"
+        worst = 0.0
+        for stage, (params, act_stage) in enumerate(
+            zip(facts.stage_parameters[devices], facts.stage_activation_bytes_per_sample[devices], strict=True)
+        ):
+            # GPipe keeps every micro-batch's activations until backward; 1F1B at most (stages - stage) of them.
+            in_flight = microbatches if schedule == "gpipe" else min(devices - stage, microbatches)
+            total = (
+                params * (2 * FP32 + facts.optimizer_state_per_parameter) + act_stage * batch / microbatches * in_flight
+            )
+            worst = max(worst, total)
+        return worst, f"{schedule}, {microbatches} micro-batches, bubble {bubble_fraction(devices, microbatches):.0%}"
+    raise ValueError(f"unknown preset {preset}")
+
+
+def gradient_traffic(parameters: int, devices: int, busbw_gbs: float | None) -> dict[str, Any]:
+    """Bytes each step moves to average fp32 gradients over `devices`, and the time at bus bandwidth busbw.
+
+    Ring all-reduce: each device sends (and receives) 2 (N/P)(P-1) bytes, about 2N whatever P. Parameter server:
+    the server receives P-1 gradient copies and sends P-1 updates, N(P-1) each way: it grows with P.
+    """
+    size = parameters * FP32
+    ring = 2 * size / devices * (devices - 1)
+    server = size * (devices - 1)
+    seconds = (lambda nbytes: nbytes / (busbw_gbs * 1e9)) if busbw_gbs else (lambda nbytes: None)
+    return {
+        "devices": devices,
+        "gradient_bytes": size,
+        "ring_bytes_per_device": ring,
+        "parameter_server_bytes": server,
+        "ring_seconds": seconds(ring),
+        "parameter_server_seconds": seconds(server),
+    }

@@ -1,0 +1,254 @@
+"""Search hyperparameters with Optuna; every trial is a full training. Run from the project root:
+
+    python -m {{ cookiecutter.package_name }}.search search=default search.n_trials=20 search.sampler=tpe search.pruner=median \
+        search.n_jobs=2 search.study=lr-width [training overrides, e.g. strategy=ddp trainer.devices=2]
+
+settings -> training config (composed once, to check every key) -> space -> study (resumed if it exists) ->
+trials until search.n_trials have finished -> summary: best.yaml, trials.csv, a plot, a wandb summary run.
+Everything lands in outputs/search/<study>/; trial n trains in trials/<n>/ (its config, log, wandb run).
+"""
+
+import fcntl
+import json
+import math
+import os
+import signal
+import sys
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import optuna
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from optuna.trial import TrialState
+
+from ..config import CONFIG_DIR, ConfigError, check_group_choices, fail, register_resolvers
+from .report import summarize
+from .settings import Settings, parse_command_line
+from .slurm import SlurmTrial, slurm_executor
+from .space import Param, grid_space, hydra_value, load_space, space_path
+from .trials import (
+    DeviceSlots,
+    StartTrial,
+    TrialFailed,
+    TrialProcess,
+    free_port,
+    local_devices,
+    processes_per_trial,
+    run_trial,
+    slurm_tasks,
+    stop_all,
+    train_command,
+)
+from .wandb_sweep import write_wandb_sweep
+
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+
+
+def main() -> None:
+    try:
+        settings, overrides, sweep_file = parse_command_line(sys.argv[1:])
+        check_group_choices(overrides)
+        cfg, groups = compose_training(overrides)
+        params = load_space(space_path(settings.space), cfg, groups)
+        check_trial_config(params, overrides)
+        grid = grid_space(params) if settings.sampler == "grid" else None
+        preset, processes = groups["strategy"], processes_per_trial(cfg, groups["strategy"]) or 1
+        train_command(preset, processes)  # refuses a launched preset without its launcher config
+        if sweep_file:
+            write_wandb_sweep(Path(sweep_file), settings, params, overrides, preset, processes)
+            print(f"wandb sweep written to {sweep_file}; run it: wandb sweep {sweep_file}, then wandb agent <id>")
+            return
+        slots, start = trial_starter(settings, cfg, preset)
+        settings.study_dir.mkdir(parents=True, exist_ok=True)
+        lock = hold_lock(settings.study_dir)  # noqa: F841 (held until the search exits)
+        study = open_study(settings, params, overrides, grid, cfg)
+    except ConfigError as err:
+        fail(err)
+
+    requeue_interrupted(study, requeue=grid is None)
+    total = min(settings.n_trials, math.prod(map(len, grid.values()))) if grid else settings.n_trials
+    failures = FailureLimit(settings.max_failures)
+
+    def objective(trial: optuna.Trial) -> float:
+        run_dir = settings.study_dir / "trials" / str(trial.number)
+        trial_overrides = [
+            f"experiment={hydra_value(study.study_name)}",  # the wandb group (a user's experiment=... wins)
+            *overrides,
+            *(param.override(param.suggest(trial)) for param in params),
+            f"hydra.run.dir={hydra_value(str(run_dir))}",
+            f"epoch_metrics={hydra_value(str(run_dir / 'epochs.jsonl'))}",
+        ]
+        if cfg.logger:
+            trial_overrides.append(f"++logger.name={hydra_value(f'{study.study_name}-trial-{trial.number}')}")
+        with slots.take() as devices:
+            command = [*train_command(preset, processes), *trial_overrides]
+            env = {**devices, "MASTER_PORT": free_port()}
+            return run_trial(trial, start, command, env, run_dir, settings.metric)
+
+    signal.signal(signal.SIGTERM, stop_search)
+    signal.signal(signal.SIGINT, stop_search)
+    print(f"study {study.study_name} in {settings.study_dir}: {finished(study)} of {total} trials finished", flush=True)
+    while not failures.reached and (left := total - finished(study)) > 0:  # failed trials are replaced
+        jobs = min(settings.n_jobs, left)
+        study.optimize(objective, n_trials=left, n_jobs=jobs, catch=(TrialFailed,), callbacks=[failures])
+    summarize(study, settings, params, overrides, cfg, groups, processes)
+    if failures.reached:
+        log = failures.last.user_attrs.get("log", "no log")
+        why = f"{failures.in_a_row} trials in a row failed; the last one's log: {log}"
+        print(f"error: search stopped: {why}", file=sys.stderr)
+        sys.exit(1)
+
+
+def compose_training(overrides: list[str]) -> tuple[DictConfig, dict[str, str]]:
+    """The training config these overrides give, and its config group choices (strategy=..., model=...)."""
+    register_resolvers()
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            cfg = compose("train", overrides=overrides, return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError(f"training overrides {' '.join(overrides)}: {str(err).splitlines()[0]}") from None
+    return cfg, dict(cfg.hydra.runtime.choices)
+
+
+def check_trial_config(params: list[Param], overrides: list[str]) -> None:
+    """A searched key is not also set on the command line, and a trial's overrides compose."""
+    given = {override.lstrip("+~").partition("=")[0] for override in overrides}
+    both = [param.key for param in params if param.key in given]
+    if both:
+        raise ConfigError(f"{', '.join(both)} is both searched and set on the command line; drop one")
+    sample = [param.override(param.grid[0] if param.grid else param.distribution.low) for param in params]
+    compose_training([*overrides, *sample])
+
+
+def trial_starter(settings: Settings, cfg: DictConfig, preset: str) -> tuple[DeviceSlots, StartTrial]:
+    """Where trials run: as local processes on their own devices, or as SLURM jobs (SLURM picks the devices)."""
+    processes = processes_per_trial(cfg, preset)
+    if settings.backend == "slurm":
+        executor = slurm_executor(settings, tasks=slurm_tasks(preset, processes or 1))
+        return DeviceSlots([{}] * settings.n_jobs), partial(SlurmTrial, executor)
+    cpu = cfg.trainer.accelerator == "cpu"
+    return DeviceSlots(local_devices(settings.n_jobs, processes, cpu)), TrialProcess
+
+
+def hold_lock(study_dir: Path) -> Any:
+    """One search per study at a time (the lock ends with the process, however it ends): then a trial found
+    running when a search starts was interrupted, and can be re-queued."""
+    lock = open(study_dir / "search.lock", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise ConfigError(f"another search is running study {study_dir}; wait for it or stop it first") from None
+    return lock
+
+
+def open_study(
+    settings: Settings, params: list[Param], overrides: list[str], grid: dict | None, cfg: DictConfig
+) -> optuna.Study:
+    """Create the study, or load it to continue. Journal storage: an append-only file that several threads
+    (n_jobs) and processes can write under a file lock, where a crash loses at most the line being written;
+    SQLite would need SQLAlchemy and fails with "database is locked" under concurrent writers on a shared disk."""
+    study_dir = settings.study_dir
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(study_dir / "journal.log")))
+    try:
+        study = optuna.create_study(
+            study_name=settings.study_name, storage=storage, direction=settings.direction, load_if_exists=True
+        )
+    except ValueError as err:
+        raise ConfigError(f"study {settings.study_name}: {err}") from None
+    definition = {
+        "space": {param.key: repr(param.distribution) for param in params},
+        "overrides": overrides,
+        "metric": settings.metric,
+    }
+    started = study.user_attrs.get("definition")
+    if started is None:
+        study.set_user_attr("definition", definition)
+        if settings.baseline:  # the current values of the searched keys, as trial 0
+            study.enqueue_trial({param.key: baseline_value(param, cfg) for param in params})
+    elif started != json.loads(json.dumps(definition)):
+        changed = ", ".join(key for key in definition if started.get(key) != json.loads(json.dumps(definition[key])))
+        raise ConfigError(
+            f"study {settings.study_name} in {study_dir} was started with another {changed}; "
+            "continue it with the same command, or start a new one with search.study=<name>"
+        )
+    # Seeded by how many trials the study has: a re-run continues the sequence instead of drawing again the
+    # parameters its first run drew.
+    study.sampler = make_sampler(settings, grid, seed=settings.seed + len(study.trials))
+    study.pruner = make_pruner(settings, cfg)
+    return study
+
+
+def baseline_value(param: Param, cfg: DictConfig) -> Any:
+    if param.key in cfg.hydra.runtime.choices:
+        return cfg.hydra.runtime.choices[param.key]
+    return OmegaConf.select(cfg, param.key)
+
+
+def make_sampler(settings: Settings, grid: dict | None, seed: int) -> optuna.samplers.BaseSampler:
+    if settings.sampler == "grid":
+        return optuna.samplers.GridSampler(grid, seed=seed)
+    if settings.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    # constant_liar: concurrent trials (n_jobs > 1) see each other as running and do not draw the same point.
+    return optuna.samplers.TPESampler(
+        seed=seed, n_startup_trials=settings.startup_trials, constant_liar=settings.n_jobs > 1
+    )
+
+
+def make_pruner(settings: Settings, cfg: DictConfig) -> optuna.pruners.BasePruner:
+    if settings.pruner == "median":  # stop a trial whose epoch is worse than the median of earlier trials there
+        return optuna.pruners.MedianPruner(n_startup_trials=settings.startup_trials)
+    if settings.pruner == "hyperband":  # successive halving over brackets of epochs
+        return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=max(1, int(cfg.trainer.max_epochs)))
+    return optuna.pruners.NopPruner()
+
+
+def requeue_interrupted(study: optuna.Study, requeue: bool) -> None:
+    """Trials left running by a search that was killed: failed now, and their parameters run again (a grid
+    search visits an unfinished point again by itself)."""
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        study.tell(trial.number, state=TrialState.FAIL)
+        if requeue:
+            study.enqueue_trial(trial.params)
+        print(
+            f"trial {trial.number} was interrupted: marked failed{', its parameters queued again' if requeue else ''}"
+        )
+
+
+def finished(study: optuna.Study) -> int:
+    return len(study.get_trials(deepcopy=False, states=FINISHED))
+
+
+class FailureLimit:
+    """Stops the study after `limit` failed trials in a row (a broken setup fails every trial)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.in_a_row = limit, 0
+        self.last: optuna.trial.FrozenTrial | None = None
+
+    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        self.in_a_row = self.in_a_row + 1 if trial.state == TrialState.FAIL else 0
+        if trial.state == TrialState.FAIL:
+            self.last = trial
+        if self.reached:
+            study.stop()
+
+    @property
+    def reached(self) -> bool:
+        return self.in_a_row >= self.limit
+
+
+def stop_search(signum: int, frame: Any) -> None:
+    """Ctrl-C or SIGTERM: stop the running trials (each closes its wandb run) and exit at once. They stay
+    "running" in the study; the next search marks them failed and runs their parameters again."""
+    print(f"search stopped by {signal.Signals(signum).name}; stopping the running trials", flush=True)
+    stop_all()
+    os._exit(128 + signum)  # now: Optuna would otherwise start the next trial, or mark these ones failed
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+"""The file through which a training tells the search its validation metrics, one JSON line per epoch.
+
+A training writes it when `epoch_metrics=<path>` is set (the search sets it for each trial); the search reads
+it while the trial runs, to report each epoch to Optuna's pruner. A file, not a connection, so that a trial
+can be any process tree (a launcher, several ranks, a SLURM job) and a crashed trial leaves its history.
+"""
+
+import json
+from pathlib import Path
+
+
+def append_epoch_metrics(path: str | Path, epoch: int, metrics: dict[str, float]) -> None:
+    """Add one epoch's metrics (main process only). One line per write, flushed when the file closes."""
+    with open(path, "a") as file:
+        file.write(json.dumps({"epoch": epoch, **{name: float(value) for name, value in metrics.items()}}) + "\n")
+
+
+def read_epoch_metrics(path: Path) -> list[dict[str, float]]:
+    """The complete lines so far (a line still being written is left for the next read)."""
+    if not path.is_file():
+        return []
+    lines = path.read_text().split("\n")[:-1]  # the text after the last newline is not complete yet
+    return [json.loads(line) for line in lines if line]

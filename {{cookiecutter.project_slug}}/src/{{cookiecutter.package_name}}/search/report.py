@@ -1,0 +1,143 @@
+"""What a search leaves behind: trials.csv, best.yaml (a config `train` runs as it is), a parallel
+coordinates plot, and a wandb summary run in the study's group with the same table and plot."""
+
+import csv
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, never a window
+import matplotlib.pyplot as plt  # noqa: E402
+import optuna  # noqa: E402
+import wandb  # noqa: E402
+import yaml  # noqa: E402
+from hydra.core.override_parser.overrides_parser import OverridesParser  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+from optuna.visualization.matplotlib import plot_parallel_coordinate  # noqa: E402
+
+from ..config import CONFIG_DIR  # noqa: E402
+from ..tracking import wandb_mode  # noqa: E402
+from .settings import Settings  # noqa: E402
+from .space import Param  # noqa: E402
+from .trials import typed_command  # noqa: E402
+
+
+def summarize(
+    study: optuna.Study,
+    settings: Settings,
+    params: list[Param],
+    overrides: list[str],
+    cfg: DictConfig,
+    groups: dict[str, str],
+    processes: int,
+) -> None:
+    study_dir = settings.study_dir
+    columns, rows = trial_table(study, params)
+    with open(study_dir / "trials.csv", "w", newline="") as file:
+        csv.writer(file).writerows([columns, *rows])
+    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    counts = {
+        state.name.lower(): len(study.get_trials(deepcopy=False, states=(state,))) for state in optuna.trial.TrialState
+    }
+    print(f"study {study.study_name}: " + ", ".join(f"{n} {state}" for state, n in counts.items() if n))
+    plot = best = None
+    if complete:
+        best = study.best_trial
+        rerun = write_best_config(
+            study_dir / "best.yaml", study, overrides, groups, typed_command(groups["strategy"], processes)
+        )
+        plot = save_plot(study, settings.metric, study_dir / "parallel_coordinate.png")
+        print(f"best: trial {best.number}, {settings.metric}={best.value:.6g}, {best.params}")
+        print(f"re-run it: {rerun}")
+    print(f"trials: {study_dir / 'trials.csv'}")
+    if cfg.logger:
+        log_summary_run(study, settings, cfg, columns, rows, best, plot)
+
+
+def trial_table(study: optuna.Study, params: list[Param]) -> tuple[list[str], list[list[Any]]]:
+    keys = [param.key for param in params]
+    columns = ["trial", "state", "value", *keys, "epochs", "seconds", "log"]
+    rows = [
+        [
+            trial.number,
+            trial.state.name.lower(),
+            trial.value,
+            *(trial.params.get(key) for key in keys),
+            len(trial.intermediate_values),
+            round(trial.duration.total_seconds(), 1) if trial.duration else None,
+            trial.user_attrs.get("log"),
+        ]
+        for trial in study.trials
+    ]
+    return columns, rows
+
+
+def write_best_config(
+    path: Path, study: optuna.Study, overrides: list[str], groups: dict[str, str], command: list[str]
+) -> str:
+    """best.yaml: a primary config that composes `train` with the search's training overrides and the best
+    trial's parameters, so `train --config-dir <study dir> --config-name best` re-runs the best trial.
+    Overrides a config cannot hold (deletions `~key`, hydra.*) stay on the printed command line."""
+    best = study.best_trial
+    given = [*overrides, *(f"{key}={value}" for key, value in best.params.items())]
+    defaults: list[Any] = ["train"]
+    values: DictConfig = OmegaConf.create({"experiment": study.study_name})
+    rest = []
+    for override in OverridesParser.create().parse_overrides(given):
+        key = override.key_or_group
+        if override.is_delete() or override.is_sweep_override() or key.startswith("hydra"):
+            rest.append(override.input_line)
+        elif key in groups and (CONFIG_DIR / key).is_dir():
+            defaults.append({f"override /{key}": override.value()})
+        else:
+            OmegaConf.update(values, key, override.value(), force_add=True)
+    body = {"defaults": [*defaults, "_self_"], **OmegaConf.to_container(values)}
+    rerun = " ".join([*command, "--config-dir", str(path.parent), "--config-name", path.stem, *rest])
+    header = f"# Best trial ({best.number}) of study {study.study_name}: {best.value}. Re-run it with:\n#   {rerun}\n"
+    path.write_text(header + yaml.safe_dump(body, sort_keys=False))
+    return rerun
+
+
+def save_plot(study: optuna.Study, metric: str, path: Path) -> Path:
+    """Parallel coordinates: one line per trial across the parameters, coloured by the metric."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        axes = plot_parallel_coordinate(study, target_name=metric)
+    axes.figure.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(axes.figure)
+    return path
+
+
+def log_summary_run(
+    study: optuna.Study,
+    settings: Settings,
+    cfg: DictConfig,
+    columns: list[str],
+    rows: list[list[Any]],
+    best: optuna.trial.FrozenTrial | None,
+    plot: Path | None,
+) -> None:
+    """One more wandb run in the study's group: the settings, the table of trials, the best trial, the plot."""
+    run = wandb.init(
+        project=cfg.logger.project,
+        entity=cfg.logger.entity,
+        group=study.study_name,
+        job_type="search",
+        name=f"{study.study_name}-summary",
+        dir=settings.study_dir,
+        mode=wandb_mode(),
+        config={"search": asdict(settings)},
+    )
+    summary: dict[str, Any] = {"trials": wandb.Table(columns=columns, data=[[str(v) for v in row] for row in rows])}
+    if best is not None:
+        summary.update({"best/value": best.value, "best/trial": best.number, "best/params": best.params})
+    if plot is not None:
+        summary["parallel_coordinate"] = wandb.Image(str(plot))
+    run.log(summary)
+    offline = run.settings.mode == "offline"
+    run.finish()
+    if offline:
+        print(f"wandb: offline summary run saved; upload it with: wandb sync {run.settings.sync_dir}")

@@ -1,0 +1,98 @@
+"""The search's own settings (`search.<name>=...` on the command line) and how the command line is split
+between them, the search space (`search=<space>`) and the training overrides (everything else)."""
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from ..config import ConfigError
+
+SAMPLERS = ("grid", "random", "tpe")
+PRUNERS = ("none", "median", "hyperband")
+DIRECTIONS = ("minimize", "maximize")
+BACKENDS = ("local", "slurm")
+
+
+@dataclass
+class Settings:
+    space: str = "default"  # configs/search/<space>.yaml, or a path to a YAML file
+    study: str | None = None  # the study's name: its folder, its wandb group; default: the space's name
+    dir: str | None = None  # where the study lives; default: outputs/search/<study>
+    n_trials: int = 20  # finished trials (complete or pruned) to reach; a re-run continues up to it
+    sampler: str = "tpe"  # grid (every combination) | random | tpe (Bayesian)
+    pruner: str = "median"  # none | median | hyperband, on `metric` after every epoch
+    n_jobs: int = 1  # trials at once, each on its own devices
+    metric: str = "val/loss"  # a validation metric, reported every epoch
+    direction: str = "minimize"  # minimize | maximize
+    startup_trials: int = 5  # trials before TPE stops sampling at random and the median pruner starts pruning
+    baseline: bool = False  # trial 0 runs the training config as it is, to measure what the search gains
+    max_failures: int = 3  # consecutive failed trials that stop the search
+    seed: int = 0  # seeds the sampler
+    backend: str = "local"  # local: trials are subprocesses here; slurm: one SLURM job per trial (submitit)
+    slurm_partition: str | None = None  # backend=slurm: the partition (default: the cluster's default)
+    slurm_timeout_min: int = 120  # backend=slurm: a trial's time limit, in minutes
+    slurm_gpus_per_trial: int = 0  # backend=slurm: GPUs a trial's job asks for (its one node's)
+
+    @property
+    def study_name(self) -> str:
+        return self.study or Path(self.space).stem
+
+    @property
+    def study_dir(self) -> Path:
+        return Path(self.dir or Path("outputs", "search", self.study_name))
+
+    def check(self) -> None:
+        for name, value, valid in [
+            ("sampler", self.sampler, SAMPLERS),
+            ("pruner", self.pruner, PRUNERS),
+            ("direction", self.direction, DIRECTIONS),
+            ("backend", self.backend, BACKENDS),
+        ]:
+            if value not in valid:
+                raise ConfigError(f"search.{name}={value!r} is unknown; valid: {', '.join(valid)}")
+        for name in ("n_trials", "n_jobs", "max_failures"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"search.{name} must be at least 1, not {getattr(self, name)}")
+        if not self.metric.startswith("val/"):
+            raise ConfigError(f"search.metric={self.metric} is not reported every epoch; use val/loss, val/acc")
+
+
+def parse_command_line(args: list[str]) -> tuple[Settings, list[str], str | None]:
+    """(settings, training overrides, wandb sweep file to export or None)."""
+    export, rest = None, []
+    args = iter(args)
+    for arg in args:
+        if arg == "--export-wandb-sweep":
+            export = next(args, None)
+            if export is None:
+                raise ConfigError("--export-wandb-sweep needs a file name, e.g. --export-wandb-sweep sweep.yaml")
+        elif arg.startswith("--export-wandb-sweep="):
+            export = arg.partition("=")[2]
+        else:
+            rest.append(arg)
+    mine = [arg for arg in rest if arg.startswith(("search=", "search."))]
+    overrides = [arg for arg in rest if arg not in mine]
+    return parse_settings(mine), overrides, export
+
+
+def parse_settings(args: list[str]) -> Settings:
+    """`search=<space>` and `search.<name>=<value>`, checked against Settings' names and types."""
+    names = [field.name for field in fields(Settings)]
+    values = {}
+    for arg in args:
+        key, _, value = arg.partition("=")
+        name = "space" if key == "search" else key.removeprefix("search.")
+        if name not in names:
+            raise ConfigError(
+                f"unknown setting {key}; valid: search=<space>, {', '.join('search.' + n for n in names)}"
+            )
+        values[name] = yaml.safe_load(value) if value else None
+    try:
+        settings = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Settings), values))
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"search.{err.key}={err.value!r}: {str(err).splitlines()[0]}") from None
+    settings.check()
+    return settings

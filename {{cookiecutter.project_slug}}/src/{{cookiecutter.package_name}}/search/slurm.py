@@ -1,0 +1,80 @@
+"""search.backend=slurm: each trial is one SLURM job, submitted with submitit, on a disk the search also sees.
+
+The job runs `run_and_watch` on the node: the training as a subprocess, its output in the trial's log, and
+a watch for a `stop` file in the trial's folder, which the search writes to prune or stop the trial. The job
+then interrupts its training (Ctrl-C) itself, so the training closes its wandb run, as a local trial does.
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import submitit
+
+from ..config import ConfigError
+from .settings import Settings
+from .trials import POLL_SECONDS, STOP_GRACE_SECONDS
+
+
+def run_and_watch(command: list[str], env: dict[str, str], log: str, stop_file: str, cwd: str) -> int:
+    """On the node: train until the end, or until stop_file appears; the training's exit code."""
+    rank = int(os.environ.get("SLURM_PROCID", 0))
+    log_path = log if rank == 0 else f"{log}.rank{rank}"
+    with open(log_path, "w") as output:
+        process = subprocess.Popen(command, env={**os.environ, **env}, cwd=cwd, stdout=output, stderr=subprocess.STDOUT)
+        while process.poll() is None:
+            if Path(stop_file).exists():
+                process.send_signal(signal.SIGINT)
+                try:
+                    return process.wait(STOP_GRACE_SECONDS)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+            time.sleep(POLL_SECONDS)
+        return process.wait()
+
+
+class SlurmTrial:
+    """A trial as a SLURM job; the same interface as trials.TrialProcess."""
+
+    def __init__(self, executor: submitit.Executor, command: list[str], env: dict[str, str], log: Path) -> None:
+        self.stop_file = log.parent / "stop"
+        self.job = executor.submit(run_and_watch, command, env, str(log), str(self.stop_file), os.getcwd())
+
+    def wait(self, seconds: float) -> int | None:
+        time.sleep(seconds)
+        if not self.job.done():
+            return None
+        try:
+            codes = self.job.results()  # one per task
+        except Exception:  # the job itself failed (cancelled, out of time, node lost): its log says why
+            return 1
+        return max(codes, key=abs)
+
+    def interrupt(self) -> None:
+        self.stop_file.touch()
+
+    def finish(self) -> None:
+        deadline = time.monotonic() + STOP_GRACE_SECONDS + 30
+        while not self.job.done() and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS)
+        if not self.job.done():
+            self.job.cancel(check=False)
+
+    def stop(self) -> None:
+        self.interrupt()
+        self.finish()
+
+
+def slurm_executor(settings: Settings, tasks: int) -> submitit.Executor:
+    """Submits one job per trial: one node, `tasks` tasks, the study's SLURM settings; job files in slurm/."""
+    if shutil.which("sbatch") is None:
+        raise ConfigError("search.backend=slurm submits with sbatch, which is not here; use search.backend=local")
+    executor = submitit.SlurmExecutor(folder=settings.study_dir / "slurm" / "%j")
+    options = {"partition": settings.slurm_partition} if settings.slurm_partition else {}
+    if settings.slurm_gpus_per_trial:
+        options["gpus_per_node"] = settings.slurm_gpus_per_trial
+    executor.update_parameters(nodes=1, ntasks_per_node=tasks, time=settings.slurm_timeout_min, **options)
+    return executor

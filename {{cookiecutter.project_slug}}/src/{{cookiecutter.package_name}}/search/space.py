@@ -1,0 +1,152 @@
+"""A search space: a YAML file mapping training config keys to the distributions their trials draw from.
+
+    model.optimizer.lr: {type: float, low: 1.0e-4, high: 1.0e-1, log: true, grid: [3.0e-4, 3.0e-3]}
+    model.net.hidden: {type: categorical, choices: [64, 128, 256]}
+    strategy: {type: categorical, choices: [single, ddp]}     # a config group: its choices are file names
+
+Every key and distribution is checked against the composed training config before the first trial.
+"""
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from omegaconf import DictConfig, OmegaConf
+
+from ..config import CONFIG_DIR, ConfigError
+
+SPACES_DIR = CONFIG_DIR / "search"
+FIELDS = {
+    "float": {"type", "low", "high", "log", "step", "grid"},
+    "int": {"type", "low", "high", "log", "step", "grid"},
+    "categorical": {"type", "choices"},
+}
+
+
+@dataclass
+class Param:
+    key: str  # the training config key, e.g. model.optimizer.lr
+    distribution: optuna.distributions.BaseDistribution
+    grid: list[Any]  # the values search.sampler=grid tries
+
+    def suggest(self, trial: optuna.Trial) -> Any:
+        dist = self.distribution
+        if isinstance(dist, optuna.distributions.CategoricalDistribution):
+            return trial.suggest_categorical(self.key, dist.choices)
+        suggest = trial.suggest_float if isinstance(dist, optuna.distributions.FloatDistribution) else trial.suggest_int
+        return suggest(self.key, dist.low, dist.high, log=dist.log, step=dist.step)
+
+    def override(self, value: Any) -> str:
+        return f"{self.key}={hydra_value(value)}"
+
+
+def space_path(space: str) -> Path:
+    """configs/search/<space>.yaml, or the YAML file `space` names."""
+    if space.endswith((".yaml", ".yml")) and Path(space).is_file():
+        return Path(space)
+    choices = sorted(path.stem for path in SPACES_DIR.glob("*.yaml"))
+    if space not in choices:
+        raise ConfigError(f"unknown search space {space!r}; valid: {', '.join(choices)}, or a path to a .yaml file")
+    return SPACES_DIR / f"{space}.yaml"
+
+
+def load_space(path: Path, cfg: DictConfig, groups: dict[str, str]) -> list[Param]:
+    """The space's parameters, each checked against the training config `cfg` (whose config group choices
+    are `groups`). Raises ConfigError naming the valid keys, types or fields."""
+    entries = OmegaConf.to_container(OmegaConf.load(path))
+    if not isinstance(entries, dict) or not entries:
+        raise ConfigError(f"search space {path} must map config keys to distributions, e.g. model.optimizer.lr: ...")
+    return [parse_param(key, spec, cfg, groups) for key, spec in entries.items()]
+
+
+def parse_param(key: str, spec: Any, cfg: DictConfig, groups: dict[str, str]) -> Param:
+    check_key(key, cfg, groups)
+    kind = spec.get("type") if isinstance(spec, dict) else None
+    if kind not in FIELDS:
+        raise ConfigError(f"{key}: give a distribution with type: {', '.join(FIELDS)} (got {spec!r})")
+    unknown = set(spec) - FIELDS[kind]
+    if unknown:
+        raise ConfigError(
+            f"{key}: unknown field {', '.join(sorted(unknown))}; valid for {kind}: {', '.join(sorted(FIELDS[kind]))}"
+        )
+    if key in groups and kind != "categorical":
+        raise ConfigError(f"{key} is a config group: give its choices (type: categorical)")
+    try:
+        if kind == "categorical":
+            choices = list(spec.get("choices") or [])
+            if not choices:
+                raise ValueError("give a non-empty list of choices")
+            if key in groups:
+                check_group_choices(key, choices)
+            return Param(key, optuna.distributions.CategoricalDistribution(choices), choices)
+        number = float if kind == "float" else int
+        low, high = (number(spec[bound]) for bound in ("low", "high"))
+        log, step = bool(spec.get("log", False)), spec.get("step")
+        if kind == "float":
+            distribution = optuna.distributions.FloatDistribution(low, high, log=log, step=step and float(step))
+        else:
+            distribution = optuna.distributions.IntDistribution(low, high, log=log, step=int(step or 1))
+        grid = [number(value) for value in spec.get("grid") or default_grid(distribution)]
+        outside = [value for value in grid if not low <= value <= high]
+        if outside:
+            raise ValueError(f"grid values {outside} lie outside [{low}, {high}]")
+        return Param(key, distribution, grid)
+    except KeyError as err:
+        raise ConfigError(f"{key}: a {kind} needs low and high (missing {err})") from None
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"{key}: {err}") from None
+
+
+def default_grid(distribution: optuna.distributions.BaseDistribution) -> list[Any]:
+    """Without a `grid` list, a stepped range is its own grid; a continuous one has none (refused for grid)."""
+    step = getattr(distribution, "step", None)
+    if step is None:
+        return []
+    count = math.floor((distribution.high - distribution.low) / step + 1e-9) + 1
+    return [distribution.low + i * step for i in range(count)]
+
+
+def check_key(key: str, cfg: DictConfig, groups: dict[str, str]) -> None:
+    """An existing config key or config group; else name the keys that exist where the path stops."""
+    if key in groups:
+        return
+    missing = object()
+    if OmegaConf.select(cfg, key, default=missing) is not missing:
+        return
+    found: list[str] = []  # the longest prefix of the key that is a config node
+    for part in key.split(".")[:-1]:
+        if not isinstance(OmegaConf.select(cfg, ".".join([*found, part])), DictConfig):
+            break
+        found.append(part)
+    parent = ".".join(found)
+    node = OmegaConf.select(cfg, parent) if parent else cfg
+    valid = [name for name in node if not str(name).startswith("_")] if isinstance(node, DictConfig) else []
+    where = f" under {parent}" if parent else ""
+    raise ConfigError(f"unknown config key {key} in the search space; valid{where}: {', '.join(map(str, valid))}")
+
+
+def check_group_choices(group: str, choices: list[Any]) -> None:
+    valid = sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml"))
+    unknown = [choice for choice in choices if choice not in valid]
+    if unknown:
+        raise ValueError(f"unknown {group} {', '.join(map(str, unknown))}; valid: {', '.join(valid)}")
+
+
+def grid_space(params: list[Param]) -> dict[str, list[Any]]:
+    """Every parameter's grid, for Optuna's GridSampler; a continuous parameter without `grid` is refused."""
+    empty = [param.key for param in params if not param.grid]
+    if empty:
+        raise ConfigError(f"search.sampler=grid needs values for {', '.join(empty)}: add `grid: [...]` (or a `step`)")
+    return {param.key: param.grid for param in params}
+
+
+def hydra_value(value: Any) -> str:
+    """A value as a Hydra override writes it (floats in full precision, strings quoted when needed)."""
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    if isinstance(value, str) and not re.fullmatch(r"[\w./:-]+", value):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return repr(value) if isinstance(value, float) else str(value)

@@ -1,0 +1,217 @@
+"""Running one trial: a full training in its own process tree and run folder, started the way its preset is
+started, on the devices it was given, reporting each epoch's validation metric to Optuna and stopped when the
+pruner says so."""
+
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Protocol
+
+import optuna
+from omegaconf import DictConfig
+
+from ..config import ConfigError
+from .epoch_metrics import read_epoch_metrics
+
+TRAIN = "{{ cookiecutter.package_name }}.train"
+POLL_SECONDS = 0.2  # how often a running trial's metrics file is read
+STOP_GRACE_SECONDS = 60  # how long a stopped trial may take to close its wandb run before it is killed
+{%- if cookiecutter.engine == "accelerate" %}
+# The presets that run one process per device, started by `accelerate launch` (their config's header says so).
+LAUNCHED_PRESETS = ("ddp", "model_parallel", "pipeline")
+LAUNCH_CONFIG = Path("launch/multi_process.yaml")
+{%- endif %}
+
+
+class TrialFailed(RuntimeError):
+    """A trial's training exited with an error or reported nothing; Optuna records it as failed."""
+
+
+def train_command(preset: str, processes: int) -> list[str]:
+    """The command line that starts one training of `preset` over `processes` processes."""
+{%- if cookiecutter.engine == "accelerate" %}
+    if preset in LAUNCHED_PRESETS:
+        if not LAUNCH_CONFIG.is_file():
+            raise ConfigError(f"strategy={preset} trials are started with {LAUNCH_CONFIG}: run from the project root")
+        launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(LAUNCH_CONFIG)]
+        return [*launch, "--num_processes", str(processes), "--main_process_port", free_port(), "-m", TRAIN]
+    return [sys.executable, "-m", TRAIN]
+{%- else %}
+    return [sys.executable, "-m", TRAIN]  # Lightning starts the other processes of any preset itself
+{%- endif %}
+
+
+def typed_command(preset: str, processes: int) -> list[str]:
+    """The same command as a user types it (for best.yaml's header and the wandb sweep)."""
+{%- if cookiecutter.engine == "accelerate" %}
+    if preset in LAUNCHED_PRESETS:
+        launch = ["accelerate", "launch", "--config_file", str(LAUNCH_CONFIG), "--num_processes", str(processes)]
+        return [*launch, "-m", TRAIN]
+{%- endif %}
+    return ["python", "-m", TRAIN]
+
+
+def slurm_tasks(preset: str, processes: int) -> int:
+    """SLURM tasks of a trial's job: {% if cookiecutter.engine == "lightning" %}Lightning under SLURM runs one task per process of a multi-process
+    preset (as `srun python -m ...` does) and starts none itself{% else %}one, which starts the processes (accelerate launch){% endif %}."""
+{%- if cookiecutter.engine == "lightning" %}
+    return processes if preset in ("ddp", "model_parallel", "pipeline") else 1
+{%- else %}
+    return 1
+{%- endif %}
+
+
+def processes_per_trial(cfg: DictConfig, preset: str) -> int | None:
+    """Devices (one process each) a trial of this config uses; None for "all it is given" (devices=auto)."""
+    devices = cfg.trainer.devices
+{%- if cookiecutter.engine == "accelerate" %}
+    if preset == "single":
+        return 1
+{%- endif %}
+    return devices if isinstance(devices, int) and devices > 0 else None
+
+
+def free_port() -> str:
+    """A free TCP port for a trial's rendezvous, so that concurrent multi-process trials do not collide."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return str(sock.getsockname()[1])
+
+
+def local_devices(n_jobs: int, per_trial: int | None, cpu: bool) -> list[dict[str, str]]:
+    """The environment of each of n_jobs concurrent trials: disjoint sets of GPUs (CUDA_VISIBLE_DEVICES); on
+    the CPU, an even share of the cores (OMP_NUM_THREADS), since every process would otherwise take them all."""
+    gpus = [] if cpu else visible_gpus()
+    if not gpus:
+        threads = max(1, (os.cpu_count() or 1) // (n_jobs * (per_trial or 1)))
+        return [{"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(threads))}] * n_jobs
+    per_trial = per_trial or len(gpus) // n_jobs
+    if per_trial < 1 or per_trial * n_jobs > len(gpus):
+        raise ConfigError(
+            f"search.n_jobs={n_jobs} trials of {per_trial} GPUs each need {n_jobs * per_trial} GPUs; "
+            f"{len(gpus)} are visible"
+        )
+    sets = [gpus[i * per_trial : (i + 1) * per_trial] for i in range(n_jobs)]
+    return [{"CUDA_VISIBLE_DEVICES": ",".join(gpu_set)} for gpu_set in sets]
+
+
+class DeviceSlots:
+    """One slot per concurrent trial; a trial holds its slot (its devices) while it runs."""
+
+    def __init__(self, slots: list[dict[str, str]]) -> None:
+        self.free: queue.Queue[dict[str, str]] = queue.Queue()
+        for slot in slots:
+            self.free.put(slot)
+
+    @contextmanager
+    def take(self) -> Iterator[dict[str, str]]:
+        slot = self.free.get()
+        try:
+            yield slot
+        finally:
+            self.free.put(slot)
+
+
+def visible_gpus() -> list[str]:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [gpu for gpu in visible.split(",") if gpu.strip()]
+    import torch  # only here: the search itself never touches a GPU
+
+    return [str(index) for index in range(torch.cuda.device_count())]
+
+
+class Trial(Protocol):
+    """A trial's training, started: as a local process tree (TrialProcess) or a SLURM job (slurm.SlurmTrial)."""
+
+    def wait(self, seconds: float) -> int | None: ...  # the exit code, or None while it runs
+    def interrupt(self) -> None: ...  # ask it to stop (Ctrl-C): it closes its wandb run
+    def finish(self) -> None: ...  # wait for it to end; kill what is left after STOP_GRACE_SECONDS
+
+
+StartTrial = Callable[[list[str], dict[str, str], Path], Trial]  # (command, extra environment, log file)
+RUNNING: set[Trial] = set()  # the trials running now, to stop them all when the search is stopped
+RUNNING_LOCK = threading.Lock()
+
+
+def stop_all() -> None:
+    with RUNNING_LOCK:
+        trials = list(RUNNING)
+    for trial in trials:
+        trial.interrupt()
+    for trial in trials:
+        trial.finish()
+
+
+class TrialProcess:
+    """A trial's training as a local process tree."""
+
+    def __init__(self, command: list[str], env: dict[str, str], log: Path) -> None:
+        with open(log, "w") as output:
+            # Its own session: Ctrl-C in the terminal reaches the search only, which stops the trial itself.
+            self.process = subprocess.Popen(
+                command, env={**os.environ, **env}, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def wait(self, seconds: float) -> int | None:
+        try:
+            return self.process.wait(seconds)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def interrupt(self) -> None:
+        """Ctrl-C to the training (its launcher passes it on): the training unwinds and closes its wandb run."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+
+    def finish(self) -> None:
+        """Wait for the training to end; kill whatever is left after the grace period (a launcher's workers too)."""
+        self.wait(STOP_GRACE_SECONDS)
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # the whole tree has ended
+        self.process.wait()
+
+
+def run_trial(
+    trial: optuna.Trial, start: StartTrial, command: list[str], env: dict[str, str], run_dir: Path, metric: str
+) -> float:
+    """Train, report `metric` after every epoch, stop early if the pruner says so; the last epoch's value."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log, metrics_file = run_dir / "train.log", run_dir / "epochs.jsonl"
+    trial.set_user_attr("log", str(log))
+    process = start(command, env, log)
+    with RUNNING_LOCK:
+        RUNNING.add(process)
+    reported: list[dict[str, float]] = []
+    try:
+        while True:
+            code = process.wait(POLL_SECONDS)
+            for epoch in read_epoch_metrics(metrics_file)[len(reported) :]:
+                reported.append(epoch)
+                if metric not in epoch:
+                    names = ", ".join(name for name in epoch if name != "epoch")
+                    raise TrialFailed(f"trial {trial.number} reports no {metric} (it has {names}); log: {log}")
+                trial.report(epoch[metric], step=int(epoch["epoch"]))
+                if trial.should_prune():
+                    raise optuna.TrialPruned(f"epoch {int(epoch['epoch'])}: {metric}={epoch[metric]:.4g}")
+            if code is not None:
+                break
+    finally:
+        process.interrupt()  # nothing if it has ended
+        process.finish()  # also ends the processes it may have left behind
+        with RUNNING_LOCK:
+            RUNNING.discard(process)
+    if code != 0:
+        raise TrialFailed(f"trial {trial.number} failed (exit code {code}); log: {log}")
+    if not reported:
+        raise TrialFailed(f"trial {trial.number} finished without validating (no {metrics_file}); log: {log}")
+    return reported[-1][metric]

@@ -1,0 +1,51 @@
+"""The same search as a wandb sweep (`--export-wandb-sweep sweep.yaml`), for users with a wandb server:
+`wandb sweep sweep.yaml` registers it, `wandb agent <id>` runs its trials with the command below."""
+
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+
+from .settings import Settings
+from .space import Param
+from .trials import typed_command
+
+METHODS = {"grid": "grid", "random": "random", "tpe": "bayes"}  # wandb's Bayesian search stands in for TPE
+
+
+def write_wandb_sweep(
+    path: Path, settings: Settings, params: list[Param], overrides: list[str], preset: str, processes: int
+) -> None:
+    command = typed_command(preset, processes)
+    if command[0] == "python":
+        command[0] = "${interpreter}"  # the agent's Python
+    sweep: dict[str, Any] = {
+        "name": settings.study_name,
+        "method": METHODS[settings.sampler],
+        "metric": {"name": settings.metric, "goal": settings.direction},
+        "parameters": {param.key: parameter(param, settings.sampler == "grid") for param in params},
+        # ${args_no_hyphens} gives key=value per parameter: Hydra overrides as they are.
+        "command": ["${env}", *command, f"experiment={settings.study_name}", *overrides, "${args_no_hyphens}"],
+    }
+    if settings.pruner != "none":  # wandb stops runs early with hyperband only
+        sweep["early_terminate"] = {"type": "hyperband", "min_iter": 1}
+    path.write_text(yaml.safe_dump(sweep, sort_keys=False))
+
+
+def parameter(param: Param, grid: bool) -> dict[str, Any]:
+    """A wandb sweep parameter with the same distribution (a grid search lists the grid's values)."""
+    dist = param.distribution
+    if grid or isinstance(dist, optuna.distributions.CategoricalDistribution):
+        return {"values": list(param.grid)}
+    if isinstance(dist, optuna.distributions.IntDistribution):
+        if dist.log:
+            return {"distribution": "q_log_uniform_values", "min": dist.low, "max": dist.high, "q": 1}
+        if dist.step != 1:
+            return {"distribution": "q_uniform", "min": dist.low, "max": dist.high, "q": dist.step}
+        return {"distribution": "int_uniform", "min": dist.low, "max": dist.high}
+    if dist.log:
+        return {"distribution": "log_uniform_values", "min": dist.low, "max": dist.high}
+    if dist.step is not None:
+        return {"distribution": "q_uniform", "min": dist.low, "max": dist.high, "q": dist.step}
+    return {"distribution": "uniform", "min": dist.low, "max": dist.high}
