@@ -58,7 +58,7 @@ class Classifier(L.LightningModule):
     def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> None:
         x, y = batch
         logits = self(x)
-        if self.trainer.world_size == 1:  # one process (dp included): Lightning's batch-size-weighted mean is exact
+        if self._trainer is None or self.trainer.world_size == 1:  # one process (dp too): Lightning's mean is exact
             self.log(f"{split}/loss", self.loss(logits, y))
             self.log(f"{split}/acc", (logits.argmax(dim=-1) == y).float().mean())
             return
