@@ -52,7 +52,7 @@ REFUSED = {("model_parallel", "16-mixed"), ("pipeline", "16-mixed")}  # refused 
 def why_not_here(preset: str, precision: str, processes: int) -> str | None:
     """None if this machine can host the row, else the reason it is skipped."""
     if (preset, precision) in REFUSED:
-        return f"strategy={preset} refuses trainer.precision=16-mixed before training (tested in test_config.py)"
+        return f"strategy={preset} refuses trainer.precision=16-mixed in one line before training (no sharded scaler)"
     if not GPUS:
         if precision == "16-mixed":
             return "16-mixed autocast and its gradient scaler need a CUDA GPU"
