@@ -118,3 +118,16 @@ def single_losses(tmp_path_factory, train_env) -> list[float]:
 @pytest.fixture
 def train(tmp_path, train_env):
     return make_runner(tmp_path, train_env)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The preset x precision table of test_presets.py (the GPU check), when it ran."""
+    results = getattr(sys.modules.get("test_presets"), "RESULTS", None)
+    if not results:
+        return
+    write = terminalreporter.write_line
+    write(f"{'preset':<16}{'precision':<12}{'ok':<5}{'s/run':>7}  peak MiB per device (CUDA) / RSS MiB per rank (CPU)")
+    for row in results:
+        memory = ", ".join(f"{name} {value:.0f}" for name, value in sorted(row.get("memory", {}).items())) or "-"
+        seconds = f"{row['seconds']:.1f}" if "seconds" in row else "-"
+        write(f"{row['preset']:<16}{row['precision']:<12}{'yes' if row['ok'] else 'NO':<5}{seconds:>7}  {memory}")

@@ -5,7 +5,7 @@ Everything is generated from the seed, so every process and every run sees the s
 without a download. Replace `_make_split` (or the whole class) to use your own data.
 """
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
 from typing import Any
 
 import torch
@@ -64,9 +64,12 @@ class SyntheticData:
         self.setup()
         train = split == "train"
         dataset = self.splits[split]
-        sampler = ResumableSampler(
-            dataset, num_replicas=replicas, rank=rank, shuffle=train and self.shuffle, seed=self.seed, drop_last=train
-        )
+        if train:
+            sampler = ResumableSampler(
+                dataset, num_replicas=replicas, rank=rank, shuffle=self.shuffle, seed=self.seed, drop_last=True
+            )
+        else:
+            sampler = EvalSampler(dataset, replicas, rank)
         return (ResumableLoader if train else DataLoader)(
             dataset,
             batch_size=per_device_batch_size(self.batch_size, replicas),
@@ -76,6 +79,24 @@ class SyntheticData:
             persistent_workers=self.num_workers > 0,
             pin_memory=pin_memory,  # page-locked host memory makes host-to-GPU copies faster
         )
+
+
+class EvalSampler(DistributedSampler):
+    """Every sample of an evaluation split exactly once over the replicas (rank r: samples r, r + replicas, ...).
+    DistributedSampler pads the split to a multiple of the replicas with repeated samples, so val/test metrics
+    over 2+ replicas would count some samples twice and differ from one device's; here a rank may get one
+    sample fewer instead (the metrics weigh each batch by its size). A DistributedSampler still, so that
+    Lightning keeps it instead of inserting its own."""
+
+    def __init__(self, dataset: Sized, replicas: int, rank: int) -> None:
+        super().__init__(dataset, num_replicas=replicas, rank=rank, shuffle=False)
+        self.indices = range(rank, len(dataset), replicas)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
 
 
 class ResumableSampler(DistributedSampler):

@@ -6,6 +6,7 @@ import os
 import resource
 import sys
 import warnings
+from collections.abc import Callable, MutableMapping, Sequence
 
 import torch
 
@@ -57,20 +58,74 @@ def device_memory_figures(device: torch.device) -> dict[str, float]:
     return {"rss_mb": rss_mb()}
 
 
+def process_memory_figures(devices: Sequence[torch.device]) -> tuple[list[str], list[list[float]]]:
+    """(figure names, one row of figures per device) for every device this process uses: each GPU of dp or
+    layer-split model parallelism has its own row; CPU devices share the process's one RSS row."""
+    gpus = list(dict.fromkeys(device for device in devices if device.type == "cuda"))
+    rows = [device_memory_figures(device) for device in gpus] or [device_memory_figures(torch.device("cpu"))]
+    return list(rows[0]), [list(row.values()) for row in rows]
+
+
+def memory_metrics(names: list[str], gathered: list[list[list[float]]]) -> dict[str, float]:
+    """gathered[rank][device][figure] as metrics: memory/rank<r>/<figure> for a process on one device,
+    memory/rank<r>/device<d>/<figure> for one on several; memory/imbalance is max / min of the first figure
+    (peak allocated on CUDA, RSS elsewhere) over every device of every rank: GPU 0 filling first shows."""
+    metrics = {}
+    for rank, rows in enumerate(gathered):
+        for index, row in enumerate(rows):
+            prefix = f"memory/rank{rank}" + (f"/device{index}" if len(rows) > 1 else "")
+            metrics.update({f"{prefix}/{name}": value for name, value in zip(names, row, strict=True)})
+    first = [row[0] for rows in gathered for row in rows]
+    metrics["memory/imbalance"] = max(first) / min(first) if min(first) > 0 else float("inf")
+    return metrics
+
+
 def memory_summary(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.memory_summary(device, abbreviated=True)
     return f"process RSS {rss_mb():.0f} MiB"
 
 
-def configure_allocator() -> None:
-    """Ask the CUDA caching allocator for expandable segments (less fragmentation, fewer OOMs).
-    It reads PYTORCH_ALLOC_CONF once, when CUDA initialises, so set it before; a user's value wins."""
-    if any(name in os.environ for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")):
+def allocator_env_names(torch_version: str = torch.__version__) -> tuple[str, ...]:
+    """The variables the installed torch's CUDA caching allocator reads: PYTORCH_ALLOC_CONF since torch 2.9
+    (the old name still works there, with a deprecation warning), only PYTORCH_CUDA_ALLOC_CONF before."""
+    major, minor = (int(part) for part in torch_version.split(".")[:2])
+    return ("PYTORCH_ALLOC_CONF",) if (major, minor) >= (2, 9) else ("PYTORCH_CUDA_ALLOC_CONF",)
+
+
+def configure_allocator(environ: MutableMapping[str, str] = os.environ) -> None:
+    """Ask the CUDA caching allocator for expandable segments (less fragmentation, fewer OOMs). It reads its
+    variable once, when CUDA initialises: both engines call this first thing; a user's value wins."""
+    if any(name in environ for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")):
         return
     if not torch.cuda.is_available():
         return
     if torch.cuda.is_initialized():
-        warnings.warn("CUDA already initialised: PYTORCH_ALLOC_CONF=expandable_segments:True not applied", stacklevel=2)
+        warnings.warn("CUDA already initialised: expandable_segments:True not applied", stacklevel=2)
         return
-    os.environ["PYTORCH_ALLOC_CONF"] = "expandable_segments:True"
+    for name in allocator_env_names():
+        environ[name] = "expandable_segments:True"
+
+
+def search(fits: Callable[[int], bool], start: int, maximum: int, tolerance: float = 0.05) -> tuple[int, int]:
+    """Largest size in [1, maximum] for which fits(size) holds, to within `tolerance` of it.
+
+    Doubles from `start` until a size fails, then bisects between the last fit and the first failure.
+    Returns (size, trials); size 0 means not even 1 fits.
+    """
+    low, high = 0, maximum + 1  # low: largest known to fit; high: smallest known to fail
+    size, trials = max(1, min(start, maximum)), 0
+    while True:  # grow by powers of two
+        trials += 1
+        if not fits(size):
+            high = size
+            break
+        low = size
+        if size == maximum:
+            break
+        size = min(2 * size, maximum)
+    while high - low > max(1.0, tolerance * low):  # then bisect
+        middle = (low + high) // 2
+        trials += 1
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low, trials

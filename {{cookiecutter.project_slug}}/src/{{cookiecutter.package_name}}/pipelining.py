@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.utils._pytree import tree_map
 
 from .config import ConfigError
 
@@ -79,10 +80,12 @@ class Pipeline:
         """
         stage = self.stage
         losses: list[torch.Tensor] | None = [] if stage.is_last else None
-        stage.busy_seconds, start = 0.0, time.perf_counter()
+        stage.take_busy_seconds()
+        start = time.perf_counter()
         # The first stage feeds the inputs, the last one the targets.
         self.schedule.step(*([x] if stage.is_first else []), target=y if stage.is_last else None, losses=losses)
-        idle = 1.0 - stage.busy_seconds / (time.perf_counter() - start)
+        busy = stage.take_busy_seconds()  # on a GPU: after this stage's kernels of the step have run
+        idle = 1.0 - busy / (time.perf_counter() - start)
         loss = torch.stack(losses).mean().item() if losses is not None else 0.0
         mine = torch.tensor([loss, idle], device=self.device)
         stats = [torch.empty_like(mine) for _ in range(self.stages)]
@@ -96,7 +99,7 @@ def gather_whole_state(
     """The whole model's state dict and optimizer states under single-device names and order, gathered from
     every stage's on rank 0 (other ranks get None, None). Every stage must call it."""
     parts = [None] * stages if rank == 0 else None
-    dist.gather_object((state, optimizer_states), parts, dst=0)
+    dist.gather_object(on_cpu((state, optimizer_states)), parts, dst=0)
     if rank != 0:
         return None, None
     whole = {single_device_name(key): value for part, _ in parts for key, value in part.items()}
@@ -104,6 +107,12 @@ def gather_whole_state(
         return whole, None
     per_stage = [states for _, states in parts]
     return whole, [merge_optimizer_states(states) for states in zip(*per_stage, strict=True)]
+
+
+def on_cpu(value: Any) -> Any:
+    """`value` with every tensor copied to the CPU. gather_object pickles tensors with their device: a stage's
+    CUDA tensors would be unpickled onto that stage's GPU in rank 0's process."""
+    return tree_map(lambda item: item.cpu() if isinstance(item, torch.Tensor) else item, value)
 
 
 def merge_optimizer_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -133,9 +142,14 @@ def single_device_name(key: str) -> str:
 
 
 class TimedStage(PipelineStage):
-    """A PipelineStage that adds up its compute time; the rest of a step it waits for other stages."""
+    """A PipelineStage that adds up its compute time; the rest of a step it waits for other stages.
+
+    On a GPU the kernels run asynchronously: each chunk is timed by two CUDA events, read once at the end of
+    the step (`take_busy_seconds`), so timing never waits in the middle of the schedule's transfers.
+    """
 
     busy_seconds = 0.0
+    _events: list[tuple[torch.cuda.Event, torch.cuda.Event]]
 
     def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
         with self._busy():
@@ -147,16 +161,29 @@ class TimedStage(PipelineStage):
 
     @contextmanager
     def _busy(self) -> Iterator[None]:
-        start = self._now()
+        if self.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            try:
+                yield
+            finally:
+                end.record()
+                self.__dict__.setdefault("_events", []).append((start, end))
+            return
+        start_time = time.perf_counter()
         try:
             yield
         finally:
-            self.busy_seconds += self._now() - start
+            self.busy_seconds += time.perf_counter() - start_time
 
-    def _now(self) -> float:
-        if self.device.type == "cuda":  # GPU kernels run asynchronously: wait for them to time them
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
+    def take_busy_seconds(self) -> float:
+        """Compute seconds since the last call (waits for this step's last CUDA event, not for each one)."""
+        events, self._events = self.__dict__.get("_events", []), []
+        if events:
+            events[-1][1].synchronize()
+        busy = self.busy_seconds + sum(start.elapsed_time(end) for start, end in events) / 1000
+        self.busy_seconds = 0.0
+        return busy
 
 
 class PipelinedNet(nn.Module):

@@ -5,14 +5,19 @@
   FSDP2 `fully_shard`, which also averages the replicas' gradients.
 - layers: `place_layer_groups` puts the model's consecutive layer groups (`layer_groups(n)`) on
   consecutive devices of one process and moves activations along.
+
+A model that only fits sharded must never exist whole on a rank: it is built on the meta device (`OnMeta`),
+sharded, then `materialize` allocates only this rank's shards and fills them with the values a normal build
+draws, so training matches strategy=single. `clip_grad_norm_` clips by the norm of the whole gradient.
 """
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 from torch.utils.hooks import RemovableHandle
 
@@ -68,7 +73,7 @@ def check_tensor_parallel(model: nn.Module, data_parallel_size: int, tensor_para
                 )
 
 
-def parallelize(net: nn.Module, mesh: DeviceMesh) -> None:
+def parallelize(net: nn.Module, mesh: DeviceMesh, precision: str = "32-true") -> None:
     """Shard `net` in place over a ("data_parallel", "tensor_parallel") mesh; a no-op the second time."""
     if getattr(net, "_parallelized", False):
         return
@@ -78,10 +83,110 @@ def parallelize(net: nn.Module, mesh: DeviceMesh) -> None:
     if dp_mesh.size() > 1:
         # FSDP2 over the data-parallel replicas: it shards weights, gradients and optimizer state, and
         # averages the gradients. One unit per layer, so only one layer's weights are gathered at a time.
+        policy = fsdp_mixed_precision(precision)
         for layer in net.layer_groups(1)[0]:
-            fully_shard(layer, mesh=dp_mesh)
-        fully_shard(net, mesh=dp_mesh)
+            fully_shard(layer, mesh=dp_mesh, mp_policy=policy)
+        fully_shard(net, mesh=dp_mesh, mp_policy=policy)
     net._parallelized = True
+
+
+def fsdp_mixed_precision(precision: str) -> MixedPrecisionPolicy:
+    """bf16-mixed: FSDP2 gathers the weights in bf16 (half the traffic, and what autocast would compute in) and
+    reduces the gradients in fp32 (sums of many bf16 gradients lose precision), as torchtitan does. The
+    sharded weights and the optimizer stay fp32."""
+    if precision == "bf16-mixed":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+class OnMeta:
+    """`with OnMeta() as init: net = build()`: the net is built on the meta device (shapes, no memory) and
+    `init.rng_state` is the random state a normal build would have drawn its weights from (see `materialize`)."""
+
+    def __enter__(self) -> "OnMeta":
+        self.rng_state = torch.random.get_rng_state()
+        self._device = torch.device("meta")
+        self._device.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._device.__exit__(*exc)
+
+
+def is_on_meta(net: nn.Module) -> bool:
+    return any(tensor.is_meta for tensor in [*net.parameters(), *net.buffers()])
+
+
+@torch.no_grad()
+def materialize(net: nn.Module, device: torch.device, rng_state: torch.Tensor) -> None:
+    """Allocate this rank's shards of a net built on meta (and sharded), with the values a normal build draws.
+
+    Modules are initialised in registration order (their `reset_parameters()`) from `rng_state`, each on the
+    CPU at full size one module at a time; only this rank's slice is kept. So the whole model never exists on
+    a rank, and the weights equal strategy=single's (for models that register modules in the order they
+    create them, as most do). Lightning's and torchtitan's meta init draw per shard instead, which differs.
+    A no-op for a net that is not on meta.
+    """
+    if not is_on_meta(net):
+        return
+    net.to_empty(device=device)
+    with torch.random.fork_rng(devices=[]):
+        torch.random.set_rng_state(rng_state)
+        for module in net.modules():
+            own = {**dict(module.named_parameters(recurse=False)), **dict(module.named_buffers(recurse=False))}
+            if not own:
+                continue
+            if not callable(getattr(module, "reset_parameters", None)):
+                raise ConfigError(
+                    f"strategy=model_parallel builds the model on the meta device and needs reset_parameters() on "
+                    f"{type(module).__name__} to initialise it"
+                )
+            for name, full in _initialised_full_size(module).items():
+                tensor = own[name]
+                if isinstance(tensor, DTensor):  # keep this rank's slice only
+                    full = distribute_tensor(full, tensor.device_mesh, tensor.placements, src_data_rank=None)
+                tensor.copy_(full)
+
+
+def _initialised_full_size(module: nn.Module) -> dict[str, torch.Tensor]:
+    """`module`'s own parameters and buffers at full (unsharded) size on the CPU, after its reset_parameters()."""
+    # A shallow copy that shares everything but the tensors, which are fresh CPU ones (object.__new__: FSDP's
+    # module classes construct themselves again in __new__).
+    stand_in = object.__new__(type(module))
+    stand_in.__dict__.update(vars(module))
+    stand_in._parameters = {
+        name: nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="cpu"), p.requires_grad)
+        for name, p in module._parameters.items()
+        if p is not None
+    }
+    stand_in._buffers = {
+        name: torch.empty(b.shape, dtype=b.dtype, device="cpu") for name, b in module._buffers.items() if b is not None
+    }
+    stand_in.reset_parameters()
+    return {**stand_in._parameters, **stand_in._buffers}
+
+
+@torch.no_grad()
+def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    """torch.nn.utils.clip_grad_norm_ for a model whose parameters are partly shards (DTensors, one group per
+    device mesh) and partly plain tensors, which torch's refuses to mix: the norm is over the WHOLE gradient,
+    every shard included, so the clipped update equals one device's. Returns that norm."""
+    groups: dict[object, list[torch.Tensor]] = {}
+    for param in parameters:
+        if param.grad is not None:
+            key = param.grad.device_mesh if isinstance(param.grad, DTensor) else None
+            groups.setdefault(key, []).append(param)
+    if not groups:
+        return torch.tensor(0.0)
+    norms = []
+    for params in groups.values():
+        norm = torch.nn.utils.get_total_norm([param.grad for param in params], norm_type)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)  # reduced over the shards
+    total = torch.linalg.vector_norm(torch.stack([norm.to(norms[0].device) for norm in norms]), norm_type)
+    for mesh, params in groups.items():
+        norm = DTensor.from_local(total, mesh) if mesh is not None else total  # replicated on that mesh
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+    return total
 
 
 def _matches(name: str, pattern: str) -> bool:

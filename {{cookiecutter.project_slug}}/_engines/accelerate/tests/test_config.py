@@ -32,7 +32,7 @@ def test_every_preset_is_documented_and_builds():
             "data.batch_size=255 is the global batch and must be a positive multiple of the 2 data-parallel replicas",
         ),
         (["ckpt_path=missing"], "ckpt_path=missing is not a checkpoint folder"),
-        (["trainer.precision=16"], "trainer.precision=16 is unknown; valid: 32-true, bf16-mixed, 16-mixed"),
+        (["trainer.precision=16"], "trainer.precision=16 is unknown; valid: auto, 32-true, bf16-mixed, 16-mixed"),
         (["strategy=pipeline"], "strategy=pipeline runs one stage per process; 1 process given, use 2+"),
         (["strategy=model_parallel"], "strategy=model_parallel (mode=tensor) needs 2+ processes"),
         (["strategy=model_parallel", "strategy.mode=pipes"], "strategy.mode='pipes' is unknown; valid: tensor, layers"),

@@ -9,6 +9,7 @@ from hydra.utils import instantiate
 from omegaconf import open_dict
 
 from {{ cookiecutter.package_name }}.config import CONFIG_DIR, register_resolvers
+from {{ cookiecutter.package_name }}.precision import resolve_precision
 
 MODEL_PARALLEL = ["strategy=model_parallel", "trainer.accelerator=cpu"]
 PRESETS = sorted(path.stem for path in (CONFIG_DIR / "strategy").glob("*.yaml"))
@@ -38,7 +39,8 @@ def test_every_preset_is_documented():
 def test_preset_builds_a_trainer(tmp_path, preset):
     devices = 1 if preset == "single" else 2
     cfg = compose_config(tmp_path, f"strategy={preset}", "trainer.accelerator=cpu", f"trainer.devices={devices}")
-    trainer = instantiate(cfg.trainer, strategy=cfg.strategy, logger=False)
+    precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # train.py resolves "auto"
+    trainer = instantiate(cfg.trainer, strategy=cfg.strategy, logger=False, precision=precision)
     assert trainer.num_devices == (1 if preset == "dp" else devices), "dp runs on one device without 2 GPUs"
 
 
@@ -54,7 +56,7 @@ def test_overrides_reach_the_objects(tmp_path):
     )
     assert instantiate(cfg.data).batch_size == 64
     assert instantiate(cfg.data).data.shuffle is False and cfg.data.seed == 7
-    assert instantiate(cfg.trainer, strategy=cfg.strategy).max_steps == 3
+    assert instantiate(cfg.trainer, strategy=cfg.strategy, precision="32-true").max_steps == 3
     assert type(instantiate(cfg.callbacks.lr)).__name__ == "LearningRateMonitor"
     assert not cfg.logger, "logger=none composes to an empty node: no logger"
     assert cfg.callbacks.checkpoint.dirpath == f"{tmp_path}/checkpoints"
@@ -82,6 +84,17 @@ def test_overrides_reach_the_objects(tmp_path):
             "blocks.0.fc_in has 512 output features, which strategy.tensor_parallel_size=3 does not divide",
         ),
         ([*MODEL_PARALLEL, "strategy.mode=pipes"], "strategy.mode='pipes' is unknown; valid: tensor, layers"),
+        # On a GPU model_parallel and pipeline refuse 16-mixed ("supports trainer.precision=32-true or
+        # bf16-mixed"); on the CPU Lightning refuses it for model_parallel first (and turns it into bf16 for DDP).
+        ([*MODEL_PARALLEL, "trainer.devices=2", "trainer.precision=16-mixed"], "16-mixed"),
+        (
+            ["strategy=pipeline", "trainer.accelerator=cpu", "callbacks=oom"],
+            "BatchSizeFinder works under strategy=single|ddp|ddp_spawn, not strategy=pipeline",
+        ),
+        (
+            ["strategy=dp", "callbacks=oom", "~callbacks.batch_size_finder"],
+            "OOMRecovery works under strategy=single|ddp|ddp_spawn, not strategy=dp",
+        ),
     ],
     ids=[
         "unknown-strategy",
@@ -93,6 +106,9 @@ def test_overrides_reach_the_objects(tmp_path):
         "mesh-not-world-size",
         "hidden-not-divisible",
         "unknown-mode",
+        "model-parallel-fp16",
+        "finder-under-pipeline",
+        "recovery-under-dp",
     ],
 )
 def test_bad_input_fails_in_one_line(train, overrides, message):

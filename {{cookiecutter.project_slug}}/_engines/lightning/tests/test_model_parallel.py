@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import QUICK, make_runner
+from conftest import PARITY, QUICK, make_runner
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from {{ cookiecutter.package_name }}.data import SyntheticData
@@ -44,6 +44,9 @@ def tensor_run(tmp_path_factory, train_env):
 def test_each_tensor_parallel_rank_holds_only_its_shard(tensor_run):
     for rank in (0, 1):
         counts = json.loads((tensor_run.run_dir / f"shards-rank{rank}.json").read_text())
+        # Built on the meta device: no parameter existed at full size before sharding (parity with single,
+        # which the parity tests check, shows the shards got single's values).
+        assert counts.pop("allocated_before_sharding") == []
         sharded = [name for name in counts if name.endswith(SHARDED)]
         assert len(sharded) == 4 * len(SHARDED), sorted(counts)
         for name, count in counts.items():
@@ -106,3 +109,23 @@ def test_layer_placement_survives_lightnings_move_to_the_root_device():
     second = [net.blocks[2], net.blocks[3], net.norm, net.head]
     assert {p.device.type for module in first for p in module.parameters()} == {"cpu"}
     assert {p.device.type for module in second for p in module.parameters()} == {"meta"}
+
+
+# Plain SGD, so that clipping changes the update in proportion (Adam's update hardly depends on the scale).
+CLIPPED_SGD = ["model.optimizer._target_=torch.optim.SGD", "model.optimizer.lr=0.1", "trainer.gradient_clip_val=0.05"]
+
+
+@pytest.mark.slow
+def test_gradient_clipping_uses_the_norm_of_the_whole_gradient(train):
+    """Tensor parallel + gradient_clip_val: the norm is over every shard (and the plain parameters), so the
+    clipped weights equal single's; torch's clip_grad_norm_ cannot even mix shards and plain tensors."""
+    clipped = [*PARITY, *CLIPPED_SGD, "trainer.max_steps=4"]
+    single = train(*clipped, "strategy=single")
+    sharded = train(*clipped, *TENSOR, "strategy.save_distributed_checkpoint=false")
+    expected = torch.load(single.run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    got = torch.load(sharded.run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    unclipped = train(*(o for o in clipped if "clip" not in o), "strategy=single")
+    free = torch.load(unclipped.run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert not all(torch.allclose(free[name], value, atol=1e-4) for name, value in expected.items()), "no clipping"
+    for name, value in expected.items():
+        assert torch.allclose(got[name], value, atol=TOLERANCE), name

@@ -16,10 +16,9 @@ from hydra.utils import instantiate
 from oom_sim import simulated_oom
 from test_config import compose_config
 
-from {{ cookiecutter.package_name }}.callbacks.batch_size_finder import search
 from {{ cookiecutter.package_name }}.callbacks.item_logger import ItemMetricLogger
 from {{ cookiecutter.package_name }}.datamodule import SyntheticDataModule
-from {{ cookiecutter.package_name }}.memory import is_oom_error, rss_mb
+from {{ cookiecutter.package_name }}.memory import is_oom_error, rss_mb, search
 from {{ cookiecutter.package_name }}.model import ResidualMLP
 from {{ cookiecutter.package_name }}.module import Classifier
 

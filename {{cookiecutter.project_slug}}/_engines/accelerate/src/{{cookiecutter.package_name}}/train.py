@@ -30,7 +30,9 @@ from .checkpoints import Checkpoints
 from .config import ConfigError, ProcessCrashed, fail, register_resolvers, run_cli
 from .data import per_device_batch_size
 from .launcher import fit_layout_to_launcher
+from .memory import configure_allocator
 from .oom import find_batch_size, log_device_memory
+from .precision import resolve_precision, use_tensor_cores
 from .search.epoch_metrics import append_epoch_metrics
 from .strategies import Strategy
 from .tracking import finish_wandb, forget_wandb_run
@@ -66,20 +68,23 @@ class Progress:
 def train(cfg: DictConfig) -> None:
     """Check the layout, start the processes, fit and test. Raises ConfigError before training."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    configure_allocator()  # before anything initialises CUDA
     if cfg.ckpt_path and not (Path(cfg.ckpt_path) / "custom_checkpoint_0.pkl").is_file():
         raise ConfigError(
             f"ckpt_path={cfg.ckpt_path} is not a checkpoint folder; give one, e.g. <run dir>/checkpoints/last"
         )
-    if cfg.trainer.precision not in PRECISION:
-        raise ConfigError(f"trainer.precision={cfg.trainer.precision!r} is unknown; valid: {', '.join(PRECISION)}")
+    cfg.trainer.precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # auto: bf16 on GPUs
     strategy: Strategy = build(cfg.strategy)
     if cfg.oom.find_batch_size and not strategy.supports_batch_size_search:
         raise ConfigError(f"oom.find_batch_size works with single, ddp, ddp_spawn and dp, not strategy={strategy.name}")
     # Under torchrun or SLURM: the launcher's layout, unless the command line gives one (checked against it).
     preset, overrides = HydraConfig.get().runtime.choices["strategy"], HydraConfig.get().overrides.task
     _, devices = fit_layout_to_launcher(preset, cfg.trainer.num_nodes, cfg.trainer.devices, overrides)
+    if devices in ("auto", -1):  # every visible GPU, as in Lightning (1 on CPU)
+        devices = max(torch.cuda.device_count(), 1)
     processes = strategy.processes(int(os.environ.get("WORLD_SIZE", 1)), devices)
-    strategy.check_layout(processes, build(cfg.model.net), cfg)
+    with torch.device("meta"):  # shapes and hooks only: the real net is built in each process
+        strategy.check_layout(processes, build(cfg.model.net), cfg)
     per_device_batch_size(cfg.data.batch_size, strategy.data_parallel(0, processes)[0])
 
     def process() -> None:  # a named function: notebook_launcher (ddp_spawn) needs one
@@ -90,6 +95,7 @@ def train(cfg: DictConfig) -> None:
 
 def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path) -> None:
     """What every training process runs."""
+    use_tensor_cores()
     accelerator = Accelerator(
         cpu=cfg.trainer.accelerator == "cpu" or not torch.cuda.is_available(),  # else 2 CPU processes do not connect
         mixed_precision=PRECISION[cfg.trainer.precision],
@@ -100,7 +106,8 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path) -> None:
     )
     set_seed(cfg.seed)
     data = build(cfg.data)
-    model, optimizer = strategy.prepare(accelerator, build(cfg.model.net), build(cfg.model.optimizer))
+    net = strategy.build_net(lambda: build(cfg.model.net))
+    model, optimizer = strategy.prepare(accelerator, net, build(cfg.model.optimizer))
     replicas, rank = strategy.data_parallel(accelerator.process_index, accelerator.num_processes)
     progress = Progress()
     accelerator.register_for_checkpointing(progress, *strategy.checkpoint_objects(model, optimizer))
@@ -117,7 +124,9 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path) -> None:
         if cfg.oom.find_batch_size and progress.found_batch_size:  # searched before this run was restarted
             data.batch_size = progress.found_batch_size
         elif cfg.oom.find_batch_size:
-            find_batch_size(accelerator, strategy, model, data, replicas, loss_fn, cfg.oom.shrink)
+            find_batch_size(
+                accelerator, strategy, model, optimizer, data, replicas, loss_fn, **cfg.oom.batch_size_finder
+            )
             progress.found_batch_size = data.batch_size
         loaders = {split: data.loader(split, replicas, rank, accelerator.device.type == "cuda") for split in SPLITS}
         fit(accelerator, cfg, strategy, model, optimizer, loaders, progress, checkpoints)
@@ -176,7 +185,7 @@ def fit(
         # next batch, and its sampler leaves out the ones before it (nothing is read twice).
         loader.load_state_dict({"epoch": epoch, "samples_done": progress.samples})
         for x, y in loader:
-            x, y = x.to(accelerator.device), y.to(accelerator.device)
+            x, y = to_device(accelerator, x, y)
             with accelerator.accumulate(model):
                 loss = strategy.train_step(accelerator, model, x, y, loss_fn)
                 if accelerator.sync_gradients:
@@ -199,7 +208,7 @@ def fit(
                 checkpoints.save(progress.global_step)  # (the epoch's last batch: its end saves just after)
         else:  # a whole epoch: validate (as Lightning does, not after stopping at max_steps mid-epoch)
             progress.epoch, progress.samples = progress.epoch + 1, 0
-            validate(accelerator, cfg, model, loaders["val"], progress, epoch, checkpoints)
+            validate(accelerator, cfg, strategy, model, loaders["val"], progress, epoch, checkpoints)
             continue
         checkpoints.save(progress.global_step)  # stopped at trainer.max_steps
 
@@ -211,6 +220,7 @@ def done(progress: Progress, max_steps: int) -> bool:
 def validate(
     accelerator: Accelerator,
     cfg: DictConfig,
+    strategy: Strategy,
     model: nn.Module,
     loader: Any,
     progress: Progress,
@@ -223,7 +233,7 @@ def validate(
     if cfg.epoch_metrics and accelerator.is_main_process:  # the search reads it to prune a trial
         append_epoch_metrics(cfg.epoch_metrics, epoch, prefixed("val", metrics))
     if cfg.oom.log_memory:
-        log_device_memory(accelerator, progress.global_step)
+        log_device_memory(accelerator, strategy, progress.global_step)
     best = metrics["loss"] < progress.best_val_loss
     progress.best_val_loss = min(progress.best_val_loss, metrics["loss"])
     checkpoints.save(progress.global_step, best=best)
@@ -231,19 +241,26 @@ def validate(
 
 @torch.no_grad()
 def evaluate(accelerator: Accelerator, model: nn.Module, loader: Any) -> dict[str, float]:
-    """Loss and accuracy over the whole split, exact: sums are reduced, not per-process means."""
+    """Loss and accuracy over the whole split, exact: per-target sums are reduced over the processes, then
+    divided by the number of targets (every sample is evaluated once: the eval sampler does not pad)."""
     model.eval()
     totals = torch.zeros(3, dtype=torch.float64, device=accelerator.device)
     for x, y in loader:
-        x, y = x.to(accelerator.device), y.to(accelerator.device)
+        x, y = to_device(accelerator, x, y)
         with accelerator.autocast():
             logits = model(x)
-        totals[0] += F.cross_entropy(logits.float(), y, reduction="sum")
+        logits, y = logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1)  # one row per target (token)
+        totals[0] += F.cross_entropy(logits, y, reduction="sum")
         totals[1] += (logits.argmax(dim=-1) == y).sum()
-        totals[2] += len(y)
+        totals[2] += y.numel()
     loss_sum, correct, count = accelerator.reduce(totals, "sum").tolist()
     model.train()
     return {"loss": loss_sum / count, "acc": correct / count}
+
+
+def to_device(accelerator: Accelerator, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    """Host-to-device copies that overlap with compute on a GPU (the loaders pin their memory there)."""
+    return [tensor.to(accelerator.device, non_blocking=True) for tensor in tensors]
 
 
 def prefixed(split: str, metrics: dict[str, float]) -> dict[str, float]:

@@ -7,12 +7,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .sharding import clip_grad_norm_
+
 
 class Classifier(L.LightningModule):
     def __init__(self, net: nn.Module, optimizer: Callable[..., torch.optim.Optimizer]) -> None:
         super().__init__()
         self.net = net
         self.optimizer_factory = optimizer
+        self._totals: dict[str, torch.Tensor] = {}  # per split: loss sum, correct, targets (several processes)
 
     def configure_model(self) -> None:
         # Lightning calls this once the processes exist. Only model_parallel's tensor mode has a device
@@ -46,11 +49,43 @@ class Classifier(L.LightningModule):
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "test")
 
+    def on_validation_epoch_end(self) -> None:
+        self._log_split_totals("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_split_totals("test")
+
     def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> None:
         x, y = batch
         logits = self(x)
-        self.log(f"{split}/loss", self.loss(logits, y), sync_dist=True)
-        self.log(f"{split}/acc", (logits.argmax(dim=-1) == y).float().mean(), sync_dist=True)
+        if self._trainer is None or self.trainer.world_size == 1:  # one process (dp too): Lightning's mean is exact
+            self.log(f"{split}/loss", self.loss(logits, y))
+            self.log(f"{split}/acc", (logits.argmax(dim=-1) == y).float().mean())
+            return
+        # Several processes: Lightning's sync_dist mean truncates the summed sample count to an integer mean over
+        # the ranks (101 samples on 2 ranks count as 100), so sum per target here and divide once at epoch end.
+        logits, y = logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1)
+        loss_sum, correct = F.cross_entropy(logits, y, reduction="sum"), (logits.argmax(dim=-1) == y).sum()
+        totals = torch.stack([loss_sum.double(), correct.double(), loss_sum.new_tensor(y.numel()).double()])
+        self._totals[split] = self._totals.get(split, 0) + totals
+
+    def _log_split_totals(self, split: str) -> None:
+        """Loss and accuracy over every sample of the split, evaluated once each (the eval sampler does not pad);
+        processes that share a batch (tensor or pipeline parallel) count it in the sum and in the count alike."""
+        if split not in self._totals:
+            return
+        loss_sum, correct, count = self.trainer.strategy.reduce(self._totals.pop(split), reduce_op="sum").tolist()
+        self.log(f"{split}/loss", loss_sum / count)
+        self.log(f"{split}/acc", correct / count)
+
+    def configure_gradient_clipping(
+        self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm=None
+    ) -> None:
+        # Tensor-parallel shards (DTensors) next to plain parameters: torch's clip_grad_norm_ refuses the mix.
+        if gradient_clip_val and gradient_clip_algorithm in (None, "norm") and self.device_mesh is not None:
+            clip_grad_norm_(self.parameters(), gradient_clip_val)
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return self.optimizer_factory(self.parameters())

@@ -25,7 +25,9 @@ from .checkpoints import resume_from
 from .config import ConfigError, ProcessCrashed, fail, register_resolvers, run_cli
 from .data import per_device_batch_size
 from .launcher import fit_layout_to_launcher
-from .strategies import check_layout, data_parallel_size
+from .memory import configure_allocator
+from .precision import resolve_precision, use_tensor_cores
+from .strategies import check_layout, data_parallel_size, model_init_context
 from .tracking import finish_wandb
 
 register_resolvers()
@@ -34,6 +36,7 @@ register_resolvers()
 def train(cfg: DictConfig) -> dict[str, float]:
     """Fit and test as configured; returns the final metrics. Raises ConfigError before training."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    configure_allocator()  # before anything initialises CUDA
     if cfg.ckpt_path and not Path(cfg.ckpt_path).exists():
         # A folder is fine: model_parallel saves sharded checkpoints as one folder of per-rank files.
         raise ConfigError(f"ckpt_path={cfg.ckpt_path} does not exist; give a .ckpt file (e.g. a run's last.ckpt)")
@@ -41,7 +44,6 @@ def train(cfg: DictConfig) -> dict[str, float]:
     L.seed_everything(cfg.seed, workers=True)
 
     datamodule = build(cfg.data)
-    model = build(cfg.model)
     callbacks = [build(callback) for callback in (cfg.callbacks or {}).values()]
     if not cfg.trainer.enable_progress_bar:  # one switch hides the bar, whichever bar callback is configured
         callbacks = [callback for callback in callbacks if not isinstance(callback, ProgressBar)]
@@ -52,9 +54,13 @@ def train(cfg: DictConfig) -> dict[str, float]:
     num_nodes, devices = fit_layout_to_launcher(
         preset(), cfg.trainer.num_nodes, cfg.trainer.devices, HydraConfig.get().overrides.task
     )
+    cfg.trainer.precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # auto: bf16 on GPUs
+    use_tensor_cores()
     trainer = build(
         cfg.trainer, num_nodes=num_nodes, devices=devices, strategy=cfg.strategy, callbacks=callbacks, logger=logger
     )
+    with model_init_context(trainer):  # model_parallel: on the meta device, each rank allocates its shards
+        model = build(cfg.model)
     check_layout(preset(), trainer, cfg.data.batch_size, model)  # fail now, not inside a worker process
 
     failed = True

@@ -51,6 +51,10 @@ class Strategy:
         """(replicas, this process's replica): each replica reads its own slice of every global batch."""
         return processes, process_index
 
+    def build_net(self, build: Callable[[], nn.Module]) -> nn.Module:
+        """Build the net (model_parallel builds it on the meta device and allocates only its shards)."""
+        return build()
+
     def prepare(
         self, accelerator: Accelerator, net: nn.Module, optimizer: Callable[..., torch.optim.Optimizer]
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -60,10 +64,17 @@ class Strategy:
     def train_step(
         self, accelerator: Accelerator, model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn
     ) -> torch.Tensor:
-        """Forward and backward of one batch; returns the (detached) loss. The loop steps the optimizer."""
-        loss = loss_fn(model(x), y)
+        """Forward and backward of one batch; returns the (detached) loss. The loop steps the optimizer.
+        Under autocast here, not only in the net's prepared forward: model_parallel's and dp's nets are not
+        prepared (nn.DataParallel enters it again in each replica's thread)."""
+        with accelerator.autocast():
+            loss = loss_fn(model(x), y)
         accelerator.backward(loss)
         return loss.detach()
+
+    def devices_in_use(self) -> list[torch.device]:
+        """Devices this process uses besides accelerator.device (dp's replicas, model_parallel's layer groups)."""
+        return []
 
     def step_metrics(self) -> dict[str, float]:
         """Extra figures logged with train/loss."""

@@ -22,6 +22,7 @@ class DataParallel(Strategy):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.devices = 1
+        self.replica_devices: list[torch.device] = []
 
     def processes(self, launched: int, devices: int) -> int:
         if launched > 1:
@@ -43,7 +44,14 @@ class DataParallel(Strategy):
                 stacklevel=2,
             )
             return net, optimizer
+        # accelerate's prepare made the net's forward an autocast wrapper bound to this (root) module, which the
+        # replicas would copy and run on the root's weights: drop it; train_step autocasts around the replicas.
+        vars(net).pop("forward", None)
+        self.replica_devices = [torch.device("cuda", index) for index in range(gpus)]
         return nn.DataParallel(net, device_ids=list(range(gpus))), optimizer
+
+    def devices_in_use(self) -> list[torch.device]:
+        return self.replica_devices
 
     def describe(self) -> dict[str, int]:
         return {"replica_devices": self.devices}

@@ -25,10 +25,12 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from ..config import ConfigError
 from ..sharding import (
+    OnMeta,
     check_layer_split,
     check_mode,
     check_tensor_parallel,
     default_layer_devices,
+    materialize,
     mesh_sizes,
     parallelize,
     place_layer_groups,
@@ -54,6 +56,8 @@ class ModelParallel(Strategy):
         self.requested = (data_parallel_size, tensor_parallel_size)
         self.layer_devices = [torch.device(device) for device in devices or default_layer_devices()]
         self.sizes = (1, 1)
+        self.init: OnMeta | None = None
+        self.precision = "32-true"
 
     def processes(self, launched: int, devices: int) -> int:
         if self.mode == "layers" and launched > 1:
@@ -65,6 +69,7 @@ class ModelParallel(Strategy):
     def check_layout(self, processes: int, net: nn.Module, cfg: DictConfig) -> None:
         if cfg.trainer.precision == "16-mixed":
             raise ConfigError("strategy=model_parallel supports trainer.precision=32-true or bf16-mixed, not 16-mixed")
+        self.precision = cfg.trainer.precision
         if self.mode == "layers":
             check_layer_split(net, self.layer_devices)
             return
@@ -86,6 +91,12 @@ class ModelParallel(Strategy):
         # The mesh is laid out row-major: ranks 0..tp-1 form data-parallel group 0, and so on.
         return dp, process_index // tp
 
+    def build_net(self, build: Callable[[], nn.Module]) -> nn.Module:
+        if self.mode == "layers":
+            return build()
+        with OnMeta() as self.init:  # no memory: each process allocates only its shards, in prepare
+            return build()
+
     def prepare(
         self, accelerator: Accelerator, net: nn.Module, optimizer: Callable[..., torch.optim.Optimizer]
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -95,8 +106,12 @@ class ModelParallel(Strategy):
         else:
             names = ("data_parallel", "tensor_parallel")
             mesh = init_device_mesh(accelerator.device.type, self.sizes, mesh_dim_names=names)
-            parallelize(net.to(accelerator.device), mesh)
+            parallelize(net, mesh, self.precision)
+            materialize(net, accelerator.device, self.init.rng_state)  # the values strategy=single draws
         return net, optimizer(net.parameters())
+
+    def devices_in_use(self) -> list[torch.device]:
+        return self.layer_devices if self.mode == "layers" else []
 
     def checkpoint_objects(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> list[Any]:
         return [WholeState(model, optimizer)]

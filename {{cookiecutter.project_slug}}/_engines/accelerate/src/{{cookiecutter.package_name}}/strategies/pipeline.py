@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from ..config import ConfigError
-from ..pipelining import Pipeline, PipelinedNet, bubble_fraction, check_pipeline, gather_whole_state
+from ..pipelining import Pipeline, PipelinedNet, bubble_fraction, check_pipeline, gather_whole_state, on_cpu
 from . import LossFn, Strategy
 
 
@@ -83,7 +83,7 @@ class StagesState:
         self.model, self.optimizer = model, optimizer
 
     def state_dict(self) -> dict[str, Any] | None:
-        mine = (self.model.state_dict(), self.optimizer.state_dict())
+        mine = on_cpu((self.model.state_dict(), self.optimizer.state_dict()))
         stages = [None] * (self.model.last + 1) if self.model.index == 0 else None
         dist.gather_object(mine, stages, dst=0)
         whole, _ = gather_whole_state(mine[0], None, self.model.index, self.model.last + 1)

@@ -8,48 +8,28 @@ fails mid-trial would leave the others waiting.
 """
 
 import time
-from collections.abc import Callable
 
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
-from ..memory import free_memory, is_oom_error
+from ..memory import free_memory, is_oom_error, search
 from ..strategies import data_parallel_size
-
-
-def search(fits: Callable[[int], bool], start: int, maximum: int, tolerance: float = 0.05) -> tuple[int, int]:
-    """Largest size in [1, maximum] for which fits(size) holds, to within `tolerance` of it.
-
-    Doubles from `start` until a size fails, then bisects between the last fit and the first failure.
-    Returns (size, trials); size 0 means not even 1 fits.
-    """
-    low, high = 0, maximum + 1  # low: largest known to fit; high: smallest known to fail
-    size, trials = max(1, min(start, maximum)), 0
-    while True:  # grow by powers of two
-        trials += 1
-        if not fits(size):
-            high = size
-            break
-        low = size
-        if size == maximum:
-            break
-        size = min(2 * size, maximum)
-    while high - low > max(1.0, tolerance * low):  # then bisect
-        middle = (low + high) // 2
-        trials += 1
-        low, high = (middle, high) if fits(middle) else (low, middle)
-    return low, trials
 
 
 class BatchSizeFinder(L.Callback):
     """Before training, set the DataModule's batch to the largest per-device batch that fits, less a margin.
 
+    Refused (before training) under dp, whose trials would run on the first GPU alone and size the global
+    batch by it, and under model_parallel and pipeline, whose forward is itself a collective.
+
     The per-device batch changes, so the GLOBAL batch becomes per-device x data-parallel replicas
     (logged as batch_size_finder/global_batch_size). lr_scaling: "linear" or "sqrt" scales the learning
     rate with the global batch; "none" (default) leaves it as configured.
     """
+
+    supported_presets = ("single", "ddp", "ddp_spawn")
 
     def __init__(
         self,

@@ -27,7 +27,11 @@ class OOMRecovery(L.Callback):
     """policy: "skip" drops the batch (its optimizer step changes nothing); "split" computes it as 2, 4,
     8... micro-batches with gradient accumulation, so the step, its loss and its gradient are the whole batch's.
     max_consecutive: OOMs in a row before stopping. empty_cache_every_n_epochs: 0 never (emptying the
-    cache synchronises the device, so it is done at epoch ends only)."""
+    cache synchronises the device, so it is done at epoch ends only). Refused (before training) under dp (the
+    replicas run in threads), model_parallel (a rank that fails mid-forward leaves the others in a collective)
+    and pipeline (the schedule runs the step, not the module's training_step)."""
+
+    supported_presets = ("single", "ddp", "ddp_spawn")
 
     def __init__(self, policy: str = "split", max_consecutive: int = 3, empty_cache_every_n_epochs: int = 0) -> None:
         if policy not in ("skip", "split"):

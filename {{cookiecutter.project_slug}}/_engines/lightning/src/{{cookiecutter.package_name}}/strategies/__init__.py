@@ -4,6 +4,8 @@ Lightning ships ddp and ddp_spawn (configs/strategy/*.yaml point straight at its
 the modules here add what it lacks.
 """
 
+from contextlib import AbstractContextManager, nullcontext
+
 import lightning as L
 
 from ..config import ConfigError
@@ -35,5 +37,20 @@ def check_layout(preset: str, trainer: L.Trainer, global_batch_size: int, module
             f"trainer.num_nodes={trainer.num_nodes} asks for {trainer.world_size}; use strategy=ddp for several"
         )
     per_device_batch_size(global_batch_size, data_parallel_size(trainer))
+    for callback in trainer.callbacks:  # e.g. the OOM toolkit: a callback that works under some presets only
+        supported = getattr(callback, "supported_presets", None)
+        if supported is not None and preset not in supported:
+            raise ConfigError(
+                f"{type(callback).__name__} works under strategy={'|'.join(supported)}, not strategy={preset}; "
+                "drop it with ~callbacks.<its name>"
+            )
     if hasattr(trainer.strategy, "check_layout"):
         trainer.strategy.check_layout(trainer, module, global_batch_size)
+
+
+def model_init_context(trainer: L.Trainer) -> AbstractContextManager:
+    """Where train.py builds the model: on the meta device for strategies that shard it and allocate only each
+    rank's shards (`builds_on_meta`), else as usual (on the CPU, moved to the device by Lightning)."""
+    if getattr(trainer.strategy, "builds_on_meta", False):
+        return trainer.init_module(empty_init=True)
+    return nullcontext()

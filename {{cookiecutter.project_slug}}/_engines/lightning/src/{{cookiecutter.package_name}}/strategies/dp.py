@@ -144,6 +144,10 @@ class DataParallelStrategy(ParallelStrategy):
         self._parallel_devices = devices
 
     @property
+    def devices_in_use(self) -> list[torch.device]:
+        return self.parallel_devices or []
+
+    @property
     def root_device(self) -> torch.device:
         return self.parallel_devices[0]
 

@@ -11,6 +11,8 @@ Two modes, chosen by `strategy.mode`:
   at a time (the pipeline preset overlaps them).
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Literal
 
@@ -26,6 +28,7 @@ from ..sharding import (
     check_mode,
     check_tensor_parallel,
     default_layer_devices,
+    materialize,
     mesh_sizes,
     parallelize,
     place_layer_groups,
@@ -53,7 +56,19 @@ def model_parallel(
 
 
 class TensorParallelStrategy(ModelParallelStrategy):
-    """ModelParallelStrategy that knows its data-parallel layout before the processes start."""
+    """ModelParallelStrategy that knows its data-parallel layout before the processes start, and builds the
+    model on the meta device (train.py builds it in `trainer.init_module(empty_init=True)`): only each rank's
+    shards are ever allocated, with the values strategy=single draws (sharding.materialize)."""
+
+    builds_on_meta = True
+    _init_rng_state: torch.Tensor | None = None
+
+    @contextmanager
+    def tensor_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
+        if empty_init:  # the model's build (Lightning enters this again, without it, around configure_model)
+            self._init_rng_state = torch.random.get_rng_state()  # what a normal build would draw from
+        with super().tensor_init_context(empty_init):
+            yield
 
     def _sizes(self) -> tuple[int, int]:
         """(data_parallel_size, tensor_parallel_size); "auto" fills in from the other and the world size."""
@@ -85,10 +100,15 @@ class TensorParallelStrategy(ModelParallelStrategy):
                 f"trainer.devices={self.num_processes} x trainer.num_nodes={self.num_nodes} = {self.world_size}"
             )
         check_tensor_parallel(model, dp, tp)
+        if trainer.precision == "16-mixed":  # fp16's gradient scaler does not work on DTensor shards
+            raise ConfigError("strategy=model_parallel supports trainer.precision=32-true or bf16-mixed, not 16-mixed")
 
     def parallelize(self, net: nn.Module) -> None:
-        """Shard `net` in place (called from LightningModule.configure_model); a no-op the second time."""
-        parallelize(net, self.device_mesh)
+        """Shard `net` in place and allocate this rank's shards (called from LightningModule.configure_model);
+        a no-op the second time."""
+        parallelize(net, self.device_mesh, self.precision_plugin.precision)
+        if self._init_rng_state is not None:
+            materialize(net, self.root_device, self._init_rng_state)
 
 
 class LayerSplitStrategy(SingleDeviceStrategy):
@@ -99,6 +119,7 @@ class LayerSplitStrategy(SingleDeviceStrategy):
 
     def __init__(self, devices: list[str] | None = None) -> None:
         self.devices = [torch.device(device) for device in devices or default_layer_devices()]
+        self.devices_in_use = self.devices  # read by the memory monitor
         super().__init__(device=self.devices[0])
         self._hooks: list[RemovableHandle] = []
 

@@ -69,6 +69,8 @@ class PipelineStrategy(DDPStrategy):
                 "strategy=pipeline does not support trainer.accumulate_grad_batches or trainer.gradient_clip_val; "
                 "raise strategy.microbatches to save memory instead"
             )
+        if trainer.precision == "16-mixed":  # one gradient scaler per stage would skip steps out of step
+            raise ConfigError("strategy=pipeline supports trainer.precision=32-true or bf16-mixed, not 16-mixed")
 
     def setup(self, trainer: L.Trainer) -> None:
         self.accelerator.setup(trainer)
@@ -102,7 +104,8 @@ class PipelineStrategy(DDPStrategy):
         module = self.lightning_module
         optimizer = module.optimizers()
         optimizer.zero_grad()
-        loss, idle = self._pipeline.train_step(*batch)
+        with self.precision_plugin.train_step_context():  # autocast around every stage's forward
+            loss, idle = self._pipeline.train_step(*batch)
         optimizer.step()
         # Every process has the same values; rank 0's logger sends them once, at this global step.
         for rank, fraction in enumerate(idle):
