@@ -125,7 +125,8 @@ def test_replica_logs_reduce_as_self_log_asks():
 def test_fewer_than_two_gpus_warns_and_runs_on_one_device():
     with pytest.warns(UserWarning, match="strategy=dp replicates over 2 or more GPUs, got 2 CPU") as warned:
         trainer = L.Trainer(strategy=DataParallelStrategy(), accelerator="cpu", devices=2, logger=False)
-    assert len(warned) == 1
+    # Only ours: Lightning's own "srun is available" hint appears where SLURM is installed (the template's CI).
+    assert len([w for w in warned if "strategy=dp" in str(w.message)]) == 1
     assert trainer.num_devices == 1 and trainer.world_size == 1
     assert data_parallel_size(trainer) == 1, "one process loads the whole global batch"
     datamodule = SyntheticDataModule(batch_size=64)
