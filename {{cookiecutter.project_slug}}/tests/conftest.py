@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 from wandb_records import OfflineRun, offline_runs
 
 PACKAGE = "{{ cookiecutter.package_name }}"
@@ -23,6 +24,13 @@ QUICK = [
 {%- endif %}
     "test_after_fit=false",
 ]
+
+
+
+def unsplit_net() -> list[str]:
+    """Overrides that make model.net an nn.Sequential: a net that does not say how to split it."""
+    net = OmegaConf.load(Path(__file__).parents[1] / "src" / PACKAGE / "configs" / "model" / "classifier.yaml").net
+    return ["model.net._target_=torch.nn.Sequential", *(f"~model.net.{key}" for key in net if key != "_target_")]
 
 
 @dataclass

@@ -27,7 +27,7 @@ from . import hardware
 from .commands import train_command
 from .config import CONFIG_DIR, ConfigError, fail, register_resolvers, run_cli
 from .estimate import USABLE, ModelFacts, gradient_traffic, memory_per_device, mesh, model_facts
-from .model import split_blocks
+from .model_split import split_blocks
 
 register_resolvers()
 

@@ -10,7 +10,6 @@ planned for. Memory per device = weights + gradients + optimizer state + activat
 Not counted: the CUDA context and allocator caches (about 0.5-1 GB per GPU): fits() leaves 10% free for them.
 """
 
-import fnmatch
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +19,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch import nn
 
+from .model_split import find_split, has_split, layers, matches, pipeline_stage
 from .pipelining import bubble_fraction
 
 FP32 = 4
@@ -31,8 +31,8 @@ class ModelFacts:
     parameters: int
     optimizer_state_per_parameter: int  # bytes
     activation_bytes_per_sample: float  # at the configured precision
-    tensor_parallel_parameters: int  # parameters the model's tensor_parallel_plan() shards (0: no plan)
-    blocks: int  # the blocks a pipeline cuts between (0: the model has no pipeline_stage hook)
+    tensor_parallel_parameters: int  # parameters the model's tensor-parallel plan shards (0: no plan)
+    blocks: int  # the blocks a pipeline cuts between (0: the model has no Split)
     stage_parameters: dict[int, list[int]]  # pipeline stages -> parameters of each stage
     stage_activation_bytes_per_sample: dict[int, list[float]]
 
@@ -50,10 +50,10 @@ def model_facts(cfg: DictConfig, example_input: torch.Tensor, stage_counts: list
     scale = 0.5 if str(cfg.trainer.precision).startswith(("bf16", "16")) else 1.0
     stages: dict[int, list[int]] = {}
     stage_activations: dict[int, list[float]] = {}
-    if hasattr(net, "pipeline_stage"):
+    if has_split(net):
         for count in stage_counts:
             try:
-                parts = [net.pipeline_stage(i, count) for i in range(count)]
+                parts = [pipeline_stage(net, i, count) for i in range(count)]
             except ValueError:  # more stages than the model has blocks
                 continue
             stages[count] = [count_parameters(part) for part in parts]
@@ -69,7 +69,7 @@ def model_facts(cfg: DictConfig, example_input: torch.Tensor, stage_counts: list
         optimizer_state_per_parameter=optimizer_state_bytes(cfg),
         activation_bytes_per_sample=nbytes * scale / batch,
         tensor_parallel_parameters=tensor_parallel_parameters(net),
-        blocks=len(net.blocks) if stages else 0,
+        blocks=len(layers(net, "pipeline")[2]) if stages else 0,
         stage_parameters=stages,
         stage_activation_bytes_per_sample=stage_activations,
     )
@@ -107,13 +107,13 @@ def optimizer_state_bytes(cfg: DictConfig) -> int:
 
 
 def tensor_parallel_parameters(net: nn.Module) -> int:
-    if not hasattr(net, "tensor_parallel_plan"):
+    if not has_split(net):
         return 0
-    patterns = list(net.tensor_parallel_plan())
+    patterns = list(find_split(net, "model_parallel")[1].tensor_parallel)
     return sum(
         count_parameters(module)
         for name, module in net.named_modules()
-        if any(fnmatch.fnmatch(name, pattern) for pattern in patterns)
+        if any(matches(name, pattern) for pattern in patterns)
     )
 
 
@@ -149,7 +149,7 @@ def memory_per_device(
         return state + act * batch / devices, "device 0: the model, optimizer and gathered outputs"
     if preset == "model_parallel":
         if not facts.tensor_parallel_parameters:
-            return None, "the model has no tensor_parallel_plan()"
+            return None, "the model has no tensor-parallel plan (model_split.py)"
         data, tensor = (devices // tensor, tensor) if tensor else mesh(devices, per_node)
         if batch % data:
             return None, f"batch {batch} does not split over {data} replicas"

@@ -1,7 +1,7 @@
 """Pipeline parallelism that needs no training engine: the stages, the schedules, one training step, and the
 pieces that make a pipeline look like one model (evaluation through all stages, whole-model state dicts).
 
-Each process keeps only its stage of the net (the model's `pipeline_stage` hook) and trains it with a
+Each process keeps only its stage of the net (cut as its `Split` says, model_split.py) and trains it with a
 torch.distributed.pipelining schedule, which cuts the batch into micro-batches so the stages overlap.
 Every stage reads the same batch: the pipeline is one data-parallel replica (pp x dp is not supported).
 """
@@ -18,6 +18,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from torch.utils._pytree import tree_map
 
 from .config import ConfigError
+from .model_split import find_split, pipeline_stage
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -29,6 +30,7 @@ def bubble_fraction(stages: int, microbatches: int) -> float:
 
 def check_pipeline(stages: int, microbatches: int, global_batch_size: int, net: nn.Module, split_points: Any) -> None:
     """Refuse, before any process starts, a pipeline that cannot run."""
+    find_split(net, "pipeline")  # first: a model without a split cannot be pipelined whatever the layout
     if stages < 2:
         raise ConfigError(f"strategy=pipeline runs one stage per process; {stages} process given, use 2+")
     if microbatches < stages:
@@ -42,7 +44,9 @@ def check_pipeline(stages: int, microbatches: int, global_batch_size: int, net: 
             f"micro-batches; use a multiple of {microbatches}"
         )
     try:
-        net.pipeline_stage(0, stages, split_points)
+        pipeline_stage(net, 0, stages, split_points)
+    except ConfigError:  # no split: already one line naming what to implement
+        raise
     except ValueError as err:
         raise ConfigError(f"strategy=pipeline: {err}") from err
 
@@ -202,8 +206,8 @@ class PipelinedNet(nn.Module):
 
     @classmethod
     def of(cls, net: nn.Module, rank: int, stages: int, split_points: Sequence[int] | None = None) -> "PipelinedNet":
-        """Stage `rank` of `net` (the model's `pipeline_stage` hook); the rest of the net is not kept."""
-        return cls(net.pipeline_stage(rank, stages, split_points), rank, stages)
+        """Stage `rank` of `net`, cut as its Split says; the rest of the net is not kept."""
+        return cls(pipeline_stage(net, rank, stages, split_points), rank, stages)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.index > 0:

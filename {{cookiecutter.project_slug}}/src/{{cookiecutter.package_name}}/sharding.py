@@ -1,10 +1,10 @@
-"""Model parallelism that needs no training engine: shard a net by its own hooks.
+"""Model parallelism that needs no training engine: shard a net as its `Split` describes (model_split.py).
 
-- tensor: `parallelize` shards every block by the plan the model declares (`tensor_parallel_plan()`) over
-  the tensor-parallel ranks of a DeviceMesh, and across its data-parallel ranks shards the model with
-  FSDP2 `fully_shard`, which also averages the replicas' gradients.
-- layers: `place_layer_groups` puts the model's consecutive layer groups (`layer_groups(n)`) on
-  consecutive devices of one process and moves activations along.
+- tensor: `parallelize` shards the net by its split's tensor-parallel plan over the tensor-parallel ranks of
+  a DeviceMesh, and across its data-parallel ranks shards it with FSDP2 `fully_shard` (one unit per layer of
+  the split), which also averages the replicas' gradients.
+- layers: `place_layer_groups` puts the net's consecutive layer groups on consecutive devices of one process
+  and moves activations along.
 
 A model that only fits sharded must never exist whole on a rank: it is built on the meta device (`OnMeta`),
 sharded, then `materialize` allocates only this rank's shards and fills them with the values a normal build
@@ -22,6 +22,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_modul
 from torch.utils.hooks import RemovableHandle
 
 from .config import ConfigError
+from .model_split import find_split, fsdp_units, layer_groups, matches
 
 MODES = ("tensor", "layers")  # strategy.mode of model_parallel, in both engines
 
@@ -29,14 +30,6 @@ MODES = ("tensor", "layers")  # strategy.mode of model_parallel, in both engines
 def check_mode(mode: str) -> None:
     if mode not in MODES:
         raise ValueError(f"strategy.mode={mode!r} is unknown; valid: {', '.join(MODES)}")
-
-
-def split_hooks(model: nn.Module, hook: str) -> nn.Module:
-    """The (sub)module that declares `hook`, e.g. the net inside a LightningModule."""
-    found = next((module for module in model.modules() if callable(getattr(module, hook, None))), None)
-    if found is None:
-        raise ConfigError(f"strategy=model_parallel needs a model with a {hook}() method (see the README)")
-    return found
 
 
 def mesh_sizes(
@@ -54,23 +47,46 @@ def mesh_sizes(
     return dp, tp
 
 
-def check_tensor_parallel(model: nn.Module, data_parallel_size: int, tensor_parallel_size: int) -> None:
-    """Refuse a model that does not divide over the tensor-parallel ranks (or lacks the hooks)."""
+def check_tensor_parallel(model: nn.Module, tensor_parallel_size: int) -> None:
+    """Refuse a model that has no split, or whose tensor-parallel plan does not divide over the tensor-parallel
+    ranks: sharded features, and the attention heads of a module whose layers are sharded."""
     tp = tensor_parallel_size
-    net = split_hooks(model, "tensor_parallel_plan")
-    if data_parallel_size > 1:
-        split_hooks(model, "layer_groups")  # the FSDP units
-    for pattern, style in net.tensor_parallel_plan().items():
-        for name, layer in net.named_modules():
-            if not (isinstance(layer, nn.Linear) and _matches(name, pattern)):
-                continue
-            colwise = isinstance(style, ColwiseParallel)  # colwise splits outputs, rowwise splits inputs
-            features, side = (layer.out_features, "output") if colwise else (layer.in_features, "input")
-            if features % tp:
+    net, split = find_split(model, "model_parallel")
+    fsdp_units(net)  # every layer the split names exists
+    for pattern, style in split.tensor_parallel.items():
+        layers = [(name, layer) for name, layer in net.named_modules() if matches(name, pattern)]
+        if not layers:
+            raise ConfigError(f"the Split of {type(net).__name__} names {pattern!r}, which matches no submodule")
+        for name, layer in layers:
+            for what, count in _sharded_sizes(layer, isinstance(style, ColwiseParallel)):
+                if count % tp:
+                    raise ConfigError(
+                        f"{name} has {count} {what}, which strategy.tensor_parallel_size={tp} does not divide; use a "
+                        f"tensor_parallel_size that divides {count}"
+                    )
+        for name, parent in net.named_modules():  # heads split over the ranks must split evenly too
+            heads = _head_count(parent)
+            if heads % tp and any(not name or layer.startswith(f"{name}.") for layer, _ in layers):
                 raise ConfigError(
-                    f"{name} has {features} {side} features, which strategy.tensor_parallel_size={tp} does not "
-                    f"divide; use a tensor_parallel_size that divides {features}"
+                    f"{name or type(net).__name__} has {heads} attention heads, which strategy.tensor_parallel_size="
+                    f"{tp} does not divide; use a tensor_parallel_size that divides {heads}"
                 )
+
+
+HEAD_ATTRIBUTES = ("num_heads", "n_heads", "n_head")  # how attention modules commonly name their head count
+
+
+def _head_count(module: nn.Module) -> int:
+    return next((getattr(module, a) for a in HEAD_ATTRIBUTES if isinstance(getattr(module, a, None), int)), 0)
+
+
+def _sharded_sizes(layer: nn.Module, colwise: bool) -> list[tuple[str, int]]:
+    """The sizes a colwise (output) or rowwise (input) split cuts, per kind of layer."""
+    if isinstance(layer, nn.Linear):
+        return [("output features", layer.out_features) if colwise else ("input features", layer.in_features)]
+    if isinstance(layer, nn.Embedding):  # colwise splits the embedding dimension, rowwise the vocabulary
+        return [("embedding features", layer.embedding_dim) if colwise else ("embeddings", layer.num_embeddings)]
+    return []
 
 
 def parallelize(net: nn.Module, mesh: DeviceMesh, precision: str = "32-true") -> None:
@@ -79,12 +95,12 @@ def parallelize(net: nn.Module, mesh: DeviceMesh, precision: str = "32-true") ->
         return
     tp_mesh, dp_mesh = mesh["tensor_parallel"], mesh["data_parallel"]
     if tp_mesh.size() > 1:
-        parallelize_module(net, tp_mesh, net.tensor_parallel_plan())
+        parallelize_module(net, tp_mesh, dict(find_split(net, "model_parallel")[1].tensor_parallel))
     if dp_mesh.size() > 1:
         # FSDP2 over the data-parallel replicas: it shards weights, gradients and optimizer state, and
         # averages the gradients. One unit per layer, so only one layer's weights are gathered at a time.
         policy = fsdp_mixed_precision(precision)
-        for layer in net.layer_groups(1)[0]:
+        for layer in fsdp_units(net):
             fully_shard(layer, mesh=dp_mesh, mp_policy=policy)
         fully_shard(net, mesh=dp_mesh, mp_policy=policy)
     net._parallelized = True
@@ -189,11 +205,6 @@ def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, norm_ty
     return total
 
 
-def _matches(name: str, pattern: str) -> bool:
-    parts, wanted = name.split("."), pattern.split(".")
-    return len(parts) == len(wanted) and all(w == "*" or w == p for p, w in zip(parts, wanted, strict=True))
-
-
 def default_layer_devices() -> list[str]:
     """Every visible GPU, or two CPU "devices" for trying layer splitting out."""
     count = torch.cuda.device_count()
@@ -202,7 +213,9 @@ def default_layer_devices() -> list[str]:
 
 def check_layer_split(model: nn.Module, devices: Sequence[torch.device]) -> None:
     try:
-        split_hooks(model, "layer_groups").layer_groups(len(devices))
+        layer_groups(model, len(devices))
+    except ConfigError:  # no split: already one line naming what to implement
+        raise
     except ValueError as err:
         raise ConfigError(f"strategy.devices={[str(d) for d in devices]}: {err}") from err
 
@@ -211,8 +224,8 @@ def place_layer_groups(model: nn.Module, devices: Sequence[torch.device]) -> lis
     """Put layer group i on devices[i]; inputs follow the layers, the output comes back to devices[0]
     (where the labels and the loss are). Returns the hooks, to remove before placing again."""
     hooks = []
-    net = split_hooks(model, "layer_groups")
-    for group, device in zip(net.layer_groups(len(devices)), devices, strict=True):
+    net, _ = find_split(model, "model_parallel")
+    for group, device in zip(layer_groups(net, len(devices)), devices, strict=True):
         for module in group:
             module.to(device)
             hooks.append(module.register_forward_pre_hook(_move_inputs_to(device)))

@@ -1,6 +1,7 @@
 """Every preset is documented and composes; bad input fails early, in one line, leaving nothing behind."""
 
 import pytest
+from conftest import unsplit_net
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
@@ -36,7 +37,15 @@ def test_every_preset_is_documented_and_builds():
         (["strategy=pipeline"], "strategy=pipeline runs one stage per process; 1 process given, use 2+"),
         (["strategy=model_parallel"], "strategy=model_parallel (mode=tensor) needs 2+ processes"),
         (["strategy=model_parallel", "strategy.mode=pipes"], "strategy.mode='pipes' is unknown; valid: tensor, layers"),
-        (["strategy=single", "oom=toolkit", "strategy=pipeline"], "oom.find_batch_size works with single, ddp"),
+        (["strategy=pipeline", "oom.find_batch_size=true"], "oom.find_batch_size works with single, ddp"),
+        (
+            ["strategy=pipeline", *unsplit_net()],
+            "strategy=pipeline needs to know how to split Sequential: add register_split(Sequential, Split(",
+        ),
+        (
+            ["strategy=model_parallel", *unsplit_net()],
+            "strategy=model_parallel needs to know how to split Sequential: add register_split(Sequential, Split(",
+        ),
     ],
     ids=[
         "unknown-strategy",
@@ -49,6 +58,8 @@ def test_every_preset_is_documented_and_builds():
         "tensor-parallel-one-process",
         "unknown-mode",
         "batch-search-on-pipeline",
+        "pipeline-without-split",
+        "model-parallel-without-split",
     ],
 )
 def test_bad_input_fails_in_one_line(train, overrides, message):

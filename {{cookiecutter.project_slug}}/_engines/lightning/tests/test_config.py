@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+from conftest import unsplit_net
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
@@ -88,12 +89,17 @@ def test_overrides_reach_the_objects(tmp_path):
         # bf16-mixed"); on the CPU Lightning refuses it for model_parallel first (and turns it into bf16 for DDP).
         ([*MODEL_PARALLEL, "trainer.devices=2", "trainer.precision=16-mixed"], "16-mixed"),
         (
-            ["strategy=pipeline", "trainer.accelerator=cpu", "callbacks=oom"],
+            ["strategy=pipeline", "trainer.accelerator=cpu", "callbacks=[default,batch_size_finder]"],
             "BatchSizeFinder works under strategy=single|ddp|ddp_spawn, not strategy=pipeline",
         ),
+        (["strategy=dp", "callbacks=oom"], "OOMRecovery works under strategy=single|ddp|ddp_spawn, not strategy=dp"),
         (
-            ["strategy=dp", "callbacks=oom", "~callbacks.batch_size_finder"],
-            "OOMRecovery works under strategy=single|ddp|ddp_spawn, not strategy=dp",
+            ["strategy=pipeline", "trainer.accelerator=cpu", *unsplit_net()],
+            "strategy=pipeline needs to know how to split Sequential: add register_split(Sequential, Split(",
+        ),
+        (
+            [*MODEL_PARALLEL, "trainer.devices=2", *unsplit_net()],
+            "strategy=model_parallel needs to know how to split Sequential: add register_split(Sequential, Split(",
         ),
     ],
     ids=[
@@ -109,6 +115,8 @@ def test_overrides_reach_the_objects(tmp_path):
         "model-parallel-fp16",
         "finder-under-pipeline",
         "recovery-under-dp",
+        "pipeline-without-split",
+        "model-parallel-without-split",
     ],
 )
 def test_bad_input_fails_in_one_line(train, overrides, message):

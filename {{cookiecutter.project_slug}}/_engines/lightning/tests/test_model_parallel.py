@@ -11,6 +11,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from {{ cookiecutter.package_name }}.data import SyntheticData
 from {{ cookiecutter.package_name }}.model import ResidualMLP
+from {{ cookiecutter.package_name }}.model_split import layer_groups
 from {{ cookiecutter.package_name }}.module import Classifier
 from {{ cookiecutter.package_name }}.strategies.model_parallel import LayerSplitStrategy
 
@@ -93,11 +94,11 @@ def test_layers_checkpoint_reloads_to_the_same_predictions(train):
 def test_layer_groups_cover_the_model_once_in_order():
     net = ResidualMLP(in_features=32, num_classes=8, depth=4)
     for n in (1, 2, 3, 4):
-        groups = net.layer_groups(n)
+        groups = layer_groups(net, n)
         assert len(groups) == n and all(groups)
         assert [module for group in groups for module in group] == [net.embed, *net.blocks, net.norm, net.head]
     with pytest.raises(ValueError, match="cannot split 4 blocks over 5 devices"):
-        net.layer_groups(5)
+        layer_groups(net, 5)
 
 
 def test_layer_placement_survives_lightnings_move_to_the_root_device():

@@ -15,7 +15,8 @@ from torch.utils.data import DataLoader
 
 from {{ cookiecutter.package_name }}.config import CONFIG_DIR, ConfigError
 from {{ cookiecutter.package_name }}.data import SyntheticData
-from {{ cookiecutter.package_name }}.model import ResidualMLP, split_blocks
+from {{ cookiecutter.package_name }}.model import ResidualMLP
+from {{ cookiecutter.package_name }}.model_split import pipeline_stage, split_blocks
 from {{ cookiecutter.package_name }}.module import Classifier
 from {{ cookiecutter.package_name }}.strategies import check_layout
 from {{ cookiecutter.package_name }}.strategies.pipeline import PipelineStrategy
@@ -37,7 +38,7 @@ def test_default_split_balances_blocks_and_split_points_override_it(blocks, stag
 def test_each_stage_owns_only_its_parameters_and_together_they_are_the_net():
     torch.manual_seed(0)
     net = ResidualMLP(in_features=32, num_classes=8, depth=4)
-    stages = [net.pipeline_stage(stage, 2) for stage in range(2)]
+    stages = [pipeline_stage(net, stage, 2) for stage in range(2)]
     names = [set(stage.state_dict()) for stage in stages]
     assert names[0].isdisjoint(names[1])
     assert names[0] | names[1] == set(net.state_dict()), "stage parameters keep the single-device names"
@@ -99,7 +100,7 @@ def test_pipeline_checkpoints_round_trip_through_one_device(train):
     wandb = run.wandb
     assert wandb.steps("train/loss") == [1, 3, 5, 7], "once per logging step, at the global step"
     assert len(wandb.metric("val/loss")) == len(wandb.metric("val/acc")) == 1
-    stages = [module().net.pipeline_stage(stage, 2) for stage in range(2)]
+    stages = [pipeline_stage(module().net, stage, 2) for stage in range(2)]
     assert wandb.config["pipeline"] == {
         "stages": 2,
         "microbatches": 4,

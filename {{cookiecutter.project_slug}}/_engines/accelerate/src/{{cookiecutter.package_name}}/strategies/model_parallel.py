@@ -1,13 +1,13 @@
 """model_parallel: split the model itself over devices, for models too big for one device's memory.
 
 Accelerate's own tensor parallelism (ParallelismConfig) needs a transformers model with a `tp_plan`, and its
-FSDP plugin needs GPUs. This preset applies the net's own hooks with torch.distributed instead (sharding.py,
+FSDP plugin needs GPUs. This preset applies the net's `Split` (model_split.py) with torch.distributed instead (sharding.py,
 shared with the Lightning engine), which also runs on CPU/gloo; Accelerate still launches the processes,
 moves the data and saves the checkpoints.
 
 - tensor (default): a (data_parallel x tensor_parallel) DeviceMesh over the launched processes; every block
-  is sharded by the net's `tensor_parallel_plan()`, and across data-parallel groups FSDP2 shards the rest.
-- layers: one process; consecutive layer groups (`layer_groups(n)`) on consecutive devices.
+  is sharded by the tensor-parallel plan of the net's Split, and across data-parallel groups FSDP2 shards the rest.
+- layers: one process; consecutive layer groups (cut between the Split's blocks) on consecutive devices.
 """
 
 import logging
@@ -24,6 +24,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from torch.distributed.device_mesh import init_device_mesh
 
 from ..config import ConfigError
+from ..model_split import find_split
 from ..sharding import (
     OnMeta,
     check_layer_split,
@@ -70,6 +71,7 @@ class ModelParallel(Strategy):
         if cfg.trainer.precision == "16-mixed":
             raise ConfigError("strategy=model_parallel supports trainer.precision=32-true or bf16-mixed, not 16-mixed")
         self.precision = cfg.trainer.precision
+        find_split(net, "model_parallel")  # first: a model without a split cannot be split whatever the layout
         if self.mode == "layers":
             check_layer_split(net, self.layer_devices)
             return
@@ -84,7 +86,7 @@ class ModelParallel(Strategy):
                 f"strategy.data_parallel_size={dp} x strategy.tensor_parallel_size={tp} must equal the {processes} "
                 "launched processes"
             )
-        check_tensor_parallel(net, dp, tp)
+        check_tensor_parallel(net, tp)
 
     def data_parallel(self, process_index: int, processes: int) -> tuple[int, int]:
         dp, tp = self.sizes

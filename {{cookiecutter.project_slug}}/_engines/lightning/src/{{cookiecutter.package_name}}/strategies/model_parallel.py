@@ -3,10 +3,10 @@
 Two modes, chosen by `strategy.mode`:
 
 - tensor: Lightning's ModelParallelStrategy. The processes form a 2D DeviceMesh
-  (data_parallel x tensor_parallel). Each tensor-parallel group shards every block by the plan the model
-  declares (`tensor_parallel_plan()`) and reads the same batch; across data-parallel groups the model is
+  (data_parallel x tensor_parallel). Each tensor-parallel group shards the model by the tensor-parallel plan
+  of its `Split` (model_split.py) and reads the same batch; across data-parallel groups the model is
   also sharded with FSDP2 `fully_shard`, which averages the gradients of the replicas.
-- layers: one process, the model cut into consecutive groups of layers (`layer_groups(n)`), group i
+- layers: one process, the model cut into consecutive groups of layers (between the blocks of its Split), group i
   on device i; activations are copied from one device to the next. Simple, but only one device works
   at a time (the pipeline preset overlaps them).
 """
@@ -99,7 +99,7 @@ class TensorParallelStrategy(ModelParallelStrategy):
                 f"strategy.data_parallel_size={dp} x strategy.tensor_parallel_size={tp} must equal the processes: "
                 f"trainer.devices={self.num_processes} x trainer.num_nodes={self.num_nodes} = {self.world_size}"
             )
-        check_tensor_parallel(model, dp, tp)
+        check_tensor_parallel(model, tp)
         if trainer.precision == "16-mixed":  # fp16's gradient scaler does not work on DTensor shards
             raise ConfigError("strategy=model_parallel supports trainer.precision=32-true or bf16-mixed, not 16-mixed")
 

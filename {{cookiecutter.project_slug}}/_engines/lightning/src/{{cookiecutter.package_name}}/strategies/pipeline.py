@@ -1,6 +1,6 @@
 """strategy=pipeline: pipeline parallelism as a Lightning strategy, one process per stage.
 
-Each process keeps only its stage of the net (the model's `pipeline_stage` hook) and trains it with a
+Each process keeps only its stage of the net (cut between the blocks of its Split, model_split.py) and trains it with a
 torch.distributed.pipelining schedule, which cuts the batch into micro-batches so the stages overlap.
 The schedule runs forward and backward in one call, so the strategy owns the training step (manual
 optimization); validation, test, logging and checkpoints go through the usual Lightning paths.

@@ -1,0 +1,88 @@
+"""How a model describes its split (model_split.py): any chain of layers, checked before training."""
+
+import pytest
+import torch
+from torch import nn
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+from {{ cookiecutter.package_name }}.config import ConfigError
+from {{ cookiecutter.package_name }}.model_split import Split, find_split, layer_groups, pipeline_stage, register_split
+from {{ cookiecutter.package_name }}.sharding import check_tensor_parallel
+
+
+class Attention(nn.Module):
+    """Self-attention whose heads tensor parallelism would split: qkv colwise, out rowwise."""
+
+    def __init__(self, width: int, num_heads: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.qkv = nn.Linear(width, 3 * width)
+        self.out = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).unflatten(-1, (3, self.num_heads, -1)).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, d)
+        return x + self.out(nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(-2))
+
+
+class TinyViT(nn.Module):
+    """Not the example's shape: a stem, a Sequential of attention layers, a pooling and a classifier."""
+
+    def __init__(self, width: int = 48, num_heads: int = 6) -> None:
+        super().__init__()
+        self.stem = nn.Linear(16, width)
+        self.layers = nn.Sequential(*(Attention(width, num_heads) for _ in range(3)))
+        self.pool = nn.Flatten(-2)
+        self.classifier = nn.Linear(4 * width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.pool(self.layers(self.stem(x))))
+
+
+register_split(
+    TinyViT,
+    Split(
+        first=["stem"],
+        blocks=["layers.*"],
+        last=["pool", "classifier"],
+        tensor_parallel={"layers.*.qkv": ColwiseParallel(), "layers.*.out": RowwiseParallel()},
+    ),
+)
+
+
+def test_pipeline_stages_of_any_chain_compose_to_the_net_under_its_names():
+    torch.manual_seed(0)
+    net, x = TinyViT(), torch.randn(2, 4, 16)
+    stages = [pipeline_stage(net, stage, 2, split_points=[1]) for stage in range(2)]
+    assert torch.equal(stages[1](stages[0](x)), net(x))
+    names = [set(stage.state_dict()) for stage in stages]
+    assert names[0].isdisjoint(names[1]) and names[0] | names[1] == set(net.state_dict())
+    assert {name.split(".")[0] for name in names[0]} == {"stem", "layers"}
+    groups = layer_groups(net, 3)
+    assert [module for group in groups for module in group] == [net.stem, *net.layers, net.pool, net.classifier]
+
+
+def test_the_split_is_found_inside_a_wrapper_and_its_absence_named():
+    wrapper = nn.Module()
+    wrapper.net = TinyViT()
+    assert find_split(wrapper, "pipeline")[0] is wrapper.net
+    wrapper.net = nn.Sequential(nn.Linear(2, 2))
+    with pytest.raises(ConfigError, match="strategy=pipeline needs to know how to split Sequential: add register_split"):
+        find_split(wrapper, "pipeline")
+
+
+def test_tensor_parallel_plan_is_checked_against_heads_and_layers():
+    check_tensor_parallel(TinyViT(), tensor_parallel_size=2)  # 6 heads, 48 features: both divide by 2
+    # 144 qkv features divide by 4, but the 6 heads do not: the module holding them is named.
+    with pytest.raises(ConfigError, match="layers.0 has 6 attention heads, which strategy.tensor_parallel_size=4"):
+        check_tensor_parallel(TinyViT(), tensor_parallel_size=4)
+    with pytest.raises(ConfigError, match="layers.0.qkv has 150 output features, which strategy.tensor_parallel_size"):
+        check_tensor_parallel(TinyViT(width=50, num_heads=2), tensor_parallel_size=4)
+
+
+def test_a_split_naming_a_missing_layer_is_refused():
+    class Renamed(TinyViT):
+        pass
+
+    register_split(Renamed, Split(first=["stem"], blocks=["blocks.*"]))
+    with pytest.raises(ConfigError, match="the Split of Renamed names 'blocks.*', which matches no submodule"):
+        check_tensor_parallel(Renamed(), tensor_parallel_size=2)
