@@ -26,7 +26,6 @@ QUICK = [
 ]
 
 
-
 def unsplit_net() -> list[str]:
     """Overrides that make model.net an nn.Sequential: a net that does not say how to split it."""
     net = OmegaConf.load(Path(__file__).parents[1] / "src" / PACKAGE / "configs" / "model" / "classifier.yaml").net
