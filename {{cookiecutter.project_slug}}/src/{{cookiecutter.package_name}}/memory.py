@@ -129,3 +129,14 @@ def search(fits: Callable[[int], bool], start: int, maximum: int, tolerance: flo
         trials += 1
         low, high = (middle, high) if fits(middle) else (low, middle)
     return low, trials
+
+
+def changed_batch_message(old_global: int, new_global: int, train_samples: int) -> str:
+    """What a batch-size search did to the optimisation, for its log line."""
+    message = f"global batch {old_global} -> {new_global} (x{new_global / old_global:.3g})"
+    if new_global == old_global:
+        return message + ": the optimisation is unchanged"
+    return (
+        message + ": this changes the optimisation (the steps per epoch, and the learning rate that suits them; "
+        f"capped at the {train_samples} training samples)"
+    )

@@ -13,21 +13,50 @@ def simulated_oom() -> torch.OutOfMemoryError:
     return torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
 
-class OOMClassifier(Classifier):
-    """Raises a simulated CUDA OOM on rank `oom_rank` (every rank if None): for any batch larger than
-    `oom_above`, and for the whole batch (not its micro-batches) at the batch indices in `oom_batches`."""
+class OOMInBackward(torch.autograd.Function):
+    """The identity, whose backward runs out of memory: as the gradient of a large activation would."""
 
-    def __init__(self, *args, oom_above: int | None = None, oom_batches=(), oom_rank: int | None = None, **kwargs):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        raise simulated_oom()
+
+
+class OOMClassifier(Classifier):
+    """Raises a simulated CUDA OOM on rank `oom_rank` (every rank if None): in the forward of any batch larger
+    than `oom_above`, in the backward of any batch larger than `oom_in_backward_above`, for the whole batch (not
+    its micro-batches) at the batch indices in `oom_batches`, and for (micro-)batches larger than
+    `oom_limits[batch_idx]` at those batch indices."""
+
+    def __init__(
+        self,
+        *args,
+        oom_above: int | None = None,
+        oom_in_backward_above: int | None = None,
+        oom_batches=(),
+        oom_limits=None,
+        oom_rank: int | None = None,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         self.oom_above, self.oom_batches, self.oom_rank = oom_above, list(oom_batches), oom_rank
-        self.full_size = None
+        self.oom_in_backward_above, self.oom_limits = oom_in_backward_above, dict(oom_limits or {})
 
     def training_step(self, batch, batch_idx):
         size = len(batch[0])
-        if self.oom_rank is None or self.global_rank == self.oom_rank:
+        mine = self.oom_rank is None or self.global_rank == self.oom_rank
+        if mine:
             if self.oom_above is not None and size > self.oom_above:
                 raise simulated_oom()
             whole_batch = size == self.trainer.datamodule.per_device_batch_size
             if self.trainer.training and batch_idx in self.oom_batches and whole_batch:
                 raise simulated_oom()
-        return super().training_step(batch, batch_idx)
+            if size > self.oom_limits.get(batch_idx, size):
+                raise simulated_oom()
+        loss = super().training_step(batch, batch_idx)
+        if mine and self.oom_in_backward_above is not None and size > self.oom_in_backward_above:
+            loss = OOMInBackward.apply(loss)
+        return loss

@@ -13,10 +13,12 @@ import pytest
 import torch
 from conftest import QUICK, make_runner
 from hydra.utils import instantiate
-from oom_sim import simulated_oom
+from oom_sim import OOMClassifier, simulated_oom
 from test_config import compose_config
 
+from {{ cookiecutter.package_name }}.callbacks.batch_size_finder import BatchSizeFinder
 from {{ cookiecutter.package_name }}.callbacks.item_logger import ItemMetricLogger
+from {{ cookiecutter.package_name }}.callbacks.oom_recovery import OOMRecovery, OutOfMemoryStop
 from {{ cookiecutter.package_name }}.datamodule import SyntheticDataModule
 from {{ cookiecutter.package_name }}.memory import is_oom_error, rss_mb, search
 from {{ cookiecutter.package_name }}.model import ResidualMLP
@@ -69,16 +71,80 @@ def test_search_respects_the_maximum_and_reports_nothing_fits():
     assert search(lambda n: False, 64, maximum=100)[0] == 0
 
 
-def test_oom_preset_turns_on_every_part_of_the_toolkit(tmp_path):
+def test_oom_preset_turns_on_the_toolkit_but_not_the_batch_growing_finder(tmp_path):
     cfg = compose_config(tmp_path, "callbacks=oom", "~callbacks.item_logger")
-    assert set(cfg.callbacks) == {
-        *("checkpoint", "last_checkpoint", "progress_bar"),
-        *("batch_size_finder", "oom_recovery", "device_memory"),
-    }
+    assert set(cfg.callbacks) == {"checkpoint", "last_checkpoint", "progress_bar", "oom_recovery", "device_memory"}
     callbacks = [instantiate(node) for node in cfg.callbacks.values()]
-    assert len(callbacks) == 6
+    assert len(callbacks) == 5
     alone = compose_config(tmp_path, "callbacks=[default,oom_recovery]")
     assert set(alone.callbacks) == {"checkpoint", "last_checkpoint", "progress_bar", "oom_recovery"}
+    assert "batch_size_finder" in compose_config(tmp_path, "callbacks=[oom,batch_size_finder]").callbacks
+
+
+# --- in this process, one device: the recovery's memory of a split, backward OOMs, its failure count -----------
+
+
+class StepLosses(L.Callback):
+    def __init__(self):
+        self.losses = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.losses.append(float(outputs["loss"]))
+
+
+def fit_in_process(tmp_path, *callbacks: L.Callback, steps: int = 6, train_size: int | None = None, **oom) -> list:
+    """Per-step losses of a small single-device training whose module simulates OOMs as `oom` says."""
+    torch.manual_seed(0)
+    losses = StepLosses()
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=steps,
+        logger=False,
+        callbacks=[*callbacks, losses],
+        default_root_dir=tmp_path,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
+    model = OOMClassifier(ResidualMLP(32, 8, hidden=16, depth=2), optimizer=partial(torch.optim.SGD, lr=0.5), **oom)
+    datamodule = SyntheticDataModule(batch_size=64, train_size=train_size or 64 * steps, shuffle=False)
+    trainer.fit(model, datamodule=datamodule)
+    return losses.losses
+
+
+@pytest.fixture(scope="module")
+def losses_without_oom(tmp_path_factory):
+    return fit_in_process(tmp_path_factory.mktemp("no-oom"))
+
+
+def test_recovery_keeps_the_split_that_worked(tmp_path, losses_without_oom):
+    """Every batch of 64 is too big: one OOM, then every step starts from 2 parts (not one OOM per step)."""
+    recovery = OOMRecovery()
+    assert fit_in_process(tmp_path, recovery, oom_above=32) == pytest.approx(losses_without_oom, abs=1e-5)
+    assert (recovery.events, recovery.parts) == (1, 2)
+
+
+def test_recovery_catches_an_oom_in_the_backward(tmp_path, losses_without_oom):
+    recovery = OOMRecovery()
+    assert fit_in_process(tmp_path, recovery, oom_in_backward_above=16) == pytest.approx(losses_without_oom, abs=1e-5)
+    assert (recovery.events, recovery.parts) == (2, 4)
+
+
+def test_a_step_that_works_resets_the_failure_count(tmp_path):
+    """OOMs at batches 1 and 3, a working split in between: never two in a row, so no stop at max_consecutive=2."""
+    recovery = OOMRecovery(max_consecutive=2)
+    fit_in_process(tmp_path, recovery, oom_limits={1: 32, 3: 16})
+    assert (recovery.events, recovery.consecutive, recovery.parts) == (2, 0, 4)
+    with pytest.raises(OutOfMemoryStop, match="2 out-of-memory errors in a row at step 1"):
+        fit_in_process(tmp_path, OOMRecovery(max_consecutive=2), oom_limits={1: 1})
+
+
+def test_finder_says_it_changes_the_optimisation_and_stays_within_the_training_split(tmp_path, caplog):
+    """Nothing runs out of memory: the finder would grow to max_batch_size, but 200 samples cap the global batch."""
+    with caplog.at_level("INFO"):
+        fit_in_process(tmp_path, BatchSizeFinder(margin=0.0), steps=1, train_size=200)
+    assert "global batch 64 -> 200 (x3.12): this changes the optimisation" in caplog.text
 
 
 # --- real trainings ----------------------------------------------------------------------------
@@ -106,7 +172,7 @@ def test_split_survives_an_oom_with_the_losses_of_a_run_without(tmp_path, oom_en
     run = make_runner(tmp_path, oom_env)(
         *BASE,
         *LAYOUTS[layout],
-        "callbacks=oom",
+        "callbacks=[oom,batch_size_finder]",
         "+model.oom_batches=[2]",
         f"+model.oom_rank={replicas - 1}",
         f"callbacks.batch_size_finder.max_batch_size={64 // replicas}",  # finds the configured batch again
@@ -140,7 +206,7 @@ def test_finder_then_skip_then_a_clean_stop(tmp_path, oom_env, layout):
     run = make_runner(tmp_path, oom_env)(
         *BASE,
         *LAYOUTS[layout],
-        "callbacks=oom",
+        "callbacks=[oom,batch_size_finder]",
         "callbacks.oom_recovery.policy=skip",
         f"+model.oom_above={threshold}",
         "+model.oom_batches=[1,3,4,5]",

@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from .data import SyntheticData, per_device_batch_size
-from .memory import is_oom_error, memory_metrics, process_memory_figures, search
+from .memory import changed_batch_message, is_oom_error, memory_metrics, process_memory_figures, search
 from .strategies import LossFn, Strategy
 
 
@@ -59,8 +59,8 @@ def find_batch_size(
     per_device = max(1, min(maximum, int(largest * (1 - margin))))
     data.batch_size = per_device * replicas
     accelerator.print(
-        f"find_batch_size: largest per-device batch that fits {largest}; using {per_device} per device "
-        f"(global {old_global} -> {data.batch_size}) after {trials} trials"
+        f"find_batch_size: largest per-device batch that fits {largest}; using {per_device} per device after "
+        f"{trials} trials: {changed_batch_message(old_global, data.batch_size, len(x))}"
     )
     found = {
         "batch_size_finder/largest_fitting": largest,

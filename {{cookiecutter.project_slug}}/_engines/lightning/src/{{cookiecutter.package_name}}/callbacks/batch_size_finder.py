@@ -14,12 +14,13 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
-from ..memory import free_memory, is_oom_error, search
+from ..memory import changed_batch_message, free_memory, is_oom_error, search
 from ..strategies import data_parallel_size
 
 
 class BatchSizeFinder(L.Callback):
-    """Before training, set the DataModule's batch to the largest per-device batch that fits, less a margin.
+    """Before training, set the DataModule's batch to the largest per-device batch that fits, less a margin, and
+    at most the training split (one step per epoch). Opt-in: it changes the optimisation, and says by how much.
 
     Refused (before training) under dp, whose trials would run on the first GPU alone and size the global
     batch by it, and under model_parallel and pipeline, whose forward is itself a collective.
@@ -71,9 +72,10 @@ class BatchSizeFinder(L.Callback):
             "batch_size_finder/lr_factor": lr_factor,
         }
         rank_zero_info(
-            f"BatchSizeFinder: largest per-device batch that fits {largest}; using {per_device} per device "
-            f"(global {old_global} -> {per_device * replicas}, lr x{lr_factor:.3g}) after {trials} trials "
-            f"in {found['batch_size_finder/seconds']:.1f}s"
+            f"BatchSizeFinder: largest per-device batch that fits {largest}; using {per_device} per device after "
+            f"{trials} trials in {found['batch_size_finder/seconds']:.1f}s: "
+            + changed_batch_message(old_global, per_device * replicas, len(dataset))
+            + f" (lr x{lr_factor:.3g})"
         )
         for logger in trainer.loggers:
             logger.log_metrics(found, step=trainer.global_step)

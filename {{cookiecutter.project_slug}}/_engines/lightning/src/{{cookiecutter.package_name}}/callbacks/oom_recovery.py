@@ -1,11 +1,14 @@
-"""Survive an out-of-memory error in a training step: skip the batch, or split it into micro-batches.
+"""Survive an out-of-memory error in a training step, in its forward or its backward: split the batch into
+micro-batches (and keep the split that worked), or skip it.
 
-A callback cannot re-run Lightning's optimization step, so this one wraps the module's training_step
-(and its optimizer_zero_grad, which `split` holds back once) for the duration of training. With several
-processes every rank reports "did I run out of memory?" after each forward pass through one small
-all-reduced flag, before any gradient all-reduce starts, so all ranks take the same decision and none
-waits forever for a rank that failed.
-Limit: an OOM inside the backward of the whole batch (run by Lightning, after training_step) is not caught.
+A callback cannot re-run Lightning's optimization step, so this one wraps the module's training_step (and its
+optimizer_zero_grad, which it holds back once per step) for the duration of training: the wrapped step runs the
+forward AND the backward of the batch, in `parts` micro-batches, catching an OOM in either. With several
+processes the backward runs inside DDP's forward, where DDP does not synchronise gradients: every rank then
+reports "did I run out of memory?" through one small all-reduced flag, so all ranks take the same decision and
+none waits forever for a rank that failed. The step returns the batch's loss plus a zero term over every
+parameter, whose backward (run by Lightning) makes DDP average the gradients computed here.
+Limit: a net whose forward is itself a collective (SyncBatchNorm) can still leave the ranks out of step.
 """
 
 from functools import partial
@@ -24,12 +27,13 @@ class OutOfMemoryStop(RuntimeError):
 
 
 class OOMRecovery(L.Callback):
-    """policy: "skip" drops the batch (its optimizer step changes nothing); "split" computes it as 2, 4,
-    8... micro-batches with gradient accumulation, so the step, its loss and its gradient are the whole batch's.
-    max_consecutive: OOMs in a row before stopping. empty_cache_every_n_epochs: 0 never (emptying the
-    cache synchronises the device, so it is done at epoch ends only). Refused (before training) under dp (the
-    replicas run in threads), model_parallel (a rank that fails mid-forward leaves the others in a collective)
-    and pipeline (the schedule runs the step, not the module's training_step)."""
+    """policy: "split" computes the batch as 2, 4, 8... micro-batches with gradient accumulation, so the step, its
+    loss and its gradient are the whole batch's, and later batches start from the split that worked; "skip" drops
+    the batch (its optimizer step changes nothing). max_consecutive: OOMs in a row, without a step that worked in
+    between, before stopping. empty_cache_every_n_epochs: 0 never (emptying the cache synchronises the device,
+    so it is done at epoch ends only). Refused (before training) under dp (the replicas run in threads),
+    model_parallel (a rank that fails mid-forward leaves the others in a collective) and pipeline (the schedule
+    runs the step, not the module's training_step)."""
 
     supported_presets = ("single", "ddp", "ddp_spawn")
 
@@ -42,11 +46,12 @@ class OOMRecovery(L.Callback):
         self.policy, self.max_consecutive = policy, max_consecutive
         self.empty_cache_every_n_epochs = empty_cache_every_n_epochs
         self.events = self.consecutive = 0
+        self.parts = 1  # micro-batches per batch: the last split that worked
         self._keep_grads = self._skipping = False
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if self.policy == "split" and trainer.accumulate_grad_batches != 1:
-            raise ValueError("OOMRecovery(policy=split) accumulates gradients itself: use accumulate_grad_batches=1")
+        if trainer.accumulate_grad_batches != 1:
+            raise ValueError("OOMRecovery runs the backward itself: use trainer.accumulate_grad_batches=1")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Installed now, not at fit start, so that the batch-size finder's trials see their OOMs.
@@ -62,24 +67,45 @@ class OOMRecovery(L.Callback):
             free_memory()
 
     def _guarded_step(self, trainer: L.Trainer, pl_module: L.LightningModule, step, batch, batch_idx: int):
-        output, oom = None, False
-        try:
-            output = step(batch, batch_idx)
-        except Exception as error:
-            if not is_oom_error(error):
-                raise
-            oom = True
-        if not _any_rank(trainer, oom):
-            self.consecutive = 0
-            return output
-        output = None  # drop the failed forward's graph before freeing
-        self._on_oom(trainer, pl_module, parts=1)
-        if self.policy == "split":
-            return self._split(trainer, pl_module, step, batch, batch_idx)
-        # Skip. Returning None is refused under DDP, so return a zero loss over every parameter: its backward
-        # completes DDP's gradient all-reduce on every rank; the gradients are then dropped before the step.
-        self._skipping = True
-        return sum(parameter.sum() for parameter in pl_module.parameters() if parameter.requires_grad) * 0.0
+        size = len(_first_tensor(batch))
+        while True:
+            loss, oom = None, False
+            try:
+                loss = self._forward_backward(trainer, pl_module, step, batch, batch_idx, min(self.parts, size))
+            except Exception as error:
+                if not is_oom_error(error):
+                    raise
+                oom = True
+            if not _any_rank(trainer, oom):
+                break
+            loss = None  # drop the failed step's graph before freeing
+            for optimizer in trainer.optimizers:
+                optimizer.zero_grad(set_to_none=True)
+            self._on_oom(trainer, pl_module, min(self.parts, size))
+            if self.policy == "skip":
+                self._skipping = True  # the gradients are dropped before the optimizer step
+                return _gradient_sync_term(pl_module)
+            if self.parts >= size:
+                continue  # nothing left to split: try again until max_consecutive stops the run
+            self.parts = min(2 * self.parts, size)
+        if self.consecutive:
+            rank_zero_info(f"OOMRecovery: the batch fits in {self.parts} part(s); later batches start from that split")
+        self.consecutive = 0
+        self._keep_grads = True  # Lightning zeroes gradients after training_step: not this time
+        return loss + _gradient_sync_term(pl_module)
+
+    def _forward_backward(self, trainer, pl_module, step, batch, batch_idx: int, parts: int) -> torch.Tensor:
+        """Forward and backward of the batch in `parts` micro-batches, each loss weighted by its share, so the
+        accumulated gradient and the returned (detached) loss are the whole batch's."""
+        for optimizer in trainer.optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        size, total = len(_first_tensor(batch)), torch.zeros((), device=pl_module.device)
+        for chunk in _chunks(batch, parts):
+            loss = _loss(step(chunk, batch_idx)) * (len(_first_tensor(chunk)) / size)
+            trainer.precision_plugin.pre_backward(loss, pl_module).backward()
+            total += loss.detach()
+            del loss
+        return total
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
         if self._skipping:
@@ -91,42 +117,6 @@ class OOMRecovery(L.Callback):
         if self._skipping:
             self._skipping = False
             outputs.clear()  # a skipped step has no loss: the module and the loggers after us log nothing
-
-    def _split(self, trainer: L.Trainer, pl_module: L.LightningModule, step, batch, batch_idx: int):
-        size = len(_first_tensor(batch))
-        parts = 2
-        while True:
-            failed, output = False, None
-            try:
-                output = self._accumulate(trainer, pl_module, step, batch, batch_idx, parts, size)
-            except Exception as error:
-                if not is_oom_error(error):
-                    raise
-                failed = True
-            if not _any_rank(trainer, failed):
-                return output
-            output = None
-            for optimizer in trainer.optimizers:
-                optimizer.zero_grad(set_to_none=True)
-            self._on_oom(trainer, pl_module, parts)
-            parts = min(2 * parts, size)
-
-    def _accumulate(self, trainer, pl_module, step, batch, batch_idx: int, parts: int, size: int) -> torch.Tensor:
-        """Backward every micro-batch but the last here (locally: under DDP the gradient all-reduce is not
-        armed inside a forward); return the last one's loss for Lightning to backward, which all-reduces
-        the accumulated gradients. Each loss is weighted by its share, so the sum is the whole batch's mean."""
-        for optimizer in trainer.optimizers:
-            optimizer.zero_grad(set_to_none=True)
-        self._keep_grads = True  # Lightning zeroes gradients after training_step: not this time
-        chunks = _chunks(batch, parts)
-        done = torch.zeros((), device=pl_module.device)
-        for chunk in chunks[:-1]:
-            loss = _loss(step(chunk, batch_idx)) * (len(_first_tensor(chunk)) / size)
-            trainer.precision_plugin.pre_backward(loss, pl_module).backward()
-            done += loss.detach()
-            del loss
-        last = _loss(step(chunks[-1], batch_idx)) * (len(_first_tensor(chunks[-1])) / size)
-        return last + done  # the value of the whole batch's loss; its gradient flows through `last` only
 
     def _zero_grad(self, original, *args) -> None:
         if self._keep_grads:
@@ -155,13 +145,19 @@ class OOMRecovery(L.Callback):
         trainer.save_checkpoint(path)  # every rank calls it: it synchronises
         raise OutOfMemoryStop(
             f"{self.consecutive} out-of-memory errors in a row at step {step} (policy {self.policy}); "
-            f"checkpoint saved to {path}. Lower data.batch_size or run the batch-size finder (callbacks=oom)."
+            f"checkpoint saved to {path}. Lower data.batch_size."
         )
 
 
 def _any_rank(trainer: L.Trainer, flag: bool) -> bool:
     """True if `flag` is set on any rank; one small all-reduce when there are several processes."""
     return trainer.strategy.reduce_boolean_decision(flag, all=False) if trainer.world_size > 1 else flag
+
+
+def _gradient_sync_term(pl_module: L.LightningModule) -> torch.Tensor:
+    """Zero, with every trainable parameter in its graph: its backward adds nothing to the gradients, and under
+    DDP it is the backward that averages them over the ranks (DDP expects every parameter to get a gradient)."""
+    return sum(parameter.sum() for parameter in pl_module.parameters() if parameter.requires_grad) * 0.0
 
 
 def _loss(output) -> torch.Tensor:
