@@ -27,18 +27,37 @@ class FailingNet(ResidualMLP):
         return super().forward(x)
 
 
-class OOMNet(ResidualMLP):
-    """Runs out of memory (torch.OutOfMemoryError, as CUDA raises it) on batches larger than `max_batch`,
-    on the process of rank `oom_rank` only: the other processes would happily train with the larger batch."""
+def simulated_oom() -> torch.OutOfMemoryError:
+    return torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    def __init__(self, *args, max_batch: int = 40, oom_rank: int = 0, **kwargs) -> None:
+
+class OOMInBackward(torch.autograd.Function):
+    """The identity, whose backward runs out of memory: as the gradient of a large activation would."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        raise simulated_oom()
+
+
+class OOMNet(ResidualMLP):
+    """Runs out of memory (torch.OutOfMemoryError, as CUDA raises it) on batches larger than `max_batch`, in the
+    forward (or in the backward: `in_backward`), on the process of rank `oom_rank` only: the other processes
+    would happily train with the larger batch."""
+
+    def __init__(self, *args, max_batch: int = 40, oom_rank: int = 0, in_backward: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.max_batch, self.oom_rank = max_batch, oom_rank
+        self.max_batch, self.oom_rank, self.in_backward = max_batch, oom_rank, in_backward
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if len(x) > self.max_batch and int(os.environ.get("RANK", 0)) == self.oom_rank:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return super().forward(x)
+        oom = len(x) > self.max_batch and int(os.environ.get("RANK", 0)) == self.oom_rank
+        if oom and not self.in_backward:
+            raise simulated_oom()
+        out = super().forward(x)
+        return OOMInBackward.apply(out) if oom else out
 
 
 class KilledOnce(ResidualMLP):

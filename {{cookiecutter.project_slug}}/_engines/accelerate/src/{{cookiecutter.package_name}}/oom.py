@@ -1,9 +1,11 @@
-"""The OOM toolkit for the Accelerate loop (`oom=toolkit`): a batch-size search that all processes make
-together (the Lightning engine's algorithm and metric names), and every device's memory on every process,
-logged each epoch. What counts as an OOM error is memory.py's. (`.item()` at intervals needs nothing here:
-train.py only reads the loss on logging steps.)"""
+"""The OOM toolkit for the Accelerate loop (`oom=toolkit`): recovery from an out-of-memory error in a training
+step, every device's memory on every process logged each epoch, and (opt-in, `oom.find_batch_size=true`) a
+batch-size search that all processes make together. The Lightning engine's algorithms and metric names; what
+counts as an OOM error is memory.py's. (`.item()` at intervals needs nothing here: train.py only reads the loss
+on logging steps.)"""
 
 import time
+from functools import partial
 
 import torch
 from accelerate import Accelerator
@@ -12,8 +14,111 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from .data import SyntheticData, per_device_batch_size
+from .config import ConfigError
+from .data import SyntheticData, per_device_batch_size
 from .memory import changed_batch_message, is_oom_error, memory_metrics, process_memory_figures, search
 from .strategies import LossFn, Strategy
+
+
+class OutOfMemoryStop(RuntimeError):
+    """Raised when OOMs keep coming: the batch does not fit."""
+
+
+class OOMRecovery:
+    """Trains a batch as `strategy.train_step` does, surviving an out-of-memory error in its forward or backward.
+
+    policy: "split" computes the batch as 2, 4, 8... micro-batches with gradient accumulation, so the step, its
+    loss and its gradient are the whole batch's, and later batches start from the split that worked; "skip" drops
+    the batch (the optimizer step that follows changes nothing). max_consecutive: OOMs in a row, without a step
+    that worked in between, before stopping.
+
+    Every micro-batch runs under no_sync (no collective that a failed process would leave the others waiting
+    in); then one all-reduced flag tells every process whether any ran out of memory, so all decide together,
+    and only then are the gradients averaged over the processes, in one all-reduce (what DDP's backward would
+    have done). Limit: a net whose forward is itself a collective (SyncBatchNorm) can still leave them out of step.
+    """
+
+    supported_presets = ("single", "ddp", "ddp_spawn")
+
+    def __init__(self, strategy: Strategy, policy: str = "split", max_consecutive: int = 3) -> None:
+        if strategy.name not in self.supported_presets:
+            raise ConfigError(
+                f"oom.recovery works under strategy={'|'.join(self.supported_presets)}, not strategy={strategy.name}; "
+                "turn it off with oom.recovery=null"
+            )
+        if policy not in ("skip", "split"):
+            raise ConfigError(f"oom.recovery.policy={policy!r} is unknown; valid: skip, split")
+        self.strategy, self.policy, self.max_consecutive = strategy, policy, max_consecutive
+        self.events = self.consecutive = 0
+        self.parts = 1  # micro-batches per batch: the last split that worked
+
+    def train_step(
+        self, accelerator: Accelerator, model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn, step: int
+    ) -> torch.Tensor | None:
+        """Forward and backward of the batch, gradients averaged over the processes; the (detached) loss, or None
+        for a skipped batch (its gradients are None)."""
+        while True:
+            loss, oom = None, False
+            try:
+                with accelerator.no_sync(model):
+                    loss = self._forward_backward(accelerator, model, x, y, loss_fn, min(self.parts, len(x)))
+            except Exception as error:
+                if not is_oom_error(error):
+                    raise
+                oom = True
+            failures = accelerator.reduce(torch.tensor([float(oom)], device=accelerator.device), "sum")
+            if failures.item() == 0:
+                break
+            loss = None  # drop the failed step's graph before freeing
+            model.zero_grad(set_to_none=True)
+            self._on_oom(accelerator, step, min(self.parts, len(x)))
+            if self.policy == "skip":
+                return None
+            self.parts = min(2 * self.parts, len(x))
+        if self.consecutive:
+            accelerator.print(f"OOMRecovery: the batch fits in {self.parts} part(s); later batches start from it")
+        self.consecutive = 0
+        average_gradients(accelerator, model)
+        return loss
+
+    def _forward_backward(self, accelerator, model, x, y, loss_fn: LossFn, parts: int) -> torch.Tensor:
+        """The strategy's step on each micro-batch, its loss weighted by its share: the gradients accumulate to the
+        whole batch's, and the sum of the returned losses is its loss."""
+        total = torch.zeros((), device=accelerator.device)
+        for x_part, y_part in zip(x.tensor_split(parts), y.tensor_split(parts), strict=True):
+            weighted = partial(_weighted, loss_fn, len(x_part) / len(x))
+            total += self.strategy.train_step(accelerator, model, x_part, y_part, weighted)
+        return total
+
+    def _on_oom(self, accelerator: Accelerator, step: int, parts: int) -> None:
+        clear_device_cache(garbage_collection=True)  # outside the except block: the failed step's tensors are gone
+        self.events += 1
+        self.consecutive += 1
+        accelerator.print(
+            f"OOMRecovery: out of memory at step {step} (batch in {parts} part(s); {self.consecutive} in a row, "
+            f"policy {self.policy})"
+        )
+        metrics = {"oom/events": self.events, "oom/consecutive": self.consecutive, "oom/parts": parts}
+        accelerator.log({**metrics, "trainer/global_step": step})
+        if self.consecutive >= self.max_consecutive:
+            raise OutOfMemoryStop(
+                f"{self.consecutive} out-of-memory errors in a row at step {step} (policy {self.policy}); "
+                "lower data.batch_size"
+            )
+
+
+def _weighted(loss_fn: LossFn, share: float, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return loss_fn(logits, target) * share
+
+
+def average_gradients(accelerator: Accelerator, model: nn.Module) -> None:
+    """Average the gradients over the processes, as DDP's backward does, in one all-reduce of all of them."""
+    if accelerator.num_processes == 1:
+        return
+    grads = [param.grad for param in model.parameters() if param.grad is not None]
+    averaged = accelerator.reduce(torch.cat([grad.reshape(-1) for grad in grads]), "mean")
+    for grad, part in zip(grads, averaged.split([grad.numel() for grad in grads]), strict=True):
+        grad.copy_(part.view_as(grad))
 
 
 def find_batch_size(

@@ -31,7 +31,7 @@ from .config import ConfigError, ProcessCrashed, fail, register_resolvers, run_c
 from .data import per_device_batch_size
 from .launcher import fit_layout_to_launcher
 from .memory import configure_allocator
-from .oom import find_batch_size, log_device_memory
+from .oom import OOMRecovery, find_batch_size, log_device_memory
 from .precision import resolve_precision, use_tensor_cores
 from .search.epoch_metrics import append_epoch_metrics
 from .strategies import Strategy
@@ -77,6 +77,9 @@ def train(cfg: DictConfig) -> None:
     strategy: Strategy = build(cfg.strategy)
     if cfg.oom.find_batch_size and not strategy.supports_batch_size_search:
         raise ConfigError(f"oom.find_batch_size works with single, ddp, ddp_spawn and dp, not strategy={strategy.name}")
+    recovery = OOMRecovery(strategy, **cfg.oom.recovery) if cfg.oom.recovery else None
+    if recovery and cfg.trainer.accumulate_grad_batches != 1:
+        raise ConfigError("oom.recovery runs the backward itself: use trainer.accumulate_grad_batches=1")
     # Under torchrun or SLURM: the launcher's layout, unless the command line gives one (checked against it).
     preset, overrides = HydraConfig.get().runtime.choices["strategy"], HydraConfig.get().overrides.task
     _, devices = fit_layout_to_launcher(preset, cfg.trainer.num_nodes, cfg.trainer.devices, overrides)
@@ -88,12 +91,12 @@ def train(cfg: DictConfig) -> None:
     per_device_batch_size(cfg.data.batch_size, strategy.data_parallel(0, processes)[0])
 
     def process() -> None:  # a named function: notebook_launcher (ddp_spawn) needs one
-        fit_and_test(cfg, strategy, run_dir)
+        fit_and_test(cfg, strategy, run_dir, recovery)
 
     strategy.launch(process, processes)
 
 
-def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path) -> None:
+def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: OOMRecovery | None) -> None:
     """What every training process runs."""
     use_tensor_cores()
     accelerator = Accelerator(
@@ -129,7 +132,7 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path) -> None:
             )
             progress.found_batch_size = data.batch_size
         loaders = {split: data.loader(split, replicas, rank, accelerator.device.type == "cuda") for split in SPLITS}
-        fit(accelerator, cfg, strategy, model, optimizer, loaders, progress, checkpoints)
+        fit(accelerator, cfg, strategy, model, optimizer, loaders, progress, checkpoints, recovery)
         if cfg.test_after_fit:
             step, best = progress.global_step, checkpoints.folder / "best"
             accelerator.wait_for_everyone()  # the main process writes the checkpoints; the others read them
@@ -176,6 +179,7 @@ def fit(
     loaders: dict[str, Any],
     progress: Progress,
     checkpoints: Checkpoints,
+    recovery: OOMRecovery | None,
 ) -> None:
     trainer, every_n_steps = cfg.trainer, cfg.checkpoint.every_n_steps
     model.train()
@@ -187,7 +191,10 @@ def fit(
         for x, y in loader:
             x, y = to_device(accelerator, x, y)
             with accelerator.accumulate(model):
-                loss = strategy.train_step(accelerator, model, x, y, loss_fn)
+                if recovery:  # None: an out-of-memory error made it skip the batch
+                    loss = recovery.train_step(accelerator, model, x, y, loss_fn, progress.global_step)
+                else:
+                    loss = strategy.train_step(accelerator, model, x, y, loss_fn)
                 if accelerator.sync_gradients:
                     if trainer.gradient_clip_val:
                         accelerator.clip_grad_norm_(model.parameters(), trainer.gradient_clip_val)
@@ -196,7 +203,7 @@ def fit(
             progress.samples += loader.global_batch_size
             if not accelerator.sync_gradients:
                 continue
-            if (progress.global_step + 1) % trainer.log_every_n_steps == 0:
+            if loss is not None and (progress.global_step + 1) % trainer.log_every_n_steps == 0:
                 # The only host sync of the step, and only on logging steps: the mean over all processes is
                 # the global batch's loss (processes that share a batch hold the same loss).
                 metrics = {"train/loss": accelerator.reduce(loss, "mean").item(), **strategy.step_metrics()}

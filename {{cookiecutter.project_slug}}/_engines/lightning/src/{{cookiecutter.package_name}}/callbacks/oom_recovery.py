@@ -89,7 +89,7 @@ class OOMRecovery(L.Callback):
                 continue  # nothing left to split: try again until max_consecutive stops the run
             self.parts = min(2 * self.parts, size)
         if self.consecutive:
-            rank_zero_info(f"OOMRecovery: the batch fits in {self.parts} part(s); later batches start from that split")
+            rank_zero_info(f"OOMRecovery: the batch fits in {self.parts} part(s); later batches start from it")
         self.consecutive = 0
         self._keep_grads = True  # Lightning zeroes gradients after training_step: not this time
         return loss + _gradient_sync_term(pl_module)
