@@ -13,7 +13,6 @@ from accelerate.utils.memory import clear_device_cache
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from .data import SyntheticData, per_device_batch_size
 from .config import ConfigError
 from .data import SyntheticData, per_device_batch_size
 from .memory import changed_batch_message, is_oom_error, memory_metrics, process_memory_figures, search
