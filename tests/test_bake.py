@@ -69,6 +69,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         "tests/test_model_split.py",
         "tests/test_pipelining.py",
         "tests/test_presets.py",
+        "tests/simulated_oom.py",
         "tests/test_search.py",
         "tests/test_tracking.py",
         "tests/test_train.py",

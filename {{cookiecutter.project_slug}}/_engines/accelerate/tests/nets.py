@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import torch
+from simulated_oom import OOMInBackward, simulated_oom
 
 from {{ cookiecutter.package_name }}.model import ResidualMLP
 
@@ -25,22 +26,6 @@ class FailingNet(ResidualMLP):
         if self.calls > self.fail_at:
             raise RuntimeError("FailingNet: simulated crash")
         return super().forward(x)
-
-
-def simulated_oom() -> torch.OutOfMemoryError:
-    return torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-
-
-class OOMInBackward(torch.autograd.Function):
-    """The identity, whose backward runs out of memory: as the gradient of a large activation would."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        raise simulated_oom()
 
 
 class OOMNet(ResidualMLP):

@@ -4,25 +4,9 @@ Used inside training subprocesses (`model._target_=oom_sim.OOMClassifier`), so t
 on their PYTHONPATH.
 """
 
-import torch
+from simulated_oom import OOMInBackward, simulated_oom
 
 from {{ cookiecutter.package_name }}.module import Classifier
-
-
-def simulated_oom() -> torch.OutOfMemoryError:
-    return torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-
-
-class OOMInBackward(torch.autograd.Function):
-    """The identity, whose backward runs out of memory: as the gradient of a large activation would."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        raise simulated_oom()
 
 
 class OOMClassifier(Classifier):

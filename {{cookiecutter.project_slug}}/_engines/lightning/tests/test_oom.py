@@ -13,7 +13,8 @@ import pytest
 import torch
 from conftest import QUICK, make_runner
 from hydra.utils import instantiate
-from oom_sim import OOMClassifier, simulated_oom
+from oom_sim import OOMClassifier
+from simulated_oom import simulated_oom
 from test_config import compose_config
 
 from {{ cookiecutter.package_name }}.callbacks.batch_size_finder import BatchSizeFinder
