@@ -10,8 +10,10 @@ from conftest import PARITY, QUICK, TOLERANCE, K
 from launchers import accelerate_launch
 from nets import OOMNet
 
+from {{ cookiecutter.package_name }}.config import ConfigError
 from {{ cookiecutter.package_name }}.oom import OOMRecovery, OutOfMemoryStop
 from {{ cookiecutter.package_name }}.strategies import Strategy
+from {{ cookiecutter.package_name }}.strategies.pipeline import PipelineParallel
 
 OOM = [*QUICK, "trainer.accelerator=cpu", "oom=toolkit", "model.net._target_=nets.OOMNet", "data.batch_size=128"]
 FINDER = [*OOM, "oom.find_batch_size=true"]
@@ -64,6 +66,12 @@ def test_a_step_that_works_resets_the_failure_count():
         train_steps({"max_consecutive": 2}, {1: 0})
 
 
+def test_presets_whose_forward_is_a_collective_refuse_the_recovery():
+    with pytest.raises(ConfigError) as refused:
+        OOMRecovery(PipelineParallel())
+    assert "oom.recovery works under strategy=single|ddp|ddp_spawn, not strategy=pipeline" in str(refused.value)
+
+
 # --- real trainings ----------------------------------------------------------------------------
 
 
@@ -104,8 +112,6 @@ def test_the_search_grows_a_batch_that_fits_as_lightnings_does(train):
 
 
 @pytest.mark.slow
-def test_presets_whose_forward_is_a_collective_refuse_the_search_and_the_recovery(train):
+def test_presets_whose_forward_is_a_collective_refuse_the_search(train):
     run = train(*FINDER, "strategy=pipeline", check=False)
     run.assert_rejected("oom.find_batch_size works with single, ddp, ddp_spawn and dp, not strategy=pipeline")
-    run = train(*OOM, "strategy=model_parallel", "strategy.mode=layers", check=False)
-    run.assert_rejected("oom.recovery works under strategy=single|ddp|ddp_spawn, not strategy=model_parallel")
