@@ -4,6 +4,8 @@ Samples are Gaussian vectors; labels are the argmax of a fixed random "teacher" 
 every run sees the same data without a download. A map-style Dataset of one split, as data.Data expects.
 """
 
+import functools
+
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
@@ -35,3 +37,16 @@ class SyntheticData(TensorDataset):
                 if name == split:
                     super().__init__(x, teacher(x).argmax(dim=-1))
                     return
+
+
+def data_settings(batch_size: int = 256, shuffle: bool = True, seed: int = 0, num_workers: int = 0, **task) -> dict:
+    """data.Data's settings for this task, as configs/data/synthetic.yaml gives them, for code that builds the
+    data without Hydra (tests, benchmarks): Data(**data_settings(batch_size=64, train_size=512))."""
+    return {
+        "dataset": functools.partial(SyntheticData, seed=seed, **task),
+        "batch_size": batch_size,
+        "shuffle": shuffle,
+        "seed": seed,
+        "num_workers": num_workers,
+        **task,
+    }
