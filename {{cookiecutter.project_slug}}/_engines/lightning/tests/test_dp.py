@@ -14,7 +14,6 @@ from torch import Tensor, nn
 
 from {{ cookiecutter.package_name }}.config import ConfigError
 from {{ cookiecutter.package_name }}.datamodule import DataModule
-from {{ cookiecutter.package_name }}.synthetic import data_settings
 from {{ cookiecutter.package_name }}.model import ResidualMLP
 from {{ cookiecutter.package_name }}.module import Classifier
 from {{ cookiecutter.package_name }}.strategies import data_parallel_size
@@ -25,6 +24,7 @@ from {{ cookiecutter.package_name }}.strategies.dp import (
     ReplicaSteps,
     reduce_gathered,
 )
+from {{ cookiecutter.package_name }}.synthetic import data_settings
 
 pytestmark = pytest.mark.filterwarnings("ignore:strategy=dp replicates")
 

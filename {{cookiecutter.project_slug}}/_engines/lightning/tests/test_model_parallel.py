@@ -9,10 +9,10 @@ import torch.nn.functional as F
 from conftest import PARITY, QUICK, make_runner
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from {{ cookiecutter.package_name }}.synthetic import SyntheticData
 from {{ cookiecutter.package_name }}.model import ResidualMLP
 from {{ cookiecutter.package_name }}.module import Classifier
 from {{ cookiecutter.package_name }}.strategies.model_parallel import LayerSplitStrategy
+from {{ cookiecutter.package_name }}.synthetic import SyntheticData
 
 TOLERANCE = 1e-5
 # One epoch of 4 steps, then validation, then the checkpoint (so best = last = the validated weights).

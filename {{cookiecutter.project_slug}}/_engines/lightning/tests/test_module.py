@@ -8,9 +8,9 @@ from lightning.pytorch.loggers import Logger
 
 from {{ cookiecutter.package_name }}.callbacks.item_logger import ItemMetricLogger
 from {{ cookiecutter.package_name }}.datamodule import DataModule
-from {{ cookiecutter.package_name }}.synthetic import data_settings
 from {{ cookiecutter.package_name }}.model import ResidualMLP
 from {{ cookiecutter.package_name }}.module import Classifier
+from {{ cookiecutter.package_name }}.synthetic import data_settings
 
 
 class Recorder(Logger):

@@ -18,10 +18,10 @@ from test_config import compose_config
 
 from {{ cookiecutter.package_name }}.callbacks.item_logger import ItemMetricLogger
 from {{ cookiecutter.package_name }}.datamodule import DataModule
-from {{ cookiecutter.package_name }}.synthetic import data_settings
 from {{ cookiecutter.package_name }}.memory import is_oom_error, rss_mb, search
 from {{ cookiecutter.package_name }}.model import ResidualMLP
 from {{ cookiecutter.package_name }}.module import Classifier
+from {{ cookiecutter.package_name }}.synthetic import data_settings
 
 STEPS = 6
 BASE = [

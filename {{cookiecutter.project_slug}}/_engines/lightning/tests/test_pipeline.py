@@ -14,11 +14,11 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
 from {{ cookiecutter.package_name }}.config import CONFIG_DIR, ConfigError
-from {{ cookiecutter.package_name }}.synthetic import SyntheticData
 from {{ cookiecutter.package_name }}.model import ResidualMLP, split_blocks
 from {{ cookiecutter.package_name }}.module import Classifier
 from {{ cookiecutter.package_name }}.strategies import check_layout
 from {{ cookiecutter.package_name }}.strategies.pipeline import PipelineStrategy
+from {{ cookiecutter.package_name }}.synthetic import SyntheticData
 
 
 @pytest.mark.parametrize(
