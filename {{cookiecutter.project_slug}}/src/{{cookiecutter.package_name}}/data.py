@@ -22,7 +22,7 @@ class Data:
 
     `dataset` is called as dataset(split=NAME) once per split in `splits` (the config gives a Hydra partial).
     The preset's other keys (data.dir, data.num_features, data.train_size, ...) are there for the dataset and
-    model configs to interpolate; `described` keeps them, the loaders do not use them.
+    model configs to interpolate; the loaders do not use them.
     """
 
     def __init__(
@@ -34,14 +34,13 @@ class Data:
         num_workers: int | str = 0,
         prefetch_factor: int = 2,
         splits: Sequence[str] = SPLITS,
-        **described: Any,
+        **interpolated: Any,
     ) -> None:
         self.dataset = dataset
         self.batch_size = batch_size  # GLOBAL: samples per optimizer step over all data-parallel replicas
         self.shuffle, self.seed = shuffle, seed
         self.num_workers, self.prefetch_factor = num_workers, prefetch_factor
         self.split_names = tuple(splits)
-        self.described = described
         self.splits: dict[str, Dataset] = {}
 
     def setup(self) -> None:

@@ -11,9 +11,9 @@ from .strategies import data_parallel_rank, data_parallel_size
 
 
 class DataModule(L.LightningDataModule):
-    """Takes Data's settings (configs/data/). The loaders always carry their own seeded
-    sampler over the data-parallel replicas: Lightning would insert its own under DDP, which always shuffles
-    the training split and shards over all processes, not over the data-parallel replicas."""
+    """Takes data.Data's settings (configs/data/*.yaml). The loaders always carry their own seeded sampler over
+    the data-parallel replicas: Lightning would insert its own under DDP, which always shuffles the training
+    split and shards over all processes, not over the data-parallel replicas."""
 
     def __init__(self, **settings: Any) -> None:
         super().__init__()
