@@ -20,10 +20,11 @@ from test_config import compose_config
 from {{ cookiecutter.package_name }}.callbacks.batch_size_finder import BatchSizeFinder
 from {{ cookiecutter.package_name }}.callbacks.item_logger import ItemMetricLogger
 from {{ cookiecutter.package_name }}.callbacks.oom_recovery import OOMRecovery, OutOfMemoryStop
-from {{ cookiecutter.package_name }}.datamodule import SyntheticDataModule
+from {{ cookiecutter.package_name }}.datamodule import DataModule
 from {{ cookiecutter.package_name }}.memory import is_oom_error, rss_mb, search
 from {{ cookiecutter.package_name }}.model import ResidualMLP
 from {{ cookiecutter.package_name }}.module import Classifier
+from {{ cookiecutter.package_name }}.synthetic import data_settings
 
 STEPS = 6
 BASE = [
@@ -109,7 +110,7 @@ def fit_in_process(tmp_path, *callbacks: L.Callback, steps: int = 6, train_size:
         limit_val_batches=0,
     )
     model = OOMClassifier(ResidualMLP(32, 8, hidden=16, depth=2), optimizer=partial(torch.optim.SGD, lr=0.5), **oom)
-    datamodule = SyntheticDataModule(batch_size=64, train_size=train_size or 64 * steps, shuffle=False)
+    datamodule = DataModule(**data_settings(batch_size=64, train_size=train_size or 64 * steps, shuffle=False))
     trainer.fit(model, datamodule=datamodule)
     return losses.losses
 
@@ -279,7 +280,7 @@ def fit_and_measure(logger_callback: L.Callback, steps: int = 20) -> float:
     )
     net = ResidualMLP(32, 8, hidden=32, depth=4, expansion=16)  # wide activations, few FLOPs: quick on CPU
     model = ReturnsGraph(net, optimizer=partial(torch.optim.SGD, lr=0.01))
-    trainer.fit(model, datamodule=SyntheticDataModule(batch_size=512, train_size=512 * (steps + 1)))
+    trainer.fit(model, datamodule=DataModule(**data_settings(batch_size=512, train_size=512 * (steps + 1))))
     return probe.rss[-1] - probe.rss[3]
 
 
