@@ -46,7 +46,8 @@ class SyntheticDataModule(L.LightningDataModule):
     def _loader(self, split: str) -> DataLoader:
         rank = data_parallel_rank(self.trainer) if self.trainer is not None else 0
         on_gpu = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
-        return self.data.loader(split, self.replicas, rank, pin_memory=on_gpu)
+        accumulate = self.trainer.accumulate_grad_batches if self.trainer is not None else 1
+        return self.data.loader(split, self.replicas, rank, pin_memory=on_gpu, accumulate=accumulate)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train")
