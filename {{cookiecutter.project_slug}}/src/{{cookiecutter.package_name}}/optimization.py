@@ -51,9 +51,11 @@ def cosine(
     return SequentialLR(optimizer, [warmup(optimizer, warmup_steps), decay], milestones=[warmup_steps])
 
 
-def total_steps(max_steps: int, max_epochs: int, steps_per_epoch: int) -> int:
+def total_steps(max_steps: int, max_epochs: int | None, steps_per_epoch: int) -> int:
     """Optimizer steps of the whole training, which the schedule spans: trainer.max_steps, or fewer if the
-    epochs end first (Lightning's Trainer.estimated_stepping_batches)."""
+    epochs end first (as Lightning's Trainer.estimated_stepping_batches counts them)."""
+    if max_epochs is None or max_epochs < 0:  # no limit on epochs
+        return max_steps
     by_epochs = max_epochs * steps_per_epoch
     return min(max_steps, by_epochs) if max_steps > 0 else by_epochs
 

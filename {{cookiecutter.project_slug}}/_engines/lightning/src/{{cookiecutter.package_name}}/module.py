@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .optimization import OptimizerFactory, current_lr, grouped_optimizer
+from .optimization import OptimizerFactory, current_lr, grouped_optimizer, total_steps
 from .sharding import clip_grad_norm_
 
 
@@ -114,9 +114,16 @@ class Classifier(L.LightningModule):
         optimizer = grouped_optimizer(self.optimizer_factory, self.parameters(), self.no_decay_norms_and_biases)
         if self.scheduler_factory is None:
             return optimizer
-        # Over the whole training: trainer.max_steps, or the epochs' optimizer steps if fewer.
-        scheduler = self.scheduler_factory(optimizer, total_steps=int(self.trainer.estimated_stepping_batches))
+        scheduler = self.scheduler_factory(optimizer, total_steps=self._total_steps())
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def _total_steps(self) -> int:
+        """Optimizer steps of the whole training, which the schedule spans. Not the Trainer's
+        estimated_stepping_batches: it loads the training data before a resumed run restores the loader's
+        position, which is then never restored (Lightning 2.6, FitLoop.setup_data)."""
+        trainer = self.trainer
+        steps_per_epoch = len(trainer.datamodule.train_dataloader()) // trainer.accumulate_grad_batches
+        return total_steps(trainer.max_steps, trainer.max_epochs, steps_per_epoch)
 
 
 def writes_step_metrics(trainer: L.Trainer) -> bool:
