@@ -58,6 +58,7 @@ def step_times(project: Path, with_item_logger: bool, steps: int = 100) -> tuple
     sys.path.insert(0, str(project / "src"))
     package = project.name.replace("-", "_")
     data = __import__(f"{package}.datamodule", fromlist=["x"])
+    synthetic = __import__(f"{package}.synthetic", fromlist=["x"])
     model = __import__(f"{package}.model", fromlist=["x"])
     module = __import__(f"{package}.module", fromlist=["x"])
     item_logger = __import__(f"{package}.callbacks.item_logger", fromlist=["x"])
@@ -86,7 +87,10 @@ def step_times(project: Path, with_item_logger: bool, steps: int = 100) -> tuple
         )
         net = model.ResidualMLP(32, 8)
         classifier = module.Classifier(net, optimizer=partial(torch.optim.AdamW, lr=1e-3))
-        trainer.fit(classifier, datamodule=data.SyntheticDataModule(batch_size=256, train_size=256 * (steps + 1)))
+        trainer.fit(
+            classifier,
+            datamodule=data.DataModule(**synthetic.data_settings(batch_size=256, train_size=256 * (steps + 1))),
+        )
     hook = [
         t for key, ts in profiler.recorded_durations.items() if "ItemMetricLogger.on_train_batch_end" in key for t in ts
     ]

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 
 def main(package: str, epochs: int, batch_size: int, hidden: int = 128, depth: int = 4) -> None:
-    data = importlib.import_module(f"{package}.data")
+    synthetic = importlib.import_module(f"{package}.synthetic")
     model_module = importlib.import_module(f"{package}.model")
     distributed = "RANK" in os.environ
     world, rank = 1, 0
@@ -29,10 +29,8 @@ def main(package: str, epochs: int, batch_size: int, hidden: int = 128, depth: i
         world, rank = dist.get_world_size(), dist.get_rank()
 
     torch.manual_seed(42)
-    synthetic = data.SyntheticData(batch_size=batch_size, seed=42)
-    synthetic.setup()
-    dataset = synthetic.splits["train"]
-    model = model_module.ResidualMLP(synthetic.num_features, synthetic.num_classes, hidden=hidden, depth=depth)
+    dataset = synthetic.SyntheticData("train", seed=42)
+    model = model_module.ResidualMLP(32, 8, hidden=hidden, depth=depth)  # the sizes of configs/data/synthetic.yaml
     sampler = DistributedSampler(dataset, world, rank, shuffle=True, seed=42, drop_last=True) if distributed else None
     loader = DataLoader(
         dataset, batch_size=batch_size // world, shuffle=sampler is None, sampler=sampler, drop_last=True

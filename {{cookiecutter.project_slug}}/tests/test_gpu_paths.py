@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from {{ cookiecutter.package_name }}.config import ConfigError
-from {{ cookiecutter.package_name }}.data import SyntheticData
+from {{ cookiecutter.package_name }}.data import Data
 from {{ cookiecutter.package_name }}.memory import (
     allocator_env_names,
     configure_allocator,
@@ -16,6 +16,7 @@ from {{ cookiecutter.package_name }}.model import ResidualMLP
 from {{ cookiecutter.package_name }}.pipelining import TimedStage, on_cpu
 from {{ cookiecutter.package_name }}.precision import resolve_precision
 from {{ cookiecutter.package_name }}.sharding import OnMeta, is_on_meta, materialize
+from {{ cookiecutter.package_name }}.synthetic import data_settings
 
 
 def test_the_allocator_variable_is_the_one_the_installed_torch_reads():
@@ -79,7 +80,7 @@ def test_a_net_built_on_meta_materialises_with_the_values_a_normal_build_draws()
 
 
 def test_evaluation_splits_every_sample_once_over_replicas():
-    data = SyntheticData(batch_size=4, val_size=11)
+    data = Data(**data_settings(batch_size=4, val_size=11))
     seen = [x for rank in range(2) for batch, _ in data.loader("val", 2, rank) for x in batch]
     assert len(seen) == 11
     assert torch.equal(torch.stack(sorted(seen, key=lambda x: x[0].item())),

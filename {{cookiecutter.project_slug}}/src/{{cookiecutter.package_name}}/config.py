@@ -5,6 +5,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import OmegaConf
+from omegaconf.errors import InterpolationResolutionError, InterpolationToMissingValueError, MissingMandatoryValue
 
 from .tracking import wandb_mode
 
@@ -54,11 +55,27 @@ def run_cli(run: Callable[[], None]) -> None:
 
 
 def register_resolvers() -> None:
-    from .launcher import default_run_id  # launcher.py raises this module's ConfigError
+    from .files import resolve as data_files  # these modules raise this module's ConfigError
+    from .launcher import default_run_id
 
-    for name, resolver in {"default_run_id": default_run_id, "wandb_mode": wandb_mode}.items():
+    resolvers = {"default_run_id": default_run_id, "wandb_mode": wandb_mode, "data_files": data_files}
+    for name, resolver in resolvers.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, resolver)
+
+
+UNRESOLVED = (InterpolationResolutionError, MissingMandatoryValue)  # what OmegaConf raises for the two below
+
+
+def unresolved(error: Exception) -> ConfigError:
+    """The ConfigError behind an OmegaConf error: a resolver's (OmegaConf wraps it, e.g. data=files checking its
+    files), or a required value (???) left unset. Anything else is re-raised."""
+    if isinstance(error.__context__, ConfigError):
+        return error.__context__
+    if isinstance(error, MissingMandatoryValue | InterpolationToMissingValueError):
+        key = str(error).splitlines()[0].rpartition("Missing mandatory value: ")[2]
+        return ConfigError(f"{key} is not set: give it on the command line ({key}=...)")
+    raise error
 
 
 def fail(error: Exception, run_dir: Path | None = None) -> None:

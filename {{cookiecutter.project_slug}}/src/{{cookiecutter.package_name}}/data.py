@@ -1,60 +1,83 @@
-"""The data: a synthetic, learnable classification task, and the one way every engine loads it.
+"""The one way every engine loads data: a map-style Dataset per split, and each data-parallel replica's loader.
 
-Samples are Gaussian vectors; labels are the argmax of a fixed random "teacher" network.
-Everything is generated from the seed, so every process and every run sees the same data
-without a download. Replace `_make_split` (or the whole class) to use your own data.
+The dataset comes from the config (`data.dataset._target_`, constructed once per split as `Class(split=NAME,
+**its keys)`): synthetic.py's generated task by default, files.py's arrays with `data=files`, or any map-style
+torch Dataset of yours. Everything below it (the global batch split over replicas, the seeded order, exact
+mid-epoch resume, worker processes) is the same for all of them.
 """
 
-from collections.abc import Iterator, Sized
+import os
+from collections.abc import Callable, Iterator, Sequence, Sized
 from typing import Any
 
-import torch
-from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from .config import ConfigError
 
+SPLITS = ("train", "val", "test")
 
-class SyntheticData:
+
+class Data:
+    """A dataset per split and the loaders of it.
+
+    `dataset` is called as dataset(split=NAME) once per split in `splits` (the config gives a Hydra partial).
+    The preset's other keys (data.dir, data.num_features, data.train_size, ...) are there for the dataset and
+    model configs to interpolate; the loaders do not use them.
+    """
+
     def __init__(
         self,
+        dataset: Callable[..., Dataset],
         batch_size: int = 256,
-        num_features: int = 32,
-        num_classes: int = 8,
-        train_size: int = 8192,
-        val_size: int = 1024,
-        test_size: int = 1024,
         shuffle: bool = True,
-        num_workers: int = 0,
         seed: int = 0,
+        num_workers: int | str = 0,
+        prefetch_factor: int = 2,
+        splits: Sequence[str] = SPLITS,
+        **interpolated: Any,
     ) -> None:
+        self.dataset = dataset
         self.batch_size = batch_size  # GLOBAL: samples per optimizer step over all data-parallel replicas
-        self.num_features, self.num_classes = num_features, num_classes
-        self.sizes = {"train": train_size, "val": val_size, "test": test_size}
-        self.shuffle, self.num_workers, self.seed = shuffle, num_workers, seed
-        self.splits: dict[str, TensorDataset] = {}
+        self.shuffle, self.seed = shuffle, seed
+        self.num_workers, self.prefetch_factor = num_workers, prefetch_factor
+        self.split_names = tuple(splits)
+        self.splits: dict[str, Dataset] = {}
 
     def setup(self) -> None:
-        """Generate the splits (once; every process generates the same ones from the seed)."""
-        if self.splits:
-            return
-        generator = torch.Generator().manual_seed(self.seed)
-        teacher = nn.Sequential(nn.Linear(self.num_features, 64), nn.Tanh(), nn.Linear(64, self.num_classes))
-        with torch.no_grad():  # small weights, zero biases: a smooth rule with balanced classes
-            for layer in (teacher[0], teacher[2]):
-                layer.weight.copy_(torch.randn(layer.weight.shape, generator=generator) * 0.5 / layer.in_features**0.5)
-                layer.bias.zero_()
-        for name, size in self.sizes.items():
-            self.splits[name] = self._make_split(teacher, size, generator)
+        """Construct each split's dataset (once; every process constructs its own)."""
+        for split in self.split_names:
+            if split not in self.splits:
+                self.splits[split] = self._construct(split)
 
-    @staticmethod
-    @torch.no_grad()
-    def _make_split(teacher: nn.Module, size: int, generator: torch.Generator) -> TensorDataset:
-        x = torch.randn(size, teacher[0].in_features, generator=generator)
-        return TensorDataset(x, teacher(x).argmax(dim=-1))
+    def _construct(self, split: str) -> Dataset:
+        name = getattr(self.dataset, "func", self.dataset)  # the class behind a partial
+        name = getattr(name, "__qualname__", repr(name))
+        try:
+            dataset = self.dataset(split=split)
+        except TypeError as err:  # e.g. a class without a `split` argument, or a key it does not take
+            raise ConfigError(
+                f"data.dataset {name}(split={split!r}, ...): {err} (a class of your own: data=custom, see its yaml)"
+            ) from err
+        if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+            raise ConfigError(f"data.dataset {name} must be a map-style Dataset (with __len__ and __getitem__)")
+        return dataset
+
+    def workers(self, processes_per_node: int) -> int:
+        """num_workers, with `auto` = min(4, CPU cores per training process on this node): enough to keep
+        reading and collating ahead of the step, without the processes of one node fighting for cores."""
+        if self.num_workers != "auto":
+            return int(self.num_workers)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        return min(4, cores // max(1, processes_per_node))
 
     def loader(
-        self, split: str, replicas: int = 1, rank: int = 0, pin_memory: bool = False, accumulate: int = 1
+        self,
+        split: str,
+        replicas: int = 1,
+        rank: int = 0,
+        pin_memory: bool = False,
+        processes_per_node: int = 1,
+        accumulate: int = 1,
     ) -> DataLoader:
         """This data-parallel replica's loader of `split`: `rank`'s share of each global batch, in `accumulate`
         micro-batches (trainer.accumulate_grad_batches).
@@ -74,13 +97,15 @@ class SyntheticData:
         else:
             sampler = EvalSampler(dataset, replicas, rank)
         extra = {"accumulate": accumulate} if train else {}
+        workers = self.workers(processes_per_node)
         return (ResumableLoader if train else DataLoader)(
             dataset,
             batch_size=per_device_batch_size(self.batch_size, replicas, accumulate),
             sampler=sampler,
             drop_last=train,
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
+            num_workers=workers,
+            persistent_workers=workers > 0,  # not restarted every epoch (and every validation)
+            prefetch_factor=self.prefetch_factor if workers else None,  # batches each worker prepares ahead
             pin_memory=pin_memory,  # page-locked host memory makes host-to-GPU copies faster
             **extra,
         )

@@ -25,7 +25,7 @@ from rich.table import Table
 
 from . import hardware
 from .commands import train_command
-from .config import CONFIG_DIR, ConfigError, fail, register_resolvers, run_cli
+from .config import CONFIG_DIR, UNRESOLVED, ConfigError, fail, register_resolvers, run_cli, unresolved
 from .estimate import USABLE, ModelFacts, gradient_traffic, memory_per_device, mesh, model_facts
 from .model import split_blocks
 
@@ -342,6 +342,8 @@ def run(cfg: DictConfig) -> None:
         report = diagnose(cfg, overrides)
     except ConfigError as err:
         fail(err, run_dir)
+    except UNRESOLVED as err:  # e.g. data=files with a bad data.dir
+        fail(unresolved(err), run_dir)
     show(report, Console())
     path = run_dir / "doctor.json"
     path.write_text(json.dumps(report, indent=2))

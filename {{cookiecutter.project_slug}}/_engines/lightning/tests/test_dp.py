@@ -13,7 +13,7 @@ from lightning.fabric.utilities.apply_func import apply_to_collection
 from torch import Tensor, nn
 
 from {{ cookiecutter.package_name }}.config import ConfigError
-from {{ cookiecutter.package_name }}.datamodule import SyntheticDataModule
+from {{ cookiecutter.package_name }}.datamodule import DataModule
 from {{ cookiecutter.package_name }}.model import ResidualMLP
 from {{ cookiecutter.package_name }}.module import Classifier
 from {{ cookiecutter.package_name }}.strategies import data_parallel_size
@@ -24,6 +24,7 @@ from {{ cookiecutter.package_name }}.strategies.dp import (
     ReplicaSteps,
     reduce_gathered,
 )
+from {{ cookiecutter.package_name }}.synthetic import data_settings
 
 pytestmark = pytest.mark.filterwarnings("ignore:strategy=dp replicates")
 
@@ -129,7 +130,7 @@ def test_fewer_than_two_gpus_warns_and_runs_on_one_device():
     assert len([w for w in warned if "strategy=dp" in str(w.message)]) == 1
     assert trainer.num_devices == 1 and trainer.world_size == 1
     assert data_parallel_size(trainer) == 1, "one process loads the whole global batch"
-    datamodule = SyntheticDataModule(batch_size=64)
+    datamodule = DataModule(**data_settings(batch_size=64))
     datamodule.trainer = trainer
     assert datamodule.per_device_batch_size == 64
 
@@ -155,7 +156,7 @@ class ManualOptimization(Recorded):
 def test_what_cannot_work_on_replicas_fails_at_start(tmp_path, model, message):
     trainer = L.Trainer(strategy=DataParallelStrategy(), accelerator="cpu", max_epochs=1, default_root_dir=tmp_path)
     with pytest.raises(ConfigError, match=f"^strategy=dp {message}"):
-        trainer.fit(model(), datamodule=SyntheticDataModule())
+        trainer.fit(model(), datamodule=DataModule(**data_settings()))
     assert trainer.global_step == 0
 
 
@@ -194,7 +195,7 @@ def test_real_steps_on_two_gpus_match_one_gpu(tmp_path):
         model = DeviceRecorded()
         options = dict(max_steps=3, limit_val_batches=2, logger=False, enable_checkpointing=False)
         trainer = L.Trainer(accelerator="gpu", devices=devices, strategy=strategy, default_root_dir=tmp_path, **options)
-        trainer.fit(model, datamodule=SyntheticDataModule(batch_size=64, shuffle=False))
+        trainer.fit(model, datamodule=DataModule(**data_settings(batch_size=64, shuffle=False)))
         assert trainer.num_devices == devices
         return model
 

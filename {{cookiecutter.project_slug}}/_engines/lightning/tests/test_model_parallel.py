@@ -9,10 +9,10 @@ import torch.nn.functional as F
 from conftest import PARITY, QUICK, make_runner
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from {{ cookiecutter.package_name }}.data import SyntheticData
 from {{ cookiecutter.package_name }}.model import ResidualMLP
 from {{ cookiecutter.package_name }}.module import Classifier
 from {{ cookiecutter.package_name }}.strategies.model_parallel import LayerSplitStrategy
+from {{ cookiecutter.package_name }}.synthetic import SyntheticData
 
 TOLERANCE = 1e-5
 # One epoch of 4 steps, then validation, then the checkpoint (so best = last = the validated weights).
@@ -26,9 +26,7 @@ def loss_on(state_dict: dict[str, torch.Tensor], split: str) -> float:
     """The loss of checkpointed weights on a whole split, computed here on one device, no Lightning."""
     net = ResidualMLP(in_features=32, num_classes=8)  # the sizes of configs/model/classifier.yaml
     net.load_state_dict({name.removeprefix("net."): value for name, value in state_dict.items()})
-    data = SyntheticData(seed=42)  # the seed in configs/train.yaml
-    data.setup()
-    x, y = data.splits[split].tensors
+    x, y = SyntheticData(split, seed=42).tensors  # the seed in configs/train.yaml
     with torch.no_grad():
         return F.cross_entropy(net(x), y).item()
 

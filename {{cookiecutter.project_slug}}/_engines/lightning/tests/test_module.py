@@ -7,9 +7,10 @@ import torch
 from lightning.pytorch.loggers import Logger
 
 from {{ cookiecutter.package_name }}.callbacks.item_logger import ItemMetricLogger
-from {{ cookiecutter.package_name }}.datamodule import SyntheticDataModule
+from {{ cookiecutter.package_name }}.datamodule import DataModule
 from {{ cookiecutter.package_name }}.model import ResidualMLP
 from {{ cookiecutter.package_name }}.module import Classifier
+from {{ cookiecutter.package_name }}.synthetic import data_settings
 
 
 class Recorder(Logger):
@@ -86,7 +87,7 @@ def test_train_loss_is_synced_only_on_the_steps_written(tmp_path, options, writt
         default_root_dir=tmp_path,
         **options,
     )
-    trainer.fit(model, datamodule=SyntheticDataModule(batch_size=8, seed=0))
+    trainer.fit(model, datamodule=DataModule(**data_settings(batch_size=8, seed=0)))
     assert sorted(recorder.losses) == written
     assert model.synced == written, "one sync per written step, none in between"
     assert recorder.losses == pytest.approx({step: model.losses[step] for step in written})

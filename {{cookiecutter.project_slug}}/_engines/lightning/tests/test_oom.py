@@ -17,10 +17,11 @@ from oom_sim import simulated_oom
 from test_config import compose_config
 
 from {{ cookiecutter.package_name }}.callbacks.item_logger import ItemMetricLogger
-from {{ cookiecutter.package_name }}.datamodule import SyntheticDataModule
+from {{ cookiecutter.package_name }}.datamodule import DataModule
 from {{ cookiecutter.package_name }}.memory import is_oom_error, rss_mb, search
 from {{ cookiecutter.package_name }}.model import ResidualMLP
 from {{ cookiecutter.package_name }}.module import Classifier
+from {{ cookiecutter.package_name }}.synthetic import data_settings
 
 STEPS = 6
 BASE = [
@@ -212,7 +213,7 @@ def fit_and_measure(logger_callback: L.Callback, steps: int = 20) -> float:
     )
     net = ResidualMLP(32, 8, hidden=32, depth=4, expansion=16)  # wide activations, few FLOPs: quick on CPU
     model = ReturnsGraph(net, optimizer=partial(torch.optim.SGD, lr=0.01))
-    trainer.fit(model, datamodule=SyntheticDataModule(batch_size=512, train_size=512 * (steps + 1)))
+    trainer.fit(model, datamodule=DataModule(**data_settings(batch_size=512, train_size=512 * (steps + 1))))
     return probe.rss[-1] - probe.rss[3]
 
 

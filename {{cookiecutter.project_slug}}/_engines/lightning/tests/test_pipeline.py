@@ -14,11 +14,11 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
 from {{ cookiecutter.package_name }}.config import CONFIG_DIR, ConfigError
-from {{ cookiecutter.package_name }}.data import SyntheticData
 from {{ cookiecutter.package_name }}.model import ResidualMLP, split_blocks
 from {{ cookiecutter.package_name }}.module import Classifier
 from {{ cookiecutter.package_name }}.strategies import check_layout
 from {{ cookiecutter.package_name }}.strategies.pipeline import PipelineStrategy
+from {{ cookiecutter.package_name }}.synthetic import SyntheticData
 
 
 @pytest.mark.parametrize(
@@ -120,11 +120,9 @@ def test_pipeline_checkpoints_round_trip_through_one_device(train):
     single.load_state_dict(torch.load(best, weights_only=True)["state_dict"])
 
     # The single-device model predicts what the pipeline predicted: the same test loss and accuracy.
-    data = SyntheticData(batch_size=64, shuffle=False, seed=42)
-    data.setup()
     single.eval()
     with torch.no_grad():
-        batches = [(single(x), y) for x, y in DataLoader(data.splits["test"], batch_size=64)]
+        batches = [(single(x), y) for x, y in DataLoader(SyntheticData("test", seed=42), batch_size=64)]
     loss = torch.stack([single.loss(logits, y) for logits, y in batches]).mean().item()
     accuracy = torch.cat([logits.argmax(dim=-1) == y for logits, y in batches]).float().mean().item()
     assert loss == pytest.approx(wandb.metric("test/loss")[0], abs=1e-5)

@@ -10,8 +10,9 @@ from accelerate import Accelerator
 from accelerate.utils.memory import clear_device_cache
 from torch import nn
 from torch.utils._pytree import tree_map
+from torch.utils.data import DataLoader
 
-from .data import SyntheticData, per_device_batch_size
+from .data import Data, per_device_batch_size
 from .memory import is_oom_error, memory_metrics, process_memory_figures, search
 from .strategies import LossFn, Strategy
 
@@ -21,7 +22,7 @@ def find_batch_size(
     strategy: Strategy,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
-    data: SyntheticData,
+    data: Data,
     replicas: int,
     loss_fn: LossFn,
     max_batch_size: int = 4096,
@@ -40,7 +41,8 @@ def find_batch_size(
     """
     start, old_global = time.perf_counter(), data.batch_size
     data.setup()
-    x, y = data.splits["train"].tensors
+    train = data.splits["train"]
+    x, y = next(iter(DataLoader(train, batch_size=max_batch_size)))  # enough samples for the largest trial
     saved = cpu_copy((model.state_dict(), optimizer.state_dict(), torch.random.get_rng_state()))
 
     def fits(size: int) -> bool:
@@ -49,7 +51,7 @@ def find_batch_size(
         failures = accelerator.reduce(torch.tensor([0.0 if fitted else 1.0], device=accelerator.device), "sum")
         return failures.item() == 0
 
-    maximum = min(max_batch_size, len(x) // replicas)
+    maximum = min(max_batch_size, len(train) // replicas)
     largest, trials = search(fits, per_device_batch_size(data.batch_size, replicas), maximum, tolerance)
     model.load_state_dict(saved[0])
     optimizer.load_state_dict(saved[1])

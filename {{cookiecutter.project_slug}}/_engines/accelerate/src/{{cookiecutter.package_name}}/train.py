@@ -28,7 +28,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
 from .checkpoints import Checkpoints
-from .config import ConfigError, ProcessCrashed, fail, register_resolvers, run_cli
+from .config import UNRESOLVED, ConfigError, ProcessCrashed, fail, register_resolvers, run_cli, unresolved
 from .data import per_device_batch_size
 from .launcher import fit_layout_to_launcher
 from .memory import configure_allocator
@@ -138,10 +138,13 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path) -> None:
                 accelerator, strategy, model, optimizer, data, replicas, loss_fn, **cfg.oom.batch_size_finder
             )
             progress.found_batch_size = data.batch_size
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes))
         on_gpu, accumulate = accelerator.device.type == "cuda", accumulation(cfg)
-        loaders = {split: data.loader(split, replicas, rank, on_gpu, accumulate) for split in SPLITS}
+        loaders = {
+            split: data.loader(split, replicas, rank, on_gpu, per_node, accumulate) for split in data.split_names
+        }
         fit(accelerator, cfg, strategy, model, optimizer, scheduler, loaders, progress, checkpoints)
-        if cfg.test_after_fit:
+        if cfg.test_after_fit and "test" in loaders:  # data=files: the test split is optional
             step, best = progress.global_step, checkpoints.folder / "best"
             accelerator.wait_for_everyone()  # the main process writes the checkpoints; the others read them
             if best.is_dir():  # else no validation ran: test the weights as they are
@@ -150,9 +153,6 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path) -> None:
         failed = False
     finally:
         finish_wandb(failed)
-
-
-SPLITS = ("train", "val", "test")
 
 
 def resume_point(accelerator: Accelerator, cfg: DictConfig, checkpoints: Checkpoints) -> Path | None:
@@ -332,6 +332,8 @@ def run(cfg: DictConfig) -> None:
         train(cfg)
     except (ConfigError, ProcessCrashed) as err:
         fail(err, Path(HydraConfig.get().runtime.output_dir))
+    except UNRESOLVED as err:  # a resolver's ConfigError (data=files checks its files), or a ??? left unset
+        fail(unresolved(err), Path(HydraConfig.get().runtime.output_dir))
 
 
 def main() -> None:

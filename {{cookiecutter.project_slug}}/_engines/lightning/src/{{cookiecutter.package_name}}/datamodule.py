@@ -1,4 +1,4 @@
-"""The data as a LightningDataModule: data.SyntheticData, laid out by the Trainer's strategy."""
+"""The data as a LightningDataModule: data.Data (any dataset), laid out by the Trainer's strategy."""
 
 from typing import Any
 
@@ -6,18 +6,18 @@ import lightning as L
 from lightning.pytorch.accelerators import CUDAAccelerator
 from torch.utils.data import DataLoader
 
-from .data import SyntheticData, per_device_batch_size
+from .data import Data, per_device_batch_size
 from .strategies import data_parallel_rank, data_parallel_size
 
 
-class SyntheticDataModule(L.LightningDataModule):
-    """Takes SyntheticData's settings (configs/data/synthetic.yaml). The loaders always carry their own seeded
-    sampler over the data-parallel replicas: Lightning would insert its own under DDP, which always shuffles
-    the training split and shards over all processes, not over the data-parallel replicas."""
+class DataModule(L.LightningDataModule):
+    """Takes data.Data's settings (configs/data/*.yaml). The loaders always carry their own seeded sampler over
+    the data-parallel replicas: Lightning would insert its own under DDP, which always shuffles the training
+    split and shards over all processes, not over the data-parallel replicas."""
 
     def __init__(self, **settings: Any) -> None:
         super().__init__()
-        self.data = SyntheticData(**settings)
+        self.data = Data(**settings)
 
     @property
     def batch_size(self) -> int:
@@ -46,8 +46,9 @@ class SyntheticDataModule(L.LightningDataModule):
     def _loader(self, split: str) -> DataLoader:
         rank = data_parallel_rank(self.trainer) if self.trainer is not None else 0
         on_gpu = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
+        per_node = self.trainer.num_devices if self.trainer is not None else 1
         accumulate = self.trainer.accumulate_grad_batches if self.trainer is not None else 1
-        return self.data.loader(split, self.replicas, rank, pin_memory=on_gpu, accumulate=accumulate)
+        return self.data.loader(split, self.replicas, rank, on_gpu, per_node, accumulate)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train")

@@ -25,7 +25,7 @@ from torch.multiprocessing.spawn import ProcessRaisedException
 from .batchnorm import needs_sync, synchronised_message
 from .callbacks.epoch_metrics import EpochMetricsFile
 from .checkpoints import resume_from
-from .config import ConfigError, ProcessCrashed, fail, register_resolvers, run_cli
+from .config import UNRESOLVED, ConfigError, ProcessCrashed, fail, register_resolvers, run_cli, unresolved
 from .data import per_device_batch_size
 from .launcher import fit_layout_to_launcher
 from .memory import configure_allocator
@@ -76,7 +76,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
             for logger in trainer.loggers:  # the resolved config and the run's layout, rank 0 only
                 logger.log_hyperparams(run_summary(cfg, trainer))
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
-        if cfg.test_after_fit:
+        if cfg.test_after_fit and "test" in datamodule.data.split_names:  # data=files: test is optional
             best = trainer.checkpoint_callback and trainer.checkpoint_callback.best_model_path
             trainer.test(model, datamodule=datamodule, ckpt_path="best" if best else None)
         failed = False
@@ -124,6 +124,8 @@ def run(cfg: DictConfig) -> None:
         train(cfg)
     except ConfigError as err:
         fail(err, Path(HydraConfig.get().runtime.output_dir))
+    except UNRESOLVED as err:  # a resolver's ConfigError (data=files checks its files), or a ??? left unset
+        fail(unresolved(err), Path(HydraConfig.get().runtime.output_dir))
     except MisconfigurationException as err:  # found by Lightning once fit starts, e.g. an unknown monitor key
         fail(err)
     except ProcessRaisedException as err:  # strategy=ddp_spawn: a spawned process crashed

@@ -1,0 +1,20 @@
+"""A dataset class of a user's own, for `data=custom data.dataset._target_=custom_dataset.Parity` (tests/ is on the
+trainings' PYTHONPATH): a map-style Dataset constructed once per split with `split=` and its own keys."""
+
+import torch
+from torch.utils.data import Dataset
+
+
+class Parity(Dataset):
+    """Is the sum of a vector's signs even? Each split drawn from its own seed."""
+
+    def __init__(self, split: str, size: int, num_features: int = 6) -> None:
+        generator = torch.Generator().manual_seed(["train", "val", "test"].index(split))
+        self.x = torch.randn(size, num_features, generator=generator)
+        self.y = ((self.x > 0).sum(dim=1) % 2).long()
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[index], self.y[index]

@@ -1,0 +1,140 @@
+"""Bring your own data: data=files (.npz / .pt splits, shapes read from the files) and data=custom (any map-style
+Dataset class), in the engine this project was generated with."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import QUICK
+from custom_dataset import Parity
+
+from {{ cookiecutter.package_name }}.config import ConfigError
+from {{ cookiecutter.package_name }}.data import Data
+from {{ cookiecutter.package_name }}.files import FilesDataset, describe
+
+SHAPE, CLASSES = (3, 4), 5  # image-like samples: flattened to 12 features for the classifier's MLP
+
+
+def write_split(path: Path, size: int, seed: int, **replace: np.ndarray) -> None:
+    """A learnable split: the label is the argmax of a fixed linear map of the sample."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(size, *SHAPE))  # float64, numpy's default
+    y = (x.reshape(size, -1) @ np.random.default_rng(0).normal(size=(12, CLASSES))).argmax(axis=1)
+    arrays = {"x": x, "y": y, **replace}
+    if path.suffix == ".npz":
+        np.savez(path, **arrays)
+    else:
+        torch.save({name: torch.as_tensor(value) for name, value in arrays.items()}, path)
+
+
+@pytest.mark.slow
+def test_files_train_and_size_the_model(tmp_path, train):
+    data = tmp_path / "data"
+    data.mkdir()
+    write_split(data / "train.npz", 256, seed=1)
+    write_split(data / "val.pt", 64, seed=2)
+    write_split(data / "test.npz", 32, seed=3)
+    run = train(*QUICK, "data=files", f"data.dir={data}", "data.batch_size=64", "test_after_fit=true")
+    wandb = run.wandb
+    assert len(wandb.metric("train/loss")) == 4 and len(wandb.metric("val/loss")) == 1
+    assert len(wandb.metric("test/acc")) == 1, "the test split is evaluated when the folder has one"
+    config = wandb.config
+    assert (config["data"]["num_features"], config["data"]["num_classes"]) == (12, CLASSES)
+    assert (config["model"]["net"]["in_features"], config["model"]["net"]["num_classes"]) == (12, CLASSES)
+    assert config["data"]["splits"] == ["train", "val", "test"]
+
+
+@pytest.mark.slow
+def test_a_dataset_class_of_your_own_trains(tmp_path, train):
+    run = train(
+        *QUICK,
+        "data=custom",
+        "data.dataset._target_=custom_dataset.Parity",
+        "+data.dataset.size=256",
+        "data.num_features=6",
+        "data.num_classes=2",
+        "data.splits=[train,val]",
+        "data.batch_size=64",
+        "test_after_fit=true",  # no test split: nothing to test, no error
+    )
+    assert len(run.wandb.metric("train/loss")) == 4 and len(run.wandb.metric("val/loss")) == 1
+    assert run.wandb.metric("test/acc") == []
+
+
+def test_each_split_is_constructed_once_with_its_name():
+    made = []
+
+    def dataset(split: str) -> Parity:
+        made.append(split)
+        return Parity(split, size=40)
+
+    data = Data(dataset, batch_size=8, splits=["train", "val"])
+    for _ in range(2):
+        data.loader("train"), data.loader("val")
+    assert made == ["train", "val"]
+    assert data.workers(processes_per_node=1) == 0, "an int num_workers is taken as is"
+    assert Data(dataset, num_workers="auto").workers(processes_per_node=10**6) == 0, "auto: no more than the cores"
+
+
+BAD = {
+    "missing val": ({"val.pt": None}, "val.npz: not found (nor val.pt)"),
+    "lengths": ({"train.npz": {"y": np.zeros(9, dtype=np.int64)}}, "train.npz: x has 10 samples, y has 9"),
+    "float labels": ({"val.pt": {"y": np.zeros(10, dtype=np.float32)}}, "val.pt: y is float32; class labels must be"),
+    "negative labels": ({"train.npz": {"y": np.full(10, -1)}}, "train.npz: y has negative labels (-1)"),
+    "no y": ({"train.npz": {"y": None}}, "train.npz: needs x and y; it has x"),
+    "shapes": ({"val.pt": {"x": np.zeros((10, 3, 5))}}, "val.pt: samples are shaped x [3, 5], y []; train.npz's are"),
+    "two formats": ({"train.pt": {}}, "train.npz: train.pt is there too; keep one train file"),
+    "not an archive": ({"val.pt": "garbage"}, "val.pt: cannot be read"),
+}  # fmt: skip
+
+
+def bad_folder(root: Path, changes: dict) -> Path:
+    """train.npz and val.pt of 10 samples each, with `changes`: a file left out (None), garbage, or arrays replaced
+    (an array set to None is left out)."""
+    for name in ("train.npz", "val.pt", *changes):
+        change = changes.get(name, {})
+        if change is None:
+            continue
+        if isinstance(change, str):
+            (root / name).write_text(change)
+            continue
+        write_split(root / name, 10, seed=0)
+        arrays = {"x": np.zeros((10, *SHAPE)), "y": np.zeros(10, dtype=np.int64), **change}
+        arrays = {key: value for key, value in arrays.items() if value is not None}
+        if name.endswith(".npz"):
+            np.savez(root / name, **arrays)
+        else:
+            torch.save({key: torch.as_tensor(value) for key, value in arrays.items()}, root / name)
+    return root
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_files_are_named_in_one_line(tmp_path, case):
+    changes, message = BAD[case]
+    with pytest.raises(ConfigError) as error:
+        describe(str(bad_folder(tmp_path, changes)))
+    assert message in str(error.value) and "\n" not in str(error.value)
+    assert str(error.value).startswith(str(tmp_path.resolve())), "the message starts with the file"
+
+
+def test_data_dir_must_be_given():
+    with pytest.raises(ConfigError, match="data.dir is not set: data=files data.dir=DIR"):
+        describe(None)
+
+
+@pytest.mark.slow
+def test_a_bad_folder_stops_the_run_before_training(tmp_path, train):
+    (tmp_path / "data").mkdir()
+    folder = bad_folder(tmp_path / "data", {"val.pt": {"y": np.zeros(10, dtype=np.float32)}})
+    run = train(*QUICK, "data=files", f"data.dir={folder}", check=False)
+    run.assert_rejected(f"error: {folder.resolve() / 'val.pt'}: y is float32; class labels must be integers")
+
+
+def test_samples_keep_their_shape_unless_flattened(tmp_path):
+    write_split(tmp_path / "train.pt", 10, seed=0)
+    write_split(tmp_path / "val.npz", 10, seed=1)
+    assert FilesDataset("val", str(tmp_path))[0][0].shape == (12,)
+    x, y = FilesDataset("train", str(tmp_path), flatten=False)[0]
+    assert x.shape == SHAPE and x.dtype == torch.float32 and y.dtype == torch.int64
+    assert describe(str(tmp_path))["sample_shape"] == list(SHAPE)
