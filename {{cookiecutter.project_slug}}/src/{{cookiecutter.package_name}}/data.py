@@ -71,9 +71,16 @@ class Data:
         return min(4, cores // max(1, processes_per_node))
 
     def loader(
-        self, split: str, replicas: int = 1, rank: int = 0, pin_memory: bool = False, processes_per_node: int = 1
+        self,
+        split: str,
+        replicas: int = 1,
+        rank: int = 0,
+        pin_memory: bool = False,
+        processes_per_node: int = 1,
+        accumulate: int = 1,
     ) -> DataLoader:
-        """This data-parallel replica's loader of `split`: `rank`'s share of each global batch.
+        """This data-parallel replica's loader of `split`: `rank`'s share of each global batch, in `accumulate`
+        micro-batches (trainer.accumulate_grad_batches).
 
         The same seeded sampler for every layout, one replica included: each global batch is then the same
         samples whatever the strategy or engine, shuffled or not. The training split drops its last partial
@@ -89,16 +96,18 @@ class Data:
             )
         else:
             sampler = EvalSampler(dataset, replicas, rank)
+        extra = {"accumulate": accumulate} if train else {}
         workers = self.workers(processes_per_node)
         return (ResumableLoader if train else DataLoader)(
             dataset,
-            batch_size=per_device_batch_size(self.batch_size, replicas),
+            batch_size=per_device_batch_size(self.batch_size, replicas, accumulate),
             sampler=sampler,
             drop_last=train,
             num_workers=workers,
             persistent_workers=workers > 0,  # not restarted every epoch (and every validation)
             prefetch_factor=self.prefetch_factor if workers else None,  # batches each worker prepares ahead
             pin_memory=pin_memory,  # page-locked host memory makes host-to-GPU copies faster
+            **extra,
         )
 
 
@@ -145,14 +154,20 @@ class ResumableLoader(DataLoader):
 
     sampler: ResumableSampler
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, accumulate: int = 1, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.accumulate = accumulate  # micro-batches per optimizer step
         self.batches_done = 0  # of the current epoch, handed out to the training loop
         self._resume: tuple[int, int] | None = None  # (epoch, batches done) to continue from
 
     @property
     def global_batch_size(self) -> int:
+        """Samples per micro-batch over all replicas (per optimizer step when nothing is accumulated)."""
         return self.batch_size * self.sampler.num_replicas
+
+    def __len__(self) -> int:
+        # Whole optimizer steps only: the micro-batches left over at the end of an epoch would make a smaller step.
+        return super().__len__() // self.accumulate * self.accumulate
 
     def __iter__(self) -> Iterator[Any]:
         self.batches_done = 0
@@ -161,6 +176,8 @@ class ResumableLoader(DataLoader):
             self.sampler.start = self.batches_done * self.batch_size
         self._resume = None
         for batch in super().__iter__():
+            if self.batches_done == len(self):
+                break
             self.batches_done += 1
             yield batch
 
@@ -178,14 +195,23 @@ class ResumableLoader(DataLoader):
         self._resume = (epoch, samples // self.global_batch_size)
 
 
-def per_device_batch_size(global_batch_size: int, replicas: int) -> int:
-    """The global batch divided over the data-parallel replicas; a clear error if it does not divide."""
+def per_device_batch_size(global_batch_size: int, replicas: int, accumulate: int = 1) -> int:
+    """The micro-batch each replica computes at once: the global batch divided over the data-parallel replicas
+    and the micro-batches accumulated per optimizer step (trainer.accumulate_grad_batches); a clear error if it
+    does not divide."""
+    parts = replicas * accumulate
+    if accumulate > 1 and (global_batch_size < 1 or global_batch_size % parts):
+        raise ConfigError(
+            f"data.batch_size={global_batch_size} is the global batch = micro-batch x "
+            f"trainer.accumulate_grad_batches={accumulate} x {replicas} data-parallel replicas, so a positive "
+            f"multiple of {parts}; nearest valid: {nearest_multiples(global_batch_size, parts)}"
+        )
     if global_batch_size < 1 or global_batch_size % replicas:
         raise ConfigError(
             f"data.batch_size={global_batch_size} is the global batch and must be a positive multiple of the "
             f"{replicas} data-parallel replicas; nearest valid: {nearest_multiples(global_batch_size, replicas)}"
         )
-    return global_batch_size // replicas
+    return global_batch_size // parts
 
 
 def nearest_multiples(value: int, factor: int) -> str:

@@ -12,13 +12,21 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from .model_split import Split, register_split
 
+NORMS = {"layer": nn.LayerNorm, "batch": nn.BatchNorm1d, "none": lambda features: nn.Identity()}
+
+
+def make_norm(norm: str, features: int) -> nn.Module:
+    if norm not in NORMS:
+        raise ValueError(f"norm={norm!r} is unknown; valid: {', '.join(NORMS)}")
+    return NORMS[norm](features)
+
 
 class Block(nn.Module):
     """Pre-norm residual MLP block: x + fc_out(gelu(fc_in(norm(x))))."""
 
-    def __init__(self, hidden: int, expansion: int) -> None:
+    def __init__(self, hidden: int, expansion: int, norm: str = "layer") -> None:
         super().__init__()
-        self.norm = nn.LayerNorm(hidden)
+        self.norm = make_norm(norm, hidden)
         self.fc_in = nn.Linear(hidden, hidden * expansion)
         self.act = nn.GELU()
         self.fc_out = nn.Linear(hidden * expansion, hidden)
@@ -28,13 +36,24 @@ class Block(nn.Module):
 
 
 class ResidualMLP(nn.Module):
-    """embed -> depth x Block -> norm -> head. Outputs class logits."""
+    """embed -> depth x Block -> norm -> head. Outputs class logits.
 
-    def __init__(self, in_features: int, num_classes: int, hidden: int = 128, depth: int = 4, expansion: int = 4):
+    norm: "layer" (LayerNorm), "batch" (BatchNorm1d: under ddp its batch statistics are synchronised over the
+    processes, see batchnorm.py) or "none"."""
+
+    def __init__(
+        self,
+        in_features: int,
+        num_classes: int,
+        hidden: int = 128,
+        depth: int = 4,
+        expansion: int = 4,
+        norm: str = "layer",
+    ) -> None:
         super().__init__()
         self.embed = nn.Linear(in_features, hidden)
-        self.blocks = nn.ModuleList(Block(hidden, expansion) for _ in range(depth))
-        self.norm = nn.LayerNorm(hidden)
+        self.blocks = nn.ModuleList(Block(hidden, expansion, norm) for _ in range(depth))
+        self.norm = make_norm(norm, hidden)
         self.head = nn.Linear(hidden, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -55,23 +55,25 @@ def test_shuffled_runs_match_too(train, single_losses):
 
 # Plain SGD, so that clipping changes the update in proportion (Adam's update hardly depends on the scale).
 SGD = ["model.optimizer._target_=torch.optim.SGD", "model.optimizer.lr=0.1", "trainer.gradient_clip_val=0.05"]
-HALVES = ["data.batch_size=32", "trainer.accumulate_grad_batches=2"]
 
 
 def test_accumulated_half_batches_train_like_the_whole_batch(train):
-    """Two accumulated half batches are one whole batch: on every layout the clipped weights after K optimizer
-    steps equal single's at the whole batch. Under ddp the first half skips the gradient all-reduce (no_sync);
-    under model_parallel the clip must use the norm of the whole gradient, not of each shard."""
+    """data.batch_size stays the global batch: as two accumulated half batches it is one whole batch, so on every
+    layout the logged losses and the clipped weights after K optimizer steps equal single's at the whole batch.
+    Under ddp the first half skips the gradient all-reduce (no_sync); under model_parallel the clip must use the
+    norm of the whole gradient, not of each shard."""
     whole_batch = [*PARITY, *SGD]
-    expected = weights(train(*whole_batch, "strategy=single"))
+    whole = train(*whole_batch, "strategy=single")
+    expected = weights(whole)
     unclipped = weights(train(*(o for o in whole_batch if "clip" not in o), "strategy=single"))
     assert not all(torch.allclose(expected[name], unclipped[name], atol=1e-4) for name in expected), "no clipping"
 
-    halves = [*(o for o in whole_batch if o != "data.batch_size=64"), *HALVES]
+    halves = [*whole_batch, "trainer.accumulate_grad_batches=2"]
     for overrides, launcher in [(["strategy=single"], None), (["strategy=ddp"], accelerate_launch()),
                                 (["strategy=model_parallel"], accelerate_launch())]:  # fmt: skip
         run = train(*halves, *overrides, launcher=launcher)
         assert run.wandb.steps("train/loss") == list(range(K)), "logged once per optimizer step"
+        assert run.losses(K) == pytest.approx(whole.losses(K), abs=TOLERANCE), f"{overrides[0]}: the batch's loss"
         got = weights(run)
         for name, value in expected.items():
             assert torch.allclose(got[name], value, atol=TOLERANCE), f"{overrides[0]}: {name} differs"

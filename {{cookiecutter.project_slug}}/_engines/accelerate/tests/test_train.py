@@ -35,8 +35,10 @@ def test_default_training_learns_and_logs_offline_to_wandb(train):
 # the full state dict of the sharded net and optimizer (model_parallel).
 @pytest.mark.parametrize("preset", ["ddp", "pipeline", "model_parallel"])
 def test_resume_continues_where_the_run_stopped(train, preset):
-    """Stop at step 5 of 10, resume from checkpoints/last: the losses after the stop equal an uninterrupted run's."""
+    """Stop at step 5 of 10, resume from checkpoints/last: the losses after the stop equal an uninterrupted run's.
+    A constant learning rate: a schedule spans trainer.max_steps, which this test changes between the runs."""
     common = [*QUICK, "data.shuffle=true", "data.batch_size=64", "trainer.accelerator=cpu", f"strategy={preset}"]
+    common.append("scheduler=constant")
     whole = train(*common, "trainer.max_steps=10", launcher=accelerate_launch()).losses(10)
     first = train(*common, "trainer.max_steps=5", launcher=accelerate_launch())
     last = first.run_dir / "checkpoints" / "last"

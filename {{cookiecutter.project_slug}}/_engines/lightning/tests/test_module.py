@@ -48,7 +48,9 @@ class Spied(Classifier):
         super().log(name, value, **options)
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
-        self.losses[self.trainer.fit_loop.epoch_loop._batches_that_stepped] = outputs["loss"].item()
+        # Accumulated batches: Lightning divides each loss by their number, so their sum is the step's loss.
+        step = self.trainer.fit_loop.epoch_loop._batches_that_stepped
+        self.losses[step] = self.losses.get(step, 0.0) + outputs["loss"].item()
         super().on_train_batch_end(outputs, batch, batch_idx)
 
 

@@ -45,6 +45,17 @@ def test_shuffled_runs_match_too(train, single_losses):
     assert train(*shuffled, "strategy=ddp", "trainer.devices=2").losses(K) == pytest.approx(single, abs=TOLERANCE)
 
 
+@pytest.mark.parametrize("name", ["single", "ddp"])
+def test_accumulated_micro_batches_train_like_the_whole_global_batch(train, single_losses, name):
+    """data.batch_size stays the global batch: as 2 accumulated micro-batches on each of 1 or 2 processes, every
+    step computes, and logs, what one device computes on the whole batch at once."""
+    overrides = ["strategy=single"] if name == "single" else ["strategy=ddp", "trainer.devices=2"]
+    run = train(*PARITY, *overrides, "trainer.accumulate_grad_batches=2")
+    assert run.wandb.steps("train/loss")[:K] == list(range(K)), "logged once per optimizer step"
+    assert run.losses(K) == pytest.approx(single_losses, abs=TOLERANCE), name
+    assert run.wandb.config["run"]["per_device_batch_size"] == 64 // 2 // run.wandb.config["run"]["world_size"]
+
+
 @pytest.mark.parametrize("name", ["ddp", "model_parallel-dp2xtp2"])
 def test_logging_every_few_steps_still_logs_the_global_batch_loss(train, single_losses, name):
     """train/loss is averaged over the processes only on the steps that are logged, with the same result."""

@@ -25,6 +25,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
+from torch.optim.lr_scheduler import LRScheduler
 
 from .checkpoints import Checkpoints
 from .config import UNRESOLVED, ConfigError, ProcessCrashed, fail, register_resolvers, run_cli, unresolved
@@ -32,6 +33,7 @@ from .data import per_device_batch_size
 from .launcher import fit_layout_to_launcher
 from .memory import configure_allocator
 from .oom import OOMRecovery, find_batch_size, log_device_memory
+from .optimization import current_lr, grouped_optimizer, total_steps
 from .precision import resolve_precision, use_tensor_cores
 from .search.epoch_metrics import append_epoch_metrics
 from .strategies import Strategy
@@ -88,7 +90,7 @@ def train(cfg: DictConfig) -> None:
     processes = strategy.processes(int(os.environ.get("WORLD_SIZE", 1)), devices)
     with torch.device("meta"):  # shapes and hooks only: the real net is built in each process
         strategy.check_layout(processes, build(cfg.model.net), cfg)
-    per_device_batch_size(cfg.data.batch_size, strategy.data_parallel(0, processes)[0])
+    per_device_batch_size(cfg.data.batch_size, strategy.data_parallel(0, processes)[0], accumulation(cfg))
 
     def process() -> None:  # a named function: notebook_launcher (ddp_spawn) needs one
         fit_and_test(cfg, strategy, run_dir, recovery)
@@ -110,10 +112,18 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
     set_seed(cfg.seed)
     data = build(cfg.data)
     net = strategy.build_net(lambda: build(cfg.model.net))
-    model, optimizer = strategy.prepare(accelerator, net, build(cfg.model.optimizer))
+    optimizer_factory = functools.partial(
+        grouped_optimizer, build(cfg.model.optimizer), no_decay_norms_and_biases=cfg.model.no_decay_norms_and_biases
+    )
+    model, optimizer = strategy.prepare(accelerator, net, optimizer_factory)
     replicas, rank = strategy.data_parallel(accelerator.process_index, accelerator.num_processes)
+    # Over the whole training, as Lightning's estimated_stepping_batches: trainer.max_steps, or the epochs' steps.
+    steps_per_epoch = len(data.loader("train", replicas, rank, accumulate=accumulation(cfg))) // accumulation(cfg)
+    total = total_steps(cfg.trainer.max_steps, cfg.trainer.max_epochs, steps_per_epoch)
+    scheduler = build(cfg.scheduler)(optimizer, total_steps=total)
     progress = Progress()
-    accelerator.register_for_checkpointing(progress, *strategy.checkpoint_objects(model, optimizer))
+    # The strategy's objects come right after the progress: load_trained reads the first of them.
+    accelerator.register_for_checkpointing(progress, *strategy.checkpoint_objects(model, optimizer), scheduler)
     checkpoints = Checkpoints(accelerator, run_dir / "checkpoints")
     start = resume_point(accelerator, cfg, checkpoints)
     if start:
@@ -132,9 +142,11 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
             )
             progress.found_batch_size = data.batch_size
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes))
-        on_gpu = accelerator.device.type == "cuda"
-        loaders = {split: data.loader(split, replicas, rank, on_gpu, per_node) for split in data.split_names}
-        fit(accelerator, cfg, strategy, model, optimizer, loaders, progress, checkpoints, recovery)
+        on_gpu, accumulate = accelerator.device.type == "cuda", accumulation(cfg)
+        loaders = {
+            split: data.loader(split, replicas, rank, on_gpu, per_node, accumulate) for split in data.split_names
+        }
+        fit(accelerator, cfg, strategy, model, optimizer, scheduler, loaders, progress, checkpoints, recovery)
         if cfg.test_after_fit and "test" in loaders:  # data=files: the test split is optional
             step, best = progress.global_step, checkpoints.folder / "best"
             accelerator.wait_for_everyone()  # the main process writes the checkpoints; the others read them
@@ -175,12 +187,14 @@ def fit(
     strategy: Strategy,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler,
     loaders: dict[str, Any],
     progress: Progress,
     checkpoints: Checkpoints,
     recovery: OOMRecovery | None,
 ) -> None:
     trainer, every_n_steps = cfg.trainer, cfg.checkpoint.every_n_steps
+    step_loss = 0.0  # the sum of the optimizer step's micro-batch losses so far
     model.train()
     while progress.epoch < trainer.max_epochs and not done(progress, trainer.max_steps):
         epoch, loader = progress.epoch, loaders["train"]
@@ -190,23 +204,29 @@ def fit(
         for x, y in loader:
             x, y = to_device(accelerator, x, y)
             with accelerator.accumulate(model):
-                if recovery:  # None: an out-of-memory error made it skip the batch
+                if recovery:  # None: an out-of-memory error made it skip the batch (recovery refuses accumulation)
                     loss = recovery.train_step(accelerator, model, x, y, loss_fn, progress.global_step)
                 else:
                     loss = strategy.train_step(accelerator, model, x, y, loss_fn)
+                if loss is not None:
+                    step_loss = step_loss + loss
                 if accelerator.sync_gradients:
                     if trainer.gradient_clip_val:
                         accelerator.clip_grad_norm_(model.parameters(), trainer.gradient_clip_val)
+                    lr = current_lr(optimizer)
                     optimizer.step()
-                    optimizer.zero_grad()
+                    scheduler.step()  # once per optimizer step (not accelerate's prepared scheduler, which steps
+                    optimizer.zero_grad()  # once per process unless the batch is split: not the global-batch meaning)
             progress.samples += loader.global_batch_size
             if not accelerator.sync_gradients:
                 continue
             if loss is not None and (progress.global_step + 1) % trainer.log_every_n_steps == 0:
-                # The only host sync of the step, and only on logging steps: the mean over all processes is
-                # the global batch's loss (processes that share a batch hold the same loss).
-                metrics = {"train/loss": accelerator.reduce(loss, "mean").item(), **strategy.step_metrics()}
+                # The only host sync of the step, and only on logging steps: the mean over the micro-batches and
+                # all processes is the global batch's loss (processes that share a batch hold the same loss).
+                loss = accelerator.reduce(step_loss / accumulation(cfg), "mean").item()
+                metrics = {"train/loss": loss, "train/lr": lr, **strategy.step_metrics()}
                 log(accelerator, {**metrics, "epoch": epoch}, progress.global_step)
+            step_loss = 0.0
             progress.global_step += 1
             if done(progress, trainer.max_steps):
                 break
@@ -217,6 +237,11 @@ def fit(
             validate(accelerator, cfg, strategy, model, loaders["val"], progress, epoch, checkpoints)
             continue
         checkpoints.save(progress.global_step)  # stopped at trainer.max_steps
+
+
+def accumulation(cfg: DictConfig) -> int:
+    """Micro-batches per optimizer step: data.batch_size stays the global batch, each is a part of it."""
+    return cfg.trainer.accumulate_grad_batches
 
 
 def done(progress: Progress, max_steps: int) -> bool:
@@ -293,7 +318,7 @@ def start_wandb(accelerator: Accelerator, cfg: DictConfig, strategy: Strategy, r
         "devices": per_node,
         "num_nodes": processes // per_node,
         "data_parallel_size": replicas,
-        "per_device_batch_size": per_device_batch_size(batch, replicas),
+        "per_device_batch_size": per_device_batch_size(batch, replicas, accumulation(cfg)),
         **strategy.describe(),
     }
     accelerator.init_trackers(cfg.logger.project, config=config)

@@ -47,7 +47,8 @@ class DataModule(L.LightningDataModule):
         rank = data_parallel_rank(self.trainer) if self.trainer is not None else 0
         on_gpu = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
         per_node = self.trainer.num_devices if self.trainer is not None else 1
-        return self.data.loader(split, self.replicas, rank, pin_memory=on_gpu, processes_per_node=per_node)
+        accumulate = self.trainer.accumulate_grad_batches if self.trainer is not None else 1
+        return self.data.loader(split, self.replicas, rank, on_gpu, per_node, accumulate)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train")

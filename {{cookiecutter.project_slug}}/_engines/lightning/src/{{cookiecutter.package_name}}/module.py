@@ -1,21 +1,32 @@
-"""The LightningModule: owns the loss, the metrics and the optimizer; the network is injected."""
+"""The LightningModule: owns the loss, the metrics, the optimizer and its schedule; the network is injected."""
 
 from collections.abc import Callable
+from typing import Any
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .optimization import OptimizerFactory, current_lr, grouped_optimizer, total_steps
 from .sharding import clip_grad_norm_
 
 
 class Classifier(L.LightningModule):
-    def __init__(self, net: nn.Module, optimizer: Callable[..., torch.optim.Optimizer]) -> None:
+    def __init__(
+        self,
+        net: nn.Module,
+        optimizer: OptimizerFactory,
+        no_decay_norms_and_biases: bool = True,
+        scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None = None,
+    ) -> None:
         super().__init__()
         self.net = net
-        self.optimizer_factory = optimizer
+        self.optimizer_factory, self.no_decay_norms_and_biases = optimizer, no_decay_norms_and_biases
+        self.scheduler_factory = scheduler  # configs/scheduler/, given by train.py
         self._totals: dict[str, torch.Tensor] = {}  # per split: loss sum, correct, targets (several processes)
+        self._step_loss: torch.Tensor | float = 0.0  # of the optimizer step's accumulated batches so far
+        self._step_lr = 0.0  # the learning rate of the last optimizer step
 
     def configure_model(self) -> None:
         # Lightning calls this once the processes exist. Only model_parallel's tensor mode has a device
@@ -34,14 +45,26 @@ class Classifier(L.LightningModule):
         x, y = batch
         return self.loss(self(x), y)
 
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self._step_lr = current_lr(optimizer)  # before the schedule moves it on, after this batch
+
     def on_train_batch_end(self, outputs: dict[str, torch.Tensor], batch: object, batch_idx: int) -> None:
         # Logged here, from the loss the step returned, whatever ran the step: a step the OOM recovery split
         # into micro-batches logs the loss of its whole batch, and strategy=pipeline returns the last stage's
         # loss on every stage. A skipped step has no loss (Lightning then repeats the last value logged).
+        # Lightning divides the loss of each of trainer.accumulate_grad_batches batches by their number, so
+        # their sum is the loss of the optimizer step's global batch.
+        if "loss" not in outputs:
+            return
+        self._step_loss = self._step_loss + outputs["loss"]
+        if self.automatic_optimization and self.trainer.fit_loop._should_accumulate():
+            return
         # sync_dist: the mean over all processes, i.e. the loss of the global batch (the tensor-parallel ranks
         # of a model_parallel replica hold the same loss). It is an all-reduce, so only on steps the loggers see.
-        if "loss" in outputs and writes_step_metrics(self.trainer):
-            self.log("train/loss", outputs["loss"], on_step=True, on_epoch=False, sync_dist=True)
+        if writes_step_metrics(self.trainer):
+            self.log("train/loss", self._step_loss, on_step=True, on_epoch=False, sync_dist=True)
+            self.log("train/lr", self._step_lr, on_step=True, on_epoch=False)
+        self._step_loss = 0.0
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "val")
@@ -87,8 +110,20 @@ class Classifier(L.LightningModule):
             return
         super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return self.optimizer_factory(self.parameters())
+    def configure_optimizers(self) -> torch.optim.Optimizer | dict[str, Any]:
+        optimizer = grouped_optimizer(self.optimizer_factory, self.parameters(), self.no_decay_norms_and_biases)
+        if self.scheduler_factory is None:
+            return optimizer
+        scheduler = self.scheduler_factory(optimizer, total_steps=self._total_steps())
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def _total_steps(self) -> int:
+        """Optimizer steps of the whole training, which the schedule spans. Not the Trainer's
+        estimated_stepping_batches: it loads the training data before a resumed run restores the loader's
+        position, which is then never restored (Lightning 2.6, FitLoop.setup_data)."""
+        trainer = self.trainer
+        steps_per_epoch = len(trainer.datamodule.train_dataloader()) // trainer.accumulate_grad_batches
+        return total_steps(trainer.max_steps, trainer.max_epochs, steps_per_epoch)
 
 
 def writes_step_metrics(trainer: L.Trainer) -> bool:

@@ -16,10 +16,13 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, OmegaConf
 from torch.multiprocessing.spawn import ProcessRaisedException
 
+from .batchnorm import needs_sync, synchronised_message
 from .callbacks.epoch_metrics import EpochMetricsFile
 from .checkpoints import resume_from
 from .config import UNRESOLVED, ConfigError, ProcessCrashed, fail, register_resolvers, run_cli, unresolved
@@ -60,8 +63,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
         cfg.trainer, num_nodes=num_nodes, devices=devices, strategy=cfg.strategy, callbacks=callbacks, logger=logger
     )
     with model_init_context(trainer):  # model_parallel: on the meta device, each rank allocates its shards
-        model = build(cfg.model)
+        model = build(cfg.model, scheduler=build(cfg.scheduler))
     check_layout(preset(), trainer, cfg.data.batch_size, model)  # fail now, not inside a worker process
+    on_gpu = isinstance(trainer.accelerator, CUDAAccelerator)
+    if cfg.trainer.sync_batchnorm and needs_sync(model, trainer.world_size, on_gpu, preset()):
+        rank_zero_info(synchronised_message(trainer.world_size))  # Lightning converts them (sync_batchnorm)
 
     failed = True
     try:
@@ -100,7 +106,9 @@ def run_summary(cfg: DictConfig, trainer: L.Trainer) -> dict[str, Any]:
         "devices": trainer.num_devices,
         "num_nodes": trainer.num_nodes,
         "data_parallel_size": data_parallel_size(trainer),
-        "per_device_batch_size": per_device_batch_size(cfg.data.batch_size, data_parallel_size(trainer)),
+        "per_device_batch_size": per_device_batch_size(
+            cfg.data.batch_size, data_parallel_size(trainer), trainer.accumulate_grad_batches
+        ),
     }
     return summary
 

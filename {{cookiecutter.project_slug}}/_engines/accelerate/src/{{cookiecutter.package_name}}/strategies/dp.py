@@ -10,8 +10,10 @@ from collections.abc import Callable
 
 import torch
 from accelerate import Accelerator
+from omegaconf import DictConfig
 from torch import nn
 
+from ..batchnorm import data_parallel_problem
 from ..config import ConfigError
 from . import Strategy
 
@@ -29,6 +31,12 @@ class DataParallel(Strategy):
             raise ConfigError("strategy=dp is one process: run it with python, not a launcher (or use strategy=ddp)")
         self.devices = devices
         return 1
+
+    def check_layout(self, processes: int, net: nn.Module, cfg: DictConfig) -> None:
+        super().check_layout(processes, net, cfg)
+        on_gpu = cfg.trainer.accelerator != "cpu" and torch.cuda.is_available()
+        if problem := data_parallel_problem(net, min(self.devices, torch.cuda.device_count()) if on_gpu else 1):
+            raise ConfigError(f"strategy=dp {problem}")
 
     def data_parallel(self, process_index: int, processes: int) -> tuple[int, int]:
         return 1, 0  # one process reads the whole global batch; the scatter splits it

@@ -36,7 +36,7 @@ def check_layout(preset: str, trainer: L.Trainer, global_batch_size: int, module
             f"strategy=single runs one device but trainer.devices={trainer.num_devices} x "
             f"trainer.num_nodes={trainer.num_nodes} asks for {trainer.world_size}; use strategy=ddp for several"
         )
-    per_device_batch_size(global_batch_size, data_parallel_size(trainer))
+    per_device_batch_size(global_batch_size, data_parallel_size(trainer), trainer.accumulate_grad_batches)
     for callback in trainer.callbacks:  # e.g. the OOM toolkit: a callback that works under some presets only
         supported = getattr(callback, "supported_presets", None)
         if supported is not None and preset not in supported:

@@ -20,6 +20,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor, nn
 
+from ..batchnorm import data_parallel_problem
 from ..config import ConfigError
 
 STEP_CONTEXTS = {
@@ -185,6 +186,8 @@ class DataParallelStrategy(ParallelStrategy):
             for hook in ("transfer_batch_to_device", "on_after_batch_transfer")
             if is_overridden(hook, model)
         ]
+        if problem := data_parallel_problem(model, len(self.parallel_devices or [])):
+            problems.append(problem)
         if not model.automatic_optimization:
             problems.append("needs automatic optimization: manual backward and steps would run in every replica")
         if self.num_nodes > 1:

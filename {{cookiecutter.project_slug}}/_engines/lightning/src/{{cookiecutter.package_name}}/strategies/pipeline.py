@@ -107,6 +107,8 @@ class PipelineStrategy(DDPStrategy):
         with self.precision_plugin.train_step_context():  # autocast around every stage's forward
             loss, idle = self._pipeline.train_step(*batch)
         optimizer.step()
+        if (scheduler := module.lr_schedulers()) is not None:  # manual optimization: Lightning leaves it to us
+            scheduler.step()
         # Every process has the same values; rank 0's logger sends them once, at this global step.
         for rank, fraction in enumerate(idle):
             module.log(f"pipeline/idle_fraction/stage{rank}", fraction, on_step=True, on_epoch=False)

@@ -1,0 +1,65 @@
+"""What both engines share about the optimisation: the optimizer's parameter groups (weight decay) and the
+learning-rate schedules of configs/scheduler/, built from torch.optim.lr_scheduler and stepped once per
+optimizer step."""
+
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, LRScheduler, SequentialLR
+
+OptimizerFactory = Callable[..., torch.optim.Optimizer]
+
+
+def grouped_optimizer(
+    optimizer: OptimizerFactory, parameters: Iterable[nn.Parameter], no_decay_norms_and_biases: bool
+) -> torch.optim.Optimizer:
+    """`optimizer` (model.optimizer) over `parameters`. With no_decay_norms_and_biases, two parameter groups: weight
+    matrices and embeddings (2+ dimensions) decay; norm scales and biases (1 dimension) do not, as they set a
+    scale or an offset, which decay would only pull towards 0. Both groups always exist (one may be empty), so
+    every pipeline stage's optimizer has the same groups as the single-device one."""
+    parameters = list(parameters)
+    if not no_decay_norms_and_biases:
+        return optimizer(parameters)
+    decay = [param for param in parameters if param.ndim >= 2]
+    no_decay = [param for param in parameters if param.ndim < 2]
+    return optimizer([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}])
+
+
+def warmup(optimizer: torch.optim.Optimizer, warmup_steps: int) -> LinearLR:
+    """The learning rate rising linearly from lr / warmup_steps at the first step to lr at step warmup_steps,
+    then constant (warmup_steps=0: constant from the start)."""
+    return LinearLR(optimizer, start_factor=1 / warmup_steps if warmup_steps else 1.0, total_iters=warmup_steps)
+
+
+def constant(optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int = 0) -> LRScheduler:
+    """scheduler=constant: model.optimizer.lr throughout, after an optional linear warmup."""
+    return warmup(optimizer, min(warmup_steps, total_steps))
+
+
+def cosine(
+    optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int = 0, min_lr_ratio: float = 0.1
+) -> LRScheduler:
+    """scheduler=cosine: linear warmup, then a cosine decay from lr to lr x min_lr_ratio at the last step."""
+    warmup_steps = min(warmup_steps, total_steps)
+    if warmup_steps == total_steps:
+        return warmup(optimizer, warmup_steps)
+    floor = optimizer.defaults["lr"] * min_lr_ratio
+    decay = CosineAnnealingLR(optimizer, T_max=total_steps - warmup_steps, eta_min=floor)
+    if not warmup_steps:
+        return decay
+    return SequentialLR(optimizer, [warmup(optimizer, warmup_steps), decay], milestones=[warmup_steps])
+
+
+def total_steps(max_steps: int, max_epochs: int | None, steps_per_epoch: int) -> int:
+    """Optimizer steps of the whole training, which the schedule spans: trainer.max_steps, or fewer if the
+    epochs end first (as Lightning's Trainer.estimated_stepping_batches counts them)."""
+    if max_epochs is None or max_epochs < 0:  # no limit on epochs
+        return max_steps
+    by_epochs = max_epochs * steps_per_epoch
+    return min(max_steps, by_epochs) if max_steps > 0 else by_epochs
+
+
+def current_lr(optimizer: torch.optim.Optimizer) -> float:
+    """The learning rate of the step about to be taken (every group has the same; logged as train/lr)."""
+    return optimizer.param_groups[0]["lr"]
