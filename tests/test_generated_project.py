@@ -51,7 +51,9 @@ def passed_count(output: str) -> int:
 @pytest.mark.parametrize("engine", CHOICES["engine"])
 def test_generated_project_passes_its_own_test_suite(bake, engine, tmp_path):
     project = bake(engine=engine)
-    result = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], project, tmp_path)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=15"]
+    result = run(command, project, tmp_path)
+    print(result.stdout[-4000:])  # the baked suite's slowest tests, for the CI log
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert passed_count(result.stdout) >= 20
 

@@ -4,6 +4,7 @@ Trainings run in subprocesses because Lightning's ddp launcher re-executes sys.a
 other ranks; inside pytest that would re-run pytest.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -125,6 +126,24 @@ def single_losses(tmp_path_factory, train_env) -> list[float]:
 @pytest.fixture
 def train(tmp_path, train_env):
     return make_runner(tmp_path, train_env)
+
+
+def refuse_all(base_dir: Path, env: dict[str, str], cases: list[list[str]]) -> list[Run]:
+    """Each case (a list of overrides) given to the training command, all in ONE process (tests/refusals.py),
+    for input the training must refuse before it starts; a Run per case, each with its own run folder."""
+    run_dirs = [base_dir / f"case{index}" for index in range(len(cases))]
+    argvs = [[f"hydra.run.dir={run_dir}", *case] for run_dir, case in zip(run_dirs, cases, strict=True)]
+    (base_dir / "cases.json").write_text(json.dumps(argvs))
+    driver = [sys.executable, str(Path(__file__).with_name("refusals.py")), str(base_dir / "cases.json")]
+    proc = subprocess.run(driver, env=env, cwd=base_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    parts = proc.stdout.split("=== case ")[1:]
+    assert len(parts) == len(cases), proc.stdout[-4000:]
+    runs = []
+    for part, run_dir in zip(parts, run_dirs, strict=True):
+        body = part.split("\n", 1)[1]  # after the "=== case N" line
+        output, _, code = body.rpartition("=== exit ")
+        runs.append(Run(int(code), output, run_dir))
+    return runs
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

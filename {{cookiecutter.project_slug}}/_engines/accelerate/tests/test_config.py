@@ -1,7 +1,7 @@
 """Every preset is documented and composes; bad input fails early, in one line, leaving nothing behind."""
 
 import pytest
-from conftest import unsplit_net
+from conftest import Run, refuse_all, unsplit_net
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
@@ -22,45 +22,52 @@ def test_every_preset_is_documented_and_builds():
         assert instantiate(cfg.strategy).name == preset
 
 
-@pytest.mark.parametrize(
-    "overrides, message",
-    [
-        (["strategy=warp_drive"], "unknown strategy 'warp_drive'; valid: " + ", ".join(PRESETS)),
-        (["oom=lots"], "unknown oom 'lots'; valid: none, toolkit"),
-        (["strategy=ddp"], "strategy=ddp needs 2+ processes but this is 1; launch it with `accelerate launch"),
-        (
-            ["strategy=ddp_spawn", "trainer.devices=2", "data.batch_size=255"],
-            "data.batch_size=255 is the global batch and must be a positive multiple of the 2 data-parallel replicas",
-        ),
-        (["ckpt_path=missing"], "ckpt_path=missing is not a checkpoint folder"),
-        (["trainer.precision=16"], "trainer.precision=16 is unknown; valid: auto, 32-true, bf16-mixed, 16-mixed"),
-        (["strategy=pipeline"], "strategy=pipeline runs one stage per process; 1 process given, use 2+"),
-        (["strategy=model_parallel"], "strategy=model_parallel (mode=tensor) needs 2+ processes"),
-        (["strategy=model_parallel", "strategy.mode=pipes"], "strategy.mode='pipes' is unknown; valid: tensor, layers"),
-        (["strategy=pipeline", "oom.find_batch_size=true"], "oom.find_batch_size works with single, ddp"),
-        (
-            ["strategy=pipeline", *unsplit_net()],
-            "strategy=pipeline needs to know how to split Sequential: add register_split(Sequential, Split(",
-        ),
-        (
-            ["strategy=model_parallel", *unsplit_net()],
-            "strategy=model_parallel needs to know how to split Sequential: add register_split(Sequential, Split(",
-        ),
-    ],
-    ids=[
-        "unknown-strategy",
-        "unknown-oom",
-        "ddp-without-launcher",
-        "indivisible-batch",
-        "missing-checkpoint",
-        "unknown-precision",
-        "pipeline-one-stage",
-        "tensor-parallel-one-process",
-        "unknown-mode",
-        "batch-search-on-pipeline",
-        "pipeline-without-split",
-        "model-parallel-without-split",
-    ],
-)
-def test_bad_input_fails_in_one_line(train, overrides, message):
-    train(*overrides, check=False).assert_rejected(message)
+# (overrides, the one error line); each must be refused before training
+BAD_INPUT = [
+    (["strategy=warp_drive"], "unknown strategy 'warp_drive'; valid: " + ", ".join(PRESETS)),
+    (["oom=lots"], "unknown oom 'lots'; valid: none, toolkit"),
+    (["strategy=ddp"], "strategy=ddp needs 2+ processes but this is 1; launch it with `accelerate launch"),
+    (
+        ["strategy=ddp_spawn", "trainer.devices=2", "data.batch_size=255"],
+        "data.batch_size=255 is the global batch and must be a positive multiple of the 2 data-parallel replicas",
+    ),
+    (["ckpt_path=missing"], "ckpt_path=missing is not a checkpoint folder"),
+    (["trainer.precision=16"], "trainer.precision=16 is unknown; valid: auto, 32-true, bf16-mixed, 16-mixed"),
+    (["strategy=pipeline"], "strategy=pipeline runs one stage per process; 1 process given, use 2+"),
+    (["strategy=model_parallel"], "strategy=model_parallel (mode=tensor) needs 2+ processes"),
+    (["strategy=model_parallel", "strategy.mode=pipes"], "strategy.mode='pipes' is unknown; valid: tensor, layers"),
+    (["strategy=pipeline", "oom.find_batch_size=true"], "oom.find_batch_size works with single, ddp"),
+    (
+        ["strategy=pipeline", *unsplit_net()],
+        "strategy=pipeline needs to know how to split Sequential: add register_split(Sequential, Split(",
+    ),
+    (
+        ["strategy=model_parallel", *unsplit_net()],
+        "strategy=model_parallel needs to know how to split Sequential: add register_split(Sequential, Split(",
+    ),
+]
+BAD_INPUT_IDS = [
+    "unknown-strategy",
+    "unknown-oom",
+    "ddp-without-launcher",
+    "indivisible-batch",
+    "missing-checkpoint",
+    "unknown-precision",
+    "pipeline-one-stage",
+    "tensor-parallel-one-process",
+    "unknown-mode",
+    "batch-search-on-pipeline",
+    "pipeline-without-split",
+    "model-parallel-without-split",
+]
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory, train_env) -> list[Run]:
+    """Every BAD_INPUT case given to the training command, all in one process (CI time)."""
+    return refuse_all(tmp_path_factory.mktemp("refused"), train_env, [case for case, _ in BAD_INPUT])
+
+
+@pytest.mark.parametrize("case", range(len(BAD_INPUT)), ids=BAD_INPUT_IDS)
+def test_bad_input_fails_in_one_line(refused, case):
+    refused[case].assert_rejected(BAD_INPUT[case][1])

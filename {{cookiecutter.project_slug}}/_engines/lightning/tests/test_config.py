@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import pytest
-from conftest import unsplit_net
+from conftest import Run, refuse_all, unsplit_net
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
@@ -63,64 +63,71 @@ def test_overrides_reach_the_objects(tmp_path):
     assert cfg.callbacks.checkpoint.dirpath == f"{tmp_path}/checkpoints"
 
 
-@pytest.mark.parametrize(
-    "overrides, message",
-    [
-        (["strategy=warp_drive"], "unknown strategy 'warp_drive'; valid: " + ", ".join(PRESETS)),
-        (["logger=tensorboardx"], "unknown logger 'tensorboardx'; valid: none, wandb"),
-        (
-            ["strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "data.batch_size=255"],
-            "data.batch_size=255 is the global batch and must be a positive multiple of the 2 data-parallel replicas",
-        ),
-        (["ckpt_path=missing.ckpt"], "ckpt_path=missing.ckpt does not exist"),
-        (["strategy=single", "trainer.accelerator=cpu", "trainer.devices=2"], "use strategy=ddp for several"),
-        (["strategy=dp", "trainer.num_nodes=2"], "strategy=dp runs one process on one node"),
-        (
-            [*MODEL_PARALLEL, "trainer.devices=2", "strategy.tensor_parallel_size=4"],
-            "strategy.data_parallel_size=1 x strategy.tensor_parallel_size=4 must equal the processes: "
-            "trainer.devices=2 x trainer.num_nodes=1 = 2",
-        ),
-        (
-            [*MODEL_PARALLEL, "trainer.devices=3"],
-            "blocks.0.fc_in has 512 output features, which strategy.tensor_parallel_size=3 does not divide",
-        ),
-        ([*MODEL_PARALLEL, "strategy.mode=pipes"], "strategy.mode='pipes' is unknown; valid: tensor, layers"),
-        # On a GPU model_parallel and pipeline refuse 16-mixed ("supports trainer.precision=32-true or
-        # bf16-mixed"); on the CPU Lightning refuses it for model_parallel first (and turns it into bf16 for DDP).
-        ([*MODEL_PARALLEL, "trainer.devices=2", "trainer.precision=16-mixed"], "16-mixed"),
-        (
-            ["strategy=pipeline", "trainer.accelerator=cpu", "callbacks=[default,batch_size_finder]"],
-            "BatchSizeFinder works under strategy=single|ddp|ddp_spawn, not strategy=pipeline",
-        ),
-        (["strategy=dp", "callbacks=oom"], "OOMRecovery works under strategy=single|ddp|ddp_spawn, not strategy=dp"),
-        (
-            ["strategy=pipeline", "trainer.accelerator=cpu", *unsplit_net()],
-            "strategy=pipeline needs to know how to split Sequential: add register_split(Sequential, Split(",
-        ),
-        (
-            [*MODEL_PARALLEL, "trainer.devices=2", *unsplit_net()],
-            "strategy=model_parallel needs to know how to split Sequential: add register_split(Sequential, Split(",
-        ),
-    ],
-    ids=[
-        "unknown-strategy",
-        "unknown-logger",
-        "indivisible-batch",
-        "missing-checkpoint",
-        "single-on-two-devices",
-        "dp-on-two-nodes",
-        "mesh-not-world-size",
-        "hidden-not-divisible",
-        "unknown-mode",
-        "model-parallel-fp16",
-        "finder-under-pipeline",
-        "recovery-under-dp",
-        "pipeline-without-split",
-        "model-parallel-without-split",
-    ],
-)
-def test_bad_input_fails_in_one_line(train, overrides, message):
-    train(*overrides, check=False).assert_rejected(message)
+# (overrides, the one error line); each must be refused before training
+BAD_INPUT = [
+    (["strategy=warp_drive"], "unknown strategy 'warp_drive'; valid: " + ", ".join(PRESETS)),
+    (["logger=tensorboardx"], "unknown logger 'tensorboardx'; valid: none, wandb"),
+    (
+        ["strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "data.batch_size=255"],
+        "data.batch_size=255 is the global batch and must be a positive multiple of the 2 data-parallel replicas",
+    ),
+    (["ckpt_path=missing.ckpt"], "ckpt_path=missing.ckpt does not exist"),
+    (["strategy=single", "trainer.accelerator=cpu", "trainer.devices=2"], "use strategy=ddp for several"),
+    (["strategy=dp", "trainer.num_nodes=2"], "strategy=dp runs one process on one node"),
+    (
+        [*MODEL_PARALLEL, "trainer.devices=2", "strategy.tensor_parallel_size=4"],
+        "strategy.data_parallel_size=1 x strategy.tensor_parallel_size=4 must equal the processes: "
+        "trainer.devices=2 x trainer.num_nodes=1 = 2",
+    ),
+    (
+        [*MODEL_PARALLEL, "trainer.devices=3"],
+        "blocks.0.fc_in has 512 output features, which strategy.tensor_parallel_size=3 does not divide",
+    ),
+    ([*MODEL_PARALLEL, "strategy.mode=pipes"], "strategy.mode='pipes' is unknown; valid: tensor, layers"),
+    # On a GPU model_parallel and pipeline refuse 16-mixed ("supports trainer.precision=32-true or
+    # bf16-mixed"); on the CPU Lightning refuses it for model_parallel first (and turns it into bf16 for DDP).
+    ([*MODEL_PARALLEL, "trainer.devices=2", "trainer.precision=16-mixed"], "16-mixed"),
+    (
+        ["strategy=pipeline", "trainer.accelerator=cpu", "callbacks=[default,batch_size_finder]"],
+        "BatchSizeFinder works under strategy=single|ddp|ddp_spawn, not strategy=pipeline",
+    ),
+    (["strategy=dp", "callbacks=oom"], "OOMRecovery works under strategy=single|ddp|ddp_spawn, not strategy=dp"),
+    (
+        ["strategy=pipeline", "trainer.accelerator=cpu", *unsplit_net()],
+        "strategy=pipeline needs to know how to split Sequential: add register_split(Sequential, Split(",
+    ),
+    (
+        [*MODEL_PARALLEL, "trainer.devices=2", *unsplit_net()],
+        "strategy=model_parallel needs to know how to split Sequential: add register_split(Sequential, Split(",
+    ),
+]
+BAD_INPUT_IDS = [
+    "unknown-strategy",
+    "unknown-logger",
+    "indivisible-batch",
+    "missing-checkpoint",
+    "single-on-two-devices",
+    "dp-on-two-nodes",
+    "mesh-not-world-size",
+    "hidden-not-divisible",
+    "unknown-mode",
+    "model-parallel-fp16",
+    "finder-under-pipeline",
+    "recovery-under-dp",
+    "pipeline-without-split",
+    "model-parallel-without-split",
+]
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory, train_env) -> list[Run]:
+    """Every BAD_INPUT case given to the training command, all in one process (CI time)."""
+    return refuse_all(tmp_path_factory.mktemp("refused"), train_env, [case for case, _ in BAD_INPUT])
+
+
+@pytest.mark.parametrize("case", range(len(BAD_INPUT)), ids=BAD_INPUT_IDS)
+def test_bad_input_fails_in_one_line(refused, case):
+    refused[case].assert_rejected(BAD_INPUT[case][1])
 
 
 def test_a_mistake_lightning_finds_during_fit_is_one_line_too(train):

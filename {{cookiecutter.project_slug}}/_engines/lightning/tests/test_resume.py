@@ -199,6 +199,9 @@ def test_sbatch_trains_two_processes_and_a_requeued_job_continues_exactly(tmp_pa
         last = run_dir / "checkpoints/last.ckpt"
         wait_for(lambda: last.exists() and last.resolve().name >= "step000006", 300, "a checkpoint at step 6")
         subprocess.run(["scontrol", "requeue", job], check=True)
+        wait_for(lambda: job_state(job) == "PENDING", 120, "the requeued job to wait in the queue")
+        # SLURM holds a requeued job back for a while (about 2 minutes here): let it start again at once.
+        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
         wait_for(lambda: job_state(job) in ("COMPLETED", "FAILED", "CANCELLED", "GONE"), 400, "the job to end")
     finally:
         subprocess.run(["scancel", job])

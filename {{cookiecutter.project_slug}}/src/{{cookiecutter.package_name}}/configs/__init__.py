@@ -1,0 +1,1 @@
+"""Hydra finds these configs as a package too: `train.main()` also works when called from Python."""
