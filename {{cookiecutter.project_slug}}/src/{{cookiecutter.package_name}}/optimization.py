@@ -42,12 +42,10 @@ def cosine(
 ) -> LRScheduler:
     """scheduler=cosine: linear warmup, then a cosine decay from lr to lr x min_lr_ratio at the last step."""
     warmup_steps = min(warmup_steps, total_steps)
-    if warmup_steps == total_steps:
-        return warmup(optimizer, warmup_steps)
     floor = optimizer.defaults["lr"] * min_lr_ratio
-    decay = CosineAnnealingLR(optimizer, T_max=total_steps - warmup_steps, eta_min=floor)
-    if not warmup_steps:
-        return decay
+    decay = CosineAnnealingLR(optimizer, T_max=max(1, total_steps - warmup_steps), eta_min=floor)
+    # Always both parts, even a warmup of 0 steps or no decay left: the saved state then has one shape, and a
+    # checkpoint resumes into a training of another length (which keeps the saved span).
     return SequentialLR(optimizer, [warmup(optimizer, warmup_steps), decay], milestones=[warmup_steps])
 
 

@@ -154,13 +154,12 @@ def test_two_torchrun_nodes_train_like_one_process_in_one_run_folder(tmp_path, t
 @pytest.mark.parametrize("preset", ["model_parallel", "pipeline"])
 def test_model_splitting_presets_span_two_nodes(tmp_path, train_env, uninterrupted, preset):
     """model_parallel: tensor parallel within a node, data parallel across (here 1 x 2); pipeline: a stage a node."""
-    steps = 6
-    start_two_nodes(preset, [*TRAIN, f"strategy={preset}", f"trainer.max_steps={steps}"], tmp_path, train_env)
-    run = Run(0, "", tmp_path / "outputs/default" / preset)
+    start_two_nodes(preset, [*TRAIN, f"strategy={preset}"], tmp_path, train_env)  # the whole run: the LR schedule
+    run = Run(0, "", tmp_path / "outputs/default" / preset)  # spans it, so a shorter one would train differently
     assert run.wandb.config["run"]["num_nodes"] == 2
-    expected = uninterrupted.metric("train/loss")[:steps]
+    expected = uninterrupted.metric("train/loss")
     assert run.wandb.metric("train/loss") == pytest.approx(expected, abs=TOLERANCE, rel=0)
-    assert (run.run_dir / "checkpoints/last.ckpt").resolve().name == f"step{steps:06d}.ckpt"
+    assert (run.run_dir / "checkpoints/last.ckpt").resolve().name == f"step{STEPS:06d}.ckpt"
 
 
 def slurm_missing() -> str:
