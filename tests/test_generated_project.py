@@ -51,7 +51,10 @@ def passed_count(output: str) -> int:
 @pytest.mark.parametrize("engine", CHOICES["engine"])
 def test_generated_project_passes_its_own_test_suite(bake, engine, tmp_path):
     project = bake(engine=engine)
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=15"]
+    # Two test files at a time (pytest-xdist): most tests wait on process start-up and on one or two training
+    # processes, so a 2-core machine does two files at once in less time than one after the other.
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadfile"]
+    command += ["--durations=15"]
     result = run(command, project, tmp_path)
     print(result.stdout[-4000:])  # the baked suite's slowest tests, for the CI log
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
