@@ -128,6 +128,14 @@ def train(tmp_path, train_env):
     return make_runner(tmp_path, train_env)
 
 
+@pytest.fixture(scope="module")
+def refused(request, tmp_path_factory, train_env) -> list[Run]:
+    """The test module's BAD_INPUT cases, (overrides, the one error line) each, given to the training command
+    all in one process (CI time): a Run per case, in order."""
+    cases = [overrides for overrides, _ in request.module.BAD_INPUT]
+    return refuse_all(tmp_path_factory.mktemp("refused"), train_env, cases)
+
+
 def refuse_all(base_dir: Path, env: dict[str, str], cases: list[list[str]]) -> list[Run]:
     """Each case (a list of overrides) given to the training command, all in ONE process (tests/refusals.py),
     for input the training must refuse before it starts; a Run per case, each with its own run folder."""
@@ -135,7 +143,8 @@ def refuse_all(base_dir: Path, env: dict[str, str], cases: list[list[str]]) -> l
     argvs = [[f"hydra.run.dir={run_dir}", *case] for run_dir, case in zip(run_dirs, cases, strict=True)]
     (base_dir / "cases.json").write_text(json.dumps(argvs))
     driver = [sys.executable, str(Path(__file__).with_name("refusals.py")), str(base_dir / "cases.json")]
-    proc = subprocess.run(driver, env=env, cwd=base_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    proc = subprocess.run(driver, env=env, cwd=base_dir, **output)
     parts = proc.stdout.split("=== case ")[1:]
     assert len(parts) == len(cases), proc.stdout[-4000:]
     runs = []

@@ -52,23 +52,23 @@ def test_the_cosine_schedule_spans_the_epochs_optimizer_steps(train):
     assert run.wandb.metric("train/lr") == pytest.approx(expected, rel=1e-6)
 
 
-@pytest.mark.parametrize(
-    "overrides, message",
-    [
-        (
-            ["strategy=ddp_spawn", "trainer.devices=2", "data.batch_size=64", "trainer.accumulate_grad_batches=3"],
-            "data.batch_size=64 is the global batch = micro-batch x trainer.accumulate_grad_batches=3 x 2 "
-            "data-parallel replicas, so a positive multiple of 6; nearest valid: 60 or 66",
-        ),
-        (
-            ["strategy=ddp_spawn", "trainer.devices=2", "trainer.accelerator=cpu", "model.net.norm=batch"],
-            "strategy=ddp_spawn: the model's BatchNorm layers must be synchronised over the 2 processes",
-        ),
-    ],
-    ids=["indivisible-accumulation", "batchnorm-on-cpu-processes"],
-)
-def test_bad_input_fails_in_one_line(train, overrides, message):
-    train(*overrides, check=False).assert_rejected(message)
+# (overrides, the one error line); each refused before training (conftest's `refused` runs them)
+BAD_INPUT = [
+    (
+        ["strategy=ddp_spawn", "trainer.devices=2", "data.batch_size=64", "trainer.accumulate_grad_batches=3"],
+        "data.batch_size=64 is the global batch = micro-batch x trainer.accumulate_grad_batches=3 x 2 "
+        "data-parallel replicas, so a positive multiple of 6; nearest valid: 60 or 66",
+    ),
+    (
+        ["strategy=ddp_spawn", "trainer.devices=2", "trainer.accelerator=cpu", "model.net.norm=batch"],
+        "strategy=ddp_spawn: the model's BatchNorm layers must be synchronised over the 2 processes",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", range(len(BAD_INPUT)), ids=["indivisible-accumulation", "batchnorm-on-cpu-processes"])
+def test_bad_input_fails_in_one_line(refused, case):
+    refused[case].assert_rejected(BAD_INPUT[case][1])
 
 
 @pytest.mark.slow

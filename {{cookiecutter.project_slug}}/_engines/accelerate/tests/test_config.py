@@ -1,7 +1,7 @@
 """Every preset is documented and composes; bad input fails early, in one line, leaving nothing behind."""
 
 import pytest
-from conftest import Run, refuse_all, unsplit_net
+from conftest import unsplit_net
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
@@ -22,7 +22,7 @@ def test_every_preset_is_documented_and_builds():
         assert instantiate(cfg.strategy).name == preset
 
 
-# (overrides, the one error line); each must be refused before training
+# (overrides, the one error line); each refused before training (conftest's `refused` runs them)
 BAD_INPUT = [
     (["strategy=warp_drive"], "unknown strategy 'warp_drive'; valid: " + ", ".join(PRESETS)),
     (["oom=lots"], "unknown oom 'lots'; valid: none, toolkit"),
@@ -60,12 +60,6 @@ BAD_INPUT_IDS = [
     "pipeline-without-split",
     "model-parallel-without-split",
 ]
-
-
-@pytest.fixture(scope="module")
-def refused(tmp_path_factory, train_env) -> list[Run]:
-    """Every BAD_INPUT case given to the training command, all in one process (CI time)."""
-    return refuse_all(tmp_path_factory.mktemp("refused"), train_env, [case for case, _ in BAD_INPUT])
 
 
 @pytest.mark.parametrize("case", range(len(BAD_INPUT)), ids=BAD_INPUT_IDS)

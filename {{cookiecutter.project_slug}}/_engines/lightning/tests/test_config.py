@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import pytest
-from conftest import Run, refuse_all, unsplit_net
+from conftest import unsplit_net
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
@@ -63,7 +63,7 @@ def test_overrides_reach_the_objects(tmp_path):
     assert cfg.callbacks.checkpoint.dirpath == f"{tmp_path}/checkpoints"
 
 
-# (overrides, the one error line); each must be refused before training
+# (overrides, the one error line); each refused before training (conftest's `refused` runs them)
 BAD_INPUT = [
     (["strategy=warp_drive"], "unknown strategy 'warp_drive'; valid: " + ", ".join(PRESETS)),
     (["logger=tensorboardx"], "unknown logger 'tensorboardx'; valid: none, wandb"),
@@ -117,12 +117,6 @@ BAD_INPUT_IDS = [
     "pipeline-without-split",
     "model-parallel-without-split",
 ]
-
-
-@pytest.fixture(scope="module")
-def refused(tmp_path_factory, train_env) -> list[Run]:
-    """Every BAD_INPUT case given to the training command, all in one process (CI time)."""
-    return refuse_all(tmp_path_factory.mktemp("refused"), train_env, [case for case, _ in BAD_INPUT])
 
 
 @pytest.mark.parametrize("case", range(len(BAD_INPUT)), ids=BAD_INPUT_IDS)
