@@ -143,8 +143,8 @@ def refuse_all(base_dir: Path, env: dict[str, str], cases: list[list[str]]) -> l
     argvs = [[f"hydra.run.dir={run_dir}", *case] for run_dir, case in zip(run_dirs, cases, strict=True)]
     (base_dir / "cases.json").write_text(json.dumps(argvs))
     driver = [sys.executable, str(Path(__file__).with_name("refusals.py")), str(base_dir / "cases.json")]
-    output = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
-    proc = subprocess.run(driver, env=env, cwd=base_dir, **output)
+    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    proc = subprocess.run(driver, env=env, cwd=base_dir, **pipes)
     parts = proc.stdout.split("=== case ")[1:]
     assert len(parts) == len(cases), proc.stdout[-4000:]
     runs = []
