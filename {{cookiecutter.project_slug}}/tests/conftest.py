@@ -6,6 +6,7 @@ other ranks; inside pytest that would re-run pytest.
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -98,8 +99,17 @@ def make_runner(base_dir: Path, base_env: dict[str, str]):
         command = (launcher or [sys.executable, "-m"]) + [f"{PACKAGE}.train", f"hydra.run.dir={run_dir}", *overrides]
         run_env = {**base_env, **(env or {})}
         run_env = {name: value for name, value in run_env.items() if value is not None}
-        proc = subprocess.run(command, env=run_env, capture_output=True, text=True, timeout=timeout, cwd=base_dir)
-        output = proc.stdout + proc.stderr
+        pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # Its own process group: a training that runs past `timeout` goes with every process it started
+        # (launchers' workers too), instead of living on and slowing the tests after it.
+        proc = subprocess.Popen(command, env=run_env, cwd=base_dir, start_new_session=True, **pipes)
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+        output = stdout + stderr
         if check:
             assert proc.returncode == 0, f"{' '.join(command)} failed:\n{output[-4000:]}"
         return Run(proc.returncode, output, run_dir)
