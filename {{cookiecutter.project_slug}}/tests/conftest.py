@@ -79,6 +79,31 @@ def train_env(tmp_path_factory) -> dict[str, str]:
     return env
 
 
+def kill_with_descendants(proc: subprocess.Popen) -> None:
+    """SIGKILL a training that ran past its timeout and every process it started (read from /proc: launchers
+    put their workers in sessions of their own), so none lives on, holding the output pipes and the CPU."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    doomed, todo = [], [proc.pid]
+    while todo:
+        pid = todo.pop()
+        doomed.append(pid)
+        todo.extend(children.get(pid, []))
+    for pid in doomed:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+    proc.stdout.close()
+    proc.stderr.close()
+
+
 def make_runner(base_dir: Path, base_env: dict[str, str]):
     """runner(*overrides, launcher=None, check=True, env=None, run_dir=None) -> Run, each run in a new folder of
     base_dir, or in `run_dir` (a restart of the training there).
@@ -100,14 +125,11 @@ def make_runner(base_dir: Path, base_env: dict[str, str]):
         run_env = {**base_env, **(env or {})}
         run_env = {name: value for name, value in run_env.items() if value is not None}
         pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        # Its own process group: a training that runs past `timeout` goes with every process it started
-        # (launchers' workers too), instead of living on and slowing the tests after it.
-        proc = subprocess.Popen(command, env=run_env, cwd=base_dir, start_new_session=True, **pipes)
+        proc = subprocess.Popen(command, env=run_env, cwd=base_dir, **pipes)
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+            kill_with_descendants(proc)
             raise
         output = stdout + stderr
         if check:
