@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import PACKAGE, TOLERANCE, Run, make_runner
+from kill_switch import WANDB_FLUSH_SECONDS
 from wandb_records import offline_runs
 
 pytestmark = pytest.mark.slow
@@ -197,6 +198,7 @@ def test_sbatch_trains_two_processes_and_a_requeued_job_continues_exactly(tmp_pa
     try:
         last = run_dir / "checkpoints/last.ckpt"
         wait_for(lambda: last.exists() and last.resolve().name >= "step000006", 300, "a checkpoint at step 6")
+        time.sleep(WANDB_FLUSH_SECONDS)  # the steps before it reach the wandb file (a kill loses the last second)
         subprocess.run(["scontrol", "requeue", job], check=True)
         wait_for(lambda: job_state(job) == "PENDING", 120, "the requeued job to wait in the queue")
         # SLURM holds a requeued job back for a while (about 2 minutes here): let it start again at once.
