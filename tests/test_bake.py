@@ -68,6 +68,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         "tests/conftest.py",
         "tests/custom_dataset.py",
         "tests/refusals.py",
+        "tests/slurm_jobs.py",
         "tests/test_config.py",
         "tests/test_bench.py",
         "tests/test_data.py",

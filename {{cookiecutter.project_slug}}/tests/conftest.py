@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
+from slurm_jobs import node_to_myself, slurm_missing
 from wandb_records import OfflineRun, offline_runs
 
 PACKAGE = "{{ cookiecutter.package_name }}"
@@ -77,6 +78,16 @@ def train_env(tmp_path_factory) -> dict[str, str]:
     tests = Path(__file__).resolve().parent  # importable by trainings too, for test-only callbacks
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tests.parent / "src"), str(tests), env.get("PYTHONPATH")) if p)
     return env
+
+
+@pytest.fixture
+def slurm(tmp_path, tmp_path_factory):
+    """The SLURM node for this test alone (skipped where SLURM does not answer); its jobs cancelled afterwards."""
+    if reason := slurm_missing():
+        pytest.skip(reason)
+    shared = tmp_path_factory.getbasetemp().parent  # one folder for every pytest-xdist worker of this session
+    with node_to_myself(shared / "slurm.lock", tmp_path):
+        yield
 
 
 def kill_with_descendants(proc: subprocess.Popen) -> None:

@@ -2,7 +2,6 @@
 the trials' run folders and their offline wandb files."""
 
 import json
-import shutil
 import signal
 import subprocess
 import sys
@@ -192,13 +191,8 @@ def test_failing_trials_are_recorded_with_their_log_and_stop_the_search(search):
     assert f"error: search stopped: 2 trials in a row failed; the last one's log: {logs[-1]}" in result.output
 
 
-def slurm_answers() -> bool:
-    return shutil.which("sbatch") is not None and subprocess.run(["sinfo", "-h"], capture_output=True).returncode == 0
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not slurm_answers(), reason="no SLURM here (the template's CI starts one with .ci/slurm.sh)")
-def test_trials_run_as_slurm_jobs(search):
+def test_trials_run_as_slurm_jobs(slurm, search):
     args = ["search.backend=slurm", "search.sampler=random", "search.n_trials=2", "search.n_jobs=2", *TINY]
     result = search(*args, space=LR, study="slurm")
     jobs = {path.name for path in (result.dir / "slurm").iterdir() if path.is_dir()}  # one folder per job id

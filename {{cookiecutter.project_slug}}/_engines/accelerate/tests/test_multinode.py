@@ -2,7 +2,6 @@
 as one data-parallel group would; a worker SIGKILLed mid-epoch makes torchrun restart the group, and a SLURM job
 requeued mid-run starts again; both continue from the last checkpoint, exactly."""
 
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -12,6 +11,7 @@ from conftest import PACKAGE, TOLERANCE, make_runner
 from launchers import free_port, torchrun, torchrun_elastic, torchrun_node
 from nets import WANDB_FLUSH_SECONDS
 from restarts import RESTARTABLE, STEPS, losses_by_step, run_in
+from slurm_jobs import job_state, wait_for
 from wandb_records import offline_runs
 
 pytestmark = pytest.mark.slow
@@ -72,15 +72,10 @@ def test_a_killed_worker_is_restarted_and_the_run_continues_exactly(tmp_path, tr
     assert losses_by_step(run_dir) == uninterrupted
 
 
-def slurm_answers() -> bool:
-    return shutil.which("sbatch") is not None and subprocess.run(["sinfo", "-h"], capture_output=True).returncode == 0
-
-
 SLURM_SCRIPT = Path(__file__).resolve().parents[1] / "launch" / "slurm.sbatch"
 
 
-@pytest.mark.skipif(not slurm_answers(), reason="no SLURM here (the template's CI starts one with .ci/slurm.sh)")
-def test_a_requeued_slurm_job_continues_exactly(tmp_path, train_env, uninterrupted):
+def test_a_requeued_slurm_job_continues_exactly(slurm, tmp_path, train_env, uninterrupted):
     """launch/slurm.sbatch as the README gives it (1 node x 2 processes); `scontrol requeue` while the job runs,
     after its checkpoint of step 6: the job starts again, in the same run folder, and continues exactly."""
     stalled = tmp_path / "stalled"
@@ -89,16 +84,13 @@ def test_a_requeued_slurm_job_continues_exactly(tmp_path, train_env, uninterrupt
     job = subprocess.run([*submit, *DDP, *stall_at_step_7], env=train_env, capture_output=True, text=True, check=True)
     job_id = job.stdout.strip().split(";")[0]
     log = tmp_path / f"slurm-{job_id}.out"
-    try:
-        wait_for(lambda: stalled.exists(), job_id, log)
-        time.sleep(WANDB_FLUSH_SECONDS)  # a kill loses up to a second of wandb metrics (see nets.kill_once)
-        subprocess.run(["scontrol", "requeue", job_id], check=True)
-        wait_for(lambda: job_state(job_id) == "PENDING", job_id, log)
-        # SLURM holds a requeued job back for a while (about 2 minutes here): let it start again at once.
-        subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
-        wait_for(lambda: job_state(job_id) == "COMPLETED", job_id, log)
-    finally:
-        subprocess.run(["scancel", job_id], capture_output=True)
+    wait_for(stalled.exists, job_id, log, "the training to stall after step 7")
+    time.sleep(WANDB_FLUSH_SECONDS)  # a kill loses up to a second of wandb metrics (see nets.kill_once)
+    subprocess.run(["scontrol", "requeue", job_id], check=True)
+    wait_for(lambda: job_state(job_id) == "PENDING", job_id, log, "the requeued job to wait in the queue")
+    # SLURM holds a requeued job back for a while (about 2 minutes here): let it start again at once.
+    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
+    wait_for(lambda: job_state(job_id) == "COMPLETED", job_id, log, "the job to complete")
     output = log.read_text()
     assert job_state(job_id) == "COMPLETED", output[-4000:]
     assert "Restarts=1" in subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
@@ -107,19 +99,3 @@ def test_a_requeued_slurm_job_continues_exactly(tmp_path, train_env, uninterrupt
     (wandb,) = offline_runs(run_dir)
     assert wandb.starts == 2, "one wandb run, continued by the requeued job"
     assert losses_by_step(run_dir) == uninterrupted
-
-
-FAILED = {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "GONE"}
-
-
-def job_state(job_id: str) -> str:
-    info = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
-    return next((word.split("=", 1)[1] for word in info.split() if word.startswith("JobState=")), "GONE")
-
-
-def wait_for(condition, job_id: str, log: Path, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        state, output = job_state(job_id), log.read_text() if log.exists() else ""
-        assert state not in FAILED and time.monotonic() < deadline, f"job {job_id}: {state}\n{output[-4000:]}"
-        time.sleep(0.5)

@@ -1,4 +1,5 @@
-"""Test-only ways for a training to die for real: SIGKILL after a step, or in the middle of writing a checkpoint.
+"""Test-only ways for a training to die for real: SIGKILL after a step, or in the middle of writing a checkpoint,
+or stall until a test kills it.
 
 Each fires once per training: it leaves a marker file first, so the restarted training (torchrun restart, SLURM
 requeue, the same command again) runs through. Before a kill, each waits out wandb's one-second flush of its run
@@ -39,14 +40,18 @@ class KillAtStep(L.Callback):
             die_once(self.marker)
 
 
-class SlowSteps(L.Callback):
-    """Make every step last at least `seconds`, so that a test can act while the training runs."""
+class StallAtStep(L.Callback):
+    """Process 0 stops for good right after optimizer step `step`, once (it leaves `marker`, which also tells the
+    test it got there), until something kills the job: a test's `scontrol requeue`, standing for a pre-emption."""
 
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
+    def __init__(self, step: int, marker: str) -> None:
+        self.step, self.marker = step, Path(marker)
 
-    def on_train_batch_end(self, *args: Any) -> None:
-        time.sleep(self.seconds)
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.global_step == self.step and trainer.global_rank == 0 and not self.marker.exists():
+            self.marker.touch()
+            while True:
+                time.sleep(1)
 
 
 class DyingCheckpointIO(TorchCheckpointIO):

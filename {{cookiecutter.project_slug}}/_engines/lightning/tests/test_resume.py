@@ -3,7 +3,6 @@ from the last complete checkpoint, and every step's loss is the uninterrupted tr
 restarts, real torchrun agents and a real SLURM (skipped with the reason where none can be used)."""
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import PACKAGE, TOLERANCE, Run, make_runner
 from kill_switch import WANDB_FLUSH_SECONDS
+from slurm_jobs import ENDED, job_state, wait_for
 from wandb_records import offline_runs
 
 pytestmark = pytest.mark.slow
@@ -163,49 +163,25 @@ def test_model_splitting_presets_span_two_nodes(tmp_path, train_env, uninterrupt
     assert (run.run_dir / "checkpoints/last.ckpt").resolve().name == f"step{STEPS:06d}.ckpt"
 
 
-def slurm_missing() -> str:
-    """Why SLURM cannot be used here, or "" if it can."""
-    if not shutil.which("sbatch"):
-        return "no SLURM here (the template's CI starts one with .ci/slurm.sh)"
-    if subprocess.run(["sinfo", "-h"], capture_output=True, timeout=30).returncode:
-        return "SLURM is installed but does not answer (sinfo failed)"
-    return ""
-
-
-def job_state(job_id: str) -> str:
-    info = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
-    return info.split("JobState=")[1].split()[0] if "JobState=" in info else "GONE"
-
-
-def wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(1)
-
-
-@pytest.mark.skipif(bool(slurm_missing()), reason=slurm_missing() or "SLURM answers")
-def test_sbatch_trains_two_processes_and_a_requeued_job_continues_exactly(tmp_path, train_env, uninterrupted):
+def test_sbatch_trains_two_processes_and_a_requeued_job_continues_exactly(slurm, tmp_path, train_env, uninterrupted):
     """The shipped launch/slurm.sbatch with 2 tasks on a real (single-host) SLURM; scontrol requeue mid-run."""
     script = Path(__file__).resolve().parents[1] / "launch/slurm.sbatch"
-    slow = ["+callbacks.slow._target_=kill_switch.SlowSteps", "+callbacks.slow.seconds=0.5"]
+    stalled = tmp_path / "stalled"  # after step 7, past the checkpoint of step 6: nothing more is logged
+    stall = ["+callbacks.stall._target_=kill_switch.StallAtStep", "+callbacks.stall.step=7"]
+    stall += [f"+callbacks.stall.marker='{stalled}'"]
     submit = ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", f"--chdir={tmp_path}"]
     job = subprocess.run(
-        [*submit, str(script), *TRAIN, *slow], env=train_env, capture_output=True, text=True, check=True
+        [*submit, str(script), *TRAIN, *stall], env=train_env, capture_output=True, text=True, check=True
     ).stdout.strip()
     run_dir = tmp_path / "outputs/default" / job  # named after the job: the same folder after the requeue
     log = tmp_path / f"slurm-{job}.out"
-    try:
-        last = run_dir / "checkpoints/last.ckpt"
-        wait_for(lambda: last.exists() and last.resolve().name >= "step000006", 300, "a checkpoint at step 6")
-        time.sleep(WANDB_FLUSH_SECONDS)  # the steps before it reach the wandb file (a kill loses the last second)
-        subprocess.run(["scontrol", "requeue", job], check=True)
-        wait_for(lambda: job_state(job) == "PENDING", 120, "the requeued job to wait in the queue")
-        # SLURM holds a requeued job back for a while (about 2 minutes here): let it start again at once.
-        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
-        wait_for(lambda: job_state(job) in ("COMPLETED", "FAILED", "CANCELLED", "GONE"), 400, "the job to end")
-    finally:
-        subprocess.run(["scancel", job])
+    wait_for(stalled.exists, job, log, "the training to stall after step 7")
+    time.sleep(WANDB_FLUSH_SECONDS)  # its steps reach the wandb file (a kill loses the last second)
+    subprocess.run(["scontrol", "requeue", job], check=True)
+    wait_for(lambda: job_state(job) == "PENDING", job, log, "the requeued job to wait in the queue")
+    # SLURM holds a requeued job back for a while (about 2 minutes here): let it start again at once.
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
+    wait_for(lambda: job_state(job) in ENDED, job, log, "the job to end")
     output = log.read_text() if log.exists() else ""
     assert job_state(job) in ("COMPLETED", "GONE"), output[-4000:]
     assert "resuming from" in output, output[-4000:]
