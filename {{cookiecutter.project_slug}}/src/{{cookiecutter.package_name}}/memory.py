@@ -28,6 +28,36 @@ def is_oom_error(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and any(message in str(error) for message in OOM_MESSAGES)
 
 
+# The presets the OOM recovery refuses, and why (said in the one-line refusal of either engine).
+RECOVERY_REFUSED = {
+    "dp": "its replicas run in threads of one process, which cannot redo a step on one of them",
+    "model_parallel": "its forward is a collective: a process out of memory mid-step would leave the others waiting",
+    "pipeline": "its schedule already runs each batch as strategy.microbatches micro-batches; raise that instead",
+}
+
+
+def why_recovery_refuses(preset: str) -> str:
+    """' (the reason)' why the OOM recovery refuses `preset`, for its one-line refusal; '' if none is known."""
+    return f" ({RECOVERY_REFUSED[preset]})" if preset in RECOVERY_REFUSED else ""
+
+
+def rng_state(device: torch.device) -> tuple:
+    """The random generators a training step draws from (torch's CPU one, and the device's), so that a step
+    redone after an out-of-memory error draws the same numbers (dropout) as its first try. A few microseconds."""
+    return torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+
+def set_rng_state(device: torch.device, state: tuple) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
+
+
+def halved(micro_batch_size: int) -> int:
+    """The next micro-batch size to try after an out-of-memory error: half, at least 1 sample."""
+    return max(1, micro_batch_size // 2)
+
+
 def free_memory() -> None:
     """Collect garbage and return cached blocks to the device. Call it outside the `except` block:
     inside it the traceback still references the failed step's tensors."""

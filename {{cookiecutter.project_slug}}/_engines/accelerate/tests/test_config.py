@@ -38,6 +38,15 @@ BAD_INPUT = [
     (["strategy=model_parallel", "strategy.mode=pipes"], "strategy.mode='pipes' is unknown; valid: tensor, layers"),
     (["strategy=pipeline", "oom.find_batch_size=true"], "oom.find_batch_size works with single, ddp"),
     (
+        ["strategy=pipeline", "oom=toolkit"],
+        "oom.recovery works under strategy=single|ddp|ddp_spawn, not strategy=pipeline (its schedule already runs "
+        "each batch as strategy.microbatches micro-batches; raise that instead); turn it off with oom.recovery=null",
+    ),
+    (
+        ["strategy=model_parallel", "oom=toolkit"],
+        "oom.recovery works under strategy=single|ddp|ddp_spawn, not strategy=model_parallel (its forward is a",
+    ),
+    (
         ["strategy=pipeline", *unsplit_net()],
         "strategy=pipeline needs to know how to split Sequential: add register_split(Sequential, Split(",
     ),
@@ -57,6 +66,8 @@ BAD_INPUT_IDS = [
     "tensor-parallel-one-process",
     "unknown-mode",
     "batch-search-on-pipeline",
+    "recovery-under-pipeline",
+    "recovery-under-model-parallel",
     "pipeline-without-split",
     "model-parallel-without-split",
 ]

@@ -6,14 +6,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
-from conftest import PARITY, QUICK, TOLERANCE, K
+from conftest import PARITY, QUICK, TOLERANCE, K, make_runner
 from launchers import accelerate_launch
 from nets import OOMNet
+from restarts import losses_by_step, run_in
 
-from {{ cookiecutter.package_name }}.config import ConfigError
 from {{ cookiecutter.package_name }}.oom import OOMRecovery, OutOfMemoryStop
 from {{ cookiecutter.package_name }}.strategies import Strategy
-from {{ cookiecutter.package_name }}.strategies.pipeline import PipelineParallel
 
 OOM = [*QUICK, "trainer.accelerator=cpu", "oom=toolkit", "model.net._target_=nets.OOMNet", "data.batch_size=128"]
 FINDER = [*OOM, "oom.find_batch_size=true"]
@@ -51,25 +50,19 @@ def losses_without_oom():
 
 @pytest.mark.parametrize("in_backward", [False, True], ids=["forward", "backward"])
 def test_recovery_keeps_the_split_that_worked(losses_without_oom, in_backward):
-    """Every batch of 64 is too big, in the forward or in the backward: one OOM, then every step starts from 2
-    parts (not one OOM per step), with the losses of a run without OOMs."""
+    """Every batch of 64 is too big, in the forward or in the backward: one OOM, then every step runs 2
+    micro-batches of 32 (not one OOM per step), with the losses of a run without OOMs."""
     losses, recovery = train_steps({}, {0: 32}, in_backward=in_backward)
     assert losses == pytest.approx(losses_without_oom, abs=TOLERANCE)
-    assert (recovery.events, recovery.parts) == (1, 2)
+    assert (recovery.events, recovery.micro_batch_size) == (1, 32)
 
 
 def test_a_step_that_works_resets_the_failure_count():
     """OOMs at steps 1 and 3, a working split in between: never two in a row, so no stop at max_consecutive=2."""
     _, recovery = train_steps({"max_consecutive": 2}, {1: 32, 3: 16})
-    assert (recovery.events, recovery.consecutive, recovery.parts) == (2, 0, 4)
+    assert (recovery.events, recovery.consecutive, recovery.micro_batch_size) == (2, 0, 16)
     with pytest.raises(OutOfMemoryStop, match="2 out-of-memory errors in a row at step 1"):
         train_steps({"max_consecutive": 2}, {1: 0})
-
-
-def test_presets_whose_forward_is_a_collective_refuse_the_recovery():
-    with pytest.raises(ConfigError) as refused:
-        OOMRecovery(PipelineParallel())
-    assert "oom.recovery works under strategy=single|ddp|ddp_spawn, not strategy=pipeline" in str(refused.value)
 
 
 # --- real trainings ----------------------------------------------------------------------------
@@ -77,12 +70,34 @@ def test_presets_whose_forward_is_a_collective_refuse_the_recovery():
 
 @pytest.mark.slow
 def test_one_rank_out_of_memory_splits_on_every_rank_with_the_losses_of_one_device(train, single_losses):
-    """Rank 1 cannot take its 32 samples: both ranks split them in 2, once, and train on as one device would."""
+    """Rank 1 cannot take its 32 samples: both ranks halve their micro-batches, once, redo the step and train on
+    as one device would."""
     run = train(*PARITY, "strategy=ddp", "oom=toolkit", "model.net._target_=nets.OOMNet", "+model.net.max_batch=16",
                 "+model.net.oom_rank=1", launcher=accelerate_launch())  # fmt: skip
     assert run.losses(K) == pytest.approx(single_losses, abs=TOLERANCE)
-    assert run.wandb.metric("oom/events") == [1] and run.wandb.metric("oom/parts") == [1]
-    assert "OOMRecovery: the batch fits in 2 part(s)" in run.output
+    assert run.wandb.metric("oom/events") == [1]
+    # Logged by rank 0, which never ran out of memory, yet halved its micro-batches with rank 1.
+    assert run.wandb.metric("oom/micro_batch_size") == [16]
+    assert "OOMRecovery: micro-batches of 16 fit" in run.output
+
+
+@pytest.mark.slow
+def test_the_micro_batch_size_survives_a_checkpoint(tmp_path, train_env):
+    """3 steps that find micro-batches of 32, a checkpoint, then steps 3-5 resumed from it: they start from 32
+    (no OOM again, where a recovery that forgot it would run out of memory once more), with the losses of a
+    training without OOMs."""
+    constant = [*PARITY, "strategy=single", "scheduler=constant"]  # a cosine schedule would span max_steps
+    oom = ["oom=toolkit", "model.net._target_=nets.OOMNet", "+model.net.max_batch=32"]
+    reference = losses_by_step(make_runner(tmp_path / "reference", train_env)(*constant).run_dir)
+    run_dir = tmp_path / "run"
+    first = run_in(run_dir, train_env, *constant, *oom, "trainer.max_steps=3")
+    assert first.returncode == 0, first.stderr[-3000:]
+    progress = torch.load(run_dir / "checkpoints" / "last" / "custom_checkpoint_0.pkl", weights_only=False)
+    assert progress["oom_recovery"] == {"micro_batch_size": 32, "events": 1}
+    resumed = run_in(run_dir, train_env, *constant, *oom)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stdout and "out of memory" not in resumed.stdout
+    assert losses_by_step(run_dir) == pytest.approx(reference, abs=TOLERANCE)
 
 
 @pytest.mark.slow

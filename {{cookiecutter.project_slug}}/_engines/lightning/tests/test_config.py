@@ -93,6 +93,15 @@ BAD_INPUT = [
     ),
     (["strategy=dp", "callbacks=oom"], "OOMRecovery works under strategy=single|ddp|ddp_spawn, not strategy=dp"),
     (
+        ["strategy=pipeline", "trainer.accelerator=cpu", "callbacks=oom"],
+        "OOMRecovery works under strategy=single|ddp|ddp_spawn, not strategy=pipeline (its schedule already runs "
+        "each batch as strategy.microbatches micro-batches; raise that instead); drop it with ~callbacks.",
+    ),
+    (
+        [*MODEL_PARALLEL, "trainer.devices=2", "callbacks=oom"],
+        "OOMRecovery works under strategy=single|ddp|ddp_spawn, not strategy=model_parallel (its forward is a",
+    ),
+    (
         ["strategy=pipeline", "trainer.accelerator=cpu", *unsplit_net()],
         "strategy=pipeline needs to know how to split Sequential: add register_split(Sequential, Split(",
     ),
@@ -114,6 +123,8 @@ BAD_INPUT_IDS = [
     "model-parallel-fp16",
     "finder-under-pipeline",
     "recovery-under-dp",
+    "recovery-under-pipeline",
+    "recovery-under-model-parallel",
     "pipeline-without-split",
     "model-parallel-without-split",
 ]

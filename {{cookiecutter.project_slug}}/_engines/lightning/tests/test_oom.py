@@ -20,6 +20,7 @@ from test_config import compose_config
 from {{ cookiecutter.package_name }}.callbacks.batch_size_finder import BatchSizeFinder
 from {{ cookiecutter.package_name }}.callbacks.item_logger import ItemMetricLogger
 from {{ cookiecutter.package_name }}.callbacks.oom_recovery import OOMRecovery, OutOfMemoryStop
+from {{ cookiecutter.package_name }}.checkpoints import ResumeCheckpoint
 from {{ cookiecutter.package_name }}.datamodule import DataModule
 from {{ cookiecutter.package_name }}.memory import is_oom_error, rss_mb, search
 from {{ cookiecutter.package_name }}.model import ResidualMLP
@@ -94,24 +95,28 @@ class StepLosses(L.Callback):
         self.losses.append(float(outputs["loss"]))
 
 
-def fit_in_process(tmp_path, *callbacks: L.Callback, steps: int = 6, train_size: int | None = None, **oom) -> list:
-    """Per-step losses of a small single-device training whose module simulates OOMs as `oom` says."""
+def fit_in_process(
+    tmp_path, *callbacks: L.Callback, steps: int = 6, train_size: int | None = None, save=False, resume=None, **oom
+) -> list:
+    """Per-step losses of a small single-device training whose module simulates OOMs as `oom` says. `save`: save
+    `tmp_path`/last.ckpt as a training does (every 3 steps); `resume`: start from that checkpoint."""
     torch.manual_seed(0)
     losses = StepLosses()
+    saving = [ResumeCheckpoint(dirpath=str(tmp_path), every_n_steps=3)] if save or resume else []
     trainer = L.Trainer(
         accelerator="cpu",
         max_steps=steps,
         logger=False,
-        callbacks=[*callbacks, losses],
+        callbacks=[*callbacks, losses, *saving],
         default_root_dir=tmp_path,
-        enable_checkpointing=False,
+        enable_checkpointing=bool(saving),
         enable_progress_bar=False,
         enable_model_summary=False,
         limit_val_batches=0,
     )
     model = OOMClassifier(ResidualMLP(32, 8, hidden=16, depth=2), optimizer=partial(torch.optim.SGD, lr=0.5), **oom)
-    datamodule = DataModule(**data_settings(batch_size=64, train_size=train_size or 64 * steps, shuffle=False))
-    trainer.fit(model, datamodule=datamodule)
+    datamodule = DataModule(**data_settings(batch_size=64, train_size=train_size or 64 * 6, shuffle=False))
+    trainer.fit(model, datamodule=datamodule, ckpt_path=resume)
     return losses.losses
 
 
@@ -120,24 +125,39 @@ def losses_without_oom(tmp_path_factory):
     return fit_in_process(tmp_path_factory.mktemp("no-oom"))
 
 
-def test_recovery_keeps_the_split_that_worked(tmp_path, losses_without_oom):
-    """Every batch of 64 is too big: one OOM, then every step starts from 2 parts (not one OOM per step)."""
+def test_recovery_keeps_the_micro_batch_size_that_worked(tmp_path, losses_without_oom):
+    """Every batch of 64 is too big: one OOM, then every step runs 2 micro-batches of 32 (not one OOM per step)."""
     recovery = OOMRecovery()
     assert fit_in_process(tmp_path, recovery, oom_above=32) == pytest.approx(losses_without_oom, abs=1e-5)
-    assert (recovery.events, recovery.parts) == (1, 2)
+    assert (recovery.events, recovery.micro_batch_size) == (1, 32)
 
 
 def test_recovery_catches_an_oom_in_the_backward(tmp_path, losses_without_oom):
     recovery = OOMRecovery()
     assert fit_in_process(tmp_path, recovery, oom_in_backward_above=16) == pytest.approx(losses_without_oom, abs=1e-5)
-    assert (recovery.events, recovery.parts) == (2, 4)
+    assert (recovery.events, recovery.micro_batch_size) == (2, 16)
+
+
+def test_the_micro_batch_size_survives_a_checkpoint(tmp_path, losses_without_oom):
+    """3 steps that find micro-batches of 32, a checkpoint, then steps 3-5 resumed from it: they start from 32,
+    with the same losses. A recovery that forgot it would run out of memory once more, which max_consecutive=1
+    turns into a stop."""
+    first, resumed = OOMRecovery(), OOMRecovery(max_consecutive=1)
+    before = fit_in_process(tmp_path / "first", first, steps=3, save=True, oom_above=32)
+    assert torch.load(tmp_path / "first" / "last.ckpt", weights_only=False)["callbacks"]["OOMRecovery"] == {
+        "micro_batch_size": 32,
+        "events": 1,
+    }
+    after = fit_in_process(tmp_path / "resumed", resumed, resume=tmp_path / "first" / "last.ckpt", oom_above=32)
+    assert before + after == pytest.approx(losses_without_oom, abs=1e-5)
+    assert (resumed.events, resumed.micro_batch_size) == (1, 32)
 
 
 def test_a_step_that_works_resets_the_failure_count(tmp_path):
     """OOMs at batches 1 and 3, a working split in between: never two in a row, so no stop at max_consecutive=2."""
     recovery = OOMRecovery(max_consecutive=2)
     fit_in_process(tmp_path, recovery, oom_limits={1: 32, 3: 16})
-    assert (recovery.events, recovery.consecutive, recovery.parts) == (2, 0, 4)
+    assert (recovery.events, recovery.consecutive, recovery.micro_batch_size) == (2, 0, 16)
     with pytest.raises(OutOfMemoryStop, match="2 out-of-memory errors in a row at step 1"):
         fit_in_process(tmp_path, OOMRecovery(max_consecutive=2), oom_limits={1: 1})
 
@@ -169,7 +189,8 @@ def reference_losses(tmp_path_factory, oom_env):
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_split_survives_an_oom_with_the_losses_of_a_run_without(tmp_path, oom_env, reference_losses, layout):
-    """One rank runs out of memory on batch 2: every rank splits it; the finder's trials leave no trace."""
+    """One rank (the last) runs out of memory on batch 2: every rank halves its micro-batch and redoes the step,
+    and later steps keep that size; the finder's trials leave no trace."""
     replicas = 2 if layout == "ddp" else 1
     run = make_runner(tmp_path, oom_env)(
         *BASE,
@@ -185,8 +206,10 @@ def test_split_survives_an_oom_with_the_losses_of_a_run_without(tmp_path, oom_en
     assert wandb.metric("batch_size_finder/per_device_batch_size") == [64 // replicas]
     assert wandb.metric("batch_size_finder/trials") == [1]
     assert wandb.metric("oom/events") == [1] and wandb.steps("oom/events") == [2]
-    assert wandb.metric("oom/parts") == [1]
+    # Logged by rank 0, which never ran out of memory, yet halved its micro-batches with the rank that did.
+    assert wandb.metric("oom/micro_batch_size") == [64 // replicas // 2]
     assert "OOMRecovery: out of memory at step 2" in run.output
+    assert f"OOMRecovery: micro-batches of {64 // replicas // 2} fit" in run.output
     # Same losses as a run with neither the finder's trials nor the OOM: weights, optimizer state and
     # the split step are exactly restored / equivalent (differences are float summation order only).
     assert wandb.steps("train/loss") == list(range(STEPS))

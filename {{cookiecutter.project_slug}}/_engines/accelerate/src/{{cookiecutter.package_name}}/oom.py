@@ -16,7 +16,17 @@ from torch.utils.data import DataLoader
 
 from .config import ConfigError
 from .data import Data, per_device_batch_size
-from .memory import changed_batch_message, is_oom_error, memory_metrics, process_memory_figures, search
+from .memory import (
+    changed_batch_message,
+    halved,
+    is_oom_error,
+    memory_metrics,
+    process_memory_figures,
+    rng_state,
+    search,
+    set_rng_state,
+    why_recovery_refuses,
+)
 from .strategies import LossFn, Strategy
 
 
@@ -27,15 +37,21 @@ class OutOfMemoryStop(RuntimeError):
 class OOMRecovery:
     """Trains a batch as `strategy.train_step` does, surviving an out-of-memory error in its forward or backward.
 
-    policy: "split" computes the batch as 2, 4, 8... micro-batches with gradient accumulation, so the step, its
-    loss and its gradient are the whole batch's, and later batches start from the split that worked; "skip" drops
-    the batch (the optimizer step that follows changes nothing). max_consecutive: OOMs in a row, without a step
-    that worked in between, before stopping.
+    policy: "split" keeps the batch (data.batch_size stays the global batch) and runs every step as gradient
+    accumulation over micro-batches of `micro_batch_size` samples per process, the largest that fits: it starts at
+    the whole per-process batch; an OOM on any process halves it on every process and the step is redone from the
+    same weights and random state, so the step, its loss and its gradient are the whole batch's (the losses of a
+    run without OOMs). The size is saved in checkpoints (the loop's Progress.oom_recovery, this object's
+    state_dict) and a resumed run starts from it. (Composer's device_train_microbatch_size="auto" does the same for
+    data-parallel runs.) "skip" drops the batch (the optimizer step that follows changes nothing).
+    max_consecutive: OOMs in a row, without a step that worked in between, before stopping.
 
     Every micro-batch runs under no_sync (no collective that a failed process would leave the others waiting
     in); then one all-reduced flag tells every process whether any ran out of memory, so all decide together,
     and only then are the gradients averaged over the processes, in one all-reduce (what DDP's backward would
-    have done). Limit: a net whose forward is itself a collective (SyncBatchNorm) can still leave them out of step.
+    have done). accelerate's own accumulation (accelerator.accumulate) counts loader batches and cannot redo one,
+    and find_executable_batch_size decides per process: hence the hand-written loop. Limit: a net whose forward
+    is itself a collective (SyncBatchNorm) can still leave them out of step.
     """
 
     supported_presets = ("single", "ddp", "ddp_spawn")
@@ -43,25 +59,38 @@ class OOMRecovery:
     def __init__(self, strategy: Strategy, policy: str = "split", max_consecutive: int = 3) -> None:
         if strategy.name not in self.supported_presets:
             raise ConfigError(
-                f"oom.recovery works under strategy={'|'.join(self.supported_presets)}, not strategy={strategy.name}; "
-                "turn it off with oom.recovery=null"
+                f"oom.recovery works under strategy={'|'.join(self.supported_presets)}, not strategy={strategy.name}"
+                f"{why_recovery_refuses(strategy.name)}; turn it off with oom.recovery=null"
             )
         if policy not in ("skip", "split"):
             raise ConfigError(f"oom.recovery.policy={policy!r} is unknown; valid: skip, split")
         self.strategy, self.policy, self.max_consecutive = strategy, policy, max_consecutive
         self.events = self.consecutive = 0
-        self.parts = 1  # micro-batches per batch: the last split that worked
+        self.micro_batch_size = 0  # samples per micro-batch on each process, the last that fitted; 0: the whole batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"micro_batch_size": self.micro_batch_size, "events": self.events}
+
+    def load_state_dict(self, state: dict[str, int], accelerator: Accelerator) -> None:
+        """Restore a checkpoint's state (an empty one: a checkpoint without it), then agree on the smallest
+        micro-batch size of all processes (0, the whole batch, is the largest)."""
+        self.micro_batch_size, self.events = state.get("micro_batch_size", 0), state.get("events", 0)
+        size = torch.tensor([self.micro_batch_size or 2**62], device=accelerator.device)
+        smallest = int(accelerator.gather(size).min())
+        self.micro_batch_size = 0 if smallest == 2**62 else smallest
 
     def train_step(
         self, accelerator: Accelerator, model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn, step: int
     ) -> torch.Tensor | None:
         """Forward and backward of the batch, gradients averaged over the processes; the (detached) loss, or None
         for a skipped batch (its gradients are None)."""
+        rng = rng_state(accelerator.device)
         while True:
+            micro = min(self.micro_batch_size or len(x), len(x))
             loss, oom = None, False
             try:
                 with accelerator.no_sync(model):
-                    loss = self._forward_backward(accelerator, model, x, y, loss_fn, min(self.parts, len(x)))
+                    loss = self._forward_backward(accelerator, model, x, y, loss_fn, micro)
             except Exception as error:
                 if not is_oom_error(error):
                     raise
@@ -71,34 +100,38 @@ class OOMRecovery:
                 break
             loss = None  # drop the failed step's graph before freeing
             model.zero_grad(set_to_none=True)
-            self._on_oom(accelerator, step, min(self.parts, len(x)))
+            if self.policy == "split":
+                self.micro_batch_size = halved(micro)  # at 1 already: try again until max_consecutive stops it
+            self._on_oom(accelerator, step, micro)
             if self.policy == "skip":
                 return None
-            self.parts = min(2 * self.parts, len(x))
+            set_rng_state(accelerator.device, rng)  # the redone step draws what the first try drew (dropout)
         if self.consecutive:
-            accelerator.print(f"OOMRecovery: the batch fits in {self.parts} part(s); later batches start from it")
+            accelerator.print(f"OOMRecovery: micro-batches of {micro} fit; later steps start from that size")
         self.consecutive = 0
         average_gradients(accelerator, model)
         return loss
 
-    def _forward_backward(self, accelerator, model, x, y, loss_fn: LossFn, parts: int) -> torch.Tensor:
-        """The strategy's step on each micro-batch, its loss weighted by its share: the gradients accumulate to the
-        whole batch's, and the sum of the returned losses is its loss."""
+    def _forward_backward(self, accelerator, model, x, y, loss_fn: LossFn, micro: int) -> torch.Tensor:
+        """The strategy's step on each micro-batch of `micro` samples, its loss weighted by its share: the gradients
+        accumulate to the whole batch's, and the sum of the returned losses is its loss."""
         total = torch.zeros((), device=accelerator.device)
-        for x_part, y_part in zip(x.tensor_split(parts), y.tensor_split(parts), strict=True):
+        for x_part, y_part in zip(x.split(micro), y.split(micro), strict=True):
             weighted = partial(_weighted, loss_fn, len(x_part) / len(x))
             total += self.strategy.train_step(accelerator, model, x_part, y_part, weighted)
         return total
 
-    def _on_oom(self, accelerator: Accelerator, step: int, parts: int) -> None:
+    def _on_oom(self, accelerator: Accelerator, step: int, micro: int) -> None:
         clear_device_cache(garbage_collection=True)  # outside the except block: the failed step's tensors are gone
         self.events += 1
         self.consecutive += 1
         accelerator.print(
-            f"OOMRecovery: out of memory at step {step} (batch in {parts} part(s); {self.consecutive} in a row, "
+            f"OOMRecovery: out of memory at step {step} (micro-batches of {micro}; {self.consecutive} in a row, "
             f"policy {self.policy})"
         )
-        metrics = {"oom/events": self.events, "oom/consecutive": self.consecutive, "oom/parts": parts}
+        # The micro-batch size from now on (split: halved; skip: unchanged).
+        metrics = {"oom/events": self.events, "oom/consecutive": self.consecutive,
+                   "oom/micro_batch_size": self.micro_batch_size or micro}  # fmt: skip
         accelerator.log({**metrics, "trainer/global_step": step})
         if self.consecutive >= self.max_consecutive:
             raise OutOfMemoryStop(

@@ -10,7 +10,7 @@ The loop below is the whole training: what a preset changes lives in strategies/
 import functools
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,7 @@ class Progress:
     global_step: int = 0  # optimizer steps done
     best_val_loss: float = float("inf")
     found_batch_size: int = 0  # the global batch that oom.find_batch_size found (0: not searched yet)
+    oom_recovery: dict[str, int] = field(default_factory=dict)  # oom.recovery's state: its micro-batch size
 
     def state_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -128,6 +129,8 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
     start = resume_point(accelerator, cfg, checkpoints)
     if start:
         accelerator.load_state(start)
+    if recovery:  # the micro-batch size that fitted before a restart, agreed by all processes
+        recovery.load_state_dict(progress.oom_recovery, accelerator)
 
     failed = True
     try:
@@ -206,6 +209,7 @@ def fit(
             with accelerator.accumulate(model):
                 if recovery:  # None: an out-of-memory error made it skip the batch (recovery refuses accumulation)
                     loss = recovery.train_step(accelerator, model, x, y, loss_fn, progress.global_step)
+                    progress.oom_recovery = recovery.state_dict()  # saved with the next checkpoint
                 else:
                     loss = strategy.train_step(accelerator, model, x, y, loss_fn)
                 if loss is not None:

@@ -1,9 +1,11 @@
-"""Survive an out-of-memory error in a training step, in its forward or its backward: split the batch into
-micro-batches (and keep the split that worked), or skip it.
+"""Survive an out-of-memory error in a training step, in its forward or its backward: redo the step as gradient
+accumulation over smaller micro-batches (and keep the micro-batch size that worked), or skip it.
 
 A callback cannot re-run Lightning's optimization step, so this one wraps the module's training_step (and its
 optimizer_zero_grad, which it holds back once per step) for the duration of training: the wrapped step runs the
-forward AND the backward of the batch, in `parts` micro-batches, catching an OOM in either. With several
+forward AND the backward of the batch, in micro-batches of `micro_batch_size` samples, catching an OOM in either.
+(Lightning's own accumulation, trainer.accumulate_grad_batches, accumulates over loader batches and cannot redo
+one: hence the hand-written loop.) With several
 processes the backward runs inside DDP's forward, where DDP does not synchronise gradients: every rank then
 reports "did I run out of memory?" through one small all-reduced flag, so all ranks take the same decision and
 none waits forever for a rank that failed. The step returns the batch's loss plus a zero term over every
@@ -19,7 +21,16 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from ..memory import configure_allocator, free_memory, is_oom_error, memory_summary
+from ..memory import (
+    RECOVERY_REFUSED,
+    configure_allocator,
+    free_memory,
+    halved,
+    is_oom_error,
+    memory_summary,
+    rng_state,
+    set_rng_state,
+)
 
 
 class OutOfMemoryStop(RuntimeError):
@@ -27,15 +38,20 @@ class OutOfMemoryStop(RuntimeError):
 
 
 class OOMRecovery(L.Callback):
-    """policy: "split" computes the batch as 2, 4, 8... micro-batches with gradient accumulation, so the step, its
-    loss and its gradient are the whole batch's, and later batches start from the split that worked; "skip" drops
-    the batch (its optimizer step changes nothing). max_consecutive: OOMs in a row, without a step that worked in
+    """policy: "split" keeps the batch (data.batch_size stays the global batch) and runs every step as gradient
+    accumulation over micro-batches of `micro_batch_size` samples per device, the largest that fits: it starts at
+    the whole per-device batch; an OOM on any rank halves it on every rank and the step is redone from the same
+    weights and random state, so the step, its loss and its gradient are the whole batch's (the losses of a run
+    without OOMs). The size is this callback's state in checkpoints: a resumed run starts from it. (Composer's
+    device_train_microbatch_size="auto" does the same for data-parallel runs.) "skip" drops the batch (its
+    optimizer step changes nothing). max_consecutive: OOMs in a row, without a step that worked in
     between, before stopping. empty_cache_every_n_epochs: 0 never (emptying the cache synchronises the device,
     so it is done at epoch ends only). Refused (before training) under dp (the replicas run in threads),
     model_parallel (a rank that fails mid-forward leaves the others in a collective) and pipeline (the schedule
     runs the step, not the module's training_step)."""
 
     supported_presets = ("single", "ddp", "ddp_spawn")
+    refused_because = RECOVERY_REFUSED  # said in the refusal of any other preset
 
     def __init__(self, policy: str = "split", max_consecutive: int = 3, empty_cache_every_n_epochs: int = 0) -> None:
         if policy not in ("skip", "split"):
@@ -46,14 +62,21 @@ class OOMRecovery(L.Callback):
         self.policy, self.max_consecutive = policy, max_consecutive
         self.empty_cache_every_n_epochs = empty_cache_every_n_epochs
         self.events = self.consecutive = 0
-        self.parts = 1  # micro-batches per batch: the last split that worked
+        self.micro_batch_size = 0  # samples per micro-batch on each device, the last that fitted; 0: the whole batch
         self._keep_grads = self._skipping = False
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if trainer.accumulate_grad_batches != 1:
             raise ValueError("OOMRecovery runs the backward itself: use trainer.accumulate_grad_batches=1")
 
+    def state_dict(self) -> dict[str, int]:
+        return {"micro_batch_size": self.micro_batch_size, "events": self.events}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        self.micro_batch_size, self.events = state_dict["micro_batch_size"], state_dict["events"]
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.micro_batch_size = _agreed(trainer, self.micro_batch_size)  # restored from a checkpoint, or 0
         # Installed now, not at fit start, so that the batch-size finder's trials see their OOMs.
         pl_module.training_step = partial(self._guarded_step, trainer, pl_module, pl_module.training_step)
         pl_module.optimizer_zero_grad = partial(self._zero_grad, pl_module.optimizer_zero_grad)
@@ -68,10 +91,12 @@ class OOMRecovery(L.Callback):
 
     def _guarded_step(self, trainer: L.Trainer, pl_module: L.LightningModule, step, batch, batch_idx: int):
         size = len(_first_tensor(batch))
+        rng = rng_state(pl_module.device)
         while True:
+            micro = min(self.micro_batch_size or size, size)
             loss, oom = None, False
             try:
-                loss = self._forward_backward(trainer, pl_module, step, batch, batch_idx, min(self.parts, size))
+                loss = self._forward_backward(trainer, pl_module, step, batch, batch_idx, micro)
             except Exception as error:
                 if not is_oom_error(error):
                     raise
@@ -81,26 +106,26 @@ class OOMRecovery(L.Callback):
             loss = None  # drop the failed step's graph before freeing
             for optimizer in trainer.optimizers:
                 optimizer.zero_grad(set_to_none=True)
-            self._on_oom(trainer, pl_module, min(self.parts, size))
+            if self.policy == "split":
+                self.micro_batch_size = halved(micro)  # at 1 already: try again until max_consecutive stops it
+            self._on_oom(trainer, pl_module, micro)
             if self.policy == "skip":
                 self._skipping = True  # the gradients are dropped before the optimizer step
                 return _gradient_sync_term(pl_module)
-            if self.parts >= size:
-                continue  # nothing left to split: try again until max_consecutive stops the run
-            self.parts = min(2 * self.parts, size)
+            set_rng_state(pl_module.device, rng)  # the redone step draws what the first try drew (dropout)
         if self.consecutive:
-            rank_zero_info(f"OOMRecovery: the batch fits in {self.parts} part(s); later batches start from it")
+            rank_zero_info(f"OOMRecovery: micro-batches of {micro} fit; later steps start from that size")
         self.consecutive = 0
         self._keep_grads = True  # Lightning zeroes gradients after training_step: not this time
         return loss + _gradient_sync_term(pl_module)
 
-    def _forward_backward(self, trainer, pl_module, step, batch, batch_idx: int, parts: int) -> torch.Tensor:
-        """Forward and backward of the batch in `parts` micro-batches, each loss weighted by its share, so the
-        accumulated gradient and the returned (detached) loss are the whole batch's."""
+    def _forward_backward(self, trainer, pl_module, step, batch, batch_idx: int, micro: int) -> torch.Tensor:
+        """Forward and backward of the batch in micro-batches of `micro` samples, each loss weighted by its share,
+        so the accumulated gradient and the returned (detached) loss are the whole batch's."""
         for optimizer in trainer.optimizers:
             optimizer.zero_grad(set_to_none=True)
         size, total = len(_first_tensor(batch)), torch.zeros((), device=pl_module.device)
-        for chunk in _chunks(batch, parts):
+        for chunk in _micro_batches(batch, micro):
             loss = _loss(step(chunk, batch_idx)) * (len(_first_tensor(chunk)) / size)
             trainer.precision_plugin.pre_backward(loss, pl_module).backward()
             total += loss.detach()
@@ -124,16 +149,18 @@ class OOMRecovery(L.Callback):
             return
         original(*args)
 
-    def _on_oom(self, trainer: L.Trainer, pl_module: L.LightningModule, parts: int) -> None:
+    def _on_oom(self, trainer: L.Trainer, pl_module: L.LightningModule, micro: int) -> None:
         free_memory()
         self.events += 1
         self.consecutive += 1
         step = trainer.global_step
         rank_zero_info(
-            f"OOMRecovery: out of memory at step {step} (batch in {parts} part(s); {self.consecutive} in a row, "
+            f"OOMRecovery: out of memory at step {step} (micro-batches of {micro}; {self.consecutive} in a row, "
             f"policy {self.policy})\n{memory_summary(pl_module.device)}"
         )
-        metrics = {"oom/events": self.events, "oom/consecutive": self.consecutive, "oom/parts": parts}
+        # The micro-batch size from now on (split: halved; skip: unchanged).
+        metrics = {"oom/events": self.events, "oom/consecutive": self.consecutive,
+                   "oom/micro_batch_size": self.micro_batch_size or micro}  # fmt: skip
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
         if self.consecutive >= self.max_consecutive:
@@ -147,6 +174,15 @@ class OOMRecovery(L.Callback):
             f"{self.consecutive} out-of-memory errors in a row at step {step} (policy {self.policy}); "
             f"checkpoint saved to {path}. Lower data.batch_size."
         )
+
+
+def _agreed(trainer: L.Trainer, micro_batch_size: int) -> int:
+    """The smallest micro-batch size of all ranks (0, the whole batch, is the largest): every rank runs the same."""
+    if trainer.world_size == 1:
+        return micro_batch_size
+    size = torch.tensor(micro_batch_size or 2**62, device=trainer.strategy.root_device)
+    smallest = int(trainer.strategy.reduce(size, reduce_op="min"))
+    return 0 if smallest == 2**62 else smallest
 
 
 def _any_rank(trainer: L.Trainer, flag: bool) -> bool:
@@ -170,7 +206,7 @@ def _first_tensor(batch) -> torch.Tensor:
     return found[0]
 
 
-def _chunks(batch, parts: int) -> list:
-    """The batch cut along its first dimension into `parts` micro-batches (fewer if it is smaller)."""
-    count = min(parts, len(_first_tensor(batch)))
-    return [apply_to_collection(batch, torch.Tensor, lambda t, i=i: t.tensor_split(count)[i]) for i in range(count)]
+def _micro_batches(batch, size: int) -> list:
+    """The batch cut along its first dimension into micro-batches of `size` samples (the last one smaller)."""
+    count = -(-len(_first_tensor(batch)) // size)
+    return [apply_to_collection(batch, torch.Tensor, lambda t, i=i: t.split(size)[i]) for i in range(count)]

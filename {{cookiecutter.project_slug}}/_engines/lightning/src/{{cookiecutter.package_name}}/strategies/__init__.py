@@ -40,9 +40,11 @@ def check_layout(preset: str, trainer: L.Trainer, global_batch_size: int, module
     for callback in trainer.callbacks:  # e.g. the OOM toolkit: a callback that works under some presets only
         supported = getattr(callback, "supported_presets", None)
         if supported is not None and preset not in supported:
+            reason = getattr(callback, "refused_because", {}).get(preset)
             raise ConfigError(
-                f"{type(callback).__name__} works under strategy={'|'.join(supported)}, not strategy={preset}; "
-                "drop it with ~callbacks.<its name>"
+                f"{type(callback).__name__} works under strategy={'|'.join(supported)}, not strategy={preset}"
+                + (f" ({reason})" if reason else "")
+                + "; drop it with ~callbacks.<its name>"
             )
     if hasattr(trainer.strategy, "check_layout"):
         trainer.strategy.check_layout(trainer, module, global_batch_size)
