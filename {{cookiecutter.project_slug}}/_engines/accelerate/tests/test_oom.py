@@ -49,7 +49,7 @@ def losses_without_oom():
 
 
 @pytest.mark.parametrize("in_backward", [False, True], ids=["forward", "backward"])
-def test_recovery_keeps_the_split_that_worked(losses_without_oom, in_backward):
+def test_recovery_keeps_the_micro_batch_size_that_worked(losses_without_oom, in_backward):
     """Every batch of 64 is too big, in the forward or in the backward: one OOM, then every step runs 2
     micro-batches of 32 (not one OOM per step), with the losses of a run without OOMs."""
     losses, recovery = train_steps({}, {0: 32}, in_backward=in_backward)
@@ -88,7 +88,7 @@ def test_the_micro_batch_size_survives_a_checkpoint(tmp_path, train_env):
     training without OOMs."""
     constant = [*PARITY, "strategy=single", "scheduler=constant"]  # a cosine schedule would span max_steps
     oom = ["oom=toolkit", "model.net._target_=nets.OOMNet", "+model.net.max_batch=32"]
-    reference = losses_by_step(make_runner(tmp_path / "reference", train_env)(*constant).run_dir)
+    reference = losses_by_step(make_runner(tmp_path, train_env)(*constant).run_dir)
     run_dir = tmp_path / "run"
     first = run_in(run_dir, train_env, *constant, *oom, "trainer.max_steps=3")
     assert first.returncode == 0, first.stderr[-3000:]
