@@ -31,16 +31,21 @@ class FailingNet(ResidualMLP):
 class OOMNet(ResidualMLP):
     """Runs out of memory (torch.OutOfMemoryError, as CUDA raises it) on batches larger than `max_batch`, in the
     forward (or in the backward: `in_backward`), on the process of rank `oom_rank` only: the other processes
-    would happily train with the larger batch."""
+    would happily train with the larger batch. `noise`: adds that much random noise to the inputs, drawn after
+    any forward OOM (a step's random numbers, as dropout's)."""
 
-    def __init__(self, *args, max_batch: int = 40, oom_rank: int = 0, in_backward: bool = False, **kwargs) -> None:
+    def __init__(
+        self, *args, max_batch: int = 40, oom_rank: int = 0, in_backward: bool = False, noise: float = 0.0, **kwargs
+    ) -> None:
         super().__init__(*args, **kwargs)
-        self.max_batch, self.oom_rank, self.in_backward = max_batch, oom_rank, in_backward
+        self.max_batch, self.oom_rank, self.in_backward, self.noise = max_batch, oom_rank, in_backward, noise
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         oom = len(x) > self.max_batch and int(os.environ.get("RANK", 0)) == self.oom_rank
         if oom and not self.in_backward:
             raise simulated_oom()
+        if self.noise:
+            x = x + self.noise * torch.randn_like(x)
         out = super().forward(x)
         return OOMInBackward.apply(out) if oom else out
 

@@ -57,6 +57,15 @@ def test_recovery_keeps_the_micro_batch_size_that_worked(losses_without_oom, in_
     assert (recovery.events, recovery.micro_batch_size) == (1, 32)
 
 
+def test_a_redone_step_draws_the_random_numbers_of_its_first_try():
+    """With random noise on the inputs (as dropout): an OOM in the backward, after the forward drew its noise,
+    trains exactly as an OOM in the forward, before any was drawn: the redone step starts from the same random
+    state."""
+    in_forward, _ = train_steps({}, {0: 32}, steps=2, noise=0.5)
+    in_backward, _ = train_steps({}, {0: 32}, steps=2, noise=0.5, in_backward=True)
+    assert in_backward == in_forward
+
+
 def test_a_step_that_works_resets_the_failure_count():
     """OOMs at steps 1 and 3, a working split in between: never two in a row, so no stop at max_consecutive=2."""
     _, recovery = train_steps({"max_consecutive": 2}, {1: 32, 3: 16})

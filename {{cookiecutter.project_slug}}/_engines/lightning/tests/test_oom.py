@@ -138,6 +138,15 @@ def test_recovery_catches_an_oom_in_the_backward(tmp_path, losses_without_oom):
     assert (recovery.events, recovery.micro_batch_size) == (2, 16)
 
 
+def test_a_redone_step_draws_the_random_numbers_of_its_first_try(tmp_path):
+    """With random noise on the inputs (as dropout): an OOM in the backward, after the forward drew its noise,
+    trains exactly as an OOM in the forward, before any was drawn: the redone step starts from the same random
+    state."""
+    in_forward = fit_in_process(tmp_path, OOMRecovery(), steps=3, oom_above=32, noise=0.5)
+    in_backward = fit_in_process(tmp_path, OOMRecovery(), steps=3, oom_in_backward_above=32, noise=0.5)
+    assert in_backward == in_forward
+
+
 def test_the_micro_batch_size_survives_a_checkpoint(tmp_path, losses_without_oom):
     """3 steps that find micro-batches of 32, a checkpoint, then steps 3-5 resumed from it: they start from 32,
     with the same losses. A recovery that forgot it would run out of memory once more, which max_consecutive=1
