@@ -106,6 +106,7 @@ def test_the_micro_batch_size_survives_a_checkpoint(tmp_path, train_env):
     resumed = run_in(run_dir, train_env, *constant, *oom)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from" in resumed.stdout and "out of memory" not in resumed.stdout
+    assert "OOMRecovery: micro-batches of 32, as the checkpoint says" in resumed.stdout
     assert losses_by_step(run_dir) == pytest.approx(reference, abs=TOLERANCE)
 
 

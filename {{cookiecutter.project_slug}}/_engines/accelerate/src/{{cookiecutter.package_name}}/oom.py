@@ -42,7 +42,7 @@ class OOMRecovery:
     the whole per-process batch; an OOM on any process halves it on every process and the step is redone from the
     same weights and random state, so the step, its loss and its gradient are the whole batch's (the losses of a
     run without OOMs). The size is saved in checkpoints (the loop's Progress.oom_recovery, this object's
-    state_dict) and a resumed run starts from it. (Composer's device_train_microbatch_size="auto" does the same for
+    state_dict) and a resumed run starts from it. (The idea of Composer's device_train_microbatch_size="auto", for
     data-parallel runs.) "skip" drops the batch (the optimizer step that follows changes nothing).
     max_consecutive: OOMs in a row, without a step that worked in between, before stopping.
 
@@ -78,6 +78,8 @@ class OOMRecovery:
         size = torch.tensor([self.micro_batch_size or 2**62], device=accelerator.device)
         smallest = int(accelerator.gather(size).min())
         self.micro_batch_size = 0 if smallest == 2**62 else smallest
+        if self.micro_batch_size:
+            accelerator.print(f"OOMRecovery: micro-batches of {self.micro_batch_size}, as the checkpoint says")
 
     def train_step(
         self, accelerator: Accelerator, model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn, step: int
@@ -130,8 +132,11 @@ class OOMRecovery:
             f"policy {self.policy})"
         )
         # The micro-batch size from now on (split: halved; skip: unchanged).
-        metrics = {"oom/events": self.events, "oom/consecutive": self.consecutive,
-                   "oom/micro_batch_size": self.micro_batch_size or micro}  # fmt: skip
+        metrics = {
+            "oom/events": self.events,
+            "oom/consecutive": self.consecutive,
+            "oom/micro_batch_size": self.micro_batch_size or micro,
+        }
         accelerator.log({**metrics, "trainer/global_step": step})
         if self.consecutive >= self.max_consecutive:
             raise OutOfMemoryStop(

@@ -42,8 +42,8 @@ class OOMRecovery(L.Callback):
     accumulation over micro-batches of `micro_batch_size` samples per device, the largest that fits: it starts at
     the whole per-device batch; an OOM on any rank halves it on every rank and the step is redone from the same
     weights and random state, so the step, its loss and its gradient are the whole batch's (the losses of a run
-    without OOMs). The size is this callback's state in checkpoints: a resumed run starts from it. (Composer's
-    device_train_microbatch_size="auto" does the same for data-parallel runs.) "skip" drops the batch (its
+    without OOMs). The size is this callback's state in checkpoints: a resumed run starts from it. (The idea of
+    Composer's device_train_microbatch_size="auto", for data-parallel runs.) "skip" drops the batch (its
     optimizer step changes nothing). max_consecutive: OOMs in a row, without a step that worked in
     between, before stopping. empty_cache_every_n_epochs: 0 never (emptying the cache synchronises the device,
     so it is done at epoch ends only). Refused (before training) under dp (the replicas run in threads),
@@ -77,6 +77,8 @@ class OOMRecovery(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.micro_batch_size = _agreed(trainer, self.micro_batch_size)  # restored from a checkpoint, or 0
+        if self.micro_batch_size:
+            rank_zero_info(f"OOMRecovery: micro-batches of {self.micro_batch_size}, as the checkpoint says")
         # Installed now, not at fit start, so that the batch-size finder's trials see their OOMs.
         pl_module.training_step = partial(self._guarded_step, trainer, pl_module, pl_module.training_step)
         pl_module.optimizer_zero_grad = partial(self._zero_grad, pl_module.optimizer_zero_grad)
@@ -159,8 +161,11 @@ class OOMRecovery(L.Callback):
             f"policy {self.policy})\n{memory_summary(pl_module.device)}"
         )
         # The micro-batch size from now on (split: halved; skip: unchanged).
-        metrics = {"oom/events": self.events, "oom/consecutive": self.consecutive,
-                   "oom/micro_batch_size": self.micro_batch_size or micro}  # fmt: skip
+        metrics = {
+            "oom/events": self.events,
+            "oom/consecutive": self.consecutive,
+            "oom/micro_batch_size": self.micro_batch_size or micro,
+        }
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
         if self.consecutive >= self.max_consecutive:
