@@ -5,10 +5,10 @@ A callback cannot re-run Lightning's optimization step, so this one wraps the mo
 optimizer_zero_grad, which it holds back once per step) for the duration of training: the wrapped step runs the
 forward AND the backward of the batch, in micro-batches of `micro_batch_size` samples, catching an OOM in either.
 (Lightning's own accumulation, trainer.accumulate_grad_batches, accumulates over loader batches and cannot redo
-one: hence the hand-written loop.) With several
-processes the backward runs inside DDP's forward, where DDP does not synchronise gradients: every rank then
-reports "did I run out of memory?" through one small all-reduced flag, so all ranks take the same decision and
-none waits forever for a rank that failed. The step returns the batch's loss plus a zero term over every
+one: hence the hand-written loop.) With several processes the backward runs inside DDP's forward, where DDP does
+not synchronise gradients: every rank then reports "did I run out of memory?" through one small all-reduced flag,
+so all ranks take the same decision (and keep the same micro-batch size) and none waits forever for a rank that
+failed. The step returns the batch's loss plus a zero term over every
 parameter, whose backward (run by Lightning) makes DDP average the gradients computed here.
 Limit: a net whose forward is itself a collective (SyncBatchNorm) can still leave the ranks out of step.
 """
@@ -44,8 +44,8 @@ class OOMRecovery(L.Callback):
     weights and random state, so the step, its loss and its gradient are the whole batch's (the losses of a run
     without OOMs). The size is this callback's state in checkpoints: a resumed run starts from it. (The idea of
     Composer's device_train_microbatch_size="auto", for data-parallel runs.) "skip" drops the batch (its
-    optimizer step changes nothing). max_consecutive: OOMs in a row, without a step that worked in
-    between, before stopping. empty_cache_every_n_epochs: 0 never (emptying the cache synchronises the device,
+    optimizer step changes nothing). max_consecutive: OOMs in a row, without a step that worked in between, before
+    stopping. empty_cache_every_n_epochs: 0 never (emptying the cache synchronises the device,
     so it is done at epoch ends only). Refused (before training) under dp (the replicas run in threads),
     model_parallel (a rank that fails mid-forward leaves the others in a collective) and pipeline (the schedule
     runs the step, not the module's training_step)."""
