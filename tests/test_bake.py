@@ -9,7 +9,17 @@ COMBINATIONS = list(every_choice())
 
 
 PRESETS = ("ddp", "ddp_spawn", "dp", "model_parallel", "pipeline", "single")
-SEARCH_MODULES = ("__init__", "__main__", "epoch_metrics", "report", "settings", "slurm", "space", "trials", "wandb_sweep")
+SEARCH_MODULES = (
+    "__init__",
+    "__main__",
+    "epoch_metrics",
+    "report",
+    "settings",
+    "slurm",
+    "space",
+    "trials",
+    "wandb_sweep",
+)
 
 
 def expected_files(package: str, engine: str) -> set[str]:

@@ -53,9 +53,13 @@ def test_generated_project_passes_its_own_test_suite(bake, engine, tmp_path):
     project = bake(engine=engine)
     # Two test files at a time (pytest-xdist): most tests wait on process start-up and on one or two training
     # processes, so a 2-core machine does two files at once in less time than one after the other.
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadfile"]
+    command = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadfile"]
     command += ["--durations=15"]
-    result = run(command, project, tmp_path)
+    try:  # a guard against a hung test, far above the suite's time (README); it says which tests had ended
+        result = run(command, project, tmp_path, timeout=2400)
+    except subprocess.TimeoutExpired as stopped:
+        output = stopped.stdout or b""  # bytes: what the suite printed before it was stopped
+        pytest.fail(f"the baked suite ran past 40 minutes; its last lines:\n{output[-6000:].decode(errors='replace')}")
     print(result.stdout[-4000:])  # the baked suite's slowest tests, for the CI log
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert passed_count(result.stdout) >= 20
