@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
+from .config import ConfigError
 from .model_split import Split, register_split
 
 NORMS = {"rms": nn.RMSNorm, "layer": nn.LayerNorm}
@@ -81,6 +82,11 @@ class Embeddings(nn.Module):
         self.positions = ScaledEmbedding(max_seq_len, dim)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if tokens.is_floating_point():  # e.g. model=gpt data=synthetic: a one-line error, not an embedding's traceback
+            raise ConfigError(
+                f"model=gpt reads token ids (integers), but the data gives {str(tokens.dtype).removeprefix('torch.')} "
+                "samples: use data=tokens, or data=files whose x and y hold token ids"
+            )
         length, max_seq_len = tokens.shape[1], self.positions.num_embeddings
         if length > max_seq_len:
             raise ValueError(f"sequences of {length} tokens are longer than the model's max_seq_len={max_seq_len}")
@@ -96,7 +102,7 @@ class GPT(nn.Module):
         self,
         vocab_size: int,
         max_seq_len: int,
-        dim: int = 128,
+        dim: int = 64,
         depth: int = 4,
         num_heads: int = 4,
         expansion: int = 4,

@@ -145,7 +145,15 @@ def materialize(net: nn.Module, device: torch.device, rng_state: torch.Tensor) -
     """
     if not is_on_meta(net):
         return
+    uses: dict[torch.Tensor, list[tuple[nn.Module, str]]] = {}  # (module, name) of each parameter's uses
+    for module in net.modules():
+        for name, param in module._parameters.items():
+            if param is not None:
+                uses.setdefault(param, []).append((module, name))
     net.to_empty(device=device)
+    for (owner, name), *others in (places for places in uses.values() if len(places) > 1):
+        for module, other in others:  # to_empty gave each use a parameter of its own: tie them again
+            module._parameters[other] = owner._parameters[name]
     filled: set[torch.Tensor] = set()  # a tied parameter keeps its first module's values, as in a normal build
     with torch.random.fork_rng(devices=[]):
         torch.random.set_rng_state(rng_state)
@@ -174,16 +182,17 @@ def _initialised_full_size(module: nn.Module) -> dict[str, torch.Tensor]:
     # module classes construct themselves again in __new__).
     stand_in = object.__new__(type(module))
     stand_in.__dict__.update(vars(module))
+    # None entries stay (a Linear without bias checks `self.bias is not None`).
     stand_in._parameters = {
-        name: nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="cpu"), p.requires_grad)
+        name: None if p is None else nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="cpu"), p.requires_grad)
         for name, p in module._parameters.items()
-        if p is not None
     }
     stand_in._buffers = {
-        name: torch.empty(b.shape, dtype=b.dtype, device="cpu") for name, b in module._buffers.items() if b is not None
+        name: torch.empty(b.shape, dtype=b.dtype, device="cpu") if b is not None else None
+        for name, b in module._buffers.items()
     }
     stand_in.reset_parameters()
-    return {**stand_in._parameters, **stand_in._buffers}
+    return {name: t for name, t in {**stand_in._parameters, **stand_in._buffers}.items() if t is not None}
 
 
 @torch.no_grad()

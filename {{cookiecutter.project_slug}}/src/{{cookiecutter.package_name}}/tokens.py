@@ -14,12 +14,12 @@ class TokenData(TensorDataset):
     def __init__(
         self,
         split: str,
-        vocab_size: int = 128,
-        seq_len: int = 64,
+        vocab_size: int = 64,
+        seq_len: int = 32,
         branching: int = 4,
-        train_size: int = 4096,
-        val_size: int = 512,
-        test_size: int = 512,
+        train_size: int = 2048,
+        val_size: int = 256,
+        test_size: int = 256,
         seed: int = 0,
     ) -> None:
         sizes = {"train": train_size, "val": val_size, "test": test_size}
