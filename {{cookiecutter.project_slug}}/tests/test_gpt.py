@@ -18,6 +18,9 @@ from {{ cookiecutter.package_name }}.tokens import TokenData
 # Tiny (CI has 2 cores): 2 heads so that tensor_parallel_size=2 divides them, 2 blocks for 2 pipeline stages.
 TINY = ["model=gpt", "data.vocab_size=32", "data.seq_len=16", "model.net.dim=32", "model.net.num_heads=2",
         "model.net.depth=2", "data.train_size=512", "data.val_size=64", "data.test_size=64"]  # fmt: skip
+# Adam divides each gradient by its running size, so an entry whose gradient is almost 0 moves by rounding
+# differences too: the weights after K steps differ by up to 2e-5 (measured, dp2xtp2) where the losses agree to 1e-7.
+WEIGHT_TOLERANCE = 1e-4
 # One launch of each preset and mesh mode (test_parity.py runs the other launchers and schedules on the MLP).
 GPT_CASES = [case for case in CASES if not case[0].endswith("torchrun") and case[0] != "pipeline-gpipe"]
 {%- if cookiecutter.engine == "lightning" %}
@@ -71,7 +74,8 @@ def test_model_gpt_alone_trains_on_its_token_data(train):
     loss, perplexity = wandb.metric("val/loss"), wandb.metric("val/perplexity")
     assert len(loss) == len(perplexity) == 2
     assert perplexity[-1] == pytest.approx(math.exp(loss[-1]), rel=1e-5), "perplexity = exp(the epoch's val/loss)"
-    assert loss[-1] < loss[0] and loss[-1] < math.log(32) - 1.0, "well below guessing among 32 tokens"
+    assert loss[-1] < loss[0] < math.log(32), "below guessing among 32 tokens, and falling"
+    assert loss[-1] < math.log(32) - 0.5
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +99,8 @@ def test_every_preset_trains_the_gpt_as_one_device_does(train, single_gpt, case)
     losses, weights = single_gpt
     assert run.losses(K) == pytest.approx(losses, abs=TOLERANCE), name
     trained = load_trained(run.run_dir / LAST).state_dict()
-    for key, value in weights.items():
-        assert torch.allclose(trained[key], value, atol=TOLERANCE), f"{name}: {key} differs from single's"
+    for key, value in weights.items():  # (a tied pair stepped apart would be off by ~6e-3: the summed lr of K steps)
+        assert torch.allclose(trained[key], value, atol=WEIGHT_TOLERANCE), f"{name}: {key} differs from single's"
 {%- if cookiecutter.engine == "lightning" %}
     if name.startswith("pipeline"):  # the whole-model optimizer state holds the tied parameter once, as single's
         checkpoint = torch.load(run.run_dir / LAST, map_location="cpu", weights_only=False)

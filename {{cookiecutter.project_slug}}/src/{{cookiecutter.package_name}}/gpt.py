@@ -31,8 +31,10 @@ class CausalSelfAttention(nn.Module):
             raise ValueError(f"dim={dim} is not divisible by num_heads={num_heads}")
         self.num_heads = num_heads  # sharding.check_tensor_parallel reads it: heads must divide over the ranks
         self.head_dim = dim // num_heads
-        self.q, self.k, self.v = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
-        self.out = nn.Linear(dim, dim)
+        # No biases, as in most current LMs: k's would get no gradient at all (softmax ignores a shift shared by all
+        # keys), so Adam would move it by rounding noise alone.
+        self.q, self.k, self.v = (nn.Linear(dim, dim, bias=False) for _ in range(3))
+        self.out = nn.Linear(dim, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, time, _ = x.shape
