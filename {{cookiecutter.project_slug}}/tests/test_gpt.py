@@ -3,6 +3,7 @@ what one device computes with it, its tied embedding and head included (the part
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from conftest import PARITY, QUICK, TOLERANCE, K, make_runner
@@ -10,6 +11,7 @@ from test_parity import CASES
 
 from {{ cookiecutter.package_name }}.checkpoints import load_trained
 from {{ cookiecutter.package_name }}.config import ConfigError
+from {{ cookiecutter.package_name }}.files import describe
 from {{ cookiecutter.package_name }}.gpt import GPT
 from {{ cookiecutter.package_name }}.model_split import fsdp_units, tied_across_stages
 from {{ cookiecutter.package_name }}.sharding import OnMeta, check_layer_split, check_tensor_parallel, materialize
@@ -39,6 +41,15 @@ def test_token_data_is_next_token_prediction_and_the_same_for_every_process():
     assert x.shape == y.shape == (8, 16) and x.dtype == torch.long
     assert torch.equal(x[:, 1:], y[:, :-1]), "y is x shifted by one token"
     assert torch.equal(TokenData("val", vocab_size=32, seq_len=16, val_size=8, seed=3).tensors[0], x)
+
+
+def test_token_files_size_the_vocabulary_from_inputs_and_targets(tmp_path):
+    """data=files with token sequences: an id that only starts sequences (in x, never in y) still fits the model."""
+    x, y = TokenData("train", vocab_size=32, seq_len=16, train_size=64, seed=1).tensors
+    x[0, 0] = 40  # an id no target has
+    for split in ("train", "val"):
+        np.savez(tmp_path / f"{split}.npz", x=x.numpy(), y=y.numpy())
+    assert describe(str(tmp_path))["num_classes"] == 41 and describe(str(tmp_path))["num_features"] == 16
 
 
 def test_tied_weights_survive_meta_init_and_fsdp_units():
