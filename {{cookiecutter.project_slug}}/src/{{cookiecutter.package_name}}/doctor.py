@@ -95,11 +95,15 @@ def diagnose(cfg: DictConfig, overrides: list[str]) -> dict[str, Any]:
 
 
 def example_input(cfg: DictConfig, batch: int) -> torch.Tensor:
-    """A meta batch shaped like the data's inputs. A data config without `num_features` (token data, once there
-    is a transformer example) needs its own shape here."""
+    """A meta batch shaped like the data's inputs: num_features values per sample (token ids for data=tokens)."""
     if "num_features" not in cfg.data:
         raise ConfigError("the doctor sizes the model from data.num_features; this data config has none")
-    return torch.empty(batch, cfg.data.num_features, device="meta")
+    return torch.zeros(batch, cfg.data.num_features, dtype=input_dtype(cfg), device="meta")
+
+
+def input_dtype(cfg: DictConfig) -> torch.dtype:
+    """Token ids (int64) for a language model's data (data=tokens has a vocab_size), else float32 features."""
+    return torch.long if "vocab_size" in cfg.data else torch.float32
 
 
 def step_seconds(cfg: DictConfig, facts: ModelFacts, batch: int, host_memory_gb: float) -> float | None:
@@ -112,12 +116,16 @@ def step_seconds(cfg: DictConfig, facts: ModelFacts, batch: int, host_memory_gb:
     torch.manual_seed(cfg.seed)
     net = instantiate(cfg.model.net).to(device)
     optimizer = instantiate(cfg.model.optimizer)(net.parameters())
-    x = torch.randn(batch, cfg.data.num_features, device=device)
-    y = torch.randint(cfg.data.num_classes, (batch,), device=device)
+    if input_dtype(cfg) == torch.long:  # a language model: a token per position in, the next token per position out
+        x = torch.randint(cfg.data.num_classes, (batch, cfg.data.num_features), device=device)
+        y = torch.randint(cfg.data.num_classes, x.shape, device=device)
+    else:
+        x = torch.randn(batch, cfg.data.num_features, device=device)
+        y = torch.randint(cfg.data.num_classes, (batch,), device=device)
     times = []
     for _ in range(4):
         start = time.perf_counter()
-        F.cross_entropy(net(x), y).backward()
+        F.cross_entropy(net(x).flatten(0, -2), y.flatten()).backward()
         optimizer.step()
         optimizer.zero_grad()
         if device.type == "cuda":

@@ -56,6 +56,8 @@ def _describe(dir: str) -> dict:
                 f"x {list(shape)}, y {list(label_shape)}"
             )
         classes = max(classes, int(y.max()) + 1)
+        if not x.is_floating_point() and x.shape == y.shape:  # token sequences (model=gpt): x's ids are classes too
+            classes = max(classes, int(x.max()) + 1)
     return {"num_features": math.prod(shape), "sample_shape": list(shape), "num_classes": classes, "splits": splits}
 
 

@@ -9,6 +9,7 @@ presets that split the model refuse, before training, a model that has none. Fro
 - the layer groups (model_parallel mode=layers) and pipeline stages: consecutive runs of layers, cut between blocks.
 """
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -84,9 +85,28 @@ def layers(model: nn.Module, preset: str) -> tuple[nn.Module, list[str], list[st
 
 
 def fsdp_units(model: nn.Module) -> list[nn.Module]:
-    """The modules FSDP2 shards one by one (only one is gathered at a time): every layer of the split."""
+    """The modules FSDP2 shards one by one (only one is gathered at a time): every layer of the split, except
+    layers that share a parameter with another layer (tied weights, e.g. a head reusing the embedding's matrix).
+    FSDP2 must shard a parameter once, in a unit that is gathered for all its uses: those layers stay in the
+    root unit (`fully_shard(net)`), whose parameters are gathered for the whole forward and backward."""
     net, first, blocks, last = layers(model, "model_parallel")
-    return [net.get_submodule(name) for name in (*first, *blocks, *last)]
+    units = [net.get_submodule(name) for name in (*first, *blocks, *last)]
+    uses = Counter(param for unit in units for param in unit.parameters())
+    return [unit for unit in units if all(uses[param] == 1 for param in unit.parameters())]
+
+
+def tied_across_stages(
+    net: nn.Module, num_stages: int, split_points: Sequence[int] | None = None
+) -> list[tuple[list[int], dict[int, str]]]:
+    """Parameters that several pipeline stages hold (tied weights: the first stage's embedding is the last stage's
+    head): for each, (the stages holding it, each stage's name for it). Every stage keeps a copy, so the stages
+    must add up the copies' gradients before each step (pipelining.Pipeline does), as one device's autograd
+    adds up the uses of one parameter."""
+    holders: dict[nn.Parameter, dict[int, str]] = {}
+    for stage in range(num_stages):
+        for name, param in pipeline_stage(net, stage, num_stages, split_points).named_parameters():
+            holders.setdefault(param, {})[stage] = name
+    return [(sorted(names), names) for names in holders.values() if len(names) > 1]
 
 
 def layer_groups(model: nn.Module, n: int) -> list[list[nn.Module]]:

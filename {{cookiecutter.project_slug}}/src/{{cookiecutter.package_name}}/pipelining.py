@@ -18,7 +18,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from torch.utils._pytree import tree_map
 
 from .config import ConfigError
-from .model_split import find_split, pipeline_stage
+from .model_split import find_split, pipeline_stage, tied_across_stages
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -68,6 +68,13 @@ class Pipeline:
         self.rank, self.stages = net.index, net.last + 1
         self.stage = TimedStage(net.stage, self.rank, self.stages, device)
         self.schedule = SCHEDULES[schedule](self.stage, microbatches, loss_fn=loss_fn)
+        # Tied weights held by several stages: a process group per set of stages (every process creates each,
+        # in the same order), and the copies this stage holds.
+        self.tied = []
+        for stages, names in net.tied:
+            group = dist.new_group(stages)
+            if self.rank in stages:
+                self.tied.append((net.stage.get_parameter(names[self.rank]), group))
 
     def parameter_counts(self) -> list[int]:
         """Parameters held by each stage (is the split balanced?), on every process."""
@@ -88,6 +95,8 @@ class Pipeline:
         start = time.perf_counter()
         # The first stage feeds the inputs, the last one the targets.
         self.schedule.step(*([x] if stage.is_first else []), target=y if stage.is_last else None, losses=losses)
+        for param, group in self.tied:  # each copy's gradient is its stage's uses: their sum is one device's
+            dist.all_reduce(param.grad, group=group)  # gradient, so the copies take the same step and stay equal
         busy = stage.take_busy_seconds()  # on a GPU: after this stage's kernels of the step have run
         idle = 1.0 - busy / (time.perf_counter() - start)
         loss = torch.stack(losses).mean().item() if losses is not None else 0.0
@@ -117,6 +126,21 @@ def on_cpu(value: Any) -> Any:
     """`value` with every tensor copied to the CPU. gather_object pickles tensors with their device: a stage's
     CUDA tensors would be unpickled onto that stage's GPU in rank 0's process."""
     return tree_map(lambda item: item.cpu() if isinstance(item, torch.Tensor) else item, value)
+
+
+def without_parameters(
+    state: dict[str, Any], optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]
+) -> dict[str, Any]:
+    """`optimizer`'s state dict `state` without the entries of `params` (merge_optimizer_states renumbers)."""
+    order = [param for group in optimizer.param_groups for param in group["params"]]  # state_dict's numbering
+    dropped = {index for index, param in enumerate(order) if any(param is other for other in params)}
+    return {
+        "state": {index: value for index, value in state["state"].items() if index not in dropped},
+        "param_groups": [
+            {**group, "params": [index for index in group["params"] if index not in dropped]}
+            for group in state["param_groups"]
+        ],
+    }
 
 
 def merge_optimizer_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -198,16 +222,26 @@ class PipelinedNet(nn.Module):
     it: the schedule drives the stage directly.
     """
 
-    def __init__(self, stage: nn.Module, index: int, num_stages: int) -> None:
+    def __init__(
+        self, stage: nn.Module, index: int, num_stages: int, tied: list[tuple[list[int], dict[int, str]]] = ()
+    ) -> None:
         super().__init__()
         self.stage = stage
         self.index = index
         self.last = num_stages - 1
+        self.tied = list(tied)  # parameters several stages hold: (those stages, each one's name for it)
 
     @classmethod
     def of(cls, net: nn.Module, rank: int, stages: int, split_points: Sequence[int] | None = None) -> "PipelinedNet":
-        """Stage `rank` of `net`, cut as its Split says; the rest of the net is not kept."""
-        return cls(pipeline_stage(net, rank, stages, split_points), rank, stages)
+        """Stage `rank` of `net`, cut as its Split says; the rest of the net is not kept. Each stage holds its own
+        copy of a tied parameter (every process built the whole net from the same seed: equal copies)."""
+        tied = tied_across_stages(net, stages, split_points)
+        return cls(pipeline_stage(net, rank, stages, split_points), rank, stages, tied)
+
+    def tied_copies(self) -> list[nn.Parameter]:
+        """This stage's copies of tied parameters that an earlier stage holds too (left out of whole-model
+        optimizer states, where the parameter appears once, as on one device)."""
+        return [self.stage.get_parameter(names[self.index]) for stages, names in self.tied if stages[0] < self.index]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.index > 0:

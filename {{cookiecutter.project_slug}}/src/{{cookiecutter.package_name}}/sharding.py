@@ -145,7 +145,16 @@ def materialize(net: nn.Module, device: torch.device, rng_state: torch.Tensor) -
     """
     if not is_on_meta(net):
         return
+    uses: dict[torch.Tensor, list[tuple[nn.Module, str]]] = {}  # (module, name) of each parameter's uses
+    for module in net.modules():
+        for name, param in module._parameters.items():
+            if param is not None:
+                uses.setdefault(param, []).append((module, name))
     net.to_empty(device=device)
+    for (owner, name), *others in (places for places in uses.values() if len(places) > 1):
+        for module, other in others:  # to_empty gave each use a parameter of its own: tie them again
+            module._parameters[other] = owner._parameters[name]
+    filled: set[torch.Tensor] = set()  # a tied parameter keeps its first module's values, as in a normal build
     with torch.random.fork_rng(devices=[]):
         torch.random.set_rng_state(rng_state)
         for module in net.modules():
@@ -157,8 +166,11 @@ def materialize(net: nn.Module, device: torch.device, rng_state: torch.Tensor) -
                     f"strategy=model_parallel builds the model on the meta device and needs reset_parameters() on "
                     f"{type(module).__name__} to initialise it"
                 )
-            for name, full in _initialised_full_size(module).items():
+            for name, full in _initialised_full_size(module).items():  # drawn even if not kept: the same draws
                 tensor = own[name]
+                if tensor in filled:  # tied: e.g. a head sharing the embedding's weight, which the head's
+                    continue  # own draw does not overwrite in a normal build either
+                filled.add(tensor)
                 if isinstance(tensor, DTensor):  # keep this rank's slice only
                     full = distribute_tensor(full, tensor.device_mesh, tensor.placements, src_data_rank=None)
                 tensor.copy_(full)
@@ -170,16 +182,17 @@ def _initialised_full_size(module: nn.Module) -> dict[str, torch.Tensor]:
     # module classes construct themselves again in __new__).
     stand_in = object.__new__(type(module))
     stand_in.__dict__.update(vars(module))
+    # None entries stay (a Linear without bias checks `self.bias is not None`).
     stand_in._parameters = {
-        name: nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="cpu"), p.requires_grad)
+        name: None if p is None else nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="cpu"), p.requires_grad)
         for name, p in module._parameters.items()
-        if p is not None
     }
     stand_in._buffers = {
-        name: torch.empty(b.shape, dtype=b.dtype, device="cpu") for name, b in module._buffers.items() if b is not None
+        name: torch.empty(b.shape, dtype=b.dtype, device="cpu") if b is not None else None
+        for name, b in module._buffers.items()
     }
     stand_in.reset_parameters()
-    return {**stand_in._parameters, **stand_in._buffers}
+    return {name: t for name, t in {**stand_in._parameters, **stand_in._buffers}.items() if t is not None}
 
 
 @torch.no_grad()
@@ -213,11 +226,22 @@ def default_layer_devices() -> list[str]:
 
 def check_layer_split(model: nn.Module, devices: Sequence[torch.device]) -> None:
     try:
-        layer_groups(model, len(devices))
+        groups = layer_groups(model, len(devices))
     except ConfigError:  # no split: already one line naming what to implement
         raise
     except ValueError as err:
         raise ConfigError(f"strategy.devices={[str(d) for d in devices]}: {err}") from err
+    # A parameter used by two layer groups (tied weights) lives on one device: both groups must be on it.
+    net, _ = find_split(model, "model_parallel")
+    names = {param: name for name, param in net.named_parameters()}
+    device_of: dict[torch.Tensor, torch.device] = {}
+    for group, device in zip(groups, devices, strict=True):
+        for param in (param for module in group for param in module.parameters()):
+            if device_of.setdefault(param, device) != device:
+                raise ConfigError(
+                    f"strategy.mode=layers would use {names[param]} (tied weights) on {device_of[param]} and on "
+                    f"{device}; untie them (model=gpt: model.net.tie_weights=false) or use strategy=pipeline"
+                )
 
 
 def place_layer_groups(model: nn.Module, devices: Sequence[torch.device]) -> list[RemovableHandle]:

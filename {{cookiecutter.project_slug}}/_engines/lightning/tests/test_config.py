@@ -83,6 +83,10 @@ BAD_INPUT = [
         [*MODEL_PARALLEL, "trainer.devices=3"],
         "blocks.0.fc_in has 512 output features, which strategy.tensor_parallel_size=3 does not divide",
     ),
+    (
+        [*MODEL_PARALLEL, "trainer.devices=4", "model=gpt", "model.net.num_heads=2"],
+        "blocks.0.attn has 2 attention heads, which strategy.tensor_parallel_size=4 does not divide",
+    ),
     ([*MODEL_PARALLEL, "strategy.mode=pipes"], "strategy.mode='pipes' is unknown; valid: tensor, layers"),
     # On a GPU model_parallel and pipeline refuse 16-mixed ("supports trainer.precision=32-true or
     # bf16-mixed"); on the CPU Lightning refuses it for model_parallel first (and turns it into bf16 for DDP).
@@ -119,6 +123,7 @@ BAD_INPUT_IDS = [
     "dp-on-two-nodes",
     "mesh-not-world-size",
     "hidden-not-divisible",
+    "gpt-heads-not-divisible",
     "unknown-mode",
     "model-parallel-fp16",
     "finder-under-pipeline",

@@ -57,7 +57,9 @@ class Settings:
             if getattr(self, name) < 1:
                 raise ConfigError(f"search.{name} must be at least 1, not {getattr(self, name)}")
         if not self.metric.startswith("val/"):
-            raise ConfigError(f"search.metric={self.metric} is not reported every epoch; use val/loss, val/acc")
+            raise ConfigError(
+                f"search.metric={self.metric} is not reported every epoch; use val/loss, val/acc, val/perplexity"
+            )
 
 
 def parse_command_line(args: list[str]) -> tuple[Settings, list[str], str | None]:

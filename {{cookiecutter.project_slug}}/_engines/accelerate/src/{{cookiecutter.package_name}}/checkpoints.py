@@ -19,7 +19,7 @@ import torch
 from accelerate import Accelerator
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
-from safetensors.torch import load_file
+from safetensors.torch import load_model
 from torch import nn
 
 
@@ -91,8 +91,9 @@ def load_trained(checkpoint: str | Path, config: str | Path | None = None) -> nn
     config = Path(config) if config else checkpoint.parent.parent / "config.yaml"
     net = instantiate(OmegaConf.load(config).model.net)
     if (checkpoint / "model.safetensors").is_file():
-        state = load_file(checkpoint / "model.safetensors")
+        # safetensors' loader: the file holds a tied parameter (model=gpt's embedding and head) under one name only
+        load_model(net, checkpoint / "model.safetensors")
     else:  # custom_checkpoint_0 is the loop's progress; the strategy's state comes next
         state = torch.load(checkpoint / "custom_checkpoint_1.pkl", map_location="cpu", weights_only=False)["model"]
-    net.load_state_dict(state)
+        net.load_state_dict(state)
     return net.eval()

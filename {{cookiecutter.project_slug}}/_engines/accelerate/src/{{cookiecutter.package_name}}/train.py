@@ -9,6 +9,7 @@ The loop below is the whole training: what a preset changes lives in strategies/
 
 import functools
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -180,8 +181,9 @@ def resume_point(accelerator: Accelerator, cfg: DictConfig, checkpoints: Checkpo
 
 
 def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Mean loss of a batch (strategy=pipeline computes it per micro-batch on the last stage)."""
-    return F.cross_entropy(logits, target)
+    """Mean loss of a batch (strategy=pipeline computes it per micro-batch on the last stage): cross-entropy over
+    every target, class logits (B, C) with labels (B,), or a language model's (B, T, V) with tokens (B, T)."""
+    return F.cross_entropy(logits.flatten(0, -2), target.flatten())
 
 
 def fit(
@@ -276,8 +278,9 @@ def validate(
 
 @torch.no_grad()
 def evaluate(accelerator: Accelerator, model: nn.Module, loader: Any) -> dict[str, float]:
-    """Loss and accuracy over the whole split, exact: per-target sums are reduced over the processes, then
-    divided by the number of targets (every sample is evaluated once: the eval sampler does not pad)."""
+    """Loss, accuracy and perplexity (exp of the loss) over the whole split, exact: per-target sums are reduced over
+    the processes, then divided by the number of targets (every sample is evaluated once: the eval sampler does
+    not pad)."""
     model.eval()
     totals = torch.zeros(3, dtype=torch.float64, device=accelerator.device)
     for x, y in loader:
@@ -290,7 +293,7 @@ def evaluate(accelerator: Accelerator, model: nn.Module, loader: Any) -> dict[st
         totals[2] += y.numel()
     loss_sum, correct, count = accelerator.reduce(totals, "sum").tolist()
     model.train()
-    return {"loss": loss_sum / count, "acc": correct / count}
+    return {"loss": loss_sum / count, "acc": correct / count, "perplexity": math.exp(loss_sum / count)}
 
 
 def to_device(accelerator: Accelerator, *tensors: torch.Tensor) -> list[torch.Tensor]:

@@ -1,5 +1,6 @@
 """The LightningModule: owns the loss, the metrics, the optimizer and its schedule; the network is injected."""
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +26,7 @@ class Classifier(L.LightningModule):
         self.optimizer_factory, self.no_decay_norms_and_biases = optimizer, no_decay_norms_and_biases
         self.scheduler_factory = scheduler  # configs/scheduler/, given by train.py
         self._totals: dict[str, torch.Tensor] = {}  # per split: loss sum, correct, targets (several processes)
+        self._batch_losses: dict[str, torch.Tensor] = {}  # per split: loss sum, targets (one process)
         self._step_loss: torch.Tensor | float = 0.0  # of the optimizer step's accumulated batches so far
         self._step_lr = 0.0  # the learning rate of the last optimizer step
 
@@ -38,8 +40,9 @@ class Classifier(L.LightningModule):
         return self.net(x)
 
     def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """Mean loss of a batch (strategy=pipeline computes it per micro-batch on the last stage)."""
-        return F.cross_entropy(logits, target)
+        """Mean loss of a batch (strategy=pipeline computes it per micro-batch on the last stage): cross-entropy over
+        every target, class logits (B, C) with labels (B,), or a language model's (B, T, V) with tokens (B, T)."""
+        return F.cross_entropy(logits.flatten(0, -2), target.flatten())
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
@@ -66,11 +69,17 @@ class Classifier(L.LightningModule):
             self.log("train/lr", self._step_lr, on_step=True, on_epoch=False)
         self._step_loss = 0.0
 
-    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, "val")
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor | None:
+        return self._evaluate(batch, "val")
 
-    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, "test")
+    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor | None:
+        return self._evaluate(batch, "test")
+
+    def on_validation_batch_end(self, outputs: torch.Tensor | None, batch: Any, batch_idx: int, *args: Any) -> None:
+        self._add_batch_loss(outputs, batch, "val")
+
+    def on_test_batch_end(self, outputs: torch.Tensor | None, batch: Any, batch_idx: int, *args: Any) -> None:
+        self._add_batch_loss(outputs, batch, "test")
 
     def on_validation_epoch_end(self) -> None:
         self._log_split_totals("val")
@@ -78,13 +87,14 @@ class Classifier(L.LightningModule):
     def on_test_epoch_end(self) -> None:
         self._log_split_totals("test")
 
-    def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> None:
+    def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> torch.Tensor | None:
         x, y = batch
         logits = self(x)
         if self._trainer is None or self.trainer.world_size == 1:  # one process (dp too): Lightning's mean is exact
-            self.log(f"{split}/loss", self.loss(logits, y))
+            loss = self.loss(logits, y)
+            self.log(f"{split}/loss", loss)
             self.log(f"{split}/acc", (logits.argmax(dim=-1) == y).float().mean())
-            return
+            return loss.detach()  # (dp: the mean over the replicas' chunks) for the perplexity, summed in the root
         # Several processes: Lightning's sync_dist mean truncates the summed sample count to an integer mean over
         # the ranks (101 samples on 2 ranks count as 100), so sum per target here and divide once at epoch end.
         logits, y = logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1)
@@ -93,13 +103,28 @@ class Classifier(L.LightningModule):
         self._totals[split] = self._totals.get(split, 0) + totals
 
     def _log_split_totals(self, split: str) -> None:
-        """Loss and accuracy over every sample of the split, evaluated once each (the eval sampler does not pad);
-        processes that share a batch (tensor or pipeline parallel) count it in the sum and in the count alike."""
+        """Loss, accuracy and perplexity (exp of the loss) over every sample of the split, evaluated once each (the
+        eval sampler does not pad); processes that share a batch (tensor or pipeline parallel) count it in the sum
+        and in the count alike."""
+        if split in self._batch_losses:  # one process: Lightning logged loss and acc, the perplexity is left
+            loss_sum, count = self._batch_losses.pop(split).tolist()
+            self.log(f"{split}/perplexity", math.exp(loss_sum / count))
         if split not in self._totals:
             return
         loss_sum, correct, count = self.trainer.strategy.reduce(self._totals.pop(split), reduce_op="sum").tolist()
         self.log(f"{split}/loss", loss_sum / count)
         self.log(f"{split}/acc", correct / count)
+        self.log(f"{split}/perplexity", math.exp(loss_sum / count))
+
+    def _add_batch_loss(self, loss: torch.Tensor | None, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> None:
+        """One process: add up the batch's mean loss x its targets, for {split}/perplexity = exp(the split's mean
+        loss), which the mean of per-batch perplexities is not. Here, in the root module: under dp the step ran in
+        replicas. (Several processes: _evaluate sums everything itself.)"""
+        if loss is None:
+            return
+        targets = batch[1].numel()  # as Lightning weighs the batch means: every batch has T targets per sample
+        totals = torch.stack([loss.double() * targets, loss.new_tensor(targets, dtype=torch.float64)])
+        self._batch_losses[split] = self._batch_losses.get(split, 0) + totals
 
     def configure_gradient_clipping(
         self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm=None

@@ -25,6 +25,7 @@ from ..pipelining import (
     check_pipeline,
     gather_whole_state,
     single_device_name,
+    without_parameters,
 )
 
 
@@ -128,9 +129,17 @@ class PipelineStrategy(DDPStrategy):
         # Each stage saves its part: its parameters and optimizer state (what resuming this pipeline reads) ...
         self.checkpoint_io.save_checkpoint(checkpoint, stage_path(filepath, self.global_rank), storage_options)
         # ... and rank 0 the whole model and optimizer state under single-device names and order, which any
-        # preset (single too) can load, for evaluation or to resume training.
+        # preset (single too) can load, for evaluation or to resume training. A tied parameter's optimizer state
+        # is counted once, as one device's optimizer holds it once (its copies are equal).
+        optimizer_states = checkpoint.get("optimizer_states")
+        if optimizer_states is not None:
+            copies = self.lightning_module.net.tied_copies()
+            optimizer_states = [
+                without_parameters(state, optimizer, copies)
+                for state, optimizer in zip(optimizer_states, self.optimizers, strict=True)
+            ]
         state, optimizer_states = gather_whole_state(
-            checkpoint["state_dict"], checkpoint.get("optimizer_states"), self.global_rank, self.world_size
+            checkpoint["state_dict"], optimizer_states, self.global_rank, self.world_size
         )
         if self.is_global_zero:
             whole = dict(checkpoint, state_dict=state)

@@ -1,0 +1,121 @@
+"""model=gpt, the transformer language model: it learns its generated token data alone, and every preset computes
+what one device computes with it, its tied embedding and head included (the part each preset must get right)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import PARITY, QUICK, TOLERANCE, K, make_runner
+from test_parity import CASES
+
+from {{ cookiecutter.package_name }}.checkpoints import load_trained
+from {{ cookiecutter.package_name }}.config import ConfigError
+from {{ cookiecutter.package_name }}.files import describe
+from {{ cookiecutter.package_name }}.gpt import GPT
+from {{ cookiecutter.package_name }}.model_split import fsdp_units, tied_across_stages
+from {{ cookiecutter.package_name }}.sharding import OnMeta, check_layer_split, check_tensor_parallel, materialize
+from {{ cookiecutter.package_name }}.tokens import TokenData
+
+# Tiny (CI has 2 cores): 2 heads so that tensor_parallel_size=2 divides them, 2 blocks for 2 pipeline stages.
+TINY = ["model=gpt", "data.vocab_size=32", "data.seq_len=16", "model.net.dim=32", "model.net.num_heads=2",
+        "model.net.depth=2", "data.train_size=512", "data.val_size=64", "data.test_size=64"]  # fmt: skip
+# Adam divides each gradient by its running size, so an entry whose gradient is almost 0 moves by rounding
+# differences too: the weights after K steps differ by up to 2e-5 (measured, dp2xtp2) where the losses agree to 1e-7.
+WEIGHT_TOLERANCE = 1e-4
+# One launch of each preset and mesh mode (test_parity.py runs the other launchers and schedules on the MLP).
+GPT_CASES = [case for case in CASES if not case[0].endswith("torchrun") and case[0] != "pipeline-gpipe"]
+{%- if cookiecutter.engine == "lightning" %}
+LAST = "checkpoints/last.ckpt"
+{%- else %}
+LAST = "checkpoints/last"
+{%- endif %}
+
+
+def small_gpt(**sizes) -> GPT:
+    return GPT(**{"vocab_size": 32, "max_seq_len": 16, "dim": 32, "depth": 2, "num_heads": 2, **sizes})
+
+
+def test_token_data_is_next_token_prediction_and_the_same_for_every_process():
+    x, y = TokenData("val", vocab_size=32, seq_len=16, val_size=8, seed=3).tensors
+    assert x.shape == y.shape == (8, 16) and x.dtype == torch.long
+    assert torch.equal(x[:, 1:], y[:, :-1]), "y is x shifted by one token"
+    assert torch.equal(TokenData("val", vocab_size=32, seq_len=16, val_size=8, seed=3).tensors[0], x)
+
+
+def test_token_files_size_the_vocabulary_from_inputs_and_targets(tmp_path):
+    """data=files with token sequences: an id that only starts sequences (in x, never in y) still fits the model."""
+    x, y = TokenData("train", vocab_size=32, seq_len=16, train_size=64, seed=1).tensors
+    x[0, 0] = 40  # an id no target has
+    for split in ("train", "val"):
+        np.savez(tmp_path / f"{split}.npz", x=x.numpy(), y=y.numpy())
+    assert describe(str(tmp_path))["num_classes"] == 41 and describe(str(tmp_path))["num_features"] == 16
+
+
+def test_tied_weights_survive_meta_init_and_fsdp_units():
+    """A tied head keeps the embedding's values when model_parallel builds the net on the meta device, and FSDP2
+    leaves the tied pair to the root unit (each parameter sharded once); pipeline stages know they share it."""
+    torch.manual_seed(0)
+    whole = small_gpt()
+    torch.manual_seed(0)
+    with OnMeta() as init:
+        net = small_gpt()
+    materialize(net, torch.device("cpu"), init.rng_state)
+    assert net.head.weight is net.embed.tokens.weight
+    for name, value in whole.state_dict().items():
+        assert torch.equal(net.state_dict()[name], value), name
+    assert net.embed not in fsdp_units(net) and net.head not in fsdp_units(net) and net.blocks[0] in fsdp_units(net)
+    assert tied_across_stages(net, 2) == [([0, 1], {0: "embed.tokens.weight", 1: "head.weight"})]
+    assert tied_across_stages(small_gpt(tie_weights=False), 2) == []
+
+
+def test_splits_the_model_cannot_take_are_refused_naming_the_layer():
+    with pytest.raises(ConfigError, match="blocks.0.attn has 2 attention heads, which strategy.tensor_parallel_size=4"):
+        check_tensor_parallel(small_gpt(), 4)
+    with pytest.raises(ConfigError, match=r"embed.tokens.weight \(tied weights\) on cpu and on meta; untie them"):
+        check_layer_split(small_gpt(), [torch.device("cpu"), torch.device("meta")])
+    check_layer_split(small_gpt(tie_weights=False), [torch.device("cpu"), torch.device("meta")])
+
+
+@pytest.mark.slow
+def test_model_gpt_alone_trains_on_its_token_data(train):
+    run = train(*QUICK, *TINY, "trainer.max_epochs=2", "data.batch_size=32")
+    wandb = run.wandb
+    assert wandb.config["data"]["dataset"]["_target_"].endswith("tokens.TokenData"), "model=gpt picks data=tokens"
+    loss, perplexity = wandb.metric("val/loss"), wandb.metric("val/perplexity")
+    assert len(loss) == len(perplexity) == 2
+    assert perplexity[-1] == pytest.approx(math.exp(loss[-1]), rel=1e-5), "perplexity = exp(the epoch's val/loss)"
+    assert loss[-1] < loss[0] < math.log(32), "below guessing among 32 tokens, and falling"
+    assert loss[-1] < math.log(32) - 0.5
+
+
+@pytest.fixture(scope="module")
+def single_gpt(tmp_path_factory, train_env):
+    """strategy=single's run of the tiny GPT under PARITY: its first K losses and its weights after K steps."""
+    run = make_runner(tmp_path_factory.mktemp("single-gpt"), train_env)(*PARITY, *TINY, "strategy=single")
+    return run.losses(K), load_trained(run.run_dir / LAST).state_dict()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", GPT_CASES, ids=[case[0] for case in GPT_CASES])
+def test_every_preset_trains_the_gpt_as_one_device_does(train, single_gpt, case):
+    """Same losses as one device, and the same weights after K steps (gathered from shards or stages): the tied
+    embedding and head stay one parameter in effect, whether FSDP2 shards it, or two pipeline stages hold it."""
+    name, overrides, launcher = case[:3]
+{%- if cookiecutter.engine == "lightning" %}
+    if name.startswith("model_parallel-") and name != "model_parallel-layers":  # one file, which load_trained reads
+        overrides = [*overrides, "strategy.save_distributed_checkpoint=false"]
+{%- endif %}
+    run = train(*PARITY, *TINY, *overrides, launcher=launcher() if callable(launcher) else launcher)
+    losses, weights = single_gpt
+    assert run.losses(K) == pytest.approx(losses, abs=TOLERANCE), name
+    trained = load_trained(run.run_dir / LAST).state_dict()
+    for key, value in weights.items():  # (a tied pair stepped apart would be off by ~6e-3: the summed lr of K steps)
+        assert torch.allclose(trained[key], value, atol=WEIGHT_TOLERANCE), f"{name}: {key} differs from single's"
+{%- if cookiecutter.engine == "lightning" %}
+    if name.startswith("pipeline"):  # the whole-model optimizer state holds the tied parameter once, as single's
+        checkpoint = torch.load(run.run_dir / LAST, map_location="cpu", weights_only=False)
+        model = load_trained(run.run_dir / LAST)
+        optimizer = model.configure_optimizers()  # no scheduler: the optimizer alone
+        optimizer.load_state_dict(checkpoint["optimizer_states"][0])  # raises if a group has another size
+{%- endif %}
