@@ -46,6 +46,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         f"{src}/hardware.py",
         f"{src}/launcher.py",
         f"{src}/memory.py",
+        f"{src}/metrics.py",
         f"{src}/model.py",
         f"{src}/model_split.py",
         f"{src}/optimization.py",

@@ -13,6 +13,7 @@ from {{ cookiecutter.package_name }}.checkpoints import load_trained
 from {{ cookiecutter.package_name }}.config import ConfigError
 from {{ cookiecutter.package_name }}.files import describe
 from {{ cookiecutter.package_name }}.gpt import GPT
+from {{ cookiecutter.package_name }}.metrics import perplexity
 from {{ cookiecutter.package_name }}.model_split import fsdp_units, tied_across_stages
 from {{ cookiecutter.package_name }}.sharding import OnMeta, check_layer_split, check_tensor_parallel, materialize
 from {{ cookiecutter.package_name }}.tokens import TokenData
@@ -87,6 +88,11 @@ def test_model_gpt_alone_trains_on_its_token_data(train):
     assert perplexity[-1] == pytest.approx(math.exp(loss[-1]), rel=1e-5), "perplexity = exp(the epoch's val/loss)"
     assert loss[-1] < loss[0] < math.log(32), "below guessing among 32 tokens, and falling"
     assert loss[-1] < math.log(32) - 0.5
+
+
+def test_a_diverged_loss_has_an_infinite_perplexity_not_a_crash():
+    assert perplexity(math.log(32)) == pytest.approx(32)
+    assert perplexity(1e6) == math.inf  # math.exp raises OverflowError past ~709
 
 
 @pytest.fixture(scope="module")

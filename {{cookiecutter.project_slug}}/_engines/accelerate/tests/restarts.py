@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import PACKAGE, QUICK
+from conftest import PACKAGE, QUICK, kill_with_descendants
 from wandb_records import offline_runs
 
 # Shuffled (so a resume that repeats or skips a sample shows), 8 steps an epoch, 16 in all, crossing an epoch
@@ -22,10 +22,19 @@ RESTARTABLE = [
 STEPS = 16
 
 
-def run_in(run_dir: Path, env: dict[str, str], *overrides: str, launcher: list[str] | None = None):
-    """One attempt of a training whose run folder is `run_dir`; the finished process."""
+def run_in(run_dir: Path, env: dict[str, str], *overrides: str, launcher: list[str] | None = None, timeout=300):
+    """One attempt of a training whose run folder is `run_dir`; the finished process. Past `timeout` seconds it is
+    killed with every process it started (a launcher's workers too) and subprocess.TimeoutExpired is raised."""
     command = [*(launcher or [sys.executable, "-m"]), f"{PACKAGE}.train", f"hydra.run.dir={run_dir}", *overrides]
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, cwd=run_dir.parent)
+    proc = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=run_dir.parent
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_with_descendants(proc)
+        raise
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
 
 
 def losses_by_step(run_dir: Path) -> dict[int, float]:

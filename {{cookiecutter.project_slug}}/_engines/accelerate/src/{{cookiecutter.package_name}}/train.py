@@ -9,7 +9,6 @@ The loop below is the whole training: what a preset changes lives in strategies/
 
 import functools
 import logging
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +32,7 @@ from .config import UNRESOLVED, ConfigError, ProcessCrashed, fail, register_reso
 from .data import per_device_batch_size
 from .launcher import fit_layout_to_launcher
 from .memory import configure_allocator
+from .metrics import perplexity
 from .oom import OOMRecovery, find_batch_size, log_device_memory
 from .optimization import current_lr, grouped_optimizer, total_steps
 from .precision import resolve_precision, use_tensor_cores
@@ -293,7 +293,7 @@ def evaluate(accelerator: Accelerator, model: nn.Module, loader: Any) -> dict[st
         totals[2] += y.numel()
     loss_sum, correct, count = accelerator.reduce(totals, "sum").tolist()
     model.train()
-    return {"loss": loss_sum / count, "acc": correct / count, "perplexity": math.exp(loss_sum / count)}
+    return {"loss": loss_sum / count, "acc": correct / count, "perplexity": perplexity(loss_sum / count)}
 
 
 def to_device(accelerator: Accelerator, *tensors: torch.Tensor) -> list[torch.Tensor]:

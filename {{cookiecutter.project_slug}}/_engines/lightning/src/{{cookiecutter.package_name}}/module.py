@@ -1,6 +1,5 @@
 """The LightningModule: owns the loss, the metrics, the optimizer and its schedule; the network is injected."""
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -9,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .metrics import perplexity
 from .optimization import OptimizerFactory, current_lr, grouped_optimizer, total_steps
 from .sharding import clip_grad_norm_
 
@@ -108,13 +108,13 @@ class Classifier(L.LightningModule):
         and in the count alike."""
         if split in self._batch_losses:  # one process: Lightning logged loss and acc, the perplexity is left
             loss_sum, count = self._batch_losses.pop(split).tolist()
-            self.log(f"{split}/perplexity", math.exp(loss_sum / count))
+            self.log(f"{split}/perplexity", perplexity(loss_sum / count))
         if split not in self._totals:
             return
         loss_sum, correct, count = self.trainer.strategy.reduce(self._totals.pop(split), reduce_op="sum").tolist()
         self.log(f"{split}/loss", loss_sum / count)
         self.log(f"{split}/acc", correct / count)
-        self.log(f"{split}/perplexity", math.exp(loss_sum / count))
+        self.log(f"{split}/perplexity", perplexity(loss_sum / count))
 
     def _add_batch_loss(self, loss: torch.Tensor | None, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> None:
         """One process: add up the batch's mean loss x its targets, for {split}/perplexity = exp(the split's mean
