@@ -44,7 +44,8 @@ def passed_count(output: str) -> int:
     """Tests pytest reports as passed; 0 when it ran none (which must fail, not pass silently)."""
     summary = output.strip().splitlines()[-1]
     match = re.search(r"(\d+) passed", summary)
-    assert match and "failed" not in summary and "error" not in summary, output[-6000:]
+    # "1 xfailed" is an expected failure (a known-flaky test, see its reason), not a failed test
+    assert match and not re.search(r"\d+ (failed|errors?)\b", summary), output[-6000:]
     return int(match.group(1))
 
 
