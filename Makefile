@@ -12,6 +12,9 @@ install: build/.installed
 build/.installed: requirements-dev.txt
 	$(PYTHON) -m pip install -q "$(TORCH)"
 	$(PYTHON) -m pip install -q -r requirements-dev.txt
+	# data=streaming's litdata, without its torchvision (only its image codecs use it; from PyPI it would pull
+	# a CUDA torch): its other dependencies are in requirements-dev.txt.
+	$(PYTHON) -m pip install -q --no-deps "litdata>=0.2.70,<0.3"
 	mkdir -p build && touch $@
 
 demo: install

@@ -1,5 +1,7 @@
 """Config helpers: the resolvers the YAML files use, and the one-line errors (bad input, a crashed process)."""
 
+import importlib.util
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -10,6 +12,7 @@ from omegaconf.errors import InterpolationResolutionError, InterpolationToMissin
 from .tracking import wandb_mode
 
 CONFIG_DIR = Path(__file__).parent / "configs"
+SHAPES_FILE = "shapes.json"  # in a data=streaming folder: num_features, sample_shape, num_classes, splits
 
 
 class ConfigError(ValueError):
@@ -58,10 +61,35 @@ def register_resolvers() -> None:
     from .files import resolve as data_files  # these modules raise this module's ConfigError
     from .launcher import default_run_id
 
-    resolvers = {"default_run_id": default_run_id, "wandb_mode": wandb_mode, "data_files": data_files}
+    resolvers = {
+        "default_run_id": default_run_id,
+        "wandb_mode": wandb_mode,
+        "data_files": data_files,
+        "data_streaming": streamed_shapes,
+    }
     for name, resolver in resolvers.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, resolver)
+
+
+def streamed_shapes(dir: str | None, key: str) -> object:
+    """The `data_streaming` resolver: ${data_streaming:DIR,num_features|sample_shape|num_classes|splits}, read from
+    DIR/shapes.json (written by the conversion, streaming.py). A bucket's is not read: give them on the command line.
+    Also where a missing litdata (an optional dependency) is reported, before anything is built."""
+    convert = "python -m {{ cookiecutter.package_name }}.streaming FILES_DIR DIR"
+    if importlib.util.find_spec("litdata") is None:
+        raise ConfigError("data=streaming needs litdata: pip install 'litdata>=0.2.70,<0.3' (the [streaming] extra)")
+    if not dir:
+        raise ConfigError(f"data.dir is not set: data=streaming data.dir=DIR, DIR written by {convert}")
+    if "://" in dir:
+        raise ConfigError(
+            f"data.{key} is not read from {dir}: give data.num_features, data.num_classes and data.splits (from its "
+            f"{SHAPES_FILE}) on the command line"
+        )
+    path = Path(dir).expanduser() / SHAPES_FILE
+    if not path.is_file():
+        raise ConfigError(f"{path}: not found; data=streaming reads a folder written by {convert}")
+    return json.loads(path.read_text())[key]
 
 
 UNRESOLVED = (InterpolationResolutionError, MissingMandatoryValue)  # what OmegaConf raises for the two below

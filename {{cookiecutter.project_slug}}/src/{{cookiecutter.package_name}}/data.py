@@ -3,14 +3,15 @@
 The dataset comes from the config (`data.dataset._target_`, constructed once per split as `Class(split=NAME,
 **its keys)`): synthetic.py's generated task by default, files.py's arrays with `data=files`, or any map-style
 torch Dataset of yours. Everything below it (the global batch split over replicas, the seeded order, exact
-mid-epoch resume, worker processes) is the same for all of them.
+mid-epoch resume, worker processes) is the same for all of them. `data=streaming` (streaming.py) is the one
+exception: its training split is a stream that litdata's loader deals out and keeps the position of.
 """
 
 import os
 from collections.abc import Callable, Iterator, Sequence, Sized
 from typing import Any
 
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
 from .config import ConfigError
 
@@ -62,6 +63,23 @@ class Data:
             raise ConfigError(f"data.dataset {name} must be a map-style Dataset (with __len__ and __getitem__)")
         return dataset
 
+    @property
+    def streams(self) -> bool:
+        """Whether the training split is streamed (data=streaming): an IterableDataset class."""
+        cls = getattr(self.dataset, "func", self.dataset)
+        return isinstance(cls, type) and issubclass(cls, IterableDataset)
+
+    def check_layout(self, replicas: int, processes: int) -> None:
+        """Refuse, before training, a layout this data cannot feed: a stream is dealt out to the processes, each
+        its own part, so processes that must read the same batches (tensor-parallel or pipeline ranks) cannot
+        share one."""
+        if self.streams and replicas != processes:
+            raise ConfigError(
+                f"data=streaming gives each process its own part of the stream, but these {processes} processes are "
+                f"{replicas} data-parallel replica(s) sharing batches (tensor-parallel or pipeline ranks); use "
+                "data=files, or strategy=ddp (model_parallel with strategy.tensor_parallel_size=1)"
+            )
+
     def workers(self, processes_per_node: int) -> int:
         """num_workers, with `auto` = min(4, CPU cores per training process on this node): enough to keep
         reading and collating ahead of the step, without the processes of one node fighting for cores."""
@@ -90,6 +108,22 @@ class Data:
         self.setup()
         train = split == "train"
         dataset = self.splits[split]
+        workers = self.workers(processes_per_node)
+        if train and isinstance(dataset, IterableDataset):  # data=streaming
+            from .streaming import StreamingLoader
+
+            return StreamingLoader(
+                dataset,
+                replicas,
+                rank,
+                accumulate=accumulate,
+                batch_size=per_device_batch_size(self.batch_size, replicas, accumulate),
+                num_workers=workers,
+                prefetch_factor=self.prefetch_factor if workers else None,
+                pin_memory=pin_memory,
+            )
+        if isinstance(dataset, IterableDataset):  # data=streaming's validation or test split
+            dataset = dataset.by_index()
         if train:
             sampler = ResumableSampler(
                 dataset, num_replicas=replicas, rank=rank, shuffle=self.shuffle, seed=self.seed, drop_last=True
@@ -97,7 +131,6 @@ class Data:
         else:
             sampler = EvalSampler(dataset, replicas, rank)
         extra = {"accumulate": accumulate} if train else {}
-        workers = self.workers(processes_per_node)
         return (ResumableLoader if train else DataLoader)(
             dataset,
             batch_size=per_device_batch_size(self.batch_size, replicas, accumulate),

@@ -56,7 +56,7 @@ class Progress:
     """Where training is; saved with every checkpoint, so that a resumed run continues where it stopped."""
 
     epoch: int = 0
-    samples: int = 0  # samples of the epoch trained on, all processes together (the data loader's position)
+    loader: dict[str, Any] = field(default_factory=dict)  # the training loader's position mid-epoch ({}: at a start)
     global_step: int = 0  # optimizer steps done
     best_val_loss: float = float("inf")
     found_batch_size: int = 0  # the global batch that oom.find_batch_size found (0: not searched yet)
@@ -92,7 +92,9 @@ def train(cfg: DictConfig) -> None:
     processes = strategy.processes(int(os.environ.get("WORLD_SIZE", 1)), devices)
     with torch.device("meta"):  # shapes and hooks only: the real net is built in each process
         strategy.check_layout(processes, build(cfg.model.net), cfg)
-    per_device_batch_size(cfg.data.batch_size, strategy.data_parallel(0, processes)[0], accumulation(cfg))
+    replicas = strategy.data_parallel(0, processes)[0]
+    per_device_batch_size(cfg.data.batch_size, replicas, accumulation(cfg))
+    build(cfg.data).check_layout(replicas, processes)
 
     def process() -> None:  # a named function: notebook_launcher (ddp_spawn) needs one
         fit_and_test(cfg, strategy, run_dir, recovery)
@@ -204,8 +206,8 @@ def fit(
     while progress.epoch < trainer.max_epochs and not done(progress, trainer.max_steps):
         epoch, loader = progress.epoch, loaders["train"]
         # This epoch's seeded shuffle, from the first batch not trained yet: a resumed run goes on with the
-        # next batch, and its sampler leaves out the ones before it (nothing is read twice).
-        loader.load_state_dict({"epoch": epoch, "samples_done": progress.samples})
+        # next batch, and its sampler (or stream) leaves out the ones before it (nothing is read twice).
+        loader.load_state_dict(progress.loader or {"epoch": epoch, "samples_done": 0})
         for x, y in loader:
             x, y = to_device(accelerator, x, y)
             with accelerator.accumulate(model):
@@ -223,7 +225,6 @@ def fit(
                     optimizer.step()
                     scheduler.step()  # once per optimizer step (not accelerate's prepared scheduler, which steps
                     optimizer.zero_grad()  # once per process unless the batch is split: not the global-batch meaning)
-            progress.samples += loader.global_batch_size
             if not accelerator.sync_gradients:
                 continue
             if loss is not None and (progress.global_step + 1) % trainer.log_every_n_steps == 0:
@@ -237,11 +238,13 @@ def fit(
             if done(progress, trainer.max_steps):
                 break
             if every_n_steps and progress.global_step % every_n_steps == 0 and loader.batches_done < len(loader):
+                progress.loader = loader.state_dict()
                 checkpoints.save(progress.global_step)  # (the epoch's last batch: its end saves just after)
         else:  # a whole epoch: validate (as Lightning does, not after stopping at max_steps mid-epoch)
-            progress.epoch, progress.samples = progress.epoch + 1, 0
+            progress.epoch, progress.loader = progress.epoch + 1, {}
             validate(accelerator, cfg, strategy, model, loaders["val"], progress, epoch, checkpoints)
             continue
+        progress.loader = loader.state_dict()
         checkpoints.save(progress.global_step)  # stopped at trainer.max_steps
 
 

@@ -65,6 +65,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     with model_init_context(trainer):  # model_parallel: on the meta device, each rank allocates its shards
         model = build(cfg.model, scheduler=build(cfg.scheduler))
     check_layout(preset(), trainer, cfg.data.batch_size, model)  # fail now, not inside a worker process
+    datamodule.data.check_layout(data_parallel_size(trainer), trainer.world_size)
     on_gpu = isinstance(trainer.accelerator, CUDAAccelerator)
     if cfg.trainer.sync_batchnorm and needs_sync(model, trainer.world_size, on_gpu, preset()):
         rank_zero_info(synchronised_message(trainer.world_size))  # Lightning converts them (sync_batchnorm)
