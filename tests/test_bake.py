@@ -101,6 +101,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         "tests/test_pipelining.py",
         "tests/test_presets.py",
         "tests/test_streaming.py",
+        "tests/test_walkthrough.py",
         "tests/simulated_oom.py",
         "tests/test_search.py",
         "tests/test_tracking.py",
