@@ -6,8 +6,10 @@ from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from {{ cookiecutter.package_name }}.config import ConfigError
+from {{ cookiecutter.package_name }}.model import ResidualMLP
 from {{ cookiecutter.package_name }}.model_split import Split, find_split, layer_groups, pipeline_stage, register_split
-from {{ cookiecutter.package_name }}.sharding import check_tensor_parallel
+from {{ cookiecutter.package_name }}.pipelining import check_pipeline
+from {{ cookiecutter.package_name }}.sharding import check_layer_split, check_tensor_parallel
 
 
 class Attention(nn.Module):
@@ -86,3 +88,17 @@ def test_a_split_naming_a_missing_layer_is_refused():
     register_split(Renamed, Split(first=["stem"], blocks=["blocks.*"]))
     with pytest.raises(ConfigError, match="the Split of Renamed names 'blocks.*', which matches no submodule"):
         check_tensor_parallel(Renamed(), tensor_parallel_size=2)
+
+
+def test_presets_that_split_the_model_refuse_batchnorm_they_would_not_train_like_one_device():
+    """pipeline normalises each micro-batch alone; model_parallel's tensor mode does not synchronise or shard the
+    statistics. The layer-split mode runs the whole batch through each layer, so it keeps BatchNorm."""
+    net = ResidualMLP(in_features=8, num_classes=3, hidden=16, depth=2, norm="batch")
+    with pytest.raises(ConfigError, match="strategy=pipeline computes BatchNorm statistics per micro-batch"):
+        check_pipeline(2, 2, 64, net, None)
+    with pytest.raises(ConfigError, match="strategy=model_parallel does not synchronise BatchNorm statistics"):
+        check_tensor_parallel(net, tensor_parallel_size=1)
+    check_layer_split(net, ["cpu", "cpu"])
+    layer_norm = ResidualMLP(in_features=8, num_classes=3, hidden=16, depth=2, norm="layer")
+    check_pipeline(2, 2, 64, layer_norm, None)
+    check_tensor_parallel(layer_norm, tensor_parallel_size=2)

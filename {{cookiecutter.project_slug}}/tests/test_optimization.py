@@ -63,10 +63,17 @@ BAD_INPUT = [
         ["strategy=ddp_spawn", "trainer.devices=2", "trainer.accelerator=cpu", "model.net.norm=batch"],
         "strategy=ddp_spawn: the model's BatchNorm layers must be synchronised over the 2 processes",
     ),
+{%- if cookiecutter.engine == "lightning" %}
+    (  # shared code (tests/test_model_split.py checks it for both engines), reached here from the command line
+        ["strategy=pipeline", "trainer.devices=2", "trainer.accelerator=cpu", "model.net.norm=batch"],
+        "strategy=pipeline computes BatchNorm statistics per micro-batch",
+    ),
+{%- endif %}
 ]
+CASE_NAMES = ["indivisible-accumulation", "batchnorm-on-cpu-processes", "batchnorm-under-pipeline"]
 
 
-@pytest.mark.parametrize("case", range(len(BAD_INPUT)), ids=["indivisible-accumulation", "batchnorm-on-cpu-processes"])
+@pytest.mark.parametrize("case", range(len(BAD_INPUT)), ids=CASE_NAMES[: len(BAD_INPUT)])
 def test_bad_input_fails_in_one_line(refused, case):
     refused[case].assert_rejected(BAD_INPUT[case][1])
 

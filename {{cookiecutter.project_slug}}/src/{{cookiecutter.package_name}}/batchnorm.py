@@ -1,6 +1,7 @@
 """BatchNorm under data parallelism. Each process normalises with the statistics of its own share of the global
 batch unless they are synchronised (torch.nn.SyncBatchNorm, which all-reduces them in forward and backward):
-only then does a ddp run train like one device. torch's SyncBatchNorm runs on GPUs only."""
+only then does a ddp run train like one device. torch's SyncBatchNorm runs on GPUs only. The presets that split
+the model (model_parallel's tensor mode, pipeline) refuse BatchNorm instead: see split_problem."""
 
 from torch import nn
 
@@ -39,3 +40,16 @@ def data_parallel_problem(net: nn.Module, replicas: int) -> str | None:
             "use strategy=ddp, which does"
         )
     return None
+
+
+def split_problem(net: nn.Module, preset: str) -> str | None:
+    """Why a preset that splits the model refuses `net`'s BatchNorm, if it does: pipeline normalises each
+    micro-batch on its own, and model_parallel's tensor mode neither synchronises the statistics over its
+    data-parallel replicas nor shards them with the features. Either would train unlike one device, silently."""
+    if not uses_batchnorm(net):
+        return None
+    if preset == "pipeline":
+        why = "computes BatchNorm statistics per micro-batch, not over the batch as one device does"
+    else:
+        why = "does not synchronise BatchNorm statistics over its replicas nor shard them over tensor-parallel ranks"
+    return f"strategy={preset} {why}; use a model without BatchNorm (model.net.norm=layer) or strategy=ddp"

@@ -17,6 +17,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.utils._pytree import tree_map
 
+from .batchnorm import split_problem
 from .config import ConfigError
 from .model_split import find_split, pipeline_stage, tied_across_stages
 
@@ -31,6 +32,8 @@ def bubble_fraction(stages: int, microbatches: int) -> float:
 def check_pipeline(stages: int, microbatches: int, global_batch_size: int, net: nn.Module, split_points: Any) -> None:
     """Refuse, before any process starts, a pipeline that cannot run."""
     find_split(net, "pipeline")  # first: a model without a split cannot be pipelined whatever the layout
+    if problem := split_problem(net, "pipeline"):
+        raise ConfigError(problem)
     if stages < 2:
         raise ConfigError(f"strategy=pipeline runs one stage per process; {stages} process given, use 2+")
     if microbatches < stages:

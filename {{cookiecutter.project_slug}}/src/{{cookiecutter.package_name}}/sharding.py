@@ -21,6 +21,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 from torch.utils.hooks import RemovableHandle
 
+from .batchnorm import split_problem
 from .config import ConfigError
 from .model_split import find_split, fsdp_units, layer_groups, matches
 
@@ -52,6 +53,8 @@ def check_tensor_parallel(model: nn.Module, tensor_parallel_size: int) -> None:
     ranks: sharded features, and the attention heads of a module whose layers are sharded."""
     tp = tensor_parallel_size
     net, split = find_split(model, "model_parallel")
+    if problem := split_problem(net, "model_parallel"):
+        raise ConfigError(problem)
     fsdp_units(net)  # every layer the split names exists
     for pattern, style in split.tensor_parallel.items():
         layers = [(name, layer) for name, layer in net.named_modules() if matches(name, pattern)]

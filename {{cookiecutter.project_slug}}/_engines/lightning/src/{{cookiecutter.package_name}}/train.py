@@ -67,7 +67,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     check_layout(preset(), trainer, cfg.data.batch_size, model)  # fail now, not inside a worker process
     datamodule.data.check_layout(data_parallel_size(trainer), trainer.world_size)
     on_gpu = isinstance(trainer.accelerator, CUDAAccelerator)
-    if cfg.trainer.sync_batchnorm and needs_sync(model, trainer.world_size, on_gpu, preset()):
+    data_parallel = preset() in ("ddp", "ddp_spawn")  # model_parallel and pipeline check BatchNorm themselves
+    if data_parallel and cfg.trainer.sync_batchnorm and needs_sync(model, trainer.world_size, on_gpu, preset()):
         rank_zero_info(synchronised_message(trainer.world_size))  # Lightning converts them (sync_batchnorm)
 
     failed = True
