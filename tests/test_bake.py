@@ -68,6 +68,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         f"{src}/configs/doctor.yaml",
         f"{src}/configs/train.yaml",
         f"{src}/configs/search/default.yaml",
+        f"{src}/configs/search/gpt.yaml",
         *(f"{src}/search/{name}.py" for name in SEARCH_MODULES),
         f"{src}/configs/data/custom.yaml",
         f"{src}/configs/data/files.yaml",

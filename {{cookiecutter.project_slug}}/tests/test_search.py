@@ -236,7 +236,7 @@ def search_command(tmp_path, monkeypatch, capsys):
         ({"model.optimizer.lr": {"type": "float", "low": 0.1, "high": 1}}, ["search.sampler=grid"], "`grid: [...]`"),
         (None, ["search.sampler=bayes"], "search.sampler='bayes' is unknown; valid: grid, random, tpe"),
         (None, ["search.n_trails=3"], "unknown setting search.n_trails; valid: search=<space>, search.space"),
-        (None, ["search=nope"], "unknown search space 'nope'; valid: default, or a path to a .yaml file"),
+        (None, ["search=nope"], "unknown search space 'nope'; valid: default, gpt, or a path to a .yaml file"),
         (None, ["strategy=ddpp"], "unknown strategy 'ddpp'; valid: ddp,"),
     ],
 )
@@ -266,6 +266,15 @@ def test_export_wandb_sweep(search_command, tmp_path):
     launcher += ["-m", f"{PACKAGE}.train"]
 {%- endif %}
     assert sweep["command"] == [*launcher, "experiment=s", "strategy=ddp", "trainer.devices=2", "${args_no_hyphens}"]
+
+
+def test_the_language_models_space_fits_it_and_only_it(search_command, tmp_path):
+    sweep_file = tmp_path / "sweep.yaml"
+    code, output = search_command("search=gpt", "model=gpt", "--export-wandb-sweep", str(sweep_file))
+    assert code == 0, output[-3000:]
+    assert yaml.safe_load(sweep_file.read_text())["parameters"]["model.net.dim"] == {"values": [32, 64, 128]}
+    code, output = search_command("search=default", "model=gpt")  # names model.net.hidden, which GPT has not
+    assert code == 2 and "model.net.hidden" in output and "Traceback" not in output, output[-3000:]
 
 
 def test_exported_wandb_sweep_passes_wandbs_own_schema(search_command, tmp_path):
