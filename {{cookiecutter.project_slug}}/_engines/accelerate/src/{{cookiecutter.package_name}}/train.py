@@ -30,7 +30,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from .checkpoints import Checkpoints
 from .config import UNRESOLVED, ConfigError, ProcessCrashed, fail, register_resolvers, run_cli, unresolved
 from .data import per_device_batch_size
-from .launcher import fit_layout_to_launcher
+from .launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
 from .memory import configure_allocator
 from .metrics import perplexity
 from .oom import OOMRecovery, find_batch_size, log_device_memory
@@ -87,6 +87,7 @@ def train(cfg: DictConfig) -> None:
     # Under torchrun or SLURM: the launcher's layout, unless the command line gives one (checked against it).
     preset, overrides = HydraConfig.get().runtime.choices["strategy"], HydraConfig.get().overrides.task
     _, devices = fit_layout_to_launcher(preset, cfg.trainer.num_nodes, cfg.trainer.devices, overrides)
+    warn_if_restarts_can_hang()
     if devices in ("auto", -1):  # every visible GPU, as in Lightning (1 on CPU)
         devices = max(torch.cuda.device_count(), 1)
     processes = strategy.processes(int(os.environ.get("WORLD_SIZE", 1)), devices)

@@ -27,7 +27,7 @@ from .callbacks.epoch_metrics import EpochMetricsFile
 from .checkpoints import resume_from
 from .config import UNRESOLVED, ConfigError, ProcessCrashed, fail, register_resolvers, run_cli, unresolved
 from .data import per_device_batch_size
-from .launcher import fit_layout_to_launcher
+from .launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
 from .memory import configure_allocator
 from .precision import resolve_precision, use_tensor_cores
 from .strategies import check_layout, data_parallel_size, model_init_context
@@ -57,6 +57,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     num_nodes, devices = fit_layout_to_launcher(
         preset(), cfg.trainer.num_nodes, cfg.trainer.devices, HydraConfig.get().overrides.task
     )
+    warn_if_restarts_can_hang()
     cfg.trainer.precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # auto: bf16 on GPUs
     use_tensor_cores()
     trainer = build(
