@@ -32,7 +32,7 @@ def test_default_training_learns_and_logs_offline_to_wandb(train):
 
 
 # Each preset saves its state its own way: accelerate's files (ddp), one gathered state per stage (pipeline),
-# the full state dict of the sharded net and optimizer (model_parallel).
+# every process's shards of the net and optimizer (model_parallel, torch.distributed.checkpoint).
 @pytest.mark.parametrize("preset", ["ddp", "pipeline", "model_parallel"])
 def test_resume_continues_where_the_run_stopped(train, preset):
     """Stop at step 5 of 10, resume from checkpoints/last: the losses after the stop equal an uninterrupted run's.
@@ -47,6 +47,12 @@ def test_resume_continues_where_the_run_stopped(train, preset):
     assert rest.losses(5) == pytest.approx(whole[5:], abs=1e-5)
     # Whatever the preset, the checkpoint reloads on one device for evaluation.
     assert sum(p.numel() for p in load_trained(last).parameters()) > 0
+    if preset == "model_parallel":  # sharded: each of the 2 processes wrote its own part, none the whole net
+        assert sorted(path.name for path in (last / "sharded").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+        assert sorted(path.name for path in last.glob("custom_checkpoint_*.pkl")) == [
+            "custom_checkpoint_0.pkl",  # the loop's progress
+            "custom_checkpoint_1.pkl",  # the learning-rate schedule
+        ]
 
 
 # ddp_spawn: the crash happens in a process the command started itself.

@@ -3,7 +3,8 @@ loading a trained net from one without Accelerate, for evaluation.
 
 Each checkpoint is an `Accelerator.save_state` folder, `step-<global step>/`: the net, the optimizer, the
 gradient scaler, every process's random number generator states (`random_states_<process>.pkl`) and the
-loop's registered objects (its progress first). `last` and `best` are symbolic links to such folders.
+loop's registered objects (its progress first); model_parallel's sharded net and optimizer are in its `sharded/`
+(torch.distributed.checkpoint, each process its own shards). `last` and `best` are symbolic links to such folders.
 Accelerate writes a folder file by file, so a kill in the middle leaves half a folder: here every process
 writes into a hidden `.step-<N>.partial/`, and only once all have finished does the main process rename it into
 place and move the links (renames, which a kill cannot leave half done). A half-written folder is never
@@ -13,9 +14,12 @@ share (as a cluster's home or project space is).
 
 import os
 import shutil
+import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
+import torch.distributed.checkpoint as dcp
 from accelerate import Accelerator
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
@@ -29,8 +33,15 @@ class Checkpoints:
     Only the folders that `last` and `best` point at are kept: each save removes the ones they left.
     """
 
-    def __init__(self, accelerator: Accelerator, folder: Path) -> None:
+    def __init__(self, accelerator: Accelerator, folder: Path, sharded: Any | None = None) -> None:
         self.accelerator, self.folder = accelerator, folder
+        self.sharded = sharded  # the strategy's sharded state (model_parallel), written by every process
+
+    def load(self, checkpoint: Path) -> None:
+        """Restore everything `checkpoint` holds. All processes call this."""
+        self.accelerator.load_state(checkpoint)
+        if self.sharded is not None:
+            self.sharded.load(checkpoint / "sharded")
 
     @property
     def last(self) -> Path | None:
@@ -47,6 +58,8 @@ class Checkpoints:
             shutil.rmtree(partial, ignore_errors=True)  # left by a save that was killed at this step
         self.accelerator.wait_for_everyone()
         self.accelerator.save_state(partial)
+        if self.sharded is not None:
+            self.sharded.save(partial / "sharded")
         self.accelerator.wait_for_everyone()  # every process's files are written
         if self.accelerator.is_main_process:
             target = self.folder / name
@@ -84,8 +97,8 @@ def load_trained(checkpoint: str | Path, config: str | Path | None = None) -> nn
 
     The architecture comes from the run's resolved config (`<run dir>/config.yaml`, the default for a
     checkpoint in `<run dir>/checkpoints/`). single, ddp and dp save the net as model.safetensors; model_parallel
-    and pipeline save it, gathered from the shards or stages, in their own state file (see their `WholeState`
-    and `StagesState`). Either way it loads on one device.
+    as every process's shards (`sharded/`, DCP; its layer mode in one state file, `WholeState`); pipeline
+    gathered from its stages (`StagesState`). Either way it loads on one device.
     """
     checkpoint = Path(checkpoint)
     config = Path(config) if config else checkpoint.parent.parent / "config.yaml"
@@ -93,6 +106,12 @@ def load_trained(checkpoint: str | Path, config: str | Path | None = None) -> nn
     if (checkpoint / "model.safetensors").is_file():
         # safetensors' loader: the file holds a tied parameter (model=gpt's embedding and head) under one name only
         load_model(net, checkpoint / "model.safetensors")
+    elif (checkpoint / "sharded").is_dir():  # model_parallel: every process's shards, put together here
+        state = {"model": net.state_dict()}
+        with warnings.catch_warnings():  # that it reads in one process: what no_dist asks for
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, checkpoint_id=checkpoint / "sharded", no_dist=True)
+        net.load_state_dict(state["model"])
     else:  # custom_checkpoint_0 is the loop's progress; the strategy's state comes next
         state = torch.load(checkpoint / "custom_checkpoint_1.pkl", map_location="cpu", weights_only=False)["model"]
         net.load_state_dict(state)

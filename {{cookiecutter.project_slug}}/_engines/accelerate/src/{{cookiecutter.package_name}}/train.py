@@ -129,10 +129,10 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
     progress = Progress()
     # The strategy's objects come right after the progress: load_trained reads the first of them.
     accelerator.register_for_checkpointing(progress, *strategy.checkpoint_objects(model, optimizer), scheduler)
-    checkpoints = Checkpoints(accelerator, run_dir / "checkpoints")
+    checkpoints = Checkpoints(accelerator, run_dir / "checkpoints", strategy.sharded_state(model, optimizer))
     start = resume_point(accelerator, cfg, checkpoints)
     if start:
-        accelerator.load_state(start)
+        checkpoints.load(start)
     if recovery:  # the micro-batch size that fitted before a restart, agreed by all processes
         recovery.load_state_dict(progress.oom_recovery, accelerator)
 
@@ -158,7 +158,7 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
             step, best = progress.global_step, checkpoints.folder / "best"
             accelerator.wait_for_everyone()  # the main process writes the checkpoints; the others read them
             if best.is_dir():  # else no validation ran: test the weights as they are
-                accelerator.load_state(best)
+                checkpoints.load(best)
             log(accelerator, prefixed("test", evaluate(accelerator, model, loaders["test"])), step)
         failed = False
     finally:

@@ -84,6 +84,11 @@ class Strategy:
         """What save_state must also save, beyond the prepared model and optimizer (which it saves itself)."""
         return []
 
+    def sharded_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> Any | None:
+        """State that every process writes and reads its own part of (`save(folder)`, `load(folder)`, collective),
+        next to save_state's files: a sharded net is never gathered on one process."""
+        return None
+
     def describe(self) -> dict[str, Any]:
         """This preset's layout, logged with the run's config."""
         return {}

@@ -14,9 +14,11 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed.checkpoint as dcp
 from accelerate import Accelerator
 from omegaconf import DictConfig
 from torch import nn
@@ -116,7 +118,10 @@ class ModelParallel(Strategy):
         return self.layer_devices if self.mode == "layers" else []
 
     def checkpoint_objects(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> list[Any]:
-        return [WholeState(model, optimizer)]
+        return [WholeState(model, optimizer)] if self.mode == "layers" else []  # one process holds it all
+
+    def sharded_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> "ShardedState | None":
+        return ShardedState(model, optimizer) if self.mode == "tensor" else None
 
     def describe(self) -> dict[str, Any]:
         if self.mode == "layers":
@@ -124,9 +129,30 @@ class ModelParallel(Strategy):
         return {"mode": "tensor", "data_parallel_size": self.sizes[0], "tensor_parallel_size": self.sizes[1]}
 
 
+class ShardedState:
+    """The sharded net and optimizer, written and read by every process with torch.distributed.checkpoint (DCP):
+    each writes its own shards (`<checkpoint>/sharded/`), no process gathers the whole model, and a checkpoint
+    loads on another mesh or number of processes (DCP reshards). load_trained reads it on one device."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+
+    def _state(self) -> dict[str, Any]:
+        model, optimizer = get_state_dict(self.model, self.optimizer)  # creates Adam's state if no step ran yet
+        return {"model": model, "optimizer": optimizer}
+
+    def save(self, folder: Path) -> None:
+        dcp.save(self._state(), checkpoint_id=folder)
+
+    def load(self, folder: Path) -> None:
+        state = self._state()
+        dcp.load(state, checkpoint_id=folder)  # into this process's shards, in place
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
 class WholeState:
-    """The net and optimizer state as one device would hold them, gathered from the shards, for save_state
-    (which saves on the main process only); loading shards it again. Any preset can load the saved net."""
+    """The net and optimizer state of strategy.mode=layers (one process holds all of it), for save_state;
+    loading places it on the layer groups' devices again. Any preset can load the saved net."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.model, self.optimizer = model, optimizer
