@@ -108,10 +108,6 @@ def test_every_preset_trains_the_gpt_as_one_device_does(train, single_gpt, case)
     """Same losses as one device, and the same weights after K steps (gathered from shards or stages): the tied
     embedding and head stay one parameter in effect, whether FSDP2 shards it, or two pipeline stages hold it."""
     name, overrides, launcher = case[:3]
-{%- if cookiecutter.engine == "lightning" %}
-    if name.startswith("model_parallel-") and name != "model_parallel-layers":  # one file, which load_trained reads
-        overrides = [*overrides, "strategy.save_distributed_checkpoint=false"]
-{%- endif %}
     run = train(*PARITY, *TINY, *overrides, launcher=launcher() if callable(launcher) else launcher)
     losses, weights = single_gpt
     assert run.losses(K) == pytest.approx(losses, abs=TOLERANCE), name

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from conftest import PARITY, QUICK, make_runner
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from {{ cookiecutter.package_name }}.checkpoints import load_trained
 from {{ cookiecutter.package_name }}.model import ResidualMLP
 from {{ cookiecutter.package_name }}.model_split import layer_groups
 from {{ cookiecutter.package_name }}.module import Classifier
@@ -63,6 +64,9 @@ def test_sharded_checkpoint_reloads_to_the_same_predictions(tensor_run, tmp_path
     # val/loss was measured by the sharded model before saving; test/loss after Lightning reloaded the shards.
     assert loss_on(weights, "val") == pytest.approx(wandb.metric("val/loss")[-1], abs=TOLERANCE)
     assert loss_on(weights, "test") == pytest.approx(wandb.metric("test/loss")[-1], abs=TOLERANCE)
+    assembled = load_trained(checkpoint).state_dict()  # what a user evaluating the run does, without consolidating
+    assert assembled.keys() == weights.keys()
+    assert all(torch.equal(assembled[name], value) for name, value in weights.items())
 
 
 @pytest.mark.slow

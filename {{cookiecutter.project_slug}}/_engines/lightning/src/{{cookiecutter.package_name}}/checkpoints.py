@@ -4,6 +4,7 @@ one only once it is complete, found again by a restart; and loading a trained mo
 import os
 import random
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import lightning as L
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -127,11 +129,19 @@ def load_trained(checkpoint: str | Path, config: str | Path | None = None) -> Cl
     """The model of a run, with the weights of `checkpoint`, on the CPU and in eval mode.
 
     The architecture comes from the run's resolved config (`<run dir>/config.yaml`, the default for a
-    checkpoint in `<run dir>/checkpoints/`), so a checkpoint of any preset loads on one device.
+    checkpoint in `<run dir>/checkpoints/`), so a checkpoint of any preset loads on one device: a file, or
+    model_parallel's folder of every process's shards (torch.distributed.checkpoint), put together here.
     """
     checkpoint = Path(checkpoint)
     config = Path(config) if config else checkpoint.parent.parent / "config.yaml"
     model = instantiate(OmegaConf.load(config).model)
-    state = torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"]
+    if checkpoint.is_dir():
+        state = {"state_dict": model.state_dict()}
+        with warnings.catch_warnings():  # that it reads in one process: what no_dist asks for
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, checkpoint_id=checkpoint, no_dist=True)
+        state = state["state_dict"]
+    else:
+        state = torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"]
     model.load_state_dict(state)
     return model.eval()
