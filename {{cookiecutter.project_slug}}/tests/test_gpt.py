@@ -121,3 +121,15 @@ def test_every_preset_trains_the_gpt_as_one_device_does(train, single_gpt, case)
         optimizer = model.configure_optimizers()  # no scheduler: the optimizer alone
         optimizer.load_state_dict(checkpoint["optimizer_states"][0])  # raises if a group has another size
 {%- endif %}
+
+
+# (overrides, the one error line): data the GPT cannot read, refused before training and before the run folder
+BAD_INPUT = [
+    (["model=gpt", "data=synthetic"], "model=gpt reads token ids (integers), but the data gives float32 samples"),
+    ([*TINY, "model.net.max_seq_len=8"], "sequences of 16 tokens are longer than the model's max_seq_len=8"),
+]
+
+
+@pytest.mark.parametrize("case", range(len(BAD_INPUT)), ids=["float-data", "too-long"])
+def test_data_the_gpt_cannot_read_is_refused_before_training(refused, case):
+    refused[case].assert_rejected(BAD_INPUT[case][1])

@@ -11,6 +11,8 @@ import os
 from collections.abc import Callable, Iterator, Sequence, Sized
 from typing import Any
 
+import torch
+from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
 from .config import ConfigError
@@ -226,6 +228,18 @@ class ResumableLoader(DataLoader):
             )
         self.sampler.set_epoch(epoch)
         self._resume = (epoch, samples // self.global_batch_size)
+
+
+def check_input(net: nn.Module, data: Data) -> None:
+    """Let the net refuse data it cannot read before training starts (and before anything is written): every
+    submodule with a `check_input(x)` method (gpt.py's token embedding) sees the first training sample, as a
+    batch of one. A net of yours can do the same."""
+    checks = [module.check_input for module in net.modules() if callable(getattr(module, "check_input", None))]
+    if checks:
+        data.setup()
+        x, _ = data.splits["train"][0]
+        for check in checks:
+            check(torch.as_tensor(x)[None])
 
 
 def per_device_batch_size(global_batch_size: int, replicas: int, accumulate: int = 1) -> int:

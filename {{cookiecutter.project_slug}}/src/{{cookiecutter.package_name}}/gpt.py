@@ -84,7 +84,8 @@ class Embeddings(nn.Module):
         self.tokens = ScaledEmbedding(vocab_size, dim)
         self.positions = ScaledEmbedding(max_seq_len, dim)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def check_input(self, tokens: torch.Tensor) -> None:
+        """Refuse data this model cannot read, in one line (data.check_input calls it before training)."""
         if tokens.is_floating_point():  # e.g. model=gpt data=synthetic: a one-line error, not an embedding's traceback
             raise ConfigError(
                 f"model=gpt reads token ids (integers), but the data gives {str(tokens.dtype).removeprefix('torch.')} "
@@ -92,8 +93,14 @@ class Embeddings(nn.Module):
             )
         length, max_seq_len = tokens.shape[1], self.positions.num_embeddings
         if length > max_seq_len:
-            raise ValueError(f"sequences of {length} tokens are longer than the model's max_seq_len={max_seq_len}")
-        return self.tokens(tokens) + self.positions(torch.arange(length, device=tokens.device))
+            raise ConfigError(
+                f"sequences of {length} tokens are longer than the model's max_seq_len={max_seq_len}: raise "
+                "model.net.max_seq_len, or cut the sequences"
+            )
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.check_input(tokens)
+        return self.tokens(tokens) + self.positions(torch.arange(tokens.shape[1], device=tokens.device))
 
 
 class GPT(nn.Module):

@@ -29,7 +29,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from .checkpoints import Checkpoints
 from .config import UNRESOLVED, ConfigError, ProcessCrashed, fail, register_resolvers, run_cli, unresolved
-from .data import per_device_batch_size
+from .data import check_input, per_device_batch_size
 from .launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
 from .memory import configure_allocator
 from .metrics import perplexity
@@ -92,10 +92,13 @@ def train(cfg: DictConfig) -> None:
         devices = max(torch.cuda.device_count(), 1)
     processes = strategy.processes(int(os.environ.get("WORLD_SIZE", 1)), devices)
     with torch.device("meta"):  # shapes and hooks only: the real net is built in each process
-        strategy.check_layout(processes, build(cfg.model.net), cfg)
+        net = build(cfg.model.net)
+        strategy.check_layout(processes, net, cfg)
     replicas = strategy.data_parallel(0, processes)[0]
     per_device_batch_size(cfg.data.batch_size, replicas, accumulation(cfg))
-    build(cfg.data).check_layout(replicas, processes)
+    data = build(cfg.data)
+    data.check_layout(replicas, processes)
+    check_input(net, data)  # e.g. model=gpt with data that is not token ids
 
     def process() -> None:  # a named function: notebook_launcher (ddp_spawn) needs one
         fit_and_test(cfg, strategy, run_dir, recovery)

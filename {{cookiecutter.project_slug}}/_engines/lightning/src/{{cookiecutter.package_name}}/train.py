@@ -26,7 +26,7 @@ from .batchnorm import needs_sync, synchronised_message
 from .callbacks.epoch_metrics import EpochMetricsFile
 from .checkpoints import resume_from
 from .config import UNRESOLVED, ConfigError, ProcessCrashed, fail, register_resolvers, run_cli, unresolved
-from .data import per_device_batch_size
+from .data import check_input, per_device_batch_size
 from .launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
 from .memory import configure_allocator
 from .precision import resolve_precision, use_tensor_cores
@@ -67,6 +67,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         model = build(cfg.model, scheduler=build(cfg.scheduler))
     check_layout(preset(), trainer, cfg.data.batch_size, model)  # fail now, not inside a worker process
     datamodule.data.check_layout(data_parallel_size(trainer), trainer.world_size)
+    check_input(model.net, datamodule.data)  # e.g. model=gpt with data that is not token ids
     on_gpu = isinstance(trainer.accelerator, CUDAAccelerator)
     data_parallel = preset() in ("ddp", "ddp_spawn")  # model_parallel and pipeline check BatchNorm themselves
     if data_parallel and cfg.trainer.sync_batchnorm and needs_sync(model, trainer.world_size, on_gpu, preset()):
