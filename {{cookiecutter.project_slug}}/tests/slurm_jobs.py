@@ -27,8 +27,16 @@ def jobs() -> list[dict[str, str]]:
 
 
 def job_state(job_id: str) -> str:
-    info = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
-    return info.split("JobState=")[1].split()[0] if "JobState=" in info else "GONE"
+    """The job's state; GONE once SLURM no longer knows it. A busy slurmctld can time out a query: asked again
+    (on a loaded 2-core CI machine, one such timeout read as GONE failed a test)."""
+    for _ in range(10):
+        done = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True)
+        if "JobState=" in done.stdout:
+            return done.stdout.split("JobState=")[1].split()[0]
+        if "Invalid job id" in done.stderr:
+            return "GONE"
+        time.sleep(1)
+    return "GONE"
 
 
 def wait_for(condition: Callable[[], bool], job_id: str, log: Path, what: str, timeout: float = 300) -> None:
