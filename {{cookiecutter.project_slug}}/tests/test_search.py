@@ -2,6 +2,7 @@
 the trials' run folders and their offline wandb files."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -13,10 +14,17 @@ import optuna
 import pytest
 import yaml
 from conftest import PACKAGE
+from omegaconf import OmegaConf
 from optuna.trial import TrialState
 from wandb_records import offline_runs
 
+from {{ cookiecutter.package_name }}.config import ConfigError
 from {{ cookiecutter.package_name }}.search.__main__ import main as search_main
+from {{ cookiecutter.package_name }}.search.__main__ import make_pruner
+from {{ cookiecutter.package_name }}.search.epoch_metrics import append_epoch_metrics
+from {{ cookiecutter.package_name }}.search.settings import Settings
+from {{ cookiecutter.package_name }}.search.slurm import gpus_per_trial
+from {{ cookiecutter.package_name }}.search.trials import run_trial
 
 PROJECT = Path(__file__).resolve().parents[1]  # searches run from the project root, as the README says
 TINY = [
@@ -189,6 +197,24 @@ def test_failing_trials_are_recorded_with_their_log_and_stop_the_search(search):
     logs = [Path(trial.user_attrs["log"]) for trial in failed]
     assert all("negative dimension" in log.read_text() for log in logs)
     assert f"error: search stopped: 2 trials in a row failed; the last one's log: {logs[-1]}" in result.output
+    # one line per failed trial, with the training's error: no traceback of the search's own
+    crash = "RuntimeError('Trying to create tensor with negative dimension -1"
+    for trial, log in zip(failed, logs, strict=True):
+        (line,) = [line for line in result.output.splitlines() if line.startswith(f"trial {trial.number} failed")]
+        assert crash in line and line.endswith(f"; log: {log}"), line
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.slow
+def test_a_metric_the_training_does_not_report_stops_the_search_at_the_first_epoch(search, tmp_path):
+    args = ["search.metric=val/los", "search.n_trials=3", "logger=none", *TINY, "trainer.max_epochs=3"]
+    result = search(*args, space=LR, check=False)
+    assert result.returncode == 2, result.output[-3000:]
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    reported = "val/loss, val/acc, val/perplexity"
+    assert errors == [f"error: search.metric=val/los is not reported; the first epoch reported {reported}"]
+    assert "Traceback" not in result.output
+    assert not result.dir.exists(), "a study that could not run a trial is not kept"
 
 
 @pytest.mark.slow
@@ -205,14 +231,89 @@ def test_trials_run_as_slurm_jobs(slurm, search):
         assert run.group == "slurm" and run.exit_code == 0
 
 
+@pytest.mark.parametrize(
+    "listed, accelerator, devices, given, gpus",
+    [
+        ("gpu:4", "auto", 2, None, 2),  # a cluster with GPUs: the trial's devices
+        ("(null)\ngpu:a100:8(S:0-1)", "gpu", None, None, 1),  # trainer.devices=auto: one
+        ("(null)", "auto", 2, None, 0),  # no GPUs on the cluster: CPU trials
+        ("gpu:4", "cpu", 2, None, 0),
+        ("(null)", "cpu", 2, 3, 3),  # search.slurm_gpus_per_trial=3
+        ("(null)", "gpu", 2, None, "refused"),
+    ],
+)
+def test_slurm_trials_ask_for_their_devices_on_a_cluster_with_gpus(
+    tmp_path, monkeypatch, listed, accelerator, devices, given, gpus
+):
+    sinfo = tmp_path / "sinfo"  # SLURM's sinfo --format=%G: the generic resources of each group of nodes
+    sinfo.write_text(f"#!/bin/sh\nprintf '{listed}\\n'\n")
+    sinfo.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    settings = Settings(backend="slurm", slurm_gpus_per_trial=given)
+    if gpus == "refused":
+        with pytest.raises(ConfigError, match="trainer.accelerator=gpu, but SLURM lists no GPUs"):
+            gpus_per_trial(settings, accelerator, devices)
+    else:
+        assert gpus_per_trial(settings, accelerator, devices) == gpus
+
+
+class ScriptedTraining:
+    """Stands in for a trial's training process (search.trials.Trial): one epoch of `losses` reported each time
+    the search polls it, then exit code 0."""
+
+    def __init__(self, losses: list[float], log: Path) -> None:
+        self.losses, self.metrics_file, self.epoch = losses, log.parent / "epochs.jsonl", 0
+
+    def wait(self, seconds: float) -> int | None:
+        if self.epoch == len(self.losses):
+            return 0
+        append_epoch_metrics(self.metrics_file, self.epoch, {"val/loss": self.losses[self.epoch]})
+        self.epoch += 1
+        return None
+
+    def interrupt(self) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("pruner, pruned", [("none", False), ("median", True), ("hyperband", True)])
+def test_pruners_stop_a_trial_far_worse_than_the_ones_before(tmp_path, pruner, pruned):
+    """The search's pruners (search.pruner=...) on its trial loop, with scripted epochs instead of trainings."""
+    epochs, trials = 4, 4
+    # Hyperband puts each trial in a bracket by a hash of the study's name and the trial's number: with these,
+    # the bad trial shares the first bracket (a rung after 1 epoch) with the good ones.
+    study = optuna.create_study(study_name="pruning")
+    settings = Settings(pruner=pruner, startup_trials=2)  # median: compares from the third trial on
+    study.pruner = make_pruner(settings, OmegaConf.create({"trainer": {"max_epochs": epochs}}))
+
+    def objective(trial: optuna.Trial) -> float:
+        bad = trial.number == trials - 1
+        losses = [100.0] * epochs if bad else [1 / (epoch + 1) - 0.01 * trial.number for epoch in range(epochs)]
+
+        def start(command: list[str], env: dict[str, str], log: Path) -> ScriptedTraining:
+            return ScriptedTraining(losses, log)
+
+        return run_trial(trial, start, [], {}, tmp_path / str(trial.number), "val/loss")
+
+    study.optimize(objective, n_trials=trials)
+    *good, bad = study.trials
+    assert all(trial.state == TrialState.COMPLETE and len(trial.intermediate_values) == epochs for trial in good)
+    if pruned:
+        assert bad.state == TrialState.PRUNED and len(bad.intermediate_values) == 1, "pruned after its first epoch"
+    else:
+        assert bad.state == TrialState.COMPLETE and bad.value == 100.0
+
+
 @pytest.fixture
 def search_command(tmp_path, monkeypatch, capsys):
     """The search's command line run in this process (no training starts): (exit code, stdout + stderr)."""
     monkeypatch.chdir(PROJECT)
 
-    def run(*args: str, space: dict | None = None) -> tuple[int, str]:
+    def run(*args: str, space: dict | str | None = None) -> tuple[int, str]:
         if space is not None:
-            (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+            (tmp_path / "space.yaml").write_text(space if isinstance(space, str) else yaml.safe_dump(space))
             args = (f"search={tmp_path / 'space.yaml'}", *args)
         monkeypatch.setattr(sys, "argv", ["search", f"search.dir={tmp_path / 's'}", "search.study=s", *args])
         try:
@@ -224,6 +325,9 @@ def search_command(tmp_path, monkeypatch, capsys):
         return code, captured.out + captured.err
 
     return run
+
+
+REFUSED_BATCH = "the training refuses the first trial's config: data.batch_size=64 is the global batch and must be"
 
 
 @pytest.mark.parametrize(
@@ -238,6 +342,12 @@ def search_command(tmp_path, monkeypatch, capsys):
         (None, ["search.n_trails=3"], "unknown setting search.n_trails; valid: search=<space>, search.space"),
         (None, ["search=nope"], "unknown search space 'nope'; valid: default, gpt, or a path to a .yaml file"),
         (None, ["strategy=ddpp"], "unknown strategy 'ddpp'; valid: ddp,"),
+        ("model.optimizer.lr: {type: float, low: 1.0e-4\n", [], "is not valid YAML, line 2 column 1: expected ','"),
+        # the training's own checks, on the first trial's config: 64 samples do not split over 3 processes
+        (None, ["strategy=ddp", "trainer.devices=3", "trainer.accelerator=cpu", "data.batch_size=64"], REFUSED_BATCH),
+{%- if cookiecutter.engine == "accelerate" %}
+        (None, ["strategy=ddp", "trainer.accelerator=cpu"], "config: strategy=ddp needs 2+ processes but this is 1"),
+{%- endif %}
     ],
 )
 def test_bad_input_is_refused_before_the_first_trial(search_command, tmp_path, space, args, message):

@@ -10,8 +10,11 @@ Everything lands in outputs/search/<study>/; trial n trains in trials/<n>/ (its 
 
 import fcntl
 import json
+import logging
 import math
 import os
+import re
+import shutil
 import signal
 import sys
 from functools import partial
@@ -28,13 +31,15 @@ from optuna.trial import TrialState
 from ..config import CONFIG_DIR, ConfigError, check_group_choices, fail, register_resolvers
 from .report import summarize
 from .settings import Settings, parse_command_line
-from .slurm import SlurmTrial, slurm_executor
+from .slurm import SlurmTrial, gpus_per_trial, slurm_executor
 from .space import Param, grid_space, hydra_value, load_space, space_path
 from .trials import (
     DeviceSlots,
+    MetricMissing,
     StartTrial,
     TrialFailed,
     TrialProcess,
+    check_training,
     free_port,
     local_devices,
     processes_per_trial,
@@ -54,7 +59,7 @@ def main() -> None:
         check_group_choices(overrides)
         cfg, groups = compose_training(overrides)
         params = load_space(space_path(settings.space), cfg, groups)
-        check_trial_config(params, overrides)
+        first_trial = check_trial_config(params, overrides)
         grid = grid_space(params) if settings.sampler == "grid" else None
         preset, processes = groups["strategy"], processes_per_trial(cfg, groups["strategy"]) or 1
         train_command(preset, processes)  # refuses a launched preset without its launcher config
@@ -63,6 +68,9 @@ def main() -> None:
             print(f"wandb sweep written to {sweep_file}; run it: wandb sweep {sweep_file}, then wandb agent <id>")
             return
         slots, start = trial_starter(settings, cfg, preset)
+        if settings.backend == "local":  # (a SLURM trial runs on a node whose devices the search does not see)
+            check_training(first_trial, preset, processes, slots.first)
+        new_dir = not settings.study_dir.exists()
         settings.study_dir.mkdir(parents=True, exist_ok=True)
         lock = hold_lock(settings.study_dir)  # noqa: F841 (held until the search exits)
         study = open_study(settings, params, overrides, grid, cfg)
@@ -87,14 +95,29 @@ def main() -> None:
         with slots.take() as devices:
             command = [*train_command(preset, processes), *trial_overrides]
             env = {**devices, "MASTER_PORT": free_port()}
-            return run_trial(trial, start, command, env, run_dir, settings.metric)
+            try:
+                return run_trial(trial, start, command, env, run_dir, settings.metric)
+            except TrialFailed as err:
+                print(err, flush=True)  # one line; Optuna records the trial as failed
+                raise
+            except MetricMissing:  # every trial would fail so: stop them all
+                study.stop()
+                stop_all()
+                raise
 
     signal.signal(signal.SIGTERM, stop_search)
     signal.signal(signal.SIGINT, stop_search)
+    for handler in logging.getLogger("optuna").handlers:
+        handler.addFilter(without_failed_trials)
     print(f"study {study.study_name} in {settings.study_dir}: {finished(study)} of {total} trials finished", flush=True)
-    while not failures.reached and (left := total - finished(study)) > 0:  # failed trials are replaced
-        jobs = min(settings.n_jobs, left)
-        study.optimize(objective, n_trials=left, n_jobs=jobs, catch=(TrialFailed,), callbacks=[failures])
+    try:
+        while not failures.reached and (left := total - finished(study)) > 0:  # failed trials are replaced
+            jobs = min(settings.n_jobs, left)
+            study.optimize(objective, n_trials=left, n_jobs=jobs, catch=(TrialFailed,), callbacks=[failures])
+    except MetricMissing as err:
+        if new_dir:  # a study that could not run one trial: nothing of it is kept
+            shutil.rmtree(settings.study_dir)
+        fail(err)
     summarize(study, settings, params, overrides, cfg, groups, processes)
     if failures.reached:
         log = failures.last.user_attrs.get("log", "no log")
@@ -114,21 +137,23 @@ def compose_training(overrides: list[str]) -> tuple[DictConfig, dict[str, str]]:
     return cfg, dict(cfg.hydra.runtime.choices)
 
 
-def check_trial_config(params: list[Param], overrides: list[str]) -> None:
-    """A searched key is not also set on the command line, and a trial's overrides compose."""
+def check_trial_config(params: list[Param], overrides: list[str]) -> DictConfig:
+    """A searched key is not also set on the command line, and a trial's overrides compose: the config of a
+    first trial (each parameter at its first grid value or its low end), with its Hydra config."""
     given = {override.lstrip("+~").partition("=")[0] for override in overrides}
     both = [param.key for param in params if param.key in given]
     if both:
         raise ConfigError(f"{', '.join(both)} is both searched and set on the command line; drop one")
     sample = [param.override(param.grid[0] if param.grid else param.distribution.low) for param in params]
-    compose_training([*overrides, *sample])
+    return compose_training([*overrides, *sample])[0]
 
 
 def trial_starter(settings: Settings, cfg: DictConfig, preset: str) -> tuple[DeviceSlots, StartTrial]:
     """Where trials run: as local processes on their own devices, or as SLURM jobs (SLURM picks the devices)."""
     processes = processes_per_trial(cfg, preset)
     if settings.backend == "slurm":
-        executor = slurm_executor(settings, tasks=slurm_tasks(preset, processes or 1))
+        gpus = gpus_per_trial(settings, cfg.trainer.accelerator, processes)
+        executor = slurm_executor(settings, tasks=slurm_tasks(preset, processes or 1), gpus=gpus)
         return DeviceSlots([{}] * settings.n_jobs), partial(SlurmTrial, executor)
     cpu = cfg.trainer.accelerator == "cpu"
     return DeviceSlots(local_devices(settings.n_jobs, processes, cpu)), TrialProcess
@@ -240,6 +265,11 @@ class FailureLimit:
     @property
     def reached(self) -> bool:
         return self.in_a_row >= self.limit
+
+
+def without_failed_trials(record: logging.LogRecord) -> bool:
+    """Optuna logs a failed trial as a warning with the objective's traceback; the search prints one line instead."""
+    return not (record.levelno == logging.WARNING and re.match(r"Trial \d+ failed", record.getMessage()))
 
 
 def stop_search(signum: int, frame: Any) -> None:

@@ -34,7 +34,9 @@ class Settings:
     backend: str = "local"  # local: trials are subprocesses here; slurm: one SLURM job per trial (submitit)
     slurm_partition: str | None = None  # backend=slurm: the partition (default: the cluster's default)
     slurm_timeout_min: int = 120  # backend=slurm: a trial's time limit, in minutes
-    slurm_gpus_per_trial: int = 0  # backend=slurm: GPUs a trial's job asks for (its one node's)
+    # backend=slurm: GPUs a trial's job asks for (on its one node); default: the trial's devices when it trains
+    # on GPUs (trainer.accelerator gpu, or auto on a cluster whose nodes have GPUs), else 0
+    slurm_gpus_per_trial: int | None = None
 
     @property
     def study_name(self) -> str:
@@ -56,6 +58,8 @@ class Settings:
         for name in ("n_trials", "n_jobs", "max_failures"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"search.{name} must be at least 1, not {getattr(self, name)}")
+        if self.slurm_gpus_per_trial is not None and self.slurm_gpus_per_trial < 0:
+            raise ConfigError(f"search.slurm_gpus_per_trial must be at least 0, not {self.slurm_gpus_per_trial}")
         if not self.metric.startswith("val/"):
             raise ConfigError(
                 f"search.metric={self.metric} is not reported every epoch; use val/loss, val/acc, val/perplexity"

@@ -68,13 +68,42 @@ class SlurmTrial:
         self.finish()
 
 
-def slurm_executor(settings: Settings, tasks: int) -> submitit.Executor:
-    """Submits one job per trial: one node, `tasks` tasks, the study's SLURM settings; job files in slurm/."""
+def slurm_executor(settings: Settings, tasks: int, gpus: int) -> submitit.Executor:
+    """Submits one job per trial: one node, `tasks` tasks, `gpus` GPUs, the study's SLURM settings; job files in
+    slurm/."""
     if shutil.which("sbatch") is None:
         raise ConfigError("search.backend=slurm submits with sbatch, which is not here; use search.backend=local")
     executor = submitit.SlurmExecutor(folder=settings.study_dir / "slurm" / "%j")
     options = {"partition": settings.slurm_partition} if settings.slurm_partition else {}
-    if settings.slurm_gpus_per_trial:
-        options["gpus_per_node"] = settings.slurm_gpus_per_trial
+    if gpus:
+        options["gpus_per_node"] = gpus
     executor.update_parameters(nodes=1, ntasks_per_node=tasks, time=settings.slurm_timeout_min, **options)
     return executor
+
+
+def gpus_per_trial(settings: Settings, accelerator: str, devices: int | None) -> int:
+    """GPUs a trial's job asks for: search.slurm_gpus_per_trial if given; else, for a training on GPUs
+    (trainer.accelerator gpu, or auto on a cluster with GPUs), its devices (trainer.devices; 1 for auto); else 0."""
+    if settings.slurm_gpus_per_trial is not None:
+        return settings.slurm_gpus_per_trial
+    if accelerator not in ("auto", "gpu", "cuda"):
+        return 0
+    has_gpus = cluster_has_gpus(settings.slurm_partition)
+    if accelerator != "auto" and not has_gpus:
+        where = f"partition {settings.slurm_partition}" if settings.slurm_partition else "the default partition"
+        raise ConfigError(
+            f"trainer.accelerator={accelerator}, but SLURM lists no GPUs in {where} (sinfo --format=%G); "
+            "if its nodes have GPUs all the same, give search.slurm_gpus_per_trial=N"
+        )
+    return (devices or 1) if has_gpus else 0
+
+
+def cluster_has_gpus(partition: str | None) -> bool:
+    """Whether SLURM lists GPUs among the generic resources of the partition's nodes (sinfo's %G: gpu:4, gpu:a100:8,
+    or (null)). Without sinfo, or if it fails: no."""
+    command = ["sinfo", "--noheader", "--format=%G", *(["--partition", partition] if partition else [])]
+    try:
+        listed = subprocess.run(command, capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return any(resource.startswith("gpu") for line in listed.split() for resource in line.split(","))

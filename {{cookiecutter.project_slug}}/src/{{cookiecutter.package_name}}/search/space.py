@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import yaml
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from ..config import CONFIG_DIR, ConfigError
 
@@ -56,7 +58,12 @@ def space_path(space: str) -> Path:
 def load_space(path: Path, cfg: DictConfig, groups: dict[str, str]) -> list[Param]:
     """The space's parameters, each checked against the training config `cfg` (whose config group choices
     are `groups`). Raises ConfigError naming the valid keys, types or fields."""
-    entries = OmegaConf.to_container(OmegaConf.load(path))
+    try:
+        entries = OmegaConf.to_container(OmegaConf.load(path))
+    except (yaml.YAMLError, OmegaConfBaseException) as err:
+        mark, problem = getattr(err, "problem_mark", None), getattr(err, "problem", None) or err  # yaml's
+        at = f", line {mark.line + 1} column {mark.column + 1}" if mark else ""  # (yaml counts from 0)
+        raise ConfigError(f"search space {path} is not valid YAML{at}: {problem}") from None
     if not isinstance(entries, dict) or not entries:
         raise ConfigError(f"search space {path} must map config keys to distributions, e.g. model.optimizer.lr: ...")
     return [parse_param(key, spec, cfg, groups) for key, spec in entries.items()]

@@ -2,13 +2,18 @@
 started, on the devices it was given, reporting each epoch's validation metric to Optuna and stopped when the
 pruner says so."""
 
+{% if cookiecutter.engine == "lightning" -%}
+import logging
+{% endif -%}
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,7 +22,7 @@ from typing import Protocol
 import optuna
 from omegaconf import DictConfig
 
-from ..config import ConfigError
+from ..config import UNRESOLVED, ConfigError, unresolved
 from .epoch_metrics import read_epoch_metrics
 
 TRAIN = "{{ cookiecutter.package_name }}.train"
@@ -31,7 +36,12 @@ LAUNCH_CONFIG = Path("launch/multi_process.yaml")
 
 
 class TrialFailed(RuntimeError):
-    """A trial's training exited with an error or reported nothing; Optuna records it as failed."""
+    """A trial's training exited with an error or reported nothing; Optuna records it as failed. The message is
+    one line: the trial, the training's error, its log."""
+
+
+class MetricMissing(ConfigError):
+    """The training does not report search.metric: every trial would fail the same way, so the search stops."""
 
 
 def train_command(preset: str, processes: int) -> list[str]:
@@ -45,6 +55,58 @@ def train_command(preset: str, processes: int) -> list[str]:
     return [sys.executable, "-m", TRAIN]
 {%- else %}
     return [sys.executable, "-m", TRAIN]  # Lightning starts the other processes of any preset itself
+{%- endif %}
+
+
+def check_training(cfg: DictConfig, preset: str, processes: int, env: dict[str, str]) -> None:
+    """Run the training's own checks on the first trial's config (composed with its Hydra config) as its trial
+    will start, with the environment `env` gives it: a config that the training refuses is refused before the
+    first trial, not once per trial. Raises ConfigError."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from .. import train  # torch and the engine: only now, since they take seconds to import
+
+    HydraConfig.instance().set_config(cfg)  # the training reads its preset and command line from there
+    saved = dict(os.environ)
+    os.environ.update(env)  # e.g. CUDA_VISIBLE_DEVICES: the devices the trial will see
+    try:
+        with warnings.catch_warnings():  # about a training that is not run (each trial's log has its own)
+            warnings.simplefilter("ignore")
+{%- if cookiecutter.engine == "lightning" %}
+            with quiet_lightning():
+                train.prepare(cfg, with_logger=False)
+{%- else %}
+            train.check_config(cfg, launched=processes if preset in LAUNCHED_PRESETS else 1)
+{%- endif %}
+    except UNRESOLVED as err:  # a resolver's ConfigError (e.g. data=files checking its files), or a ??? left unset
+        raise ConfigError(f"the training refuses the first trial's config: {unresolved(err)}") from None
+    except ConfigError as err:
+{%- if cookiecutter.engine == "accelerate" %}
+        if preset in LAUNCHED_PRESETS:  # the training's advice is about launching it; the search launches it
+            err = f"{err}. The search starts each trial's processes itself, trainer.devices={processes} of them"
+{%- endif %}
+        raise ConfigError(f"the training refuses the first trial's config: {err}") from None
+    except Exception:  # a crash (a bug, or this sample's values only) is left to the trials, which log it
+        pass
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+{%- if cookiecutter.engine == "lightning" %}
+
+
+@contextmanager
+def quiet_lightning() -> Iterator[None]:
+    """Without the lines Lightning logs when it builds a trainer (seed, GPU available, ...): in the search's
+    output they would describe no training."""
+    loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 {%- endif %}
 
 
@@ -106,6 +168,7 @@ class DeviceSlots:
     """One slot per concurrent trial; a trial holds its slot (its devices) while it runs."""
 
     def __init__(self, slots: list[dict[str, str]]) -> None:
+        self.first = slots[0]  # the first trial's
         self.free: queue.Queue[dict[str, str]] = queue.Queue()
         for slot in slots:
             self.free.put(slot)
@@ -199,8 +262,8 @@ def run_trial(
                 reported.append(epoch)
                 if metric not in epoch:
                     names = ", ".join(name for name in epoch if name != "epoch")
-                    raise TrialFailed(f"trial {trial.number} reports no {metric} (it has {names}); log: {log}")
-                trial.report(epoch[metric], step=int(epoch["epoch"]))
+                    raise MetricMissing(f"search.metric={metric} is not reported; the first epoch reported {names}")
+                trial.report(epoch[metric], step=int(epoch["epoch"]) + 1)  # epochs trained: Hyperband's resource
                 if trial.should_prune():
                     raise optuna.TrialPruned(f"epoch {int(epoch['epoch'])}: {metric}={epoch[metric]:.4g}")
             if code is not None:
@@ -211,7 +274,20 @@ def run_trial(
         with RUNNING_LOCK:
             RUNNING.discard(process)
     if code != 0:
-        raise TrialFailed(f"trial {trial.number} failed (exit code {code}); log: {log}")
+        raise TrialFailed(f"trial {trial.number} failed (exit code {code}): {last_error(log)}; log: {log}")
     if not reported:
         raise TrialFailed(f"trial {trial.number} finished without validating (no {metrics_file}); log: {log}")
     return reported[-1][metric]
+
+
+# A line that states an error: the training's one-line refusal, a traceback's last line (Type: message), or the
+# exception Hydra reports for an object it could not build (Type('message')).
+ERROR_LINE = re.compile(r"error: .+|[\w.]*(Error|Exception)\w*(: .+|\(.+\))")
+
+
+def last_error(log: Path) -> str:
+    """The last error line of a training's log (under a launcher, a process's error comes before the launcher's
+    own report, which names no cause)."""
+    lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
+    errors = [line.strip() for line in lines if ERROR_LINE.fullmatch(line.strip())]
+    return errors[-1] if errors else "no error line in its log"

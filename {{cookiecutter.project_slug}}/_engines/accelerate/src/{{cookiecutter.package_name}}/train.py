@@ -73,6 +73,19 @@ def train(cfg: DictConfig) -> None:
     """Check the layout, start the processes, fit and test. Raises ConfigError before training."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     configure_allocator()  # before anything initialises CUDA
+    strategy, processes, recovery = check_config(cfg, launched=int(os.environ.get("WORLD_SIZE", 1)))
+
+    def process() -> None:  # a named function: notebook_launcher (ddp_spawn) needs one
+        fit_and_test(cfg, strategy, run_dir, recovery)
+
+    strategy.launch(process, processes)
+
+
+def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMRecovery | None]:
+    """Everything that can refuse this config, before a process starts or a file is written, for a training
+    that a launcher started in `launched` processes (1 without a launcher): raises ConfigError. Returns the
+    strategy, the processes the training will have, and the OOM recovery. The search runs it on the config of
+    its first trial, so that a config every trial would refuse is refused before the first one."""
     if cfg.ckpt_path and not (Path(cfg.ckpt_path) / "custom_checkpoint_0.pkl").is_file():
         raise ConfigError(
             f"ckpt_path={cfg.ckpt_path} is not a checkpoint folder; give one, e.g. <run dir>/checkpoints/last"
@@ -90,7 +103,7 @@ def train(cfg: DictConfig) -> None:
     warn_if_restarts_can_hang()
     if devices in ("auto", -1):  # every visible GPU, as in Lightning (1 on CPU)
         devices = max(torch.cuda.device_count(), 1)
-    processes = strategy.processes(int(os.environ.get("WORLD_SIZE", 1)), devices)
+    processes = strategy.processes(launched, devices)
     with torch.device("meta"):  # shapes and hooks only: the real net is built in each process
         net = build(cfg.model.net)
         strategy.check_layout(processes, net, cfg)
@@ -99,11 +112,7 @@ def train(cfg: DictConfig) -> None:
     data = build(cfg.data)
     data.check_layout(replicas, processes)
     check_input(net, data)  # e.g. model=gpt with data that is not token ids
-
-    def process() -> None:  # a named function: notebook_launcher (ddp_spawn) needs one
-        fit_and_test(cfg, strategy, run_dir, recovery)
-
-    strategy.launch(process, processes)
+    return strategy, processes, recovery
 
 
 def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: OOMRecovery | None) -> None:

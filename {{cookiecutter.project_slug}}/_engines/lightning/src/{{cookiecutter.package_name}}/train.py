@@ -40,36 +40,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
     """Fit and test as configured; returns the final metrics. Raises ConfigError before training."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     configure_allocator()  # before anything initialises CUDA
-    if cfg.ckpt_path and not Path(cfg.ckpt_path).exists():
-        # A folder is fine: model_parallel saves sharded checkpoints as one folder of per-rank files.
-        raise ConfigError(f"ckpt_path={cfg.ckpt_path} does not exist; give a .ckpt file (e.g. a run's last.ckpt)")
     ckpt_path = resume_from(run_dir, cfg.ckpt_path, cfg.resume)  # before the logger: resume=false forgets the run
-    L.seed_everything(cfg.seed, workers=True)
-
-    datamodule = build(cfg.data)
-    callbacks = [build(callback) for callback in (cfg.callbacks or {}).values()]
-    if not cfg.trainer.enable_progress_bar:  # one switch hides the bar, whichever bar callback is configured
-        callbacks = [callback for callback in callbacks if not isinstance(callback, ProgressBar)]
-    if cfg.epoch_metrics:  # the search reads it to prune a trial
-        callbacks.append(EpochMetricsFile(cfg.epoch_metrics))
-    logger = build(cfg.logger) if cfg.logger else False
-    # Under torchrun or SLURM the launcher's layout, unless the command line gave one (checked against it).
-    num_nodes, devices = fit_layout_to_launcher(
-        preset(), cfg.trainer.num_nodes, cfg.trainer.devices, HydraConfig.get().overrides.task
-    )
-    warn_if_restarts_can_hang()
-    cfg.trainer.precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # auto: bf16 on GPUs
-    use_tensor_cores()
-    trainer = build(
-        cfg.trainer, num_nodes=num_nodes, devices=devices, strategy=cfg.strategy, callbacks=callbacks, logger=logger
-    )
-    with model_init_context(trainer):  # model_parallel: on the meta device, each rank allocates its shards
-        model = build(cfg.model, scheduler=build(cfg.scheduler))
-    check_layout(preset(), trainer, cfg.data.batch_size, model)  # fail now, not inside a worker process
-    datamodule.data.check_layout(data_parallel_size(trainer), trainer.world_size)
-    check_input(model.net, datamodule.data)  # e.g. model=gpt with data that is not token ids
-    on_gpu = isinstance(trainer.accelerator, CUDAAccelerator)
+    trainer, model, datamodule = prepare(cfg)
     data_parallel = preset() in ("ddp", "ddp_spawn")  # model_parallel and pipeline check BatchNorm themselves
+    on_gpu = isinstance(trainer.accelerator, CUDAAccelerator)
     if data_parallel and cfg.trainer.sync_batchnorm and needs_sync(model, trainer.world_size, on_gpu, preset()):
         rank_zero_info(synchronised_message(trainer.world_size))  # Lightning converts them (sync_batchnorm)
 
@@ -87,6 +61,40 @@ def train(cfg: DictConfig) -> dict[str, float]:
     finally:
         finish_wandb(failed)
     return {name: float(value) for name, value in trainer.callback_metrics.items()}
+
+
+def prepare(cfg: DictConfig, with_logger: bool = True) -> tuple[L.Trainer, L.LightningModule, L.LightningDataModule]:
+    """The trainer, model and data of this config, checked: everything that can refuse the config does so
+    here, before a process starts or a file is written (raises ConfigError). The search runs it on the config of
+    its first trial (without the logger), so that a config every trial would refuse is refused before the first."""
+    if cfg.ckpt_path and not Path(cfg.ckpt_path).exists():
+        # A folder is fine: model_parallel saves sharded checkpoints as one folder of per-rank files.
+        raise ConfigError(f"ckpt_path={cfg.ckpt_path} does not exist; give a .ckpt file (e.g. a run's last.ckpt)")
+    L.seed_everything(cfg.seed, workers=True)
+
+    datamodule = build(cfg.data)
+    callbacks = [build(callback) for callback in (cfg.callbacks or {}).values()]
+    if not cfg.trainer.enable_progress_bar:  # one switch hides the bar, whichever bar callback is configured
+        callbacks = [callback for callback in callbacks if not isinstance(callback, ProgressBar)]
+    if cfg.epoch_metrics:  # the search reads it to prune a trial
+        callbacks.append(EpochMetricsFile(cfg.epoch_metrics))
+    logger = build(cfg.logger) if cfg.logger and with_logger else False
+    # Under torchrun or SLURM the launcher's layout, unless the command line gave one (checked against it).
+    num_nodes, devices = fit_layout_to_launcher(
+        preset(), cfg.trainer.num_nodes, cfg.trainer.devices, HydraConfig.get().overrides.task
+    )
+    warn_if_restarts_can_hang()
+    cfg.trainer.precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # auto: bf16 on GPUs
+    use_tensor_cores()
+    trainer = build(
+        cfg.trainer, num_nodes=num_nodes, devices=devices, strategy=cfg.strategy, callbacks=callbacks, logger=logger
+    )
+    with model_init_context(trainer):  # model_parallel: on the meta device, each rank allocates its shards
+        model = build(cfg.model, scheduler=build(cfg.scheduler))
+    check_layout(preset(), trainer, cfg.data.batch_size, model)  # fail now, not inside a worker process
+    datamodule.data.check_layout(data_parallel_size(trainer), trainer.world_size)
+    check_input(model.net, datamodule.data)  # e.g. model=gpt with data that is not token ids
+    return trainer, model, datamodule
 
 
 def build(node: DictConfig, **kwargs: Any) -> Any:
