@@ -15,6 +15,9 @@ build/.installed: requirements-dev.txt
 	# data=streaming's litdata, without its torchvision (only its image codecs use it; from PyPI it would pull
 	# a CUDA torch): its other dependencies are in requirements-dev.txt.
 	$(PYTHON) -m pip install -q --no-deps "litdata>=0.2.70,<0.3"
+	# wandb's sweep config schema (the `sweeps` package of wandb[sweeps]), for the test of --export-wandb-sweep,
+	# without its numpy<2 pin (its schema check does not need it): what importing it needs is in requirements-dev.txt.
+	$(PYTHON) -m pip install -q --no-deps "sweeps>=0.2,<0.4"
 	mkdir -p build && touch $@
 
 demo: install

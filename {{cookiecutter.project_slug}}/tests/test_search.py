@@ -389,7 +389,7 @@ def test_the_language_models_space_fits_it_and_only_it(search_command, tmp_path)
 
 def test_exported_wandb_sweep_passes_wandbs_own_schema(search_command, tmp_path):
     # wandb checks a sweep against the JSON schema of its `sweeps` package (wandb[sweeps]), which pins numpy<2:
-    # not a dependency of this project, so this check runs where it is installed.
+    # not a dependency of this project. CI installs it without its dependencies (see .github/workflows/ci.yml).
     sweeps = pytest.importorskip("sweeps", reason="wandb's sweep schema is in `sweeps` (wandb[sweeps])")
     for sampler in ("grid", "random", "tpe"):
         sweep_file = tmp_path / f"{sampler}.yaml"
