@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -90,6 +91,24 @@ def streamed_shapes(dir: str | None, key: str) -> object:
     if not path.is_file():
         raise ConfigError(f"{path}: not found; data=streaming reads a folder written by {convert}")
     return json.loads(path.read_text())[key]
+
+
+def not_importable(error: Exception) -> ConfigError | None:
+    """The one-line ConfigError for Hydra's report of a `_target_` it cannot import (a typo, a package that is not
+    installed or not on the Python path), which is several lines; None for any other error of instantiate."""
+    first, _, rest = str(error).partition("\n")
+    target = re.match(r"Error locating target '(.+?)'", first)
+    if target is None:
+        return None
+    key = re.search(r"full_key: (\S+)", rest)
+    cause = error
+    while cause.__cause__ is not None:  # down to the import's own error, e.g. "No module named 'my_pkg'"
+        cause = cause.__cause__
+    return ConfigError(
+        f"{key.group(1) + '.' if key else ''}_target_={target.group(1)} cannot be imported "
+        f"({str(cause).splitlines()[0]}); give the full import path of a class whose package is installed or on "
+        "PYTHONPATH"
+    )
 
 
 UNRESOLVED = (InterpolationResolutionError, MissingMandatoryValue)  # what OmegaConf raises for the two below

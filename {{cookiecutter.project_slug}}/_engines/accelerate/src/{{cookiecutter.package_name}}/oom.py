@@ -50,8 +50,9 @@ class OOMRecovery:
     in); then one all-reduced flag tells every process whether any ran out of memory, so all decide together,
     and only then are the gradients averaged over the processes, in one all-reduce (what DDP's backward would
     have done). accelerate's own accumulation (accelerator.accumulate) counts loader batches and cannot redo one,
-    and find_executable_batch_size decides per process: hence the hand-written loop. Limit: a net whose forward
-    is itself a collective (SyncBatchNorm) can still leave them out of step.
+    and find_executable_batch_size decides per process: hence the hand-written loop. A net whose forward is
+    itself a collective (synchronised BatchNorm) is refused by train.py: an OOM mid-forward would leave the
+    other processes in it.
     """
 
     supported_presets = ("single", "ddp", "ddp_spawn")

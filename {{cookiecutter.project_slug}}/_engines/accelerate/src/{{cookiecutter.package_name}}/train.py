@@ -27,8 +27,18 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
+from .batchnorm import oom_handling_problem
 from .checkpoints import Checkpoints
-from .config import UNRESOLVED, ConfigError, ProcessCrashed, fail, register_resolvers, run_cli, unresolved
+from .config import (
+    UNRESOLVED,
+    ConfigError,
+    ProcessCrashed,
+    fail,
+    not_importable,
+    register_resolvers,
+    run_cli,
+    unresolved,
+)
 from .data import check_input, per_device_batch_size
 from .launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
 from .memory import configure_allocator
@@ -94,6 +104,12 @@ def train(cfg: DictConfig) -> None:
     with torch.device("meta"):  # shapes and hooks only: the real net is built in each process
         net = build(cfg.model.net)
         strategy.check_layout(processes, net, cfg)
+    if strategy.sync_batchnorm and recovery:
+        off = ", or turn it off with oom.recovery=null"
+        raise ConfigError(oom_handling_problem("oom.recovery", splits_batches=True) + off)
+    if strategy.sync_batchnorm and cfg.oom.find_batch_size:
+        off = ", or leave it off (false)"
+        raise ConfigError(oom_handling_problem("oom.find_batch_size", splits_batches=False) + off)
     replicas = strategy.data_parallel(0, processes)[0]
     per_device_batch_size(cfg.data.batch_size, replicas, accumulation(cfg))
     data = build(cfg.data)
@@ -340,12 +356,15 @@ def start_wandb(accelerator: Accelerator, cfg: DictConfig, strategy: Strategy, r
 
 
 def build(node: DictConfig, **kwargs: Any) -> Any:
-    """hydra.utils.instantiate, with a bad argument reported as a ConfigError instead of a traceback."""
+    """hydra.utils.instantiate, with a bad argument or a target that does not import reported as a ConfigError
+    instead of a traceback."""
     try:
         return instantiate(node, **kwargs)
     except InstantiationException as err:
         if isinstance(err.__cause__, ValueError | TypeError):
             raise ConfigError(f"{node.get('_target_', 'config')}: {err.__cause__}") from err
+        if (unimportable := not_importable(err)) is not None:  # e.g. data.dataset._target_=my_pkg.Typo
+            raise unimportable from err
         raise
 
 

@@ -16,7 +16,6 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, OmegaConf
@@ -25,12 +24,21 @@ from torch.multiprocessing.spawn import ProcessRaisedException
 from .batchnorm import needs_sync, synchronised_message
 from .callbacks.epoch_metrics import EpochMetricsFile
 from .checkpoints import resume_from
-from .config import UNRESOLVED, ConfigError, ProcessCrashed, fail, register_resolvers, run_cli, unresolved
+from .config import (
+    UNRESOLVED,
+    ConfigError,
+    ProcessCrashed,
+    fail,
+    not_importable,
+    register_resolvers,
+    run_cli,
+    unresolved,
+)
 from .data import check_input, per_device_batch_size
 from .launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
 from .memory import configure_allocator
 from .precision import resolve_precision, use_tensor_cores
-from .strategies import check_layout, data_parallel_size, model_init_context
+from .strategies import SyncBatchNorm, check_layout, data_parallel_size, model_init_context
 from .tracking import finish_wandb
 
 register_resolvers()
@@ -61,17 +69,23 @@ def train(cfg: DictConfig) -> dict[str, float]:
     cfg.trainer.precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # auto: bf16 on GPUs
     use_tensor_cores()
     trainer = build(
-        cfg.trainer, num_nodes=num_nodes, devices=devices, strategy=cfg.strategy, callbacks=callbacks, logger=logger
+        cfg.trainer,
+        num_nodes=num_nodes,
+        devices=devices,
+        strategy=cfg.strategy,
+        callbacks=callbacks,
+        logger=logger,
+        plugins=[SyncBatchNorm()] if cfg.trainer.sync_batchnorm else None,  # on CPU processes too
     )
     with model_init_context(trainer):  # model_parallel: on the meta device, each rank allocates its shards
         model = build(cfg.model, scheduler=build(cfg.scheduler))
-    check_layout(preset(), trainer, cfg.data.batch_size, model)  # fail now, not inside a worker process
+    data_parallel = preset() in ("ddp", "ddp_spawn")  # model_parallel and pipeline check BatchNorm themselves
+    synchronised = data_parallel and cfg.trainer.sync_batchnorm and needs_sync(model, trainer.world_size)
+    check_layout(preset(), trainer, cfg.data.batch_size, model, synchronised)  # now, not inside a worker process
     datamodule.data.check_layout(data_parallel_size(trainer), trainer.world_size)
     check_input(model.net, datamodule.data)  # e.g. model=gpt with data that is not token ids
-    on_gpu = isinstance(trainer.accelerator, CUDAAccelerator)
-    data_parallel = preset() in ("ddp", "ddp_spawn")  # model_parallel and pipeline check BatchNorm themselves
-    if data_parallel and cfg.trainer.sync_batchnorm and needs_sync(model, trainer.world_size, on_gpu, preset()):
-        rank_zero_info(synchronised_message(trainer.world_size))  # Lightning converts them (sync_batchnorm)
+    if synchronised:
+        rank_zero_info(synchronised_message(trainer.world_size))  # converted when fit starts (SyncBatchNorm)
 
     failed = True
     try:
@@ -90,13 +104,16 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
 
 def build(node: DictConfig, **kwargs: Any) -> Any:
-    """hydra.utils.instantiate, with a bad argument reported as a ConfigError instead of a traceback."""
+    """hydra.utils.instantiate, with a bad argument or a target that does not import reported as a ConfigError
+    instead of a traceback."""
     try:
         return instantiate(node, **kwargs)
     except InstantiationException as err:
         cause = err.__cause__
         if isinstance(cause, ValueError | TypeError | MisconfigurationException):
             raise ConfigError(f"{node.get('_target_', 'config')}: {cause}") from err
+        if (unimportable := not_importable(err)) is not None:  # e.g. data.dataset._target_=my_pkg.Typo
+            raise unimportable from err
         raise
 
 
