@@ -10,6 +10,7 @@ from conftest import PARITY, QUICK, TOLERANCE, K, make_runner
 from launchers import accelerate_launch
 from nets import OOMNet
 from restarts import losses_by_step, run_in
+from test_optimization import expected_cosine
 
 from {{ cookiecutter.package_name }}.oom import OOMRecovery, OutOfMemoryStop
 from {{ cookiecutter.package_name }}.strategies import Strategy
@@ -122,6 +123,8 @@ def test_one_rank_out_of_memory_makes_every_rank_shrink(train):
     assert wandb.metric("batch_size_finder/global_batch_size") == [72]
     assert "global batch 128 -> 72 (x0.562): this changes the optimisation" in run.output
     assert len(wandb.metric("train/loss")) == 8192 // 72, "an epoch of global batches of 72"
+    # The schedule spans those 113 steps (built for batches of 128, it would span 64): cosine.yaml's warmup of 10.
+    assert wandb.metric("train/lr") == pytest.approx([expected_cosine(step, 1e-3, 10, 113, 0.1) for step in range(113)])
     # Per-rank memory each epoch, and how uneven it is.
     assert len(wandb.metric("memory/rank0/rss_mb")) == len(wandb.metric("memory/rank1/rss_mb")) == 1
     assert wandb.metric("memory/imbalance")[0] >= 1.0

@@ -39,12 +39,12 @@ from .config import (
     run_cli,
     unresolved,
 )
-from .data import check_input, per_device_batch_size
+from .data import Data, check_input, per_device_batch_size
 from .launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
 from .memory import configure_allocator
 from .metrics import perplexity
 from .oom import OOMRecovery, find_batch_size, log_device_memory
-from .optimization import current_lr, grouped_optimizer, total_steps
+from .optimization import current_lr, grouped_optimizer, respan, total_steps
 from .precision import resolve_precision, use_tensor_cores
 from .search.epoch_metrics import append_epoch_metrics
 from .strategies import Strategy
@@ -141,10 +141,7 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
     )
     model, optimizer = strategy.prepare(accelerator, net, optimizer_factory)
     replicas, rank = strategy.data_parallel(accelerator.process_index, accelerator.num_processes)
-    # Over the whole training, as Lightning's estimated_stepping_batches: trainer.max_steps, or the epochs' steps.
-    steps_per_epoch = len(data.loader("train", replicas, rank, accumulate=accumulation(cfg))) // accumulation(cfg)
-    total = total_steps(cfg.trainer.max_steps, cfg.trainer.max_epochs, steps_per_epoch)
-    scheduler = build(cfg.scheduler)(optimizer, total_steps=total)
+    scheduler = build(cfg.scheduler)(optimizer, total_steps=training_steps(cfg, data, replicas, rank))
     progress = Progress()
     # The strategy's objects come right after the progress: load_trained reads the first of them.
     accelerator.register_for_checkpointing(progress, *strategy.checkpoint_objects(model, optimizer), scheduler)
@@ -167,6 +164,7 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
                 accelerator, strategy, model, optimizer, data, replicas, loss_fn, **cfg.oom.batch_size_finder
             )
             progress.found_batch_size = data.batch_size
+            respan(scheduler, build(cfg.scheduler), training_steps(cfg, data, replicas, rank))  # of the batch found
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes))
         on_gpu, accumulate = accelerator.device.type == "cuda", accumulation(cfg)
         loaders = {
@@ -266,6 +264,13 @@ def fit(
             continue
         progress.loader = loader.state_dict()
         checkpoints.save(progress.global_step)  # stopped at trainer.max_steps
+
+
+def training_steps(cfg: DictConfig, data: Data, replicas: int, rank: int) -> int:
+    """Optimizer steps of the whole training, which the schedule spans (as Lightning's estimated_stepping_batches):
+    trainer.max_steps, or the epochs' steps if fewer."""
+    steps_per_epoch = len(data.loader("train", replicas, rank, accumulate=accumulation(cfg))) // accumulation(cfg)
+    return total_steps(cfg.trainer.max_steps, cfg.trainer.max_epochs, steps_per_epoch)
 
 
 def accumulation(cfg: DictConfig) -> int:

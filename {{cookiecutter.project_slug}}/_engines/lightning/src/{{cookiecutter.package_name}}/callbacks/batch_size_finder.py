@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 from ..batchnorm import oom_handling_problem
 from ..config import ConfigError
 from ..memory import changed_batch_message, free_memory, is_oom_error, search
+from ..optimization import scale_lr
 from ..strategies import data_parallel_size
 
 
@@ -105,10 +106,11 @@ class BatchSizeFinder(L.Callback):
         return trainer.strategy.reduce_boolean_decision(not oom, all=True)
 
     def _scale_learning_rate(self, trainer: L.Trainer, ratio: float) -> float:
+        """Scale the learning rate the schedule starts from; the module builds its schedule again after this
+        callback (module.Classifier.on_fit_start), for the new steps per epoch and this learning rate."""
         factor = {"none": 1.0, "linear": ratio, "sqrt": ratio**0.5}[self.lr_scaling]
         for optimizer in trainer.optimizers:
-            for group in optimizer.param_groups:
-                group["lr"] *= factor
+            scale_lr(optimizer, factor)
         return factor
 
 
