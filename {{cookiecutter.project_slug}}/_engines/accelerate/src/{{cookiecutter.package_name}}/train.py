@@ -114,7 +114,8 @@ def train(cfg: DictConfig) -> None:
     per_device_batch_size(cfg.data.batch_size, replicas, accumulation(cfg))
     data = build(cfg.data)
     data.check_layout(replicas, processes)
-    check_input(net, data)  # e.g. model=gpt with data that is not token ids
+    check_input(net, data)  # e.g. model=gpt with data that is not token ids, or uint8 images
+    del data  # every process builds its own: this one is not kept through training
 
     def process() -> None:  # a named function: notebook_launcher (ddp_spawn) needs one
         fit_and_test(cfg, strategy, run_dir, recovery)

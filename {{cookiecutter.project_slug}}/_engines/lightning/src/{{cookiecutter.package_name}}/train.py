@@ -83,7 +83,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     synchronised = data_parallel and cfg.trainer.sync_batchnorm and needs_sync(model, trainer.world_size)
     check_layout(preset(), trainer, cfg.data.batch_size, model, synchronised)  # now, not inside a worker process
     datamodule.data.check_layout(data_parallel_size(trainer), trainer.world_size)
-    check_input(model.net, datamodule.data)  # e.g. model=gpt with data that is not token ids
+    check_input(model.net, datamodule.data)  # e.g. model=gpt with data that is not token ids, or uint8 images
     if synchronised:
         rank_zero_info(synchronised_message(trainer.world_size))  # converted when fit starts (SyncBatchNorm)
 
