@@ -29,6 +29,11 @@ class ProcessCrashed(RuntimeError):
         super().__init__(f"training process {rank} failed: {lines[-1] if lines else 'no message'} (traceback above)")
 
 
+class TrainingStopped(RuntimeError):
+    """The training stopped itself for a reason it can name (e.g. out-of-memory errors that keep coming): train.py
+    prints it as one line and exits 1, keeping what the run wrote (its checkpoints)."""
+
+
 def check_group_choices(overrides: list[str]) -> None:
     """Reject `strategy=typo` (or any config group) in one line that lists the valid choices.
 
@@ -127,9 +132,9 @@ def unresolved(error: Exception) -> ConfigError:
 
 def fail(error: Exception, run_dir: Path | None = None) -> None:
     """Report a predictable mistake in one line, remove the run folder if nothing was written, exit 2.
-    A crashed process exits 1 instead, keeping what the run wrote."""
+    A crashed process, or a training that stopped itself, exits 1 instead, keeping what the run wrote."""
     print(f"error: {error}", file=sys.stderr)
-    if isinstance(error, ProcessCrashed):
+    if isinstance(error, ProcessCrashed | TrainingStopped):
         sys.exit(1)
     if run_dir is not None:
         run_dir, cwd = run_dir.resolve(), Path.cwd().resolve()

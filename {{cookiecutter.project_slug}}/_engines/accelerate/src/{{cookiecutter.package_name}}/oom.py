@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 from .config import ConfigError
 from .data import Data, per_device_batch_size
 from .memory import (
+    OutOfMemoryStop,
     changed_batch_message,
     halved,
     is_oom_error,
@@ -28,10 +29,6 @@ from .memory import (
     why_recovery_refuses,
 )
 from .strategies import LossFn, Strategy
-
-
-class OutOfMemoryStop(RuntimeError):
-    """Raised when OOMs keep coming: the batch does not fit."""
 
 
 class OOMRecovery:
@@ -139,11 +136,8 @@ class OOMRecovery:
             "oom/micro_batch_size": self.micro_batch_size or micro,
         }
         accelerator.log({**metrics, "trainer/global_step": step})
-        if self.consecutive >= self.max_consecutive:
-            raise OutOfMemoryStop(
-                f"{self.consecutive} out-of-memory errors in a row at step {step} (policy {self.policy}); "
-                "lower data.batch_size"
-            )
+        if self.consecutive >= self.max_consecutive:  # the loop saves a checkpoint, then stops
+            raise OutOfMemoryStop(self.consecutive, step, self.policy, "oom.recovery.policy")
 
 
 def _weighted(loss_fn: LossFn, share: float, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -33,6 +33,7 @@ from .config import (
     UNRESOLVED,
     ConfigError,
     ProcessCrashed,
+    TrainingStopped,
     fail,
     not_importable,
     register_resolvers,
@@ -43,7 +44,7 @@ from .data import Data, check_input, per_device_batch_size
 from .launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
 from .memory import configure_allocator
 from .metrics import perplexity
-from .oom import OOMRecovery, find_batch_size, log_device_memory
+from .oom import OOMRecovery, OutOfMemoryStop, find_batch_size, log_device_memory
 from .optimization import current_lr, grouped_optimizer, respan, total_steps
 from .precision import resolve_precision, use_tensor_cores
 from .search.epoch_metrics import append_epoch_metrics
@@ -231,7 +232,13 @@ def fit(
             x, y = to_device(accelerator, x, y)
             with accelerator.accumulate(model):
                 if recovery:  # None: an out-of-memory error made it skip the batch (recovery refuses accumulation)
-                    loss = recovery.train_step(accelerator, model, x, y, loss_fn, progress.global_step)
+                    try:
+                        loss = recovery.train_step(accelerator, model, x, y, loss_fn, progress.global_step)
+                    except OutOfMemoryStop as stop:  # every process stops here together: save, then stop
+                        progress.loader, progress.oom_recovery = loader.state_dict(), recovery.state_dict()
+                        checkpoints.save(progress.global_step)
+                        stop.checkpoint = checkpoints.last.resolve()
+                        raise
                     progress.oom_recovery = recovery.state_dict()  # saved with the next checkpoint
                 else:
                     loss = strategy.train_step(accelerator, model, x, y, loss_fn)
@@ -380,6 +387,8 @@ def run(cfg: DictConfig) -> None:
         train(cfg)
     except (ConfigError, ProcessCrashed) as err:
         fail(err, Path(HydraConfig.get().runtime.output_dir))
+    except TrainingStopped as err:  # e.g. out of memory again and again: what to try, in one line (exit 1)
+        fail(err)
     except UNRESOLVED as err:  # a resolver's ConfigError (data=files checks its files), or a ??? left unset
         fail(unresolved(err), Path(HydraConfig.get().runtime.output_dir))
 

@@ -28,6 +28,7 @@ from .config import (
     UNRESOLVED,
     ConfigError,
     ProcessCrashed,
+    TrainingStopped,
     fail,
     not_importable,
     register_resolvers,
@@ -148,6 +149,8 @@ def run(cfg: DictConfig) -> None:
     except UNRESOLVED as err:  # a resolver's ConfigError (data=files checks its files), or a ??? left unset
         fail(unresolved(err), Path(HydraConfig.get().runtime.output_dir))
     except MisconfigurationException as err:  # found by Lightning once fit starts, e.g. an unknown monitor key
+        fail(err)
+    except TrainingStopped as err:  # e.g. out of memory again and again: what to try, in one line (exit 1)
         fail(err)
     except ProcessRaisedException as err:  # strategy=ddp_spawn: a spawned process crashed
         print(err, file=sys.stderr)  # its traceback, without the launcher's around it

@@ -26,6 +26,7 @@ from ..batchnorm import oom_handling_problem
 from ..config import ConfigError
 from ..memory import (
     RECOVERY_REFUSED,
+    OutOfMemoryStop,
     configure_allocator,
     free_memory,
     halved,
@@ -34,10 +35,6 @@ from ..memory import (
     rng_state,
     set_rng_state,
 )
-
-
-class OutOfMemoryStop(RuntimeError):
-    """Raised, after a checkpoint, when OOMs keep coming: the batch does not fit."""
 
 
 class OOMRecovery(L.Callback):
@@ -186,10 +183,9 @@ class OOMRecovery(L.Callback):
         folder = trainer.checkpoint_callback.dirpath if trainer.checkpoint_callback else trainer.default_root_dir
         path = Path(folder) / "oom-stop.ckpt"
         trainer.save_checkpoint(path)  # every rank calls it: it synchronises
-        raise OutOfMemoryStop(
-            f"{self.consecutive} out-of-memory errors in a row at step {step} (policy {self.policy}); "
-            f"checkpoint saved to {path}. Lower data.batch_size."
-        )
+        stop = OutOfMemoryStop(self.consecutive, step, self.policy, "callbacks.oom_recovery.policy")
+        stop.checkpoint = path
+        raise stop
 
 
 def _agreed(trainer: L.Trainer, micro_batch_size: int) -> int:
