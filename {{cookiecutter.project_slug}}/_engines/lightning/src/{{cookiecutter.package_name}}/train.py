@@ -39,7 +39,7 @@ from .data import check_input, per_device_batch_size
 from .launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
 from .memory import configure_allocator
 from .precision import resolve_precision, use_tensor_cores
-from .strategies import SyncBatchNorm, check_layout, data_parallel_size, model_init_context
+from .strategies import BatchNormSync, check_layout, data_parallel_size, model_init_context
 from .tracking import finish_wandb
 
 register_resolvers()
@@ -76,7 +76,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         strategy=cfg.strategy,
         callbacks=callbacks,
         logger=logger,
-        plugins=[SyncBatchNorm()] if cfg.trainer.sync_batchnorm else None,  # on CPU processes too
+        plugins=[BatchNormSync()] if cfg.trainer.sync_batchnorm else None,  # on CPU processes too
     )
     with model_init_context(trainer):  # model_parallel: on the meta device, each rank allocates its shards
         model = build(cfg.model, scheduler=build(cfg.scheduler))
@@ -86,7 +86,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     datamodule.data.check_layout(data_parallel_size(trainer), trainer.world_size)
     check_input(model.net, datamodule.data)  # e.g. model=gpt with data that is not token ids, or uint8 images
     if synchronised:
-        rank_zero_info(synchronised_message(trainer.world_size))  # converted when fit starts (SyncBatchNorm)
+        rank_zero_info(synchronised_message(trainer.world_size))  # converted when fit starts (BatchNormSync)
 
     failed = True
     try:

@@ -70,7 +70,7 @@ def model_init_context(trainer: L.Trainer) -> AbstractContextManager:
     return nullcontext()
 
 
-class SyncBatchNorm(TorchSyncBatchNorm):
+class BatchNormSync(TorchSyncBatchNorm):
     """trainer.sync_batchnorm on any device: Lightning's plugin converts BatchNorm layers to torch's SyncBatchNorm,
     which runs on GPUs only; this one converts them to batchnorm.SynchronisedBatchNorm on CPU processes. Lightning
     applies it when fit starts (model=the LightningModule) and reverts torch's layers at the end; ours stay, as
