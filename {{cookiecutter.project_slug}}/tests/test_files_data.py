@@ -1,6 +1,7 @@
 """Bring your own data: data=files (.npz / .pt splits, shapes read from the files) and data=custom (any map-style
 Dataset class), in the engine this project was generated with."""
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -10,8 +11,9 @@ from conftest import QUICK
 from custom_dataset import Parity
 
 from {{ cookiecutter.package_name }}.config import ConfigError
-from {{ cookiecutter.package_name }}.data import Data
+from {{ cookiecutter.package_name }}.data import Data, check_input
 from {{ cookiecutter.package_name }}.files import FilesDataset, describe
+from {{ cookiecutter.package_name }}.model import ResidualMLP
 
 SHAPE, CLASSES = (3, 4), 5  # image-like samples: flattened to 12 features for the classifier's MLP
 
@@ -86,6 +88,8 @@ BAD = {
     "shapes": ({"val.pt": {"x": np.zeros((10, 3, 5))}}, "val.pt: samples are shaped x [3, 5], y []; train.npz's are"),
     "two formats": ({"train.pt": {}}, "train.npz: train.pt is there too; keep one train file"),
     "not an archive": ({"val.pt": "garbage"}, "val.pt: cannot be read"),
+    "uint8 images": ({"train.npz": {"x": np.zeros((10, *SHAPE), dtype=np.uint8)}},
+                     "train.npz: x is uint8, but the model takes floating-point samples: store x as float32"),
 }  # fmt: skip
 
 
@@ -112,8 +116,12 @@ def bad_folder(root: Path, changes: dict) -> Path:
 @pytest.mark.parametrize("case", list(BAD))
 def test_bad_files_are_named_in_one_line(tmp_path, case):
     changes, message = BAD[case]
+    folder = str(bad_folder(tmp_path, changes))
     with pytest.raises(ConfigError) as error:
-        describe(str(bad_folder(tmp_path, changes)))
+        describe(folder)
+        # What only the model tells (integer samples are for models that read token ids): the classifier's MLP.
+        data = Data(partial(FilesDataset, dir=folder), splits=["train", "val"])
+        check_input(ResidualMLP(12, CLASSES, hidden=8, depth=1), data)
     assert message in str(error.value) and "\n" not in str(error.value)
     assert str(error.value).startswith(str(tmp_path.resolve())), "the message starts with the file"
 

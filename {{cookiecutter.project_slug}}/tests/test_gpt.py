@@ -2,6 +2,7 @@
 what one device computes with it, its tied embedding and head included (the part each preset must get right)."""
 
 import math
+from functools import partial
 
 import numpy as np
 import pytest
@@ -11,7 +12,8 @@ from test_parity import CASES
 
 from {{ cookiecutter.package_name }}.checkpoints import load_trained
 from {{ cookiecutter.package_name }}.config import ConfigError
-from {{ cookiecutter.package_name }}.files import describe
+from {{ cookiecutter.package_name }}.data import Data, check_input
+from {{ cookiecutter.package_name }}.files import FilesDataset, describe
 from {{ cookiecutter.package_name }}.gpt import GPT
 from {{ cookiecutter.package_name }}.metrics import perplexity
 from {{ cookiecutter.package_name }}.model_split import fsdp_units, tied_across_stages
@@ -45,12 +47,14 @@ def test_token_data_is_next_token_prediction_and_the_same_for_every_process():
 
 
 def test_token_files_size_the_vocabulary_from_inputs_and_targets(tmp_path):
-    """data=files with token sequences: an id that only starts sequences (in x, never in y) still fits the model."""
+    """data=files with token sequences: an id that only starts sequences (in x, never in y) still fits the model,
+    which reads their integer ids (the classifier would refuse them)."""
     x, y = TokenData("train", vocab_size=32, seq_len=16, train_size=64, seed=1).tensors
     x[0, 0] = 40  # an id no target has
     for split in ("train", "val"):
         np.savez(tmp_path / f"{split}.npz", x=x.numpy(), y=y.numpy())
     assert describe(str(tmp_path))["num_classes"] == 41 and describe(str(tmp_path))["num_features"] == 16
+    check_input(small_gpt(vocab_size=41), Data(partial(FilesDataset, dir=str(tmp_path)), splits=["train", "val"]))
 
 
 def test_tied_weights_survive_meta_init_and_fsdp_units():

@@ -1,33 +1,101 @@
 """BatchNorm under data parallelism. Each process normalises with the statistics of its own share of the global
-batch unless they are synchronised (torch.nn.SyncBatchNorm, which all-reduces them in forward and backward):
-only then does a ddp run train like one device. torch's SyncBatchNorm runs on GPUs only. The presets that split
-the model (model_parallel's tensor mode, pipeline) refuse BatchNorm instead: see split_problem."""
+batch unless they are synchronised: only then does a ddp run train like one device. On GPUs that is torch's
+nn.SyncBatchNorm; elsewhere (CPU processes on gloo) SynchronisedBatchNorm below. The presets that split the model
+(model_parallel's tensor mode, pipeline) and dp refuse BatchNorm instead: see split_problem, data_parallel_problem."""
 
+import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed import _functional_collectives as collectives
 
-from .config import ConfigError
+
+class SynchronisedBatchNorm(nn.modules.batchnorm._BatchNorm):
+    """BatchNorm (any of 1d, 2d, 3d) whose training-mode statistics are those of the global batch: every process
+    all-reduces its per-channel sum, sum of squares and sample count, then normalises by the global mean and
+    (biased) variance and updates the running statistics as torch's BatchNorm does (running_var with the unbiased
+    variance). The all-reduce is autograd-aware, so the backward carries every process's share of the gradient
+    through the statistics, as one device's would. Written by hand because torch's SyncBatchNorm runs on GPUs
+    only; this one runs wherever torch.distributed does. In eval mode, or with one process, it is plain BatchNorm."""
+
+    def _check_input_dim(self, input: torch.Tensor) -> None:
+        if input.dim() < 2:
+            raise ValueError(f"expected an input of 2+ dimensions (batch, channels, ...), got {input.dim()}")
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not (self.training and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+            return super().forward(input)
+        self._check_input_dim(input)
+        x, channels = input.float(), input.shape[1]
+        dims = [0, *range(2, x.dim())]  # all but the channels
+        local = torch.cat([x.sum(dims), (x * x).sum(dims), x.new_full((1,), x.numel() / channels)])
+        # Autograd-aware (its backward all-reduces the gradient): torch's replacement for the deprecated
+        # torch.distributed.nn.functional.all_reduce.
+        total = collectives.all_reduce(local, "sum", dist.group.WORLD)
+        count = total[-1]
+        mean = total[:channels] / count
+        var = total[channels : 2 * channels] / count - mean * mean  # biased: what the batch is normalised by
+        if self.track_running_stats:
+            self._update_running_stats(mean.detach(), var.detach() * count / (count - 1).clamp(min=1))
+        shape = [1, channels] + [1] * (x.dim() - 2)
+        out = (x - mean.view(shape)) * torch.rsqrt(var.view(shape) + self.eps)
+        if self.affine:
+            out = out * self.weight.view(shape) + self.bias.view(shape)
+        return out.to(input.dtype)
+
+    @torch.no_grad()
+    def _update_running_stats(self, mean: torch.Tensor, unbiased_var: torch.Tensor) -> None:
+        self.num_batches_tracked.add_(1)
+        # momentum=None: a cumulative average, as torch's BatchNorm
+        factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+        self.running_mean.lerp_(mean.to(self.running_mean.dtype), factor)
+        self.running_var.lerp_(unbiased_var.to(self.running_var.dtype), factor)
+
+    @classmethod
+    def convert(cls, module: nn.Module) -> nn.Module:
+        """`module` with every BatchNorm layer replaced by a SynchronisedBatchNorm holding its parameters and
+        running statistics (as nn.SyncBatchNorm.convert_sync_batchnorm does for torch's)."""
+        converted = module
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, cls | nn.SyncBatchNorm):
+            converted = cls(module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats)
+            for name, tensor in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
+                setattr(converted, name, tensor)  # the same tensors: weight, bias, running statistics
+            converted.train(module.training)
+        for name, child in module.named_children():
+            converted.add_module(name, cls.convert(child))
+        return converted
+
+
+def synchronise(net: nn.Module, device_type: str) -> nn.Module:
+    """`net` with its BatchNorm layers synchronised over the processes: torch's SyncBatchNorm on CUDA devices
+    (fused kernels), SynchronisedBatchNorm elsewhere."""
+    if device_type == "cuda":
+        return nn.SyncBatchNorm.convert_sync_batchnorm(net)
+    return SynchronisedBatchNorm.convert(net)
 
 
 def uses_batchnorm(net: nn.Module) -> bool:
     return any(isinstance(module, nn.modules.batchnorm._BatchNorm) for module in net.modules())
 
 
-def needs_sync(net: nn.Module, processes: int, on_gpu: bool, preset: str) -> bool:
-    """Whether `net`'s BatchNorm layers must be synchronised over `processes` data-parallel processes; refuses,
-    before training, a run whose BatchNorm cannot be synchronised (on CPU)."""
-    if processes < 2 or not uses_batchnorm(net):
-        return False
-    if not on_gpu:
-        raise ConfigError(
-            f"strategy={preset}: the model's BatchNorm layers must be synchronised over the {processes} processes to "
-            "train like one device, and torch's SyncBatchNorm runs on GPUs only; on CPU use strategy=single, or a "
-            "model without BatchNorm (model.net.norm=layer)"
-        )
-    return True
+def needs_sync(net: nn.Module, processes: int) -> bool:
+    """Whether `net`'s BatchNorm layers must be synchronised over `processes` data-parallel processes."""
+    return processes > 1 and uses_batchnorm(net)
 
 
 def synchronised_message(processes: int) -> str:
     return f"BatchNorm layers synchronised across {processes} processes"
+
+
+def oom_handling_problem(tool: str, splits_batches: bool) -> str:
+    """Why the OOM toolkit's `tool` refuses BatchNorm synchronised over the processes, for its one-line refusal
+    (the engine adds how to turn the tool off)."""
+    why = "its forward is then a collective, which a process out of memory mid-step would leave the others waiting in"
+    if splits_batches:
+        why += ", and split micro-batches would change its statistics"
+    return (
+        f"{tool} cannot run with BatchNorm synchronised over the processes ({why}); use a model without BatchNorm "
+        "(model.net.norm=layer)"
+    )
 
 
 def data_parallel_problem(net: nn.Module, replicas: int) -> str | None:

@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +27,11 @@ class ProcessCrashed(RuntimeError):
     def __init__(self, rank: int, traceback: str) -> None:
         lines = traceback.strip().splitlines()
         super().__init__(f"training process {rank} failed: {lines[-1] if lines else 'no message'} (traceback above)")
+
+
+class TrainingStopped(RuntimeError):
+    """The training stopped itself for a reason it can name (e.g. out-of-memory errors that keep coming): train.py
+    prints it as one line and exits 1, keeping what the run wrote (its checkpoints)."""
 
 
 def check_group_choices(overrides: list[str]) -> None:
@@ -92,6 +98,24 @@ def streamed_shapes(dir: str | None, key: str) -> object:
     return json.loads(path.read_text())[key]
 
 
+def not_importable(error: Exception) -> ConfigError | None:
+    """The one-line ConfigError for Hydra's report of a `_target_` it cannot import (a typo, a package that is not
+    installed or not on the Python path), which is several lines; None for any other error of instantiate."""
+    first, _, rest = str(error).partition("\n")
+    target = re.match(r"Error locating target '(.+?)'", first)
+    if target is None:
+        return None
+    key = re.search(r"full_key: (\S+)", rest)
+    cause = error
+    while cause.__cause__ is not None:  # down to the import's own error, e.g. "No module named 'my_pkg'"
+        cause = cause.__cause__
+    return ConfigError(
+        f"{key.group(1) + '.' if key else ''}_target_={target.group(1)} cannot be imported "
+        f"({str(cause).splitlines()[0]}); give the full import path of a class whose package is installed or on "
+        "PYTHONPATH"
+    )
+
+
 UNRESOLVED = (InterpolationResolutionError, MissingMandatoryValue)  # what OmegaConf raises for the two below
 
 
@@ -108,9 +132,9 @@ def unresolved(error: Exception) -> ConfigError:
 
 def fail(error: Exception, run_dir: Path | None = None) -> None:
     """Report a predictable mistake in one line, remove the run folder if nothing was written, exit 2.
-    A crashed process exits 1 instead, keeping what the run wrote."""
+    A crashed process, or a training that stopped itself, exits 1 instead, keeping what the run wrote."""
     print(f"error: {error}", file=sys.stderr)
-    if isinstance(error, ProcessCrashed):
+    if isinstance(error, ProcessCrashed | TrainingStopped):
         sys.exit(1)
     if run_dir is not None:
         run_dir, cwd = run_dir.resolve(), Path.cwd().resolve()

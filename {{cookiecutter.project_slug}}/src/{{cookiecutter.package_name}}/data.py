@@ -231,15 +231,26 @@ class ResumableLoader(DataLoader):
 
 
 def check_input(net: nn.Module, data: Data) -> None:
-    """Let the net refuse data it cannot read before training starts (and before anything is written): every
-    submodule with a `check_input(x)` method (gpt.py's token embedding) sees the first training sample, as a
-    batch of one. A net of yours can do the same."""
+    """Refuse, before training starts (and before anything is written), data the net cannot read, in one line.
+    Every submodule with a `check_input(x)` method (gpt.py's token embedding) sees each split's first sample, as a
+    batch of one; a net of yours can do the same. A net without one, and without an nn.Embedding to read token
+    ids, takes floating-point samples: integer ones (images stored as uint8) would fail in its first layer."""
     checks = [module.check_input for module in net.modules() if callable(getattr(module, "check_input", None))]
-    if checks:
-        data.setup()
-        x, _ = data.splits["train"][0]
+    reads_ids = bool(checks) or any(isinstance(module, nn.Embedding) for module in net.modules())
+    data.setup()
+    for dataset in data.splits.values():
+        try:
+            x = torch.as_tensor(dataset[0][0])[None]
+        except (TypeError, ValueError, RuntimeError):  # not an array (e.g. a dict): the net reads it its own way
+            continue
         for check in checks:
-            check(torch.as_tensor(x)[None])
+            check(x)
+        if not (reads_ids or x.is_floating_point()):
+            source = getattr(dataset, "path", f"data.dataset {type(dataset).__name__}")  # data=files: the file
+            raise ConfigError(
+                f"{source}: x is {str(x.dtype).removeprefix('torch.')}, but the model takes floating-point samples: "
+                "store x as float32 (images scaled to [0, 1], e.g. x.astype(numpy.float32) / 255)"
+            )
 
 
 def per_device_batch_size(global_batch_size: int, replicas: int, accumulate: int = 1) -> int:

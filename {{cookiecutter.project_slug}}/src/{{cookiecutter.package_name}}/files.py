@@ -5,7 +5,8 @@ one per sample (or one per position, e.g. next tokens).
 The shapes the model needs are read from the files, not typed: configs/data/files.yaml fills data.num_features
 and data.num_classes with the `data_files` resolver, and the model config interpolates those. A model that
 takes samples unflattened (data.flatten=false) can read their shape with ${data_files:${data.dir},sample_shape}.
-Every problem with the files is a ConfigError naming the file, raised when the config is first resolved.
+Every problem with the files is a ConfigError naming the file, raised when the config is first resolved; integer
+samples are refused by data.check_input unless the model reads token ids (it knows the model).
 """
 
 import functools
@@ -27,7 +28,8 @@ class FilesDataset(TensorDataset):
 
     def __init__(self, split: str, dir: str, flatten: bool = True) -> None:
         describe(dir)  # every split checked, and against each other
-        x, y = read_split(split_file(dir, split))
+        self.path = split_file(dir, split)  # named in data.check_input's refusals
+        x, y = read_split(self.path)
         super().__init__(x.reshape(len(x), -1) if flatten else x, y)
 
 

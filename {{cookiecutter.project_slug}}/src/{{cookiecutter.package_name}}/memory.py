@@ -10,6 +10,8 @@ from collections.abc import Callable, MutableMapping, Sequence
 
 import torch
 
+from .config import TrainingStopped
+
 # Messages of allocators that do not raise torch.OutOfMemoryError (older torch, cuDNN, the CPU allocator).
 OOM_MESSAGES = (
     "CUDA out of memory",
@@ -26,6 +28,24 @@ def is_oom_error(error: BaseException) -> bool:
     if isinstance(error, torch.OutOfMemoryError):
         return True
     return isinstance(error, RuntimeError) and any(message in str(error) for message in OOM_MESSAGES)
+
+
+class OutOfMemoryStop(TrainingStopped):
+    """Raised by the OOM recovery when out-of-memory errors keep coming (max_consecutive in a row): the step does
+    not fit. `checkpoint`: where the state was saved before stopping, named in the message."""
+
+    def __init__(self, consecutive: int, step: int, policy: str, policy_key: str) -> None:
+        super().__init__(consecutive, step, policy, policy_key)
+        self.checkpoint: object = None
+
+    def __str__(self) -> str:
+        consecutive, step, policy, policy_key = self.args
+        split = f", or {policy_key}=split (the same batch in smaller micro-batches)" if policy == "skip" else ""
+        saved = f"; checkpoint saved to {self.checkpoint}" if self.checkpoint else ""
+        return (
+            f"{consecutive} out-of-memory errors in a row at step {step} (policy {policy}): the step does not fit in "
+            f"memory; lower data.batch_size{split}{saved}"
+        )
 
 
 # The presets the OOM recovery refuses, and why (said in the one-line refusal of either engine).

@@ -9,6 +9,7 @@ from torch import nn
 from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, LRScheduler, SequentialLR
 
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
+SchedulerFactory = Callable[..., LRScheduler]  # configs/scheduler/: (optimizer, total_steps=...) -> the schedule
 
 
 def grouped_optimizer(
@@ -47,6 +48,27 @@ def cosine(
     # Always both parts, even a warmup of 0 steps or no decay left: the saved state then has one shape, and a
     # checkpoint resumes into a training of another length (which keeps the saved span).
     return SequentialLR(optimizer, [warmup(optimizer, warmup_steps), decay], milestones=[warmup_steps])
+
+
+def scale_lr(optimizer: torch.optim.Optimizer, factor: float) -> None:
+    """Multiply the learning rate that schedules are built from by `factor`: every group's initial_lr (the lr
+    if no schedule was built yet) and the optimizer's default (which cosine's floor reads). A schedule already
+    built keeps its own copy of them: build it again with respan. (Scaling group["lr"] alone would last until
+    SequentialLR's milestone, which starts the decay from the unscaled learning rate.)"""
+    for group in optimizer.param_groups:
+        group["initial_lr"] = group.get("initial_lr", group["lr"]) * factor
+        group["lr"] = group["initial_lr"]
+    optimizer.defaults["lr"] *= factor
+
+
+def respan(scheduler: LRScheduler, build: SchedulerFactory, total_steps: int) -> None:
+    """Make `scheduler`, not stepped yet, the schedule `build` makes for `total_steps` optimizer steps from the
+    optimizer's initial learning rate: for a training whose steps or learning rate changed after the schedule was
+    built (the batch-size finder, which runs once the optimizer and schedule exist). In place, its state replaced
+    by the new schedule's, so whatever holds it (Lightning's scheduler configs, accelerate's checkpoints) keeps it."""
+    for group in scheduler.optimizer.param_groups:
+        group["lr"] = group["initial_lr"]  # where a new schedule starts from (LinearLR scales the current lr)
+    scheduler.load_state_dict(build(scheduler.optimizer, total_steps=total_steps).state_dict())
 
 
 def total_steps(max_steps: int, max_epochs: int | None, steps_per_epoch: int) -> int:

@@ -54,6 +54,10 @@ BAD_INPUT = [
         ["strategy=model_parallel", *unsplit_net()],
         "strategy=model_parallel needs to know how to split Sequential: add register_split(Sequential, Split(",
     ),
+    (
+        ["data.dataset._target_=nope.Nope"],
+        "data.dataset._target_=nope.Nope cannot be imported (No module named 'nope'); give the full import path",
+    ),
 ]
 BAD_INPUT_IDS = [
     "unknown-strategy",
@@ -70,6 +74,7 @@ BAD_INPUT_IDS = [
     "recovery-under-model-parallel",
     "pipeline-without-split",
     "model-parallel-without-split",
+    "dataset-that-does-not-import",
 ]
 
 

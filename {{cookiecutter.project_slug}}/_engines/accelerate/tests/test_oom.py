@@ -10,6 +10,7 @@ from conftest import PARITY, QUICK, TOLERANCE, K, make_runner
 from launchers import accelerate_launch
 from nets import OOMNet
 from restarts import losses_by_step, run_in
+from test_optimization import expected_cosine
 
 from {{ cookiecutter.package_name }}.oom import OOMRecovery, OutOfMemoryStop
 from {{ cookiecutter.package_name }}.strategies import Strategy
@@ -91,6 +92,19 @@ def test_one_rank_out_of_memory_splits_on_every_rank_with_the_losses_of_one_devi
 
 
 @pytest.mark.slow
+def test_out_of_memory_again_and_again_stops_in_one_line_after_a_checkpoint(train):
+    """No micro-batch fits: 128, 64 and 32 samples run out of memory, and the third OOM in a row stops the run."""
+    run = train(*OOM, "strategy=single", "+model.net.max_batch=0", check=False)
+    assert run.returncode == 1 and "Traceback" not in run.output
+    checkpoint = (run.run_dir / "checkpoints" / "last").resolve()
+    assert [line for line in run.output.splitlines() if line.startswith("error:")] == [
+        "error: 3 out-of-memory errors in a row at step 0 (policy split): the step does not fit in memory; lower "
+        f"data.batch_size; checkpoint saved to {checkpoint}"
+    ]
+    assert torch.load(checkpoint / "custom_checkpoint_0.pkl", weights_only=False)["oom_recovery"]["events"] == 3
+
+
+@pytest.mark.slow
 def test_the_micro_batch_size_survives_a_checkpoint(tmp_path, train_env):
     """3 steps that find micro-batches of 32, a checkpoint, then steps 3-5 resumed from it: they start from 32
     (no OOM again, where a recovery that forgot it would run out of memory once more), with the losses of a
@@ -122,6 +136,8 @@ def test_one_rank_out_of_memory_makes_every_rank_shrink(train):
     assert wandb.metric("batch_size_finder/global_batch_size") == [72]
     assert "global batch 128 -> 72 (x0.562): this changes the optimisation" in run.output
     assert len(wandb.metric("train/loss")) == 8192 // 72, "an epoch of global batches of 72"
+    # The schedule spans those 113 steps (built for batches of 128, it would span 64): cosine.yaml's warmup of 10.
+    assert wandb.metric("train/lr") == pytest.approx([expected_cosine(step, 1e-3, 10, 113, 0.1) for step in range(113)])
     # Per-rank memory each epoch, and how uneven it is.
     assert len(wandb.metric("memory/rank0/rss_mb")) == len(wandb.metric("memory/rank1/rss_mb")) == 1
     assert wandb.metric("memory/imbalance")[0] >= 1.0

@@ -113,6 +113,14 @@ BAD_INPUT = [
         [*MODEL_PARALLEL, "trainer.devices=2", *unsplit_net()],
         "strategy=model_parallel needs to know how to split Sequential: add register_split(Sequential, Split(",
     ),
+    (
+        ["callbacks=oom", "trainer.accumulate_grad_batches=2"],
+        "OOMRecovery runs the backward itself: use trainer.accumulate_grad_batches=1, or drop it with",
+    ),
+    (
+        ["data.dataset._target_=nope.Nope"],
+        "data.dataset._target_=nope.Nope cannot be imported (No module named 'nope'); give the full import path",
+    ),
 ]
 BAD_INPUT_IDS = [
     "unknown-strategy",
@@ -132,6 +140,8 @@ BAD_INPUT_IDS = [
     "recovery-under-model-parallel",
     "pipeline-without-split",
     "model-parallel-without-split",
+    "recovery-with-accumulation",
+    "dataset-that-does-not-import",
 ]
 
 

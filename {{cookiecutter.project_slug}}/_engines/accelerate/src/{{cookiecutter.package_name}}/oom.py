@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 from .config import ConfigError
 from .data import Data, per_device_batch_size
 from .memory import (
+    OutOfMemoryStop,
     changed_batch_message,
     halved,
     is_oom_error,
@@ -28,10 +29,6 @@ from .memory import (
     why_recovery_refuses,
 )
 from .strategies import LossFn, Strategy
-
-
-class OutOfMemoryStop(RuntimeError):
-    """Raised when OOMs keep coming: the batch does not fit."""
 
 
 class OOMRecovery:
@@ -50,8 +47,9 @@ class OOMRecovery:
     in); then one all-reduced flag tells every process whether any ran out of memory, so all decide together,
     and only then are the gradients averaged over the processes, in one all-reduce (what DDP's backward would
     have done). accelerate's own accumulation (accelerator.accumulate) counts loader batches and cannot redo one,
-    and find_executable_batch_size decides per process: hence the hand-written loop. Limit: a net whose forward
-    is itself a collective (SyncBatchNorm) can still leave them out of step.
+    and find_executable_batch_size decides per process: hence the hand-written loop. A net whose forward is
+    itself a collective (synchronised BatchNorm) is refused by train.py: an OOM mid-forward would leave the
+    other processes in it.
     """
 
     supported_presets = ("single", "ddp", "ddp_spawn")
@@ -138,11 +136,8 @@ class OOMRecovery:
             "oom/micro_batch_size": self.micro_batch_size or micro,
         }
         accelerator.log({**metrics, "trainer/global_step": step})
-        if self.consecutive >= self.max_consecutive:
-            raise OutOfMemoryStop(
-                f"{self.consecutive} out-of-memory errors in a row at step {step} (policy {self.policy}); "
-                "lower data.batch_size"
-            )
+        if self.consecutive >= self.max_consecutive:  # the loop saves a checkpoint, then stops
+            raise OutOfMemoryStop(self.consecutive, step, self.policy, "oom.recovery.policy")
 
 
 def _weighted(loss_fn: LossFn, share: float, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

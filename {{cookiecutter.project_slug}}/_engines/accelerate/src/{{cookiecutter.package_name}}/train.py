@@ -27,14 +27,25 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
+from .batchnorm import oom_handling_problem
 from .checkpoints import Checkpoints
-from .config import UNRESOLVED, ConfigError, ProcessCrashed, fail, register_resolvers, run_cli, unresolved
-from .data import check_input, per_device_batch_size
+from .config import (
+    UNRESOLVED,
+    ConfigError,
+    ProcessCrashed,
+    TrainingStopped,
+    fail,
+    not_importable,
+    register_resolvers,
+    run_cli,
+    unresolved,
+)
+from .data import Data, check_input, per_device_batch_size
 from .launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
 from .memory import configure_allocator
 from .metrics import perplexity
-from .oom import OOMRecovery, find_batch_size, log_device_memory
-from .optimization import current_lr, grouped_optimizer, total_steps
+from .oom import OOMRecovery, OutOfMemoryStop, find_batch_size, log_device_memory
+from .optimization import current_lr, grouped_optimizer, respan, total_steps
 from .precision import resolve_precision, use_tensor_cores
 from .search.epoch_metrics import append_epoch_metrics
 from .strategies import Strategy
@@ -107,11 +118,17 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     with torch.device("meta"):  # shapes and hooks only: the real net is built in each process
         net = build(cfg.model.net)
         strategy.check_layout(processes, net, cfg)
+    if strategy.sync_batchnorm and recovery:
+        off = ", or turn it off with oom.recovery=null"
+        raise ConfigError(oom_handling_problem("oom.recovery", splits_batches=True) + off)
+    if strategy.sync_batchnorm and cfg.oom.find_batch_size:
+        off = ", or leave it off (false)"
+        raise ConfigError(oom_handling_problem("oom.find_batch_size", splits_batches=False) + off)
     replicas = strategy.data_parallel(0, processes)[0]
     per_device_batch_size(cfg.data.batch_size, replicas, accumulation(cfg))
     data = build(cfg.data)
     data.check_layout(replicas, processes)
-    check_input(net, data)  # e.g. model=gpt with data that is not token ids
+    check_input(net, data)  # e.g. model=gpt with data that is not token ids, or uint8 images
     return strategy, processes, recovery
 
 
@@ -134,10 +151,7 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
     )
     model, optimizer = strategy.prepare(accelerator, net, optimizer_factory)
     replicas, rank = strategy.data_parallel(accelerator.process_index, accelerator.num_processes)
-    # Over the whole training, as Lightning's estimated_stepping_batches: trainer.max_steps, or the epochs' steps.
-    steps_per_epoch = len(data.loader("train", replicas, rank, accumulate=accumulation(cfg))) // accumulation(cfg)
-    total = total_steps(cfg.trainer.max_steps, cfg.trainer.max_epochs, steps_per_epoch)
-    scheduler = build(cfg.scheduler)(optimizer, total_steps=total)
+    scheduler = build(cfg.scheduler)(optimizer, total_steps=training_steps(cfg, data, replicas, rank))
     progress = Progress()
     # The strategy's objects come right after the progress: load_trained reads the first of them.
     accelerator.register_for_checkpointing(progress, *strategy.checkpoint_objects(model, optimizer), scheduler)
@@ -160,6 +174,7 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
                 accelerator, strategy, model, optimizer, data, replicas, loss_fn, **cfg.oom.batch_size_finder
             )
             progress.found_batch_size = data.batch_size
+            respan(scheduler, build(cfg.scheduler), training_steps(cfg, data, replicas, rank))  # of the batch found
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes))
         on_gpu, accumulate = accelerator.device.type == "cuda", accumulation(cfg)
         loaders = {
@@ -225,7 +240,13 @@ def fit(
             x, y = to_device(accelerator, x, y)
             with accelerator.accumulate(model):
                 if recovery:  # None: an out-of-memory error made it skip the batch (recovery refuses accumulation)
-                    loss = recovery.train_step(accelerator, model, x, y, loss_fn, progress.global_step)
+                    try:
+                        loss = recovery.train_step(accelerator, model, x, y, loss_fn, progress.global_step)
+                    except OutOfMemoryStop as stop:  # every process stops here together: save, then stop
+                        progress.loader, progress.oom_recovery = loader.state_dict(), recovery.state_dict()
+                        checkpoints.save(progress.global_step)
+                        stop.checkpoint = checkpoints.last.resolve()
+                        raise
                     progress.oom_recovery = recovery.state_dict()  # saved with the next checkpoint
                 else:
                     loss = strategy.train_step(accelerator, model, x, y, loss_fn)
@@ -259,6 +280,13 @@ def fit(
             continue
         progress.loader = loader.state_dict()
         checkpoints.save(progress.global_step)  # stopped at trainer.max_steps
+
+
+def training_steps(cfg: DictConfig, data: Data, replicas: int, rank: int) -> int:
+    """Optimizer steps of the whole training, which the schedule spans (as Lightning's estimated_stepping_batches):
+    trainer.max_steps, or the epochs' steps if fewer."""
+    steps_per_epoch = len(data.loader("train", replicas, rank, accumulate=accumulation(cfg))) // accumulation(cfg)
+    return total_steps(cfg.trainer.max_steps, cfg.trainer.max_epochs, steps_per_epoch)
 
 
 def accumulation(cfg: DictConfig) -> int:
@@ -349,12 +377,15 @@ def start_wandb(accelerator: Accelerator, cfg: DictConfig, strategy: Strategy, r
 
 
 def build(node: DictConfig, **kwargs: Any) -> Any:
-    """hydra.utils.instantiate, with a bad argument reported as a ConfigError instead of a traceback."""
+    """hydra.utils.instantiate, with a bad argument or a target that does not import reported as a ConfigError
+    instead of a traceback."""
     try:
         return instantiate(node, **kwargs)
     except InstantiationException as err:
         if isinstance(err.__cause__, ValueError | TypeError):
             raise ConfigError(f"{node.get('_target_', 'config')}: {err.__cause__}") from err
+        if (unimportable := not_importable(err)) is not None:  # e.g. data.dataset._target_=my_pkg.Typo
+            raise unimportable from err
         raise
 
 
@@ -364,6 +395,8 @@ def run(cfg: DictConfig) -> None:
         train(cfg)
     except (ConfigError, ProcessCrashed) as err:
         fail(err, Path(HydraConfig.get().runtime.output_dir))
+    except TrainingStopped as err:  # e.g. out of memory again and again: what to try, in one line (exit 1)
+        fail(err)
     except UNRESOLVED as err:  # a resolver's ConfigError (data=files checks its files), or a ??? left unset
         fail(unresolved(err), Path(HydraConfig.get().runtime.output_dir))
 

@@ -1,6 +1,5 @@
 """The LightningModule: owns the loss, the metrics, the optimizer and its schedule; the network is injected."""
 
-from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -9,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .metrics import perplexity
-from .optimization import OptimizerFactory, current_lr, grouped_optimizer, total_steps
+from .optimization import OptimizerFactory, SchedulerFactory, current_lr, grouped_optimizer, respan, total_steps
 from .sharding import clip_grad_norm_
 
 
@@ -19,7 +18,7 @@ class Classifier(L.LightningModule):
         net: nn.Module,
         optimizer: OptimizerFactory,
         no_decay_norms_and_biases: bool = True,
-        scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None = None,
+        scheduler: SchedulerFactory | None = None,
     ) -> None:
         super().__init__()
         self.net = net
@@ -141,6 +140,13 @@ class Classifier(L.LightningModule):
             return optimizer
         scheduler = self.scheduler_factory(optimizer, total_steps=self._total_steps())
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_fit_start(self) -> None:
+        # After the callbacks' on_fit_start: the batch-size finder may have changed the steps per epoch, and scaled
+        # the learning rate, since configure_optimizers built the schedule. It spans the training as it will run.
+        # (A resumed run then loads the schedule its checkpoint saved.)
+        for config in self.trainer.lr_scheduler_configs:
+            respan(config.scheduler, self.scheduler_factory, self._total_steps())
 
     def _total_steps(self) -> int:
         """Optimizer steps of the whole training, which the schedule spans. Not the Trainer's

@@ -16,7 +16,6 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, OmegaConf
@@ -25,12 +24,22 @@ from torch.multiprocessing.spawn import ProcessRaisedException
 from .batchnorm import needs_sync, synchronised_message
 from .callbacks.epoch_metrics import EpochMetricsFile
 from .checkpoints import resume_from
-from .config import UNRESOLVED, ConfigError, ProcessCrashed, fail, register_resolvers, run_cli, unresolved
+from .config import (
+    UNRESOLVED,
+    ConfigError,
+    ProcessCrashed,
+    TrainingStopped,
+    fail,
+    not_importable,
+    register_resolvers,
+    run_cli,
+    unresolved,
+)
 from .data import check_input, per_device_batch_size
 from .launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
 from .memory import configure_allocator
 from .precision import resolve_precision, use_tensor_cores
-from .strategies import check_layout, data_parallel_size, model_init_context
+from .strategies import BatchNormSync, check_layout, data_parallel_size, model_init_context
 from .tracking import finish_wandb
 
 register_resolvers()
@@ -42,10 +51,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     configure_allocator()  # before anything initialises CUDA
     ckpt_path = resume_from(run_dir, cfg.ckpt_path, cfg.resume)  # before the logger: resume=false forgets the run
     trainer, model, datamodule = prepare(cfg)
-    data_parallel = preset() in ("ddp", "ddp_spawn")  # model_parallel and pipeline check BatchNorm themselves
-    on_gpu = isinstance(trainer.accelerator, CUDAAccelerator)
-    if data_parallel and cfg.trainer.sync_batchnorm and needs_sync(model, trainer.world_size, on_gpu, preset()):
-        rank_zero_info(synchronised_message(trainer.world_size))  # Lightning converts them (sync_batchnorm)
+    if synchronised_batchnorm(cfg, model, trainer):
+        rank_zero_info(synchronised_message(trainer.world_size))  # converted when fit starts (BatchNormSync)
 
     failed = True
     try:
@@ -87,24 +94,40 @@ def prepare(cfg: DictConfig, with_logger: bool = True) -> tuple[L.Trainer, L.Lig
     cfg.trainer.precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # auto: bf16 on GPUs
     use_tensor_cores()
     trainer = build(
-        cfg.trainer, num_nodes=num_nodes, devices=devices, strategy=cfg.strategy, callbacks=callbacks, logger=logger
+        cfg.trainer,
+        num_nodes=num_nodes,
+        devices=devices,
+        strategy=cfg.strategy,
+        callbacks=callbacks,
+        logger=logger,
+        plugins=[BatchNormSync()] if cfg.trainer.sync_batchnorm else None,  # on CPU processes too
     )
     with model_init_context(trainer):  # model_parallel: on the meta device, each rank allocates its shards
         model = build(cfg.model, scheduler=build(cfg.scheduler))
-    check_layout(preset(), trainer, cfg.data.batch_size, model)  # fail now, not inside a worker process
+    synchronised = synchronised_batchnorm(cfg, model, trainer)
+    check_layout(preset(), trainer, cfg.data.batch_size, model, synchronised)  # now, not inside a worker process
     datamodule.data.check_layout(data_parallel_size(trainer), trainer.world_size)
-    check_input(model.net, datamodule.data)  # e.g. model=gpt with data that is not token ids
+    check_input(model.net, datamodule.data)  # e.g. model=gpt with data that is not token ids, or uint8 images
     return trainer, model, datamodule
 
 
+def synchronised_batchnorm(cfg: DictConfig, model: L.LightningModule, trainer: L.Trainer) -> bool:
+    """Whether this run's BatchNorm layers are synchronised over its data-parallel processes."""
+    data_parallel = preset() in ("ddp", "ddp_spawn")  # model_parallel and pipeline check BatchNorm themselves
+    return data_parallel and cfg.trainer.sync_batchnorm and needs_sync(model, trainer.world_size)
+
+
 def build(node: DictConfig, **kwargs: Any) -> Any:
-    """hydra.utils.instantiate, with a bad argument reported as a ConfigError instead of a traceback."""
+    """hydra.utils.instantiate, with a bad argument or a target that does not import reported as a ConfigError
+    instead of a traceback."""
     try:
         return instantiate(node, **kwargs)
     except InstantiationException as err:
         cause = err.__cause__
         if isinstance(cause, ValueError | TypeError | MisconfigurationException):
             raise ConfigError(f"{node.get('_target_', 'config')}: {cause}") from err
+        if (unimportable := not_importable(err)) is not None:  # e.g. data.dataset._target_=my_pkg.Typo
+            raise unimportable from err
         raise
 
 
@@ -139,6 +162,8 @@ def run(cfg: DictConfig) -> None:
     except UNRESOLVED as err:  # a resolver's ConfigError (data=files checks its files), or a ??? left unset
         fail(unresolved(err), Path(HydraConfig.get().runtime.output_dir))
     except MisconfigurationException as err:  # found by Lightning once fit starts, e.g. an unknown monitor key
+        fail(err)
+    except TrainingStopped as err:  # e.g. out of memory again and again: what to try, in one line (exit 1)
         fail(err)
     except ProcessRaisedException as err:  # strategy=ddp_spawn: a spawned process crashed
         print(err, file=sys.stderr)  # its traceback, without the launcher's around it

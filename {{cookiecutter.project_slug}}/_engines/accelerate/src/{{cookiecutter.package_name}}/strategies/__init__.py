@@ -26,6 +26,7 @@ class Strategy:
 
     name = "single"
     supports_batch_size_search = True  # False where the forward itself is a collective
+    sync_batchnorm = False  # whether the net's BatchNorm layers are synchronised over the processes (ddp)
 
     def __init__(self, timeout: timedelta = timedelta(minutes=10)) -> None:
         self.timeout = timeout

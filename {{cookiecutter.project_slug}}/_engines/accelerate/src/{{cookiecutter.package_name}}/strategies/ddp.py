@@ -12,14 +12,13 @@ from omegaconf import DictConfig
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from ..batchnorm import needs_sync, synchronised_message
+from ..batchnorm import needs_sync, synchronise, synchronised_message
 from ..config import ConfigError, ProcessCrashed
 from . import Strategy
 
 
 class DDP(Strategy):
     name = "ddp"
-    sync_batchnorm = False  # decided by check_layout: the net has BatchNorm layers and trainer.sync_batchnorm
 
     def check_layout(self, processes: int, net: nn.Module, cfg: DictConfig) -> None:
         if processes < 2:
@@ -29,14 +28,14 @@ class DDP(Strategy):
                 "launch/multi_process.yaml -m {{ cookiecutter.package_name }}.train strategy=ddp` (or torchrun), "
                 "or use strategy=ddp_spawn"
             )
-        on_gpu = cfg.trainer.accelerator != "cpu" and torch.cuda.is_available()
-        self.sync_batchnorm = cfg.trainer.sync_batchnorm and needs_sync(net, processes, on_gpu, self.name)
+        # The net has BatchNorm layers and trainer.sync_batchnorm (set by the preset) asks for it.
+        self.sync_batchnorm = cfg.trainer.sync_batchnorm and needs_sync(net, processes)
 
     def prepare(
         self, accelerator: Accelerator, net: nn.Module, optimizer: Callable[..., torch.optim.Optimizer]
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
         if self.sync_batchnorm:
-            net = nn.SyncBatchNorm.convert_sync_batchnorm(net)
+            net = synchronise(net, accelerator.device.type)  # torch's SyncBatchNorm on GPUs, ours on CPU processes
             accelerator.print(synchronised_message(accelerator.num_processes))
         return super().prepare(accelerator, net, optimizer)
 

@@ -3,8 +3,8 @@
 Lightning's BatchSizeFinder refuses distributed strategies. This one runs the trials on the bare
 LightningModule (no DDP wrapper, so no gradient all-reduce that a failed rank would never join),
 and after each trial all-reduces "did it fit?": every rank tries the same size and shrinks together.
-Not for presets whose forward pass is itself a collective (tensor or pipeline parallel): there a rank that
-fails mid-trial would leave the others waiting.
+Not for presets whose forward pass is itself a collective (tensor or pipeline parallel), nor for a net whose
+BatchNorm is synchronised: there a rank that fails mid-trial would leave the others waiting.
 """
 
 import time
@@ -14,7 +14,10 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
+from ..batchnorm import oom_handling_problem
+from ..config import ConfigError
 from ..memory import changed_batch_message, free_memory, is_oom_error, search
+from ..optimization import scale_lr
 from ..strategies import data_parallel_size
 
 
@@ -46,6 +49,14 @@ class BatchSizeFinder(L.Callback):
             raise ValueError(f"margin={margin} must be in [0, 1)")
         self.max_batch_size, self.margin, self.tolerance = max_batch_size, margin, tolerance
         self.steps_per_trial, self.lr_scaling = steps_per_trial, lr_scaling
+
+    def check_layout(self, trainer: L.Trainer, synchronised_batchnorm: bool) -> None:
+        """Refuse, before training, a run this callback cannot serve (strategies.check_layout calls it)."""
+        if synchronised_batchnorm:
+            raise ConfigError(
+                oom_handling_problem("BatchSizeFinder", splits_batches=False)
+                + ", or drop it with ~callbacks.batch_size_finder"
+            )
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         datamodule = trainer.datamodule
@@ -95,10 +106,11 @@ class BatchSizeFinder(L.Callback):
         return trainer.strategy.reduce_boolean_decision(not oom, all=True)
 
     def _scale_learning_rate(self, trainer: L.Trainer, ratio: float) -> float:
+        """Scale the learning rate the schedule starts from; the module builds its schedule again after this
+        callback (module.Classifier.on_fit_start), for the new steps per epoch and this learning rate."""
         factor = {"none": 1.0, "linear": ratio, "sqrt": ratio**0.5}[self.lr_scaling]
         for optimizer in trainer.optimizers:
-            for group in optimizer.param_groups:
-                group["lr"] *= factor
+            scale_lr(optimizer, factor)
         return factor
 
 

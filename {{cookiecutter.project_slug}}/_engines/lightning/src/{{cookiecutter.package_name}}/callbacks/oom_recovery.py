@@ -10,7 +10,8 @@ not synchronise gradients: every rank then reports "did I run out of memory?" th
 so all ranks take the same decision (and keep the same micro-batch size) and none waits forever for a rank that
 failed. The step returns the batch's loss plus a zero term over every
 parameter, whose backward (run by Lightning) makes DDP average the gradients computed here.
-Limit: a net whose forward is itself a collective (SyncBatchNorm) can still leave the ranks out of step.
+A net whose forward is itself a collective (synchronised BatchNorm) is refused: an OOM mid-forward on one rank
+would leave the others in it.
 """
 
 from functools import partial
@@ -21,8 +22,11 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from lightning_utilities.core.apply_func import apply_to_collection
 
+from ..batchnorm import oom_handling_problem
+from ..config import ConfigError
 from ..memory import (
     RECOVERY_REFUSED,
+    OutOfMemoryStop,
     configure_allocator,
     free_memory,
     halved,
@@ -31,10 +35,6 @@ from ..memory import (
     rng_state,
     set_rng_state,
 )
-
-
-class OutOfMemoryStop(RuntimeError):
-    """Raised, after a checkpoint, when OOMs keep coming: the batch does not fit."""
 
 
 class OOMRecovery(L.Callback):
@@ -65,9 +65,17 @@ class OOMRecovery(L.Callback):
         self.micro_batch_size = 0  # samples per micro-batch on each device, the last that fitted; 0: the whole batch
         self._keep_grads = self._skipping = False
 
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+    def check_layout(self, trainer: L.Trainer, synchronised_batchnorm: bool) -> None:
+        """Refuse, before training, a run this callback cannot serve (strategies.check_layout calls it)."""
         if trainer.accumulate_grad_batches != 1:
-            raise ValueError("OOMRecovery runs the backward itself: use trainer.accumulate_grad_batches=1")
+            raise ConfigError(
+                "OOMRecovery runs the backward itself: use trainer.accumulate_grad_batches=1, or drop it with "
+                "~callbacks.oom_recovery"
+            )
+        if synchronised_batchnorm:
+            raise ConfigError(
+                oom_handling_problem("OOMRecovery", splits_batches=True) + ", or drop it with ~callbacks.oom_recovery"
+            )
 
     def state_dict(self) -> dict[str, int]:
         return {"micro_batch_size": self.micro_batch_size, "events": self.events}
@@ -175,10 +183,9 @@ class OOMRecovery(L.Callback):
         folder = trainer.checkpoint_callback.dirpath if trainer.checkpoint_callback else trainer.default_root_dir
         path = Path(folder) / "oom-stop.ckpt"
         trainer.save_checkpoint(path)  # every rank calls it: it synchronises
-        raise OutOfMemoryStop(
-            f"{self.consecutive} out-of-memory errors in a row at step {step} (policy {self.policy}); "
-            f"checkpoint saved to {path}. Lower data.batch_size."
-        )
+        stop = OutOfMemoryStop(self.consecutive, step, self.policy, "callbacks.oom_recovery.policy")
+        stop.checkpoint = path
+        raise stop
 
 
 def _agreed(trainer: L.Trainer, micro_batch_size: int) -> int:

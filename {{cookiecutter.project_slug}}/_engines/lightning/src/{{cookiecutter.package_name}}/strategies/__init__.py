@@ -7,7 +7,10 @@ the modules here add what it lacks.
 from contextlib import AbstractContextManager, nullcontext
 
 import lightning as L
+from lightning.pytorch.plugins import TorchSyncBatchNorm
+from torch import nn
 
+from ..batchnorm import synchronise
 from ..config import ConfigError
 from ..data import per_device_batch_size
 
@@ -26,10 +29,17 @@ def data_parallel_rank(trainer: L.Trainer) -> int:
     return int(getattr(trainer.strategy, "data_parallel_rank", trainer.global_rank))
 
 
-def check_layout(preset: str, trainer: L.Trainer, global_batch_size: int, module: L.LightningModule) -> None:
+def check_layout(
+    preset: str,
+    trainer: L.Trainer,
+    global_batch_size: int,
+    module: L.LightningModule,
+    synchronised_batchnorm: bool = False,
+) -> None:
     """Refuse, before any process starts, a layout the preset cannot run.
 
-    A strategy with limits of its own declares them in a `check_layout(trainer, module, global_batch_size)` method.
+    A strategy with limits of its own declares them in a `check_layout(trainer, module, global_batch_size)` method,
+    a callback in a `check_layout(trainer, synchronised_batchnorm)` method.
     """
     if preset == "single" and trainer.world_size > 1:
         raise ConfigError(
@@ -46,6 +56,8 @@ def check_layout(preset: str, trainer: L.Trainer, global_batch_size: int, module
                 + (f" ({reason})" if reason else "")
                 + "; drop it with ~callbacks.<its name>"
             )
+        if hasattr(callback, "check_layout"):
+            callback.check_layout(trainer, synchronised_batchnorm)
     if hasattr(trainer.strategy, "check_layout"):
         trainer.strategy.check_layout(trainer, module, global_batch_size)
 
@@ -56,3 +68,13 @@ def model_init_context(trainer: L.Trainer) -> AbstractContextManager:
     if getattr(trainer.strategy, "builds_on_meta", False):
         return trainer.init_module(empty_init=True)
     return nullcontext()
+
+
+class BatchNormSync(TorchSyncBatchNorm):
+    """trainer.sync_batchnorm on any device: Lightning's plugin converts BatchNorm layers to torch's SyncBatchNorm,
+    which runs on GPUs only; this one converts them to batchnorm.SynchronisedBatchNorm on CPU processes. Lightning
+    applies it when fit starts (model=the LightningModule) and reverts torch's layers at the end; ours stay, as
+    they are plain BatchNorm outside distributed training."""
+
+    def apply(self, model: nn.Module) -> nn.Module:
+        return synchronise(model, model.trainer.strategy.root_device.type)
