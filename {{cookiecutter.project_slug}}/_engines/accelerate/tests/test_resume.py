@@ -4,7 +4,7 @@ again: from its last complete checkpoint, by itself, with the same per-step loss
 import pytest
 from conftest import make_runner
 from restarts import RESTARTABLE, STEPS, losses_by_step, run_in
-from wandb_records import offline_runs
+from wandb_records import offline_runs, sync_dry_run
 
 from {{ cookiecutter.package_name }}.checkpoints import load_trained
 
@@ -36,7 +36,8 @@ def test_killed_while_saving_then_run_again_continues_exactly(tmp_path, train_en
     again = run_in(run_dir, train_env, *RESTARTABLE, *killed_at_step_6)  # the same command, no flag
     assert again.returncode == 0, again.stdout + again.stderr
     assert "resuming from" in again.stdout and "step-0000003" in again.stdout
-    assert losses_by_step(run_dir) == uninterrupted  # exactly; steps 3-5 ran twice, with the same losses
+    assert losses_by_step(run_dir) == uninterrupted  # exactly; steps 3-5 ran twice, logged once
+    assert "Would sync 2 run(s)" in sync_dry_run(run_dir, train_env), "the README's upload takes both starts"
     assert not partial.exists(), "the half-written checkpoint is cleared away"
     assert (checkpoints / "last").resolve() == checkpoints / f"step-{STEPS:07d}"
     assert load_trained(checkpoints / "last") is not None

@@ -13,7 +13,7 @@ import pytest
 from conftest import PACKAGE, TOLERANCE, Run, make_runner
 from kill_switch import WANDB_FLUSH_SECONDS
 from slurm_jobs import ENDED, job_state, wait_for
-from wandb_records import offline_runs
+from wandb_records import offline_runs, sync_dry_run
 
 pytestmark = pytest.mark.slow
 
@@ -60,13 +60,14 @@ def assert_continues_exactly(run, uninterrupted, starts: int, tolerance: float =
     assert history.metric("val/loss") == pytest.approx(uninterrupted.metric("val/loss"), abs=tolerance, rel=0)
 
 
-def test_a_killed_training_started_again_continues_exactly(train, uninterrupted, tmp_path):
+def test_a_killed_training_started_again_continues_exactly(train, uninterrupted, tmp_path, train_env):
     killed = train(*TRAIN, "strategy=single", *kill_at(7, tmp_path / "killed"), check=False)
     assert killed.returncode == -9, killed.output[-2000:]
     assert (killed.run_dir / "checkpoints/last.ckpt").resolve().name == "step000006.ckpt"
     again = train(*TRAIN, "strategy=single", *kill_at(7, tmp_path / "killed"), run_dir=killed.run_dir)
     assert "resuming from" in again.output
     assert_continues_exactly(again, uninterrupted, starts=2)  # bit-identical: same process layout
+    assert "Would sync 2 run(s)" in sync_dry_run(again.run_dir, train_env), "the README's upload takes both starts"
 
 
 def test_a_kill_in_the_middle_of_a_save_leaves_the_previous_checkpoint(train, uninterrupted, tmp_path):
