@@ -98,6 +98,12 @@ def test_a_finished_training_run_again_resumes_unless_resume_is_false(train, uni
     again = train(*TRAIN, "strategy=single", "trainer.max_epochs=1", run_dir=done.run_dir)
     assert "resuming from" in again.output and again.wandb.starts == 2
     assert again.wandb.steps("train/loss") == list(range(STEPS // 2)), "nothing left to train, nothing logged"
+    config = (done.run_dir / "config.yaml").read_text()
+    other = ["data.batch_size=64", "model.net.hidden=64"]  # another training, in the same folder (same run id)
+    refused = train(*TRAIN, "strategy=single", "trainer.max_epochs=1", *other, run_dir=done.run_dir, check=False)
+    refused.assert_rejected("data.batch_size: 32 then, 64 now; model.net.hidden: 128 then, 64 now", in_existing_run=True)
+    assert "give resume=false to start afresh there" in refused.output and "or run_id=NAME" in refused.output
+    assert (done.run_dir / "config.yaml").read_text() == config
     afresh = train(*TRAIN, "strategy=single", "trainer.max_epochs=1", "resume=false", run_dir=done.run_dir)
     assert "resume=false: starting afresh, overwriting" in afresh.output
     runs = offline_runs(afresh.run_dir)

@@ -36,9 +36,10 @@ from .metrics import perplexity
 from .oom import OOMRecovery, find_batch_size, log_device_memory
 from .optimization import current_lr, grouped_optimizer, total_steps
 from .precision import resolve_precision, use_tensor_cores
+from .resuming import starting_point
 from .search.epoch_metrics import append_epoch_metrics
 from .strategies import Strategy
-from .tracking import finish_wandb, forget_wandb_run
+from .tracking import finish_wandb, forget_wandb_run, write_atomically
 from .wandb_tracker import ResumingWandBTracker
 
 register_resolvers()
@@ -77,6 +78,8 @@ def train(cfg: DictConfig) -> None:
         raise ConfigError(
             f"ckpt_path={cfg.ckpt_path} is not a checkpoint folder; give one, e.g. <run dir>/checkpoints/last"
         )
+    # A restart continues from the run's last checkpoint; checkpoints of another training are refused.
+    cfg.ckpt_path, cfg.resume = starting_point(run_dir, cfg, run_dir / "checkpoints" / "last")
     cfg.trainer.precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # auto: bf16 on GPUs
     strategy: Strategy = build(cfg.strategy)
     if cfg.oom.find_batch_size and not strategy.supports_batch_size_search:
@@ -142,7 +145,7 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
     failed = True
     try:
         if accelerator.is_main_process:
-            OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+            write_atomically(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))  # others may read it
             start_wandb(accelerator, cfg, strategy, replicas, data.batch_size)
         if cfg.oom.find_batch_size and progress.found_batch_size:  # searched before this run was restarted
             data.batch_size = progress.found_batch_size

@@ -24,14 +24,15 @@ from torch.multiprocessing.spawn import ProcessRaisedException
 
 from .batchnorm import needs_sync, synchronised_message
 from .callbacks.epoch_metrics import EpochMetricsFile
-from .checkpoints import resume_from
+from .checkpoints import LAST, resume_from
 from .config import UNRESOLVED, ConfigError, ProcessCrashed, fail, register_resolvers, run_cli, unresolved
 from .data import check_input, per_device_batch_size
 from .launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
 from .memory import configure_allocator
 from .precision import resolve_precision, use_tensor_cores
+from .resuming import starting_point
 from .strategies import check_layout, data_parallel_size, model_init_context
-from .tracking import finish_wandb
+from .tracking import finish_wandb, write_atomically
 
 register_resolvers()
 
@@ -43,6 +44,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if cfg.ckpt_path and not Path(cfg.ckpt_path).exists():
         # A folder is fine: model_parallel saves sharded checkpoints as one folder of per-rank files.
         raise ConfigError(f"ckpt_path={cfg.ckpt_path} does not exist; give a .ckpt file (e.g. a run's last.ckpt)")
+    # A restart continues from the run's last checkpoint; checkpoints of another training are refused.
+    cfg.ckpt_path, cfg.resume = starting_point(run_dir, cfg, run_dir / "checkpoints" / LAST)
     ckpt_path = resume_from(run_dir, cfg.ckpt_path, cfg.resume)  # before the logger: resume=false forgets the run
     L.seed_everything(cfg.seed, workers=True)
 
@@ -76,7 +79,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     failed = True
     try:
         if trainer.is_global_zero:
-            OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+            write_atomically(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))  # others may read it
             for logger in trainer.loggers:  # the resolved config and the run's layout, rank 0 only
                 logger.log_hyperparams(run_summary(cfg, trainer))
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
