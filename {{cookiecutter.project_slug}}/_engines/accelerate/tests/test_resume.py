@@ -43,7 +43,8 @@ def test_killed_while_saving_then_run_again_continues_exactly(tmp_path, train_en
     other = ["data.batch_size=32", "model.net.hidden=64"]  # another training, in the same folder (same run id)
     refused = run_in(run_dir, train_env, *RESTARTABLE, *other)
     refused = Run(refused.returncode, refused.stdout + refused.stderr, run_dir)
-    refused.assert_rejected("data.batch_size: 64 then, 32 now; model.net.hidden: 128 then, 64 now", in_existing_run=True)
+    differences = "data.batch_size: 64 then, 32 now; model.net.hidden: 128 then, 64 now"
+    refused.assert_rejected(differences, in_existing_run=True)
     assert "give resume=false to start afresh there" in refused.output and "or run_id=NAME" in refused.output
     assert (run_dir / "config.yaml").read_text() == config
     assert not partial.exists(), "the half-written checkpoint is cleared away"

@@ -101,7 +101,8 @@ def test_a_finished_training_run_again_resumes_unless_resume_is_false(train, uni
     config = (done.run_dir / "config.yaml").read_text()
     other = ["data.batch_size=64", "model.net.hidden=64"]  # another training, in the same folder (same run id)
     refused = train(*TRAIN, "strategy=single", "trainer.max_epochs=1", *other, run_dir=done.run_dir, check=False)
-    refused.assert_rejected("data.batch_size: 32 then, 64 now; model.net.hidden: 128 then, 64 now", in_existing_run=True)
+    differences = "data.batch_size: 32 then, 64 now; model.net.hidden: 128 then, 64 now"
+    refused.assert_rejected(differences, in_existing_run=True)
     assert "give resume=false to start afresh there" in refused.output and "or run_id=NAME" in refused.output
     assert (done.run_dir / "config.yaml").read_text() == config
     afresh = train(*TRAIN, "strategy=single", "trainer.max_epochs=1", "resume=false", run_dir=done.run_dir)
