@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PACKAGE, TOLERANCE, make_runner
+from conftest import PACKAGE, TOLERANCE, Run, make_runner
 from launchers import free_port, torchrun, torchrun_elastic, torchrun_node
 from nets import WANDB_FLUSH_SECONDS
 from restarts import RESTARTABLE, STEPS, losses_by_step, run_in
@@ -72,6 +72,17 @@ def test_a_killed_worker_is_restarted_and_the_run_continues_exactly(tmp_path, tr
     (wandb,) = offline_runs(run_dir)
     assert wandb.starts == 2, "one wandb run, continued once by the restarted group"
     assert losses_by_step(run_dir) == uninterrupted
+
+
+def test_the_torchrun_script_stops_a_refused_command_before_torchrun(tmp_path, train_env):
+    """launch/torchrun_multinode.sh checks the command first (check_only=true, with the layout torchrun would give):
+    started, torchrun would run a refused command 4 times (MAX_RESTARTS=3), then end in a traceback."""
+    script = Path(__file__).resolve().parents[1] / "launch" / "torchrun_multinode.sh"
+    env = {**train_env, "HEAD": f"127.0.0.1:{free_port()}", "RUN_ID": "refused", "NNODES": "1", "NPROC_PER_NODE": "2"}
+    command = ["bash", str(script), *DDP, "data.batch_size=3"]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    run = Run(done.returncode, done.stdout + done.stderr, tmp_path / "outputs" / "default" / "refused")
+    run.assert_rejected("data.batch_size=3 is the global batch and must be a positive multiple of the 2 data-parallel")
 
 
 SLURM_SCRIPT = Path(__file__).resolve().parents[1] / "launch" / "slurm.sbatch"

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PACKAGE, TOLERANCE, Run, make_runner
+from conftest import PACKAGE, TOLERANCE, Run, kill_with_descendants, make_runner
 from kill_switch import WANDB_FLUSH_SECONDS
 from slurm_jobs import ENDED, job_state, wait_for
 from wandb_records import offline_runs, sync_dry_run
@@ -131,6 +131,22 @@ def test_torchrun_restarts_a_killed_worker_and_the_training_continues_exactly(tr
     assert (tmp_path / "killed").exists(), "rank 1 was killed"
     assert "resuming from" in run.output and "warning: torchrun --max-restarts" not in run.output
     assert_continues_exactly(run, uninterrupted, starts=2, tolerance=TOLERANCE)
+
+
+def test_the_torchrun_script_stops_a_refused_command_before_torchrun(tmp_path, train_env):
+    """launch/torchrun_multinode.sh checks the command first (check_only=true, with the layout torchrun would give):
+    started, torchrun would run a refused command 4 times (--max-restarts=3), then end in a traceback."""
+    script = Path(__file__).resolve().parents[1] / "launch/torchrun_multinode.sh"
+    command = ["bash", str(script), "127.0.0.1", "refused", *TRAIN, "data.batch_size=3"]
+    env = {**train_env, "NPROC_PER_NODE": "1"}
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        output = "".join(proc.communicate(timeout=120))
+    except subprocess.TimeoutExpired:  # torchrun started, waiting for the second node
+        kill_with_descendants(proc)
+        raise
+    run = Run(proc.returncode, output, tmp_path / "outputs/default/refused")
+    run.assert_rejected("data.batch_size=3 is the global batch and must be a positive multiple of the 2 data-parallel")
 
 
 def start_two_nodes(run_id: str, overrides: list[str], cwd: Path, env: dict[str, str]) -> list[str]:

@@ -28,7 +28,16 @@ from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
 from .checkpoints import Checkpoints
-from .config import UNRESOLVED, ConfigError, ProcessCrashed, fail, register_resolvers, run_cli, unresolved
+from .config import (
+    UNRESOLVED,
+    ConfigError,
+    ProcessCrashed,
+    fail,
+    register_resolvers,
+    remove_if_empty,
+    run_cli,
+    unresolved,
+)
 from .data import check_input, per_device_batch_size
 from .launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
 from .memory import configure_allocator
@@ -102,6 +111,10 @@ def train(cfg: DictConfig) -> None:
     data = build(cfg.data)
     data.check_layout(replicas, processes)
     check_input(net, data)  # e.g. model=gpt with data that is not token ids
+
+    if cfg.check_only:
+        print(f"check_only: the command passes its checks ({processes} processes); nothing was trained")
+        return
 
     def process() -> None:  # a named function: notebook_launcher (ddp_spawn) needs one
         fit_and_test(cfg, strategy, run_dir, recovery)
@@ -356,6 +369,8 @@ def build(node: DictConfig, **kwargs: Any) -> Any:
 def run(cfg: DictConfig) -> None:
     try:
         train(cfg)
+        if cfg.check_only:
+            remove_if_empty(Path(HydraConfig.get().runtime.output_dir))
     except (ConfigError, ProcessCrashed) as err:
         fail(err, Path(HydraConfig.get().runtime.output_dir))
     except UNRESOLVED as err:  # a resolver's ConfigError (data=files checks its files), or a ??? left unset

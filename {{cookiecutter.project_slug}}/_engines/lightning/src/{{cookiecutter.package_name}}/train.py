@@ -25,7 +25,16 @@ from torch.multiprocessing.spawn import ProcessRaisedException
 from .batchnorm import needs_sync, synchronised_message
 from .callbacks.epoch_metrics import EpochMetricsFile
 from .checkpoints import LAST, resume_from
-from .config import UNRESOLVED, ConfigError, ProcessCrashed, fail, register_resolvers, run_cli, unresolved
+from .config import (
+    UNRESOLVED,
+    ConfigError,
+    ProcessCrashed,
+    fail,
+    register_resolvers,
+    remove_if_empty,
+    run_cli,
+    unresolved,
+)
 from .data import check_input, per_device_batch_size
 from .launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
 from .memory import configure_allocator
@@ -46,7 +55,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
         raise ConfigError(f"ckpt_path={cfg.ckpt_path} does not exist; give a .ckpt file (e.g. a run's last.ckpt)")
     # A restart continues from the run's last checkpoint; checkpoints of another training are refused.
     cfg.ckpt_path, cfg.resume = starting_point(run_dir, cfg, run_dir / "checkpoints" / LAST)
-    ckpt_path = resume_from(run_dir, cfg.ckpt_path, cfg.resume)  # before the logger: resume=false forgets the run
+    # Before the logger: resume=false forgets the run (but check_only writes nothing, deletes nothing).
+    ckpt_path = None if cfg.check_only else resume_from(run_dir, cfg.ckpt_path, cfg.resume)
     L.seed_everything(cfg.seed, workers=True)
 
     datamodule = build(cfg.data)
@@ -75,6 +85,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
     data_parallel = preset() in ("ddp", "ddp_spawn")  # model_parallel and pipeline check BatchNorm themselves
     if data_parallel and cfg.trainer.sync_batchnorm and needs_sync(model, trainer.world_size, on_gpu, preset()):
         rank_zero_info(synchronised_message(trainer.world_size))  # Lightning converts them (sync_batchnorm)
+    if cfg.check_only:
+        print(f"check_only: the command passes its checks ({trainer.world_size} processes); nothing was trained")
+        return {}
 
     failed = True
     try:
@@ -129,6 +142,8 @@ def preset() -> str:
 def run(cfg: DictConfig) -> None:
     try:
         train(cfg)
+        if cfg.check_only:
+            remove_if_empty(Path(HydraConfig.get().runtime.output_dir))
     except ConfigError as err:
         fail(err, Path(HydraConfig.get().runtime.output_dir))
     except UNRESOLVED as err:  # a resolver's ConfigError (data=files checks its files), or a ??? left unset
