@@ -64,6 +64,9 @@ def test_checkpoints_of_another_training_are_refused_naming_what_differs(run_dir
     message = str(refused.value)
     assert "differs from this one in data.batch_size: 32 then, 64 now; model.net.hidden: 128 then, 64 now" in message
     assert "resume=false to start afresh there" in message and "run_id=NAME for a new run folder" in message
+    another_model = {f"model.net.{key}": 1 for key in "abcde"}
+    with pytest.raises(ConfigError, match="model.net.c: None then, 1 now; 2 more: give resume=false"):
+        starting_point(run_dir, training(**another_model), last)
     for key, value in [("trainer.accumulate_grad_batches", 2), ("strategy._target_", "x.strategies.pipeline.Pipe")]:
         with pytest.raises(ConfigError, match=key.split(".")[0]):
             starting_point(run_dir, training(**{key: value}), last)

@@ -56,6 +56,8 @@ def check_same_training(run_dir: Path, cfg: DictConfig) -> None:
     then, now = flat(OmegaConf.load(saved)), flat(cfg)
     keys = sorted(then.keys() | now.keys())
     differ = [f"{key}: {then.get(key)} then, {now.get(key)} now" for key in keys if then.get(key) != now.get(key)]
+    if len(differ) > 4:  # another model altogether: its first few keys say enough
+        differ[3:] = [f"{len(differ) - 3} more"]
     if differ:
         raise ConfigError(
             f"{run_dir} has checkpoints of a training that differs from this one in {'; '.join(differ)}: give "
