@@ -1,10 +1,9 @@
 """Read an offline wandb run back from its `.wandb` files (wandb has no public reader for them).
 
 A training restarted (torchrun restart, SLURM requeue, same command again) resumes its wandb run: offline, each
-start writes one more `offline-run-*-<id>` folder with the same run id (`wandb sync` uploads the first, then
-`wandb sync --append` the others). They are read back as one run: a start continues the history from the step
-its checkpoint had reached, so it replaces what an earlier start logged from that step on (the steps it trained
-again; with an exact resume, the same values).
+start writes one more `offline-run-*-<id>` folder with the same run id (`wandb sync <run dir>/wandb` uploads them
+in order, as one run). They are read back as one run, the starts' histories one after the other; a metric logged
+twice at one step (a restart logging again a step that an earlier start logged) fails the reading.
 
 The file is a record log: a 7-byte header (":W&B", magic, version), then 32 KiB blocks of
 chunks, each with a 7-byte header (crc32, length, type) and a slice of a protobuf `Record`.
@@ -12,6 +11,9 @@ chunks, each with a 7-byte header (crc32, length, type) and a slice of a protobu
 
 import json
 import struct
+import subprocess
+import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,7 +81,8 @@ def read_run(path: Path) -> OfflineRun:
 
 
 def offline_runs(run_dir: Path) -> list[OfflineRun]:
-    """Every wandb run written under <run_dir>/wandb/ (a training must write exactly one), its starts merged."""
+    """Every wandb run written under <run_dir>/wandb/ (a training must write exactly one), its starts merged.
+    Fails if a metric appears twice at one step."""
     runs: dict[str, OfflineRun] = {}
     for path in sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb")):  # folder names start with the time
         start = read_run(path)
@@ -89,8 +92,23 @@ def offline_runs(run_dir: Path) -> list[OfflineRun]:
         run = runs[start.id]
         run.starts += 1
         run.config.update(start.config)
-        if start.history:
-            first = start.history[0]["trainer/global_step"]
-            run.history = [row for row in run.history if row["trainer/global_step"] < first] + start.history
+        run.history += start.history
         run.exit_code = start.exit_code
+    for run in runs.values():
+        steps = [row for row in run.history if "trainer/global_step" in row]
+        logged = Counter((key, row["trainer/global_step"]) for row in steps for key in row if is_metric(key))
+        twice = sorted(entry for entry, count in logged.items() if count > 1)
+        assert not twice, f"wandb run {run.id} in {run_dir}: logged twice (metric, step): {twice}"
     return list(runs.values())
+
+
+def is_metric(key: str) -> bool:
+    return not key.startswith("_") and key not in ("epoch", "trainer/global_step")
+
+
+def sync_dry_run(run_dir: Path, env: dict[str, str]) -> str:
+    """What the README's upload command, `wandb sync <run dir>/wandb`, would upload: its --dry-run's output."""
+    env = {name: value for name, value in env.items() if name != "WANDB_SILENT"}  # silent also hides the list
+    command = [sys.executable, "-m", "wandb", "sync", "--dry-run", str(run_dir / "wandb")]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, check=True)
+    return done.stdout + done.stderr

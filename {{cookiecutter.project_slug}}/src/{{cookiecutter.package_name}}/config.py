@@ -137,10 +137,15 @@ def fail(error: Exception, run_dir: Path | None = None) -> None:
     if isinstance(error, ProcessCrashed | TrainingStopped):
         sys.exit(1)
     if run_dir is not None:
-        run_dir, cwd = run_dir.resolve(), Path.cwd().resolve()
-        while run_dir.is_dir() and not any(run_dir.iterdir()) and run_dir != cwd:
-            run_dir.rmdir()
-            if cwd not in run_dir.parents:
-                break  # outside the working directory: remove the run folder itself only
-            run_dir = run_dir.parent
+        remove_if_empty(run_dir)
     sys.exit(2)
+
+
+def remove_if_empty(run_dir: Path) -> None:
+    """Remove the run folder Hydra made for a run that wrote nothing, and the empty folders above it."""
+    run_dir, cwd = run_dir.resolve(), Path.cwd().resolve()
+    while run_dir.is_dir() and not any(run_dir.iterdir()) and run_dir != cwd:
+        run_dir.rmdir()
+        if cwd not in run_dir.parents:
+            break  # outside the working directory: remove the run folder itself only
+        run_dir = run_dir.parent

@@ -35,8 +35,8 @@ def finish_wandb(failed: bool) -> None:
         return
     offline = run.settings.mode == "offline"
     wandb.finish(exit_code=1 if failed else 0)
-    if offline:
-        print(f"wandb: offline run saved; upload it with: wandb sync {run.settings.sync_dir}")
+    if offline:  # the folder of every start of the training: wandb sync uploads those of one run in order
+        print(f"wandb: offline run saved; upload it with: wandb sync {Path(run.settings.sync_dir).parent}")
 
 
 def wandb_run_id(run_dir: Path) -> str:
@@ -55,8 +55,8 @@ def resumed_wandb_run(run_dir: Path) -> dict[str, Any]:
 
     wandb writes what it is given to its run file every few seconds (15 by default); a process killed outright
     loses what was not written yet. Once a second, that loss stays within steps that a restart trains (and logs)
-    again, as checkpoints are further apart. A restart logs the steps after its checkpoint, so those of them that
-    reached wandb before the kill appear twice, with the same values (the resume is exact).
+    again, as checkpoints are further apart. A restart trains again the steps after its checkpoint but logs only
+    those that the earlier starts' run files lack (wandb_files.not_logged_yet), so each step is logged once.
     """
     settings = wandb.Settings(x_transaction_log_flush_interval=1.0)
     return {"id": wandb_run_id(run_dir), "resume": "allow", "settings": settings}

@@ -7,17 +7,30 @@
 # The machines meet at HEAD (c10d rendezvous) under RUN_ID, which also names the run folder
 # (outputs/<experiment>/<...RUN_ID>, on a filesystem the machines share). A crashed process makes torchrun
 # restart the group, up to MAX_RESTARTS times; running the same command again after the whole job stopped
-# continues from the last checkpoint too. (Under SLURM, use launch/slurm.sbatch.)
+# continues from the last checkpoint too. NPROC_PER_NODE: training processes per machine (default: one per GPU,
+# one on a machine without GPUs). (Under SLURM, use launch/slurm.sbatch.)
 set -euo pipefail
 
 : "${HEAD:?set HEAD=<first machine>:<port>}"
 : "${RUN_ID:?set RUN_ID=<a name for this training>, the same on every machine}"
+nnodes=${NNODES:-2}
+nproc=${NPROC_PER_NODE:-$(python -c 'import torch; print(torch.cuda.device_count())')}
+if [ "$nproc" = 0 ]; then
+  echo "no GPU on this machine: 1 training process here (set NPROC_PER_NODE=N for N)"
+  nproc=1
+fi
+
+# First the checks a training makes before it starts, in one process that sees the layout torchrun will give
+# the first: a refused command stops here with its one error line. (torchrun would start it again, up to
+# MAX_RESTARTS times, then end in a traceback of its own.)
+WORLD_SIZE=$((nnodes * nproc)) LOCAL_WORLD_SIZE=$nproc GROUP_WORLD_SIZE=$nnodes RANK=0 LOCAL_RANK=0 GROUP_RANK=0 \
+  TORCHELASTIC_RUN_ID=$RUN_ID python -m {{ cookiecutter.package_name }}.train "$@" check_only=true
 
 # Each restart meets in a new store: in the one torchrun shares with its workers by default, a restarted worker
 # can find a dead one's address and hang (torch 2.13; see warn_if_restarts_can_hang in launcher.py).
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 exec python -m torch.distributed.run \
-  --nnodes="${NNODES:-2}" --nproc-per-node="${NPROC_PER_NODE:-gpu}" \
+  --nnodes="$nnodes" --nproc-per-node="$nproc" \
   --rdzv-backend=c10d --rdzv-endpoint="$HEAD" --rdzv-id="$RUN_ID" \
   --max-restarts="${MAX_RESTARTS:-3}" \
   -m {{ cookiecutter.package_name }}.train "$@"

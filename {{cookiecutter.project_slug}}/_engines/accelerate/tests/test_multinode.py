@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PACKAGE, TOLERANCE, make_runner
+from conftest import PACKAGE, TOLERANCE, Run, make_runner
 from launchers import free_port, torchrun, torchrun_elastic, torchrun_node
 from nets import WANDB_FLUSH_SECONDS
 from restarts import RESTARTABLE, STEPS, losses_by_step, run_in
@@ -74,12 +74,24 @@ def test_a_killed_worker_is_restarted_and_the_run_continues_exactly(tmp_path, tr
     assert losses_by_step(run_dir) == uninterrupted
 
 
+def test_the_torchrun_script_stops_a_refused_command_before_torchrun(tmp_path, train_env):
+    """launch/torchrun_multinode.sh checks the command first (check_only=true, with the layout torchrun would give):
+    started, torchrun would run a refused command 4 times (MAX_RESTARTS=3), then end in a traceback."""
+    script = Path(__file__).resolve().parents[1] / "launch" / "torchrun_multinode.sh"
+    env = {**train_env, "HEAD": f"127.0.0.1:{free_port()}", "RUN_ID": "refused", "NNODES": "1", "NPROC_PER_NODE": "2"}
+    command = ["bash", str(script), *DDP, "data.batch_size=3"]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    run = Run(done.returncode, done.stdout + done.stderr, tmp_path / "outputs" / "default" / "refused")
+    run.assert_rejected("data.batch_size=3 is the global batch and must be a positive multiple of the 2 data-parallel")
+
+
 SLURM_SCRIPT = Path(__file__).resolve().parents[1] / "launch" / "slurm.sbatch"
 
 
 def test_a_requeued_slurm_job_continues_exactly(slurm, tmp_path, train_env, uninterrupted):
-    """launch/slurm.sbatch as the README gives it (1 node x 2 processes); `scontrol requeue` while the job runs,
-    after its checkpoint of step 6: the job starts again, in the same run folder, and continues exactly."""
+    """launch/slurm.sbatch as the README gives it (1 node x 2 processes); the time limit's signal while the job
+    runs, after its checkpoint of step 6: the script requeues the job, which starts again, in the same run folder,
+    and continues exactly."""
     stalled = tmp_path / "stalled"
     stall_at_step_7 = ["model.net._target_=nets.StalledOnce", "+model.net.stall_at=7", f"+model.net.marker={stalled}"]
     submit = ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", f"--chdir={tmp_path}", str(SLURM_SCRIPT)]
@@ -88,7 +100,9 @@ def test_a_requeued_slurm_job_continues_exactly(slurm, tmp_path, train_env, unin
     log = tmp_path / f"slurm-{job_id}.out"
     wait_for(stalled.exists, job_id, log, "the training to stall after step 7")
     time.sleep(WANDB_FLUSH_SECONDS)  # a kill loses up to a second of wandb metrics (see nets.kill_once)
-    subprocess.run(["scontrol", "requeue", job_id], check=True)
+    # What SLURM does 90 s before the time limit (#SBATCH --signal=B:USR1@90): USR1 to the script alone, which
+    # requeues the job (scontrol requeue).
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job_id], check=True)
     wait_for(lambda: job_state(job_id) == "PENDING", job_id, log, "the requeued job to wait in the queue")
     # SLURM holds a requeued job back for a while (about 2 minutes here): let it start again at once.
     subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
@@ -97,6 +111,7 @@ def test_a_requeued_slurm_job_continues_exactly(slurm, tmp_path, train_env, unin
     assert job_state(job_id) == "COMPLETED", output[-4000:]
     assert "Restarts=1" in subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
     run_dir = tmp_path / "outputs" / "default" / job_id  # named after the job, which keeps its id when requeued
+    assert f"time limit near: requeueing job {job_id}" in output
     assert "resuming from" in output and "step-0000006" in output
     (wandb,) = offline_runs(run_dir)
     assert wandb.starts == 2, "one wandb run, continued by the requeued job"

@@ -2,9 +2,9 @@
 again: from its last complete checkpoint, by itself, with the same per-step losses (bit-identical on CPU)."""
 
 import pytest
-from conftest import make_runner
+from conftest import Run, make_runner
 from restarts import RESTARTABLE, STEPS, losses_by_step, run_in
-from wandb_records import offline_runs
+from wandb_records import offline_runs, sync_dry_run
 
 from {{ cookiecutter.package_name }}.checkpoints import load_trained
 
@@ -36,7 +36,17 @@ def test_killed_while_saving_then_run_again_continues_exactly(tmp_path, train_en
     again = run_in(run_dir, train_env, *RESTARTABLE, *killed_at_step_6)  # the same command, no flag
     assert again.returncode == 0, again.stdout + again.stderr
     assert "resuming from" in again.stdout and "step-0000003" in again.stdout
-    assert losses_by_step(run_dir) == uninterrupted  # exactly; steps 3-5 ran twice, with the same losses
+    assert losses_by_step(run_dir) == uninterrupted  # exactly; steps 3-5 ran twice, logged once
+    assert "Would sync 2 run(s)" in sync_dry_run(run_dir, train_env), "the README's upload takes both starts"
+
+    config = (run_dir / "config.yaml").read_text()
+    other = ["data.batch_size=32", "model.net.hidden=64"]  # another training, in the same folder (same run id)
+    refused = run_in(run_dir, train_env, *RESTARTABLE, *other)
+    refused = Run(refused.returncode, refused.stdout + refused.stderr, run_dir)
+    differences = "data.batch_size: 64 then, 32 now; model.net.hidden: 128 then, 64 now"
+    refused.assert_rejected(differences, in_existing_run=True)
+    assert "give resume=false to start afresh there" in refused.output and "or run_id=NAME" in refused.output
+    assert (run_dir / "config.yaml").read_text() == config
     assert not partial.exists(), "the half-written checkpoint is cleared away"
     assert (checkpoints / "last").resolve() == checkpoints / f"step-{STEPS:07d}"
     assert load_trained(checkpoints / "last") is not None

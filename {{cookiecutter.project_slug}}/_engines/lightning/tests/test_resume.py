@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PACKAGE, TOLERANCE, Run, make_runner
+from conftest import PACKAGE, TOLERANCE, Run, kill_with_descendants, make_runner
 from kill_switch import WANDB_FLUSH_SECONDS
 from slurm_jobs import ENDED, job_state, wait_for
-from wandb_records import offline_runs
+from wandb_records import offline_runs, sync_dry_run
 
 pytestmark = pytest.mark.slow
 
@@ -60,13 +60,17 @@ def assert_continues_exactly(run, uninterrupted, starts: int, tolerance: float =
     assert history.metric("val/loss") == pytest.approx(uninterrupted.metric("val/loss"), abs=tolerance, rel=0)
 
 
-def test_a_killed_training_started_again_continues_exactly(train, uninterrupted, tmp_path):
-    killed = train(*TRAIN, "strategy=single", *kill_at(7, tmp_path / "killed"), check=False)
+def test_a_killed_training_started_again_continues_exactly(train, uninterrupted, tmp_path, train_env):
+    # Killed 2 steps after the checkpoint of step 6: the restart trains steps 6 and 7 again, the first of them
+    # logged already (Lightning logs a step after its callbacks' on_train_batch_end, where the kill happens).
+    killed = train(*TRAIN, "strategy=single", *kill_at(8, tmp_path / "killed"), check=False)
     assert killed.returncode == -9, killed.output[-2000:]
     assert (killed.run_dir / "checkpoints/last.ckpt").resolve().name == "step000006.ckpt"
-    again = train(*TRAIN, "strategy=single", *kill_at(7, tmp_path / "killed"), run_dir=killed.run_dir)
+    assert killed.wandb.steps("train/loss")[-1] == 6
+    again = train(*TRAIN, "strategy=single", *kill_at(8, tmp_path / "killed"), run_dir=killed.run_dir)
     assert "resuming from" in again.output
     assert_continues_exactly(again, uninterrupted, starts=2)  # bit-identical: same process layout
+    assert "Would sync 2 run(s)" in sync_dry_run(again.run_dir, train_env), "the README's upload takes both starts"
 
 
 def test_a_kill_in_the_middle_of_a_save_leaves_the_previous_checkpoint(train, uninterrupted, tmp_path):
@@ -94,6 +98,13 @@ def test_a_finished_training_run_again_resumes_unless_resume_is_false(train, uni
     again = train(*TRAIN, "strategy=single", "trainer.max_epochs=1", run_dir=done.run_dir)
     assert "resuming from" in again.output and again.wandb.starts == 2
     assert again.wandb.steps("train/loss") == list(range(STEPS // 2)), "nothing left to train, nothing logged"
+    config = (done.run_dir / "config.yaml").read_text()
+    other = ["data.batch_size=64", "model.net.hidden=64"]  # another training, in the same folder (same run id)
+    refused = train(*TRAIN, "strategy=single", "trainer.max_epochs=1", *other, run_dir=done.run_dir, check=False)
+    differences = "data.batch_size: 32 then, 64 now; model.net.hidden: 128 then, 64 now"
+    refused.assert_rejected(differences, in_existing_run=True)
+    assert "give resume=false to start afresh there" in refused.output and "or run_id=NAME" in refused.output
+    assert (done.run_dir / "config.yaml").read_text() == config
     afresh = train(*TRAIN, "strategy=single", "trainer.max_epochs=1", "resume=false", run_dir=done.run_dir)
     assert "resume=false: starting afresh, overwriting" in afresh.output
     runs = offline_runs(afresh.run_dir)
@@ -120,6 +131,22 @@ def test_torchrun_restarts_a_killed_worker_and_the_training_continues_exactly(tr
     assert (tmp_path / "killed").exists(), "rank 1 was killed"
     assert "resuming from" in run.output and "warning: torchrun --max-restarts" not in run.output
     assert_continues_exactly(run, uninterrupted, starts=2, tolerance=TOLERANCE)
+
+
+def test_the_torchrun_script_stops_a_refused_command_before_torchrun(tmp_path, train_env):
+    """launch/torchrun_multinode.sh checks the command first (check_only=true, with the layout torchrun would give):
+    started, torchrun would run a refused command 4 times (--max-restarts=3), then end in a traceback."""
+    script = Path(__file__).resolve().parents[1] / "launch/torchrun_multinode.sh"
+    command = ["bash", str(script), "127.0.0.1", "refused", *TRAIN, "data.batch_size=3"]
+    env = {**train_env, "NPROC_PER_NODE": "1"}
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        output = "".join(proc.communicate(timeout=120))
+    except subprocess.TimeoutExpired:  # torchrun started, waiting for the second node
+        kill_with_descendants(proc)
+        raise
+    run = Run(proc.returncode, output, tmp_path / "outputs/default/refused")
+    run.assert_rejected("data.batch_size=3 is the global batch and must be a positive multiple of the 2 data-parallel")
 
 
 def start_two_nodes(run_id: str, overrides: list[str], cwd: Path, env: dict[str, str]) -> list[str]:

@@ -37,6 +37,7 @@ from .config import (
     fail,
     not_importable,
     register_resolvers,
+    remove_if_empty,
     run_cli,
     unresolved,
 )
@@ -47,9 +48,10 @@ from .metrics import perplexity
 from .oom import OOMRecovery, OutOfMemoryStop, find_batch_size, log_device_memory
 from .optimization import current_lr, grouped_optimizer, respan, total_steps
 from .precision import resolve_precision, use_tensor_cores
+from .resuming import starting_point
 from .search.epoch_metrics import append_epoch_metrics
 from .strategies import Strategy
-from .tracking import finish_wandb, forget_wandb_run
+from .tracking import finish_wandb, forget_wandb_run, write_atomically
 from .wandb_tracker import ResumingWandBTracker
 
 register_resolvers()
@@ -84,7 +86,12 @@ def train(cfg: DictConfig) -> None:
     """Check the layout, start the processes, fit and test. Raises ConfigError before training."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     configure_allocator()  # before anything initialises CUDA
+    # A restart continues from the run's last checkpoint; checkpoints of another training are refused.
+    cfg.ckpt_path, cfg.resume = starting_point(run_dir, cfg, run_dir / "checkpoints" / "last")
     strategy, processes, recovery = check_config(cfg, launched=int(os.environ.get("WORLD_SIZE", 1)))
+    if cfg.check_only:
+        print(f"check_only: the command passes its checks ({processes} processes); nothing was trained")
+        return
 
     def process() -> None:  # a named function: notebook_launcher (ddp_spawn) needs one
         fit_and_test(cfg, strategy, run_dir, recovery)
@@ -165,7 +172,7 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
     failed = True
     try:
         if accelerator.is_main_process:
-            OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+            write_atomically(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))  # others may read it
             start_wandb(accelerator, cfg, strategy, replicas, data.batch_size)
         if cfg.oom.find_batch_size and progress.found_batch_size:  # searched before this run was restarted
             data.batch_size = progress.found_batch_size
@@ -393,6 +400,8 @@ def build(node: DictConfig, **kwargs: Any) -> Any:
 def run(cfg: DictConfig) -> None:
     try:
         train(cfg)
+        if cfg.check_only:
+            remove_if_empty(Path(HydraConfig.get().runtime.output_dir))
     except (ConfigError, ProcessCrashed) as err:
         fail(err, Path(HydraConfig.get().runtime.output_dir))
     except TrainingStopped as err:  # e.g. out of memory again and again: what to try, in one line (exit 1)

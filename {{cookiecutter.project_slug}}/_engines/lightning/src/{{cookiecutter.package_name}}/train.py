@@ -23,7 +23,7 @@ from torch.multiprocessing.spawn import ProcessRaisedException
 
 from .batchnorm import needs_sync, synchronised_message
 from .callbacks.epoch_metrics import EpochMetricsFile
-from .checkpoints import resume_from
+from .checkpoints import LAST, resume_from
 from .config import (
     UNRESOLVED,
     ConfigError,
@@ -32,6 +32,7 @@ from .config import (
     fail,
     not_importable,
     register_resolvers,
+    remove_if_empty,
     run_cli,
     unresolved,
 )
@@ -39,8 +40,9 @@ from .data import check_input, per_device_batch_size
 from .launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
 from .memory import configure_allocator
 from .precision import resolve_precision, use_tensor_cores
+from .resuming import starting_point
 from .strategies import BatchNormSync, check_layout, data_parallel_size, model_init_context
-from .tracking import finish_wandb
+from .tracking import finish_wandb, write_atomically
 
 register_resolvers()
 
@@ -49,15 +51,21 @@ def train(cfg: DictConfig) -> dict[str, float]:
     """Fit and test as configured; returns the final metrics. Raises ConfigError before training."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     configure_allocator()  # before anything initialises CUDA
-    ckpt_path = resume_from(run_dir, cfg.ckpt_path, cfg.resume)  # before the logger: resume=false forgets the run
+    # A restart continues from the run's last checkpoint; checkpoints of another training are refused.
+    cfg.ckpt_path, cfg.resume = starting_point(run_dir, cfg, run_dir / "checkpoints" / LAST)
+    # Before the logger: resume=false forgets the run (but check_only writes nothing, deletes nothing).
+    ckpt_path = None if cfg.check_only else resume_from(run_dir, cfg.ckpt_path, cfg.resume)
     trainer, model, datamodule = prepare(cfg)
     if synchronised_batchnorm(cfg, model, trainer):
         rank_zero_info(synchronised_message(trainer.world_size))  # converted when fit starts (BatchNormSync)
+    if cfg.check_only:
+        print(f"check_only: the command passes its checks ({trainer.world_size} processes); nothing was trained")
+        return {}
 
     failed = True
     try:
         if trainer.is_global_zero:
-            OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+            write_atomically(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))  # others may read it
             for logger in trainer.loggers:  # the resolved config and the run's layout, rank 0 only
                 logger.log_hyperparams(run_summary(cfg, trainer))
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
@@ -157,6 +165,8 @@ def preset() -> str:
 def run(cfg: DictConfig) -> None:
     try:
         train(cfg)
+        if cfg.check_only:
+            remove_if_empty(Path(HydraConfig.get().runtime.output_dir))
     except ConfigError as err:
         fail(err, Path(HydraConfig.get().runtime.output_dir))
     except UNRESOLVED as err:  # a resolver's ConfigError (data=files checks its files), or a ??? left unset

@@ -1,0 +1,87 @@
+"""Where a start of a training begins, decided before anything is built: a launcher's restart continues from the
+run's own last checkpoint, and a run folder's checkpoints are resumed only by the training that wrote them."""
+
+import os
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from .config import ConfigError
+from .tracking import is_first_process
+
+# What a checkpoint is made of: changed, it cannot be loaded (the net's shapes; how a model-splitting preset
+# lays it out) or not continued where it stopped (its position in the epoch counts global batches and
+# micro-batches). Anything else may change between starts: more epochs, another learning rate, more processes.
+MUST_MATCH = ("model.net", "data.batch_size", "trainer.accumulate_grad_batches")
+SPLITTING_PRESETS = ("model_parallel", "pipeline")  # each saves its own layout; the others the same whole model
+
+
+def restart_count() -> int:
+    """How often a launcher has started this training again: torchrun's restarts of its processes
+    (--max-restarts), SLURM's requeues of its job."""
+    env = os.environ
+    return max(int(env.get("TORCHELASTIC_RESTART_COUNT", "0")), int(env.get("SLURM_RESTART_COUNT", "0")))
+
+
+def starting_point(run_dir: Path, cfg: DictConfig, last: Path) -> tuple[str | None, bool]:
+    """(ckpt_path, resume) for this start; `last` is the run's link to its last complete checkpoint.
+
+    A launcher's restart repeats the first start's command line, so `ckpt_path=X` would go back to X and
+    `resume=false` wipe what the training saved since: both apply to the first start only. A restart of a run
+    that has a checkpoint continues from it (and says so in one line); one killed before its first checkpoint
+    starts as the first did, in the same wandb run. A training that resumes by itself must be the one that
+    wrote the checkpoints (check_same_training).
+    """
+    ckpt_path, resume = cfg.ckpt_path, cfg.resume
+    restarts = restart_count()
+    if restarts and last.exists() and (ckpt_path or not resume):
+        given = f"ckpt_path={ckpt_path}" if ckpt_path else "resume=false"
+        if is_first_process():
+            print(f"restart {restarts}: resuming from the run's last checkpoint ({given} was for the first start only)")
+        ckpt_path, resume = None, True
+    elif restarts:
+        resume = True  # nothing of its own to wipe, and its wandb run to continue
+    if last.exists() and resume and not ckpt_path:
+        check_same_training(run_dir, cfg)
+    return ckpt_path, resume
+
+
+def check_same_training(run_dir: Path, cfg: DictConfig) -> None:
+    """Refuse, in one line, to resume the checkpoints in `run_dir` with settings they cannot continue under
+    (MUST_MATCH), as the run's config.yaml has them. A plain run inside a SLURM allocation (salloc) is named
+    after the job: two different trainings there meet in one folder."""
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        return
+    then, now = flat(OmegaConf.load(saved)), flat(cfg)
+    keys = sorted(then.keys() | now.keys())
+    differ = [f"{key}: {then.get(key)} then, {now.get(key)} now" for key in keys if then.get(key) != now.get(key)]
+    if len(differ) > 4:  # another model altogether: its first few keys say enough
+        differ[3:] = [f"{len(differ) - 3} more"]
+    if differ:
+        raise ConfigError(
+            f"{run_dir} has checkpoints of a training that differs from this one in {'; '.join(differ)}: give "
+            "resume=false to start afresh there (its checkpoints are deleted), or run_id=NAME for a new run folder"
+        )
+
+
+def flat(cfg: DictConfig) -> dict[str, object]:
+    """The settings of `cfg` that a checkpoint depends on, resolved, by dotted key."""
+    values: dict[str, object] = {"strategy": checkpoint_layout(cfg)}
+    for key in MUST_MATCH:
+        node = OmegaConf.select(cfg, key, default=None)
+        values.update(leaves(key, OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node))
+    return values
+
+
+def checkpoint_layout(cfg: DictConfig) -> str:
+    """The preset, if it splits the model (its class is in strategies/<preset>.py); the data-parallel presets
+    all save the whole model, so they resume each other's checkpoints."""
+    target = str(OmegaConf.select(cfg, "strategy._target_", default=""))
+    return next((preset for preset in SPLITTING_PRESETS if f".{preset}." in target), "a data-parallel preset")
+
+
+def leaves(prefix: str, value: object) -> dict[str, object]:
+    if isinstance(value, dict):
+        return {name: leaf for key, item in value.items() for name, leaf in leaves(f"{prefix}.{key}", item).items()}
+    return {prefix: value}

@@ -1,0 +1,77 @@
+"""Where a start begins (resuming.py): a launcher's restart continues from the run's own last checkpoint whatever
+the first start's ckpt_path= or resume=false, and checkpoints are resumed only by the training that wrote them."""
+
+import pytest
+from omegaconf import OmegaConf
+
+from {{ cookiecutter.package_name }}.config import ConfigError
+from {{ cookiecutter.package_name }}.resuming import starting_point
+
+RESTARTS = ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
+
+
+def training(**changes):
+    """A training's config, as far as resuming reads it; `changes` by dotted key."""
+    cfg = OmegaConf.create(
+        {
+            "ckpt_path": None,
+            "resume": True,
+            "strategy": {"_target_": "lightning.pytorch.strategies.DDPStrategy"},
+            "model": {"net": {"hidden": 128, "depth": 4}, "optimizer": {"lr": 0.001}},
+            "data": {"batch_size": 32, "num_workers": 0},
+            "trainer": {"accumulate_grad_batches": 1, "max_epochs": 2},
+        }
+    )
+    for key, value in changes.items():
+        OmegaConf.update(cfg, key, value)
+    return cfg
+
+
+@pytest.fixture
+def run_dir(tmp_path, monkeypatch):
+    """A run folder with a last checkpoint, written by training(); no launcher restart yet."""
+    for name in (*RESTARTS, "RANK", "SLURM_PROCID", "LOCAL_RANK", "NODE_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last").touch()
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(training()))
+    return tmp_path
+
+
+@pytest.mark.parametrize("restart", RESTARTS)
+def test_ckpt_path_and_resume_false_apply_to_the_first_start_only(run_dir, monkeypatch, capsys, restart):
+    last = run_dir / "checkpoints" / "last"
+    assert starting_point(run_dir, training(ckpt_path="other.ckpt"), last) == ("other.ckpt", True)
+    assert starting_point(run_dir, training(resume=False), last) == (None, False)
+    monkeypatch.setenv(restart, "1")  # torchrun restarted the processes, or SLURM requeued the job
+    assert starting_point(run_dir, training(ckpt_path="other.ckpt"), last) == (None, True)
+    assert starting_point(run_dir, training(resume=False), last) == (None, True)
+    said = capsys.readouterr().out.splitlines()
+    assert said == [
+        "restart 1: resuming from the run's last checkpoint (ckpt_path=other.ckpt was for the first start only)",
+        "restart 1: resuming from the run's last checkpoint (resume=false was for the first start only)",
+    ]
+    last.unlink()  # killed before its first checkpoint: as the first start, but in the same wandb run
+    assert starting_point(run_dir, training(ckpt_path="other.ckpt"), last) == ("other.ckpt", True)
+    assert starting_point(run_dir, training(resume=False), last) == (None, True)
+    assert capsys.readouterr().out == ""
+
+
+def test_checkpoints_of_another_training_are_refused_naming_what_differs(run_dir):
+    last = run_dir / "checkpoints" / "last"
+    with pytest.raises(ConfigError) as refused:
+        starting_point(run_dir, training(**{"data.batch_size": 64, "model.net.hidden": 64}), last)
+    message = str(refused.value)
+    assert "differs from this one in data.batch_size: 32 then, 64 now; model.net.hidden: 128 then, 64 now" in message
+    assert "resume=false to start afresh there" in message and "run_id=NAME for a new run folder" in message
+    another_model = {f"model.net.{key}": 1 for key in "abcde"}
+    with pytest.raises(ConfigError, match="model.net.c: None then, 1 now; 2 more: give resume=false"):
+        starting_point(run_dir, training(**another_model), last)
+    for key, value in [("trainer.accumulate_grad_batches", 2), ("strategy._target_", "x.strategies.pipeline.Pipe")]:
+        with pytest.raises(ConfigError, match=key.split(".")[0]):
+            starting_point(run_dir, training(**{key: value}), last)
+    # What a checkpoint does not depend on may change; afresh, or from a given checkpoint, nothing is compared.
+    allowed = {"trainer.max_epochs": 5, "model.optimizer.lr": 0.01, "data.num_workers": 2, "strategy": "auto"}
+    assert starting_point(run_dir, training(**allowed), last) == (None, True)
+    assert starting_point(run_dir, training(**{"data.batch_size": 64, "resume": False}), last) == (None, False)
+    assert starting_point(run_dir, training(**{"data.batch_size": 64, "ckpt_path": "x"}), last) == ("x", True)
