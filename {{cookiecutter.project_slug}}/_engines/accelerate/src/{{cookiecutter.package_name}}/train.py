@@ -28,6 +28,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
 from .checkpoints import Checkpoints
+from .compilation import compile_net
 from .config import UNRESOLVED, ConfigError, ProcessCrashed, fail, register_resolvers, run_cli, unresolved
 from .data import check_input, per_device_batch_size
 from .launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
@@ -37,6 +38,7 @@ from .oom import OOMRecovery, find_batch_size, log_device_memory
 from .optimization import current_lr, grouped_optimizer, total_steps
 from .precision import resolve_precision, use_tensor_cores
 from .search.epoch_metrics import append_epoch_metrics
+from .sharding import clip_grad_norm_
 from .strategies import Strategy
 from .tracking import finish_wandb, forget_wandb_run
 from .wandb_tracker import ResumingWandBTracker
@@ -73,6 +75,9 @@ def train(cfg: DictConfig) -> None:
     """Check the layout, start the processes, fit and test. Raises ConfigError before training."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     configure_allocator()  # before anything initialises CUDA
+    # ddp_spawn forks its processes, which cannot use CUDA if this one initialised it: asking whether CUDA exists
+    # must ask NVML, not the CUDA runtime (torch.cuda.is_available() initialises CUDA's driver otherwise).
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     if cfg.ckpt_path and not (Path(cfg.ckpt_path) / "custom_checkpoint_0.pkl").is_file():
         raise ConfigError(
             f"ckpt_path={cfg.ckpt_path} is not a checkpoint folder; give one, e.g. <run dir>/checkpoints/last"
@@ -108,7 +113,7 @@ def train(cfg: DictConfig) -> None:
 
 def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: OOMRecovery | None) -> None:
     """What every training process runs."""
-    use_tensor_cores()
+    use_tensor_cores(cfg.tf32)  # here, in every process: a forked or spawned process does not inherit it
     accelerator = Accelerator(
         cpu=cfg.trainer.accelerator == "cpu" or not torch.cuda.is_available(),  # else 2 CPU processes do not connect
         mixed_precision=PRECISION[cfg.trainer.precision],
@@ -124,6 +129,8 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
         grouped_optimizer, build(cfg.model.optimizer), no_decay_norms_and_biases=cfg.model.no_decay_norms_and_biases
     )
     model, optimizer = strategy.prepare(accelerator, net, optimizer_factory)
+    if cfg.compile:  # the net in place, inside ddp's wrapper, after sharding; compiled at its first call
+        compile_net(net, per_block=strategy.compiles_per_block)
     replicas, rank = strategy.data_parallel(accelerator.process_index, accelerator.num_processes)
     # Over the whole training, as Lightning's estimated_stepping_batches: trainer.max_steps, or the epochs' steps.
     steps_per_epoch = len(data.loader("train", replicas, rank, accumulate=accumulation(cfg))) // accumulation(cfg)
@@ -223,8 +230,9 @@ def fit(
                 if loss is not None:
                     step_loss = step_loss + loss
                 if accelerator.sync_gradients:
-                    if trainer.gradient_clip_val:
-                        accelerator.clip_grad_norm_(model.parameters(), trainer.gradient_clip_val)
+                    if trainer.gradient_clip_val:  # the norm over every shard too (accelerate's needs 1.15 for
+                        accelerator.unscale_gradients()  # tensor-parallel shards), of the fp16 gradients unscaled
+                        clip_grad_norm_(model.parameters(), trainer.gradient_clip_val)
                     lr = current_lr(optimizer)
                     optimizer.step()
                     scheduler.step()  # once per optimizer step (not accelerate's prepared scheduler, which steps

@@ -29,7 +29,7 @@ from .config import UNRESOLVED, ConfigError, ProcessCrashed, fail, register_reso
 from .data import check_input, per_device_batch_size
 from .launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
 from .memory import configure_allocator
-from .precision import resolve_precision, use_tensor_cores
+from .precision import resolve_precision
 from .strategies import check_layout, data_parallel_size, model_init_context
 from .tracking import finish_wandb
 
@@ -59,12 +59,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
     )
     warn_if_restarts_can_hang()
     cfg.trainer.precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # auto: bf16 on GPUs
-    use_tensor_cores()
     trainer = build(
         cfg.trainer, num_nodes=num_nodes, devices=devices, strategy=cfg.strategy, callbacks=callbacks, logger=logger
     )
     with model_init_context(trainer):  # model_parallel: on the meta device, each rank allocates its shards
-        model = build(cfg.model, scheduler=build(cfg.scheduler))
+        model = build(cfg.model, scheduler=build(cfg.scheduler), compile=cfg.compile, tf32=cfg.tf32)
     check_layout(preset(), trainer, cfg.data.batch_size, model)  # fail now, not inside a worker process
     datamodule.data.check_layout(data_parallel_size(trainer), trainer.world_size)
     check_input(model.net, datamodule.data)  # e.g. model=gpt with data that is not token ids
