@@ -124,6 +124,7 @@ def expected_files(package: str, engine: str) -> set[str]:
             "tests/launchers.py",
             "tests/nets.py",
             "tests/restarts.py",
+            "tests/test_dp.py",
             "tests/test_multinode.py",
             "tests/test_resume.py",
         }

@@ -54,6 +54,7 @@ BAD_INPUT = [
         ["strategy=model_parallel", *unsplit_net()],
         "strategy=model_parallel needs to know how to split Sequential: add register_split(Sequential, Split(",
     ),
+    (["strategy=dp", "compile=true"], "strategy=dp does not support compile=true: nn.DataParallel copies the net"),
 ]
 BAD_INPUT_IDS = [
     "unknown-strategy",
@@ -70,6 +71,7 @@ BAD_INPUT_IDS = [
     "recovery-under-model-parallel",
     "pipeline-without-split",
     "model-parallel-without-split",
+    "compile-under-dp",
 ]
 
 
