@@ -61,10 +61,12 @@ def one_process_group():
         dist.destroy_process_group()
 
 
-def test_fused_steps_and_clipping_take_shards_next_to_plain_parameters(one_process_group):
+@pytest.mark.parametrize("optimizer", [torch.optim.AdamW, partial(torch.optim.SGD, lr=0.1, momentum=0.9)])
+def test_fused_steps_and_clipping_take_shards_next_to_plain_parameters(one_process_group, optimizer):
     """Tensor parallel makes the blocks' weights shards (DTensors) and leaves the other layers plain tensors: the
-    fused (or foreach) optimizer kernels and torch's clipping refuse such a mix. The optimizer's groups keep
-    them apart, clipping takes each kind in turn, and the step is the one of the same net unsharded."""
+    fused and foreach optimizer kernels and torch's clipping refuse such a mix, and SGD's fused kernel takes no
+    shards at all. The optimizer's groups keep the kinds apart (shards step with foreach kernels), clipping takes
+    each kind in turn, and the steps are those of the same net unsharded."""
     torch.manual_seed(0)
     nets = [ResidualMLP(in_features=8, num_classes=3, hidden=16, depth=2) for _ in range(2)]
     nets[1].load_state_dict(nets[0].state_dict())
@@ -75,14 +77,14 @@ def test_fused_steps_and_clipping_take_shards_next_to_plain_parameters(one_proce
     for clip_by in ("value", "norm"):
         for net, clip_value, clip_norm in [(nets[0], torch.nn.utils.clip_grad_value_, torch.nn.utils.clip_grad_norm_),
                                            (nets[1], clip_grad_value_, clip_grad_norm_)]:  # fmt: skip
-            optimizer = grouped_optimizer(partial(torch.optim.AdamW, fused=True), net.parameters(), True)
+            built = grouped_optimizer(partial(optimizer, fused=True), net.parameters(), True)
             F.cross_entropy(net(x), y).backward()
             if clip_by == "value":
                 clip_value(net.parameters(), 1e-3)
             else:
                 clip_norm(net.parameters(), 1e-2)
-            optimizer.step()
-            optimizer.zero_grad()
+            built.step()
+            built.zero_grad()
     sharded = {name: value.full_tensor() if isinstance(value, DTensor) else value
                for name, value in nets[1].state_dict().items()}  # fmt: skip
     for name, value in nets[0].state_dict().items():

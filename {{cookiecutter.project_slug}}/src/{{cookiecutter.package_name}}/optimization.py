@@ -20,14 +20,20 @@ def grouped_optimizer(
     matrices and embeddings (2+ dimensions) decay; norm scales and biases (1 dimension) do not, as they set a
     scale or an offset, which decay would only pull towards 0. Both groups always exist (one may be empty), so
     every pipeline stage's optimizer has the same groups as the single-device one. Under model_parallel each group
-    is split by placement (see `by_placement`)."""
+    is split by placement (see `by_placement`), and the groups of shards step with foreach kernels, not fused."""
     parameters = list(parameters)
     groups = [{"params": parameters}]
     if no_decay_norms_and_biases:
         decay = [param for param in parameters if param.ndim >= 2]
         no_decay = [param for param in parameters if param.ndim < 2]
         groups = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return optimizer([part for group in groups for part in by_placement(group)])
+    built = optimizer([part for group in groups for part in by_placement(group)])
+    for group in built.param_groups:
+        if group.get("fused") and any(isinstance(param, DTensor) for param in group["params"]):
+            # Shards (model_parallel) step with the foreach kernels: not every fused kernel takes DTensors (torch
+            # 2.13 has no sharding rule for SGD's), every foreach one does.
+            group.update(fused=False, foreach=True)
+    return built
 
 
 def by_placement(group: dict[str, Any]) -> list[dict[str, Any]]:
