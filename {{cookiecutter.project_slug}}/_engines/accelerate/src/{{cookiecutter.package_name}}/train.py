@@ -74,10 +74,10 @@ class Progress:
 def train(cfg: DictConfig) -> None:
     """Check the layout, start the processes, fit and test. Raises ConfigError before training."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    configure_allocator()  # before anything initialises CUDA
     # ddp_spawn forks its processes, which cannot use CUDA if this one initialised it: asking whether CUDA exists
     # must ask NVML, not the CUDA runtime (torch.cuda.is_available() initialises CUDA's driver otherwise).
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    configure_allocator()  # before anything initialises CUDA
     if cfg.ckpt_path and not (Path(cfg.ckpt_path) / "custom_checkpoint_0.pkl").is_file():
         raise ConfigError(
             f"ckpt_path={cfg.ckpt_path} is not a checkpoint folder; give one, e.g. <run dir>/checkpoints/last"
