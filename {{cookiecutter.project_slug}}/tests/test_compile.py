@@ -2,9 +2,10 @@
 wrapper), block by block where a preset splits the net. The first losses must equal the eager net's within
 COMPILE_TOLERANCE: compiled kernels fuse operations and may sum in another order.
 
-On a CPU torch.compile writes and compiles C++ (gcc), and that is the cost of these tests (about 30 s of CPU for
-the first run): the net is one block without norms (few kernels), and the ddp run reuses single's compiled
-kernels (inductor's cache). Compiled sharded blocks (model_parallel, pipeline) are the GPU check's rows.
+On a CPU torch.compile writes and compiles C++ (gcc), and that is the cost of these tests (tens of seconds of CPU
+per run with an empty compiler cache): the net is one block without norms (few kernels), and inductor's cache,
+shared by the processes and both engines' suites, spares much of it. Compiled sharded blocks (model_parallel,
+pipeline) are the GPU check's rows (tests/test_presets.py); which modules are compiled is checked below.
 """
 
 import re

@@ -230,8 +230,11 @@ def fit(
                 if loss is not None:
                     step_loss = step_loss + loss
                 if accelerator.sync_gradients:
-                    if trainer.gradient_clip_val:  # the norm over every shard too (accelerate's needs 1.15 for
-                        accelerator.unscale_gradients()  # tensor-parallel shards), of the fp16 gradients unscaled
+                    if trainer.gradient_clip_val:
+                        # The norm of the whole gradient, tensor-parallel shards too (the shared clip, as in the
+                        # Lightning engine: accelerator.clip_grad_norm_ handles shards only in accelerate releases
+                        # newer than this project's minimum, 1.10), of the 16-mixed gradients once unscaled.
+                        accelerator.unscale_gradients()
                         clip_grad_norm_(model.parameters(), trainer.gradient_clip_val)
                     lr = current_lr(optimizer)
                     optimizer.step()
