@@ -37,6 +37,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         f"{src}/bench.py",
         f"{src}/checkpoints.py",
         f"{src}/commands.py",
+        f"{src}/compilation.py",
         f"{src}/config.py",
         f"{src}/data.py",
         f"{src}/doctor.py",
@@ -91,6 +92,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         "tests/slurm_jobs.py",
         "tests/test_config.py",
         "tests/test_bench.py",
+        "tests/test_compile.py",
         "tests/test_data.py",
         "tests/test_doctor.py",
         "tests/test_files_data.py",
@@ -125,6 +127,7 @@ def expected_files(package: str, engine: str) -> set[str]:
             "tests/launchers.py",
             "tests/nets.py",
             "tests/restarts.py",
+            "tests/test_dp.py",
             "tests/test_multinode.py",
             "tests/test_resume.py",
         }

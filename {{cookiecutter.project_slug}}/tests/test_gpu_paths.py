@@ -1,5 +1,9 @@
 """The CPU-reachable logic of the GPU paths (each GPU-only part has its test, skipped without a GPU):
-allocator settings, results gathered across pipeline stages, meta-device init of sharded models."""
+allocator settings, results gathered across pipeline stages, meta-device init of sharded models, the precision
+`auto` picks without initialising CUDA, TF32."""
+
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -14,7 +18,7 @@ from {{ cookiecutter.package_name }}.memory import (
 )
 from {{ cookiecutter.package_name }}.model import ResidualMLP
 from {{ cookiecutter.package_name }}.pipelining import TimedStage, on_cpu
-from {{ cookiecutter.package_name }}.precision import resolve_precision
+from {{ cookiecutter.package_name }}.precision import has_native_bf16, resolve_precision, use_tensor_cores
 from {{ cookiecutter.package_name }}.sharding import OnMeta, is_on_meta, materialize
 from {{ cookiecutter.package_name }}.synthetic import data_settings
 
@@ -115,3 +119,45 @@ def test_precision_auto_is_fp32_on_the_cpu_and_bf16_on_a_bf16_gpu():
     assert resolve_precision(32, "cpu") == "32-true" and resolve_precision("16-mixed", "cpu") == "16-mixed"
     with pytest.raises(ConfigError, match="trainer.precision=16 is unknown; valid: auto, 32-true"):
         resolve_precision(16, "cpu")
+
+
+def test_bf16_is_native_from_compute_capability_8_on_every_gpu():
+    assert has_native_bf16([(8, 0), (9, 0)]) and has_native_bf16([(12, 1)])
+    assert not has_native_bf16([(8, 6), (7, 5)]), "one Turing GPU emulates bf16: fp32 for all"
+    assert not has_native_bf16([]), "nothing known: fp32"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the test below checks the real thing")
+def test_precision_auto_is_decided_without_initialising_cuda(monkeypatch):
+    """As on a GPU machine (torch.cuda.is_available() says yes): `auto` must not ask torch.cuda, which would
+    initialise CUDA in the process that Accelerate's ddp_spawn forks next. NVML answers nothing here: fp32."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_precision("auto", "auto") == "32-true"
+    assert not torch.cuda.is_initialized()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU to leave uninitialised")
+def test_precision_auto_on_a_gpu_leaves_cuda_uninitialised():
+    code = (
+        "import torch; from {{ cookiecutter.package_name }}.precision import resolve_precision; "
+        "print(resolve_precision('auto', 'auto'), torch.cuda.is_initialized())"
+    )
+    precision, initialised = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.split()
+    assert initialised == "False"
+    oldest = min(torch.cuda.get_device_capability(index) for index in range(torch.cuda.device_count()))
+    assert precision == ("bf16-mixed" if oldest >= (8, 0) else "32-true")
+
+
+def test_tf32_false_makes_fp32_matmuls_exact_again():
+    before = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    try:
+        torch.set_float32_matmul_precision("high")
+        use_tensor_cores(tf32=False)
+        assert torch.get_float32_matmul_precision() == "highest" and not torch.backends.cudnn.allow_tf32
+        use_tensor_cores(tf32=True)  # on the CPU (or a GPU older than Ampere) nothing changes
+        expected = "high" if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0) else "highest"
+        assert torch.get_float32_matmul_precision() == expected
+    finally:
+        torch.set_float32_matmul_precision(before[0])
+        torch.backends.cudnn.allow_tf32 = before[1]

@@ -2,13 +2,24 @@
 train/lr), trainer.accumulate_grad_batches inside the global batch, and BatchNorm under data parallelism."""
 
 import math
+from functools import partial
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 from conftest import QUICK, TOLERANCE, K
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import parallelize_module
 
+from {{ cookiecutter.package_name }}.config import CONFIG_DIR, register_resolvers
 from {{ cookiecutter.package_name }}.model import ResidualMLP
+from {{ cookiecutter.package_name }}.model_split import find_split
 from {{ cookiecutter.package_name }}.optimization import grouped_optimizer
+from {{ cookiecutter.package_name }}.sharding import clip_grad_norm_, clip_grad_value_
 
 
 @pytest.mark.parametrize("norm", ["layer", "batch"])
@@ -21,6 +32,63 @@ def test_norms_and_biases_are_not_decayed(norm):
         assert (id(param) not in decayed) == is_norm_or_bias, name
     plain = grouped_optimizer(torch.optim.AdamW, net.parameters(), no_decay_norms_and_biases=False)
     assert len(plain.param_groups) == 1 and plain.param_groups[0]["weight_decay"] > 0
+
+
+def test_the_optimizer_is_fused_as_the_config_says():
+    """model.optimizer.fused (default true: one kernel for every parameter), through the code that builds the run's
+    optimizer; null leaves torch's choice."""
+    register_resolvers()
+    for overrides, fused in [([], True), (["model.optimizer.fused=null"], None)]:
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            cfg = compose("train", overrides=overrides)
+{%- if cookiecutter.engine == "lightning" %}
+        module = instantiate(cfg.model, net=ResidualMLP(in_features=8, num_classes=3, hidden=16, depth=1))
+        optimizer = module.configure_optimizers()  # (no scheduler given: the optimizer alone)
+{%- else %}
+        net = ResidualMLP(in_features=8, num_classes=3, hidden=16, depth=1)
+        optimizer = grouped_optimizer(instantiate(cfg.model.optimizer), net.parameters(), True)
+{%- endif %}
+        assert [group["fused"] for group in optimizer.param_groups] == [fused, fused]
+
+
+@pytest.fixture
+def one_process_group():
+    """A process group of this process alone (gloo), for tensor-parallel shards without launching processes."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("optimizer", [torch.optim.AdamW, partial(torch.optim.SGD, lr=0.1, momentum=0.9)])
+def test_fused_steps_and_clipping_take_shards_next_to_plain_parameters(one_process_group, optimizer):
+    """Tensor parallel makes the blocks' weights shards (DTensors) and leaves the other layers plain tensors: the
+    fused and foreach optimizer kernels and torch's clipping refuse such a mix, and SGD's fused kernel takes no
+    shards at all. The optimizer's groups keep the kinds apart (shards step with foreach kernels), clipping takes
+    each kind in turn, and the steps are those of the same net unsharded."""
+    torch.manual_seed(0)
+    nets = [ResidualMLP(in_features=8, num_classes=3, hidden=16, depth=2) for _ in range(2)]
+    nets[1].load_state_dict(nets[0].state_dict())
+    mesh = init_device_mesh("cpu", (1,))
+    parallelize_module(nets[1], mesh, dict(find_split(nets[1], "model_parallel")[1].tensor_parallel))
+    assert isinstance(nets[1].blocks[0].fc_in.weight, DTensor) and not isinstance(nets[1].head.weight, DTensor)
+    x, y = torch.randn(16, 8), torch.randint(0, 3, (16,))
+    for clip_by in ("value", "norm"):
+        for net, clip_value, clip_norm in [(nets[0], torch.nn.utils.clip_grad_value_, torch.nn.utils.clip_grad_norm_),
+                                           (nets[1], clip_grad_value_, clip_grad_norm_)]:  # fmt: skip
+            built = grouped_optimizer(partial(optimizer, fused=True), net.parameters(), True)
+            F.cross_entropy(net(x), y).backward()
+            if clip_by == "value":
+                clip_value(net.parameters(), 1e-3)
+            else:
+                clip_norm(net.parameters(), 1e-2)
+            built.step()
+            built.zero_grad()
+    sharded = {name: value.full_tensor() if isinstance(value, DTensor) else value
+               for name, value in nets[1].state_dict().items()}  # fmt: skip
+    for name, value in nets[0].state_dict().items():
+        assert torch.allclose(sharded[name], value, atol=1e-6), name
 
 
 def expected_cosine(step: int, lr: float, warmup: int, total: int, ratio: float) -> float:

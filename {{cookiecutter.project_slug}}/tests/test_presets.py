@@ -1,9 +1,11 @@
 """Every preset x precision this machine can host, against strategy=single, in one table for both engines.
 
-On a GPU machine, `pytest -m gpu` runs it on the GPUs (1 GPU: single; 2+: every preset) and prints the table
-(preset, precision, ok, seconds per run, peak memory per device). On CPU (CI) it runs the rows the CPU can
-host: bf16-mixed is real autocast there. 32-true must give single's losses (loss parity); bf16-mixed must stay
-close to single's bf16 losses, and differ from fp32 (the forward really ran in bf16).
+On a GPU machine, `pytest -m gpu` runs it on the GPUs (1 GPU: single and compile; 2+: every preset) and prints
+the table (preset, precision, ok, seconds per run, peak memory per device). On CPU (CI) it runs the rows the CPU
+can host: bf16-mixed is real autocast there. 32-true must give single's losses (loss parity; with tf32=false,
+as TF32 matmuls round to 10 bits of mantissa); bf16-mixed must stay close to single's bf16 losses, and differ
+from fp32 (the forward really ran in bf16). The compile rows (compile=true) compile each block of the split
+presets, sharded or cut, which CI's CPU tests leave out (tests/test_compile.py compiles single and ddp).
 """
 
 import sys
@@ -19,6 +21,7 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 GPUS = torch.cuda.device_count()
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 BF16_TOLERANCE = 5e-2  # bf16 keeps 8 bits of mantissa; layouts sum in different orders
+COMPILE_TOLERANCE = 1e-4  # fp32: compiled kernels fuse operations and may sum in another order
 STEPS = 4  # one epoch (QUICK) of data.train_size / data.batch_size (64): then validation and the memory figures
 TABLE = [*(o for o in PARITY if not o.startswith(("trainer.max_steps", "trainer.accelerator"))),
          "trainer.max_steps=-1", "data.train_size=256", "data.val_size=101",
@@ -33,6 +36,9 @@ PRESETS = [
     ("dp", ["strategy=dp", "trainer.devices=2"], None, 1),
     ("model_parallel", ["strategy=model_parallel", "trainer.devices=2"], None, 2),
     ("pipeline", ["strategy=pipeline", "trainer.devices=2"], None, 2),
+    ("compile", ["strategy=single", "compile=true"], None, 1),
+    ("compile-model_parallel", ["strategy=model_parallel", "trainer.devices=2", "compile=true"], None, 2),
+    ("compile-pipeline", ["strategy=pipeline", "trainer.devices=2", "compile=true"], None, 2),
 ]
 {%- else %}
 MEMORY = ["oom.log_memory=true"]
@@ -44,15 +50,21 @@ PRESETS = [
     ("dp", ["strategy=dp", "trainer.devices=2"], None, 1),
     ("model_parallel", ["strategy=model_parallel"], TORCHRUN, 2),
     ("pipeline", ["strategy=pipeline"], TORCHRUN, 2),
+    ("compile", ["strategy=single", "compile=true"], None, 1),
+    ("compile-model_parallel", ["strategy=model_parallel", "compile=true"], TORCHRUN, 2),
+    ("compile-pipeline", ["strategy=pipeline", "compile=true"], TORCHRUN, 2),
 ]
 {%- endif %}
-REFUSED = {("model_parallel", "16-mixed"), ("pipeline", "16-mixed")}  # refused in one line: no sharded scaler
+REFUSED = {"model_parallel", "pipeline"}  # refuse 16-mixed in one line: no sharded gradient scaler
 
 
 def why_not_here(preset: str, precision: str, processes: int) -> str | None:
     """None if this machine can host the row, else the reason it is skipped."""
-    if (preset, precision) in REFUSED:
-        return f"strategy={preset} refuses trainer.precision=16-mixed in one line before training (no sharded scaler)"
+    strategy = preset.removeprefix("compile-") if preset != "compile" else "single"
+    if strategy in REFUSED and precision == "16-mixed":
+        return f"strategy={strategy} refuses trainer.precision=16-mixed in one line before training (no sharded scaler)"
+    if preset.startswith("compile") and not GPUS:
+        return "compile=true on CPU is tests/test_compile.py's (single, ddp): compiling C++ for every row costs minutes"
     if not GPUS:
         if precision == "16-mixed":
             return "16-mixed autocast and its gradient scaler need a CUDA GPU"
@@ -90,7 +102,8 @@ def reference(runner):
 
 def run_row(runner, preset: str, overrides: list[str], launcher, precision: str):
     start = time.perf_counter()
-    run = runner(*TABLE, *MEMORY, *overrides, f"trainer.precision={precision}", launcher=launcher)
+    exact = ["tf32=false"] if precision == "32-true" else []  # fp32 parity: no TF32 matmuls on the GPU
+    run = runner(*TABLE, *MEMORY, *overrides, f"trainer.precision={precision}", *exact, launcher=launcher)
     seconds = time.perf_counter() - start
     wandb = run.wandb
     figures = ("/peak_allocated_mb", "/rss_mb")  # CUDA, CPU
@@ -115,8 +128,9 @@ def test_preset_matches_single(runner, reference, preset, precision):
     row.update(figures)
     assert len(losses) == STEPS
     if precision == "32-true":
-        assert losses == pytest.approx(fp32_losses, abs=TOLERANCE)
-        assert val == pytest.approx(fp32_val, abs=TOLERANCE), "val/loss, val/acc over every sample once"
+        tolerance = COMPILE_TOLERANCE if preset.startswith("compile") else TOLERANCE
+        assert losses == pytest.approx(fp32_losses, abs=tolerance)
+        assert val == pytest.approx(fp32_val, abs=tolerance), "val/loss, val/acc over every sample once"
     else:
         single_losses, single_val, _ = reference(precision)
         assert losses == pytest.approx(single_losses, abs=BF16_TOLERANCE)

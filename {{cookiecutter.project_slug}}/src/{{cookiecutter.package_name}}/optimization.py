@@ -1,11 +1,13 @@
-"""What both engines share about the optimisation: the optimizer's parameter groups (weight decay) and the
-learning-rate schedules of configs/scheduler/, built from torch.optim.lr_scheduler and stepped once per
-optimizer step."""
+"""What both engines share about the optimisation: the optimizer's parameter groups (weight decay, and the kinds
+of parameter that fused kernels keep apart) and the learning-rate schedules of configs/scheduler/, built from
+torch.optim.lr_scheduler and stepped once per optimizer step."""
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, LRScheduler, SequentialLR
 
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
@@ -18,13 +20,33 @@ def grouped_optimizer(
     """`optimizer` (model.optimizer) over `parameters`. With no_decay_norms_and_biases, two parameter groups: weight
     matrices and embeddings (2+ dimensions) decay; norm scales and biases (1 dimension) do not, as they set a
     scale or an offset, which decay would only pull towards 0. Both groups always exist (one may be empty), so
-    every pipeline stage's optimizer has the same groups as the single-device one."""
+    every pipeline stage's optimizer has the same groups as the single-device one. Under model_parallel each group
+    is split by placement (see `by_placement`), and the groups of shards step with foreach kernels, not fused."""
     parameters = list(parameters)
-    if not no_decay_norms_and_biases:
-        return optimizer(parameters)
-    decay = [param for param in parameters if param.ndim >= 2]
-    no_decay = [param for param in parameters if param.ndim < 2]
-    return optimizer([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}])
+    groups = [{"params": parameters}]
+    if no_decay_norms_and_biases:
+        decay = [param for param in parameters if param.ndim >= 2]
+        no_decay = [param for param in parameters if param.ndim < 2]
+        groups = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+    built = optimizer([part for group in groups for part in by_placement(group)])
+    for group in built.param_groups:
+        if group.get("fused") and any(isinstance(param, DTensor) for param in group["params"]):
+            # Shards (model_parallel) step with the foreach kernels: not every fused kernel takes DTensors (torch
+            # 2.13 has no sharding rule for SGD's), every foreach one does.
+            group.update(fused=False, foreach=True)
+    return built
+
+
+def by_placement(group: dict[str, Any]) -> list[dict[str, Any]]:
+    """`group` as one group per kind of parameter: plain tensors, and the shards (DTensors) of each device mesh.
+    The fused and foreach optimizer kernels (model.optimizer.fused) run group by group and refuse a mix, as
+    tensor parallelism makes one (sharded blocks, plain first and last layers). One kind: `group` as it is."""
+    kinds: dict[Any, list[nn.Parameter]] = {}
+    for param in group["params"]:
+        kinds.setdefault(param.device_mesh if isinstance(param, DTensor) else None, []).append(param)
+    if len(kinds) < 2:
+        return [group]
+    return [{**group, "params": params} for params in kinds.values()]
 
 
 def warmup(optimizer: torch.optim.Optimizer, warmup_steps: int) -> LinearLR:

@@ -8,7 +8,8 @@
 
 A model that only fits sharded must never exist whole on a rank: it is built on the meta device (`OnMeta`),
 sharded, then `materialize` allocates only this rank's shards and fills them with the values a normal build
-draws, so training matches strategy=single. `clip_grad_norm_` clips by the norm of the whole gradient.
+draws, so training matches strategy=single. `clip_grad_norm_` clips by the norm of the whole gradient and
+`clip_grad_value_` every element, over shards and plain tensors alike.
 """
 
 from collections.abc import Iterable, Sequence
@@ -203,11 +204,7 @@ def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, norm_ty
     """torch.nn.utils.clip_grad_norm_ for a model whose parameters are partly shards (DTensors, one group per
     device mesh) and partly plain tensors, which torch's refuses to mix: the norm is over the WHOLE gradient,
     every shard included, so the clipped update equals one device's. Returns that norm."""
-    groups: dict[object, list[torch.Tensor]] = {}
-    for param in parameters:
-        if param.grad is not None:
-            key = param.grad.device_mesh if isinstance(param.grad, DTensor) else None
-            groups.setdefault(key, []).append(param)
+    groups = _by_mesh(parameters)
     if not groups:
         return torch.tensor(0.0)
     norms = []
@@ -219,6 +216,24 @@ def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, norm_ty
         norm = DTensor.from_local(total, mesh) if mesh is not None else total  # replicated on that mesh
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
     return total
+
+
+@torch.no_grad()
+def clip_grad_value_(parameters: Iterable[torch.Tensor], clip_value: float) -> None:
+    """torch.nn.utils.clip_grad_value_ for shards next to plain tensors (torch's refuses the mix): every gradient
+    element is clamped to [-clip_value, clip_value] where it lives, as on one device."""
+    for params in _by_mesh(parameters).values():
+        torch.nn.utils.clip_grad_value_(params, clip_value)
+
+
+def _by_mesh(parameters: Iterable[torch.Tensor]) -> dict[object, list[torch.Tensor]]:
+    """The parameters that have a gradient, by the device mesh of their shards (None: plain tensors)."""
+    groups: dict[object, list[torch.Tensor]] = {}
+    for param in parameters:
+        if param.grad is not None:
+            key = param.grad.device_mesh if isinstance(param.grad, DTensor) else None
+            groups.setdefault(key, []).append(param)
+    return groups
 
 
 def default_layer_devices() -> list[str]:

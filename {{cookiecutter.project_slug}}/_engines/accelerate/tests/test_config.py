@@ -58,6 +58,7 @@ BAD_INPUT = [
         ["data.dataset._target_=nope.Nope"],
         "data.dataset._target_=nope.Nope cannot be imported (No module named 'nope'); give the full import path",
     ),
+    (["strategy=dp", "compile=true"], "strategy=dp does not support compile=true: nn.DataParallel copies the net"),
 ]
 BAD_INPUT_IDS = [
     "unknown-strategy",
@@ -75,6 +76,7 @@ BAD_INPUT_IDS = [
     "pipeline-without-split",
     "model-parallel-without-split",
     "dataset-that-does-not-import",
+    "compile-under-dp",
 ]
 
 

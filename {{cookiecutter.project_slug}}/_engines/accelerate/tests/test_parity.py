@@ -106,3 +106,13 @@ def test_dp_over_two_gpus_matches_single(train, single_losses):
     run = train(*ON_GPU, "strategy=dp", "trainer.devices=2")
     assert run.losses(K) == pytest.approx(single_losses, abs=1e-4)  # GPU against CPU arithmetic
     assert run.wandb.config["run"]["replica_devices"] == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="ddp_spawn forks one process per GPU: needs 2 GPUs")
+def test_ddp_spawn_on_two_gpus_with_precision_auto(train):
+    """trainer.precision=auto is decided in the process that forks the others without initialising CUDA there
+    (NVML): a forked process cannot use CUDA once its parent has initialised it."""
+    run = train(*ON_GPU, "strategy=ddp_spawn", "trainer.devices=2")
+    oldest = min(torch.cuda.get_device_capability(index) for index in range(torch.cuda.device_count()))
+    assert run.wandb.config["trainer"]["precision"] == ("bf16-mixed" if oldest >= (8, 0) else "32-true")

@@ -146,11 +146,18 @@ class ManualOptimization(Recorded):
         self.automatic_optimization = False
 
 
+class Compiled(Recorded):
+    def __init__(self) -> None:
+        super().__init__()
+        self.compile_net = True  # compile=true
+
+
 @pytest.mark.parametrize(
     "model, message",
     [
         (OwnTransfer, "cannot call OwnTransfer.transfer_batch_to_device: nn.DataParallel moves the batch"),
         (ManualOptimization, "needs automatic optimization"),
+        (Compiled, "does not support compile=true: nn.DataParallel copies the net into a thread per GPU"),
     ],
 )
 def test_what_cannot_work_on_replicas_fails_at_start(tmp_path, model, message):

@@ -92,3 +92,16 @@ def test_train_loss_is_synced_only_on_the_steps_written(tmp_path, options, writt
     assert model.synced == written, "one sync per written step, none in between"
     assert recorder.losses == pytest.approx({step: model.losses[step] for step in written})
     assert recorder.mean_steps == written and item_logger.host_syncs == len(written), "the item logger too"
+
+
+def test_tf32_is_set_by_the_modules_setup_which_every_process_runs():
+    """tf32 is set in LightningModule.setup, which Lightning calls in every training process: ddp_spawn's
+    processes do not inherit the setting of the process that starts them."""
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")
+        Classifier(ResidualMLP(32, 8, hidden=16, depth=1), torch.optim.SGD, tf32=False).setup("fit")
+        assert torch.get_float32_matmul_precision() == "highest"
+    finally:
+        torch.set_float32_matmul_precision(before)
+        torch.backends.cudnn.allow_tf32 = True

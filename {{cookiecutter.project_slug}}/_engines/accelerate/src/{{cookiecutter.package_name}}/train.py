@@ -29,6 +29,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from .batchnorm import oom_handling_problem
 from .checkpoints import Checkpoints
+from .compilation import compile_net
 from .config import (
     UNRESOLVED,
     ConfigError,
@@ -50,6 +51,7 @@ from .optimization import current_lr, grouped_optimizer, respan, total_steps
 from .precision import resolve_precision, use_tensor_cores
 from .resuming import starting_point
 from .search.epoch_metrics import append_epoch_metrics
+from .sharding import clip_grad_norm_
 from .strategies import Strategy
 from .tracking import finish_wandb, forget_wandb_run, write_atomically
 from .wandb_tracker import ResumingWandBTracker
@@ -85,6 +87,9 @@ class Progress:
 def train(cfg: DictConfig) -> None:
     """Check the layout, start the processes, fit and test. Raises ConfigError before training."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    # ddp_spawn forks its processes, which cannot use CUDA if this one initialised it: asking whether CUDA exists
+    # must ask NVML, not the CUDA runtime (torch.cuda.is_available() initialises CUDA's driver otherwise).
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     configure_allocator()  # before anything initialises CUDA
     # A restart continues from the run's last checkpoint; checkpoints of another training are refused.
     cfg.ckpt_path, cfg.resume = starting_point(run_dir, cfg, run_dir / "checkpoints" / "last")
@@ -141,7 +146,7 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
 
 def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: OOMRecovery | None) -> None:
     """What every training process runs."""
-    use_tensor_cores()
+    use_tensor_cores(cfg.tf32)  # here, in every process: a forked or spawned process does not inherit it
     accelerator = Accelerator(
         cpu=cfg.trainer.accelerator == "cpu" or not torch.cuda.is_available(),  # else 2 CPU processes do not connect
         mixed_precision=PRECISION[cfg.trainer.precision],
@@ -157,6 +162,8 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
         grouped_optimizer, build(cfg.model.optimizer), no_decay_norms_and_biases=cfg.model.no_decay_norms_and_biases
     )
     model, optimizer = strategy.prepare(accelerator, net, optimizer_factory)
+    if cfg.compile:  # the net in place, inside ddp's wrapper, after sharding; compiled at its first call
+        compile_net(net, per_block=strategy.compiles_per_block)
     replicas, rank = strategy.data_parallel(accelerator.process_index, accelerator.num_processes)
     scheduler = build(cfg.scheduler)(optimizer, total_steps=training_steps(cfg, data, replicas, rank))
     progress = Progress()
@@ -261,7 +268,11 @@ def fit(
                     step_loss = step_loss + loss
                 if accelerator.sync_gradients:
                     if trainer.gradient_clip_val:
-                        accelerator.clip_grad_norm_(model.parameters(), trainer.gradient_clip_val)
+                        # The norm of the whole gradient, tensor-parallel shards too (the shared clip, as in the
+                        # Lightning engine: accelerator.clip_grad_norm_ handles shards only in accelerate releases
+                        # newer than this project's minimum, 1.10), of the 16-mixed gradients once unscaled.
+                        accelerator.unscale_gradients()
+                        clip_grad_norm_(model.parameters(), trainer.gradient_clip_val)
                     lr = current_lr(optimizer)
                     optimizer.step()
                     scheduler.step()  # once per optimizer step (not accelerate's prepared scheduler, which steps

@@ -7,9 +7,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .compilation import compile_net
 from .metrics import perplexity
 from .optimization import OptimizerFactory, SchedulerFactory, current_lr, grouped_optimizer, respan, total_steps
-from .sharding import clip_grad_norm_
+from .precision import use_tensor_cores
+from .sharding import clip_grad_norm_, clip_grad_value_
 
 
 class Classifier(L.LightningModule):
@@ -19,21 +21,29 @@ class Classifier(L.LightningModule):
         optimizer: OptimizerFactory,
         no_decay_norms_and_biases: bool = True,
         scheduler: SchedulerFactory | None = None,
+        compile: bool = False,
+        tf32: bool = True,
     ) -> None:
         super().__init__()
         self.net = net
         self.optimizer_factory, self.no_decay_norms_and_biases = optimizer, no_decay_norms_and_biases
         self.scheduler_factory = scheduler  # configs/scheduler/, given by train.py
+        self.compile_net, self.tf32 = compile, tf32  # the top-level config keys, given by train.py
         self._totals: dict[str, torch.Tensor] = {}  # per split: loss sum, correct, targets (several processes)
         self._batch_losses: dict[str, torch.Tensor] = {}  # per split: loss sum, targets (one process)
         self._step_loss: torch.Tensor | float = 0.0  # of the optimizer step's accumulated batches so far
         self._step_lr = 0.0  # the learning rate of the last optimizer step
+
+    def setup(self, stage: str) -> None:
+        use_tensor_cores(self.tf32)  # in every process: spawned processes do not inherit the setting
 
     def configure_model(self) -> None:
         # Lightning calls this once the processes exist. Only model_parallel's tensor mode has a device
         # mesh; it shards the net by the plan the net declares (see strategies/model_parallel.py).
         if self.device_mesh is not None:
             self.trainer.strategy.parallelize(self.net)
+        if self.compile_net:  # in place, before ddp wraps it; compiled at its first call (compilation.py)
+            compile_net(self.net, per_block=getattr(self.trainer.strategy, "compiles_per_block", False))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -128,9 +138,10 @@ class Classifier(L.LightningModule):
     def configure_gradient_clipping(
         self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm=None
     ) -> None:
-        # Tensor-parallel shards (DTensors) next to plain parameters: torch's clip_grad_norm_ refuses the mix.
-        if gradient_clip_val and gradient_clip_algorithm in (None, "norm") and self.device_mesh is not None:
-            clip_grad_norm_(self.parameters(), gradient_clip_val)
+        # Tensor-parallel shards (DTensors) next to plain parameters: torch's clipping refuses the mix.
+        if gradient_clip_val and self.device_mesh is not None:
+            clip = clip_grad_value_ if gradient_clip_algorithm == "value" else clip_grad_norm_
+            clip(self.parameters(), gradient_clip_val)
             return
         super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 

@@ -39,7 +39,7 @@ from .config import (
 from .data import check_input, per_device_batch_size
 from .launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
 from .memory import configure_allocator
-from .precision import resolve_precision, use_tensor_cores
+from .precision import resolve_precision
 from .resuming import starting_point
 from .strategies import BatchNormSync, check_layout, data_parallel_size, model_init_context
 from .tracking import finish_wandb, write_atomically
@@ -100,7 +100,6 @@ def prepare(cfg: DictConfig, with_logger: bool = True) -> tuple[L.Trainer, L.Lig
     )
     warn_if_restarts_can_hang()
     cfg.trainer.precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # auto: bf16 on GPUs
-    use_tensor_cores()
     trainer = build(
         cfg.trainer,
         num_nodes=num_nodes,
@@ -111,7 +110,7 @@ def prepare(cfg: DictConfig, with_logger: bool = True) -> tuple[L.Trainer, L.Lig
         plugins=[BatchNormSync()] if cfg.trainer.sync_batchnorm else None,  # on CPU processes too
     )
     with model_init_context(trainer):  # model_parallel: on the meta device, each rank allocates its shards
-        model = build(cfg.model, scheduler=build(cfg.scheduler))
+        model = build(cfg.model, scheduler=build(cfg.scheduler), compile=cfg.compile, tf32=cfg.tf32)
     synchronised = synchronised_batchnorm(cfg, model, trainer)
     check_layout(preset(), trainer, cfg.data.batch_size, model, synchronised)  # now, not inside a worker process
     datamodule.data.check_layout(data_parallel_size(trainer), trainer.world_size)

@@ -27,6 +27,7 @@ class Strategy:
     name = "single"
     supports_batch_size_search = True  # False where the forward itself is a collective
     sync_batchnorm = False  # whether the net's BatchNorm layers are synchronised over the processes (ddp)
+    compiles_per_block = False  # compile=true: the whole net, or (presets that split it) each block
 
     def __init__(self, timeout: timedelta = timedelta(minutes=10)) -> None:
         self.timeout = timeout
@@ -67,7 +68,7 @@ class Strategy:
     ) -> torch.Tensor:
         """Forward and backward of one batch; returns the (detached) loss. The loop steps the optimizer.
         Under autocast here, not only in the net's prepared forward: model_parallel's and dp's nets are not
-        prepared (nn.DataParallel enters it again in each replica's thread)."""
+        prepared (dp's replicas enter it again in their threads, see dp.AutocastReplica)."""
         with accelerator.autocast():
             loss = loss_fn(model(x), y)
         accelerator.backward(loss)

@@ -7,6 +7,8 @@ Without 2+ GPUs it warns once and runs on one device (the same code path with on
 
 import warnings
 from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 from accelerate import Accelerator
@@ -14,6 +16,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from ..batchnorm import data_parallel_problem
+from ..compilation import DP_REFUSAL
 from ..config import ConfigError
 from . import Strategy
 
@@ -37,6 +40,8 @@ class DataParallel(Strategy):
         on_gpu = cfg.trainer.accelerator != "cpu" and torch.cuda.is_available()
         if problem := data_parallel_problem(net, min(self.devices, torch.cuda.device_count()) if on_gpu else 1):
             raise ConfigError(f"strategy=dp {problem}")
+        if cfg.compile:
+            raise ConfigError(DP_REFUSAL)
 
     def data_parallel(self, process_index: int, processes: int) -> tuple[int, int]:
         return 1, 0  # one process reads the whole global batch; the scatter splits it
@@ -53,13 +58,27 @@ class DataParallel(Strategy):
             )
             return net, optimizer
         # accelerate's prepare made the net's forward an autocast wrapper bound to this (root) module, which the
-        # replicas would copy and run on the root's weights: drop it; train_step autocasts around the replicas.
+        # replicas would copy and run on the root's weights: drop it; each replica autocasts itself instead.
         vars(net).pop("forward", None)
         self.replica_devices = [torch.device("cuda", index) for index in range(gpus)]
-        return nn.DataParallel(net, device_ids=list(range(gpus))), optimizer
+        return nn.DataParallel(AutocastReplica(net, accelerator.autocast), device_ids=list(range(gpus))), optimizer
 
     def devices_in_use(self) -> list[torch.device]:
         return self.replica_devices
 
     def describe(self) -> dict[str, int]:
         return {"replica_devices": self.devices}
+
+
+class AutocastReplica(nn.Module):
+    """What nn.DataParallel replicates: the net, run under the run's autocast (`accelerator.autocast`). Autocast is
+    set per thread, and nn.DataParallel's replica threads enter CUDA's autocast without a dtype, i.e. float16: a
+    bf16-mixed run would compute in fp16, with no gradient scaler. (Checkpoints save the net itself.)"""
+
+    def __init__(self, net: nn.Module, autocast: Callable[[], AbstractContextManager]) -> None:
+        super().__init__()
+        self.net, self.autocast = net, autocast
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with self.autocast():
+            return self.net(*args, **kwargs)

@@ -44,6 +44,7 @@ from . import Strategy
 class ModelParallel(Strategy):
     name = "model_parallel"
     supports_batch_size_search = False
+    compiles_per_block = True
 
     def __init__(
         self,

@@ -19,6 +19,7 @@ from . import LossFn, Strategy
 class PipelineParallel(Strategy):
     name = "pipeline"
     supports_batch_size_search = False
+    compiles_per_block = True
 
     def __init__(
         self, microbatches: int = 4, schedule: str = "1f1b", split_points: list[int] | None = None, **kwargs: Any

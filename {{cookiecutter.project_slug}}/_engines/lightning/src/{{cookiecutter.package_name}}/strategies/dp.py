@@ -21,6 +21,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor, nn
 
 from ..batchnorm import data_parallel_problem
+from ..compilation import DP_REFUSAL
 from ..config import ConfigError
 
 STEP_CONTEXTS = {
@@ -188,6 +189,8 @@ class DataParallelStrategy(ParallelStrategy):
         ]
         if problem := data_parallel_problem(model, len(self.parallel_devices or [])):
             problems.append(problem)
+        if getattr(model, "compile_net", False):
+            problems.append(DP_REFUSAL.removeprefix("strategy=dp "))
         if not model.automatic_optimization:
             problems.append("needs automatic optimization: manual backward and steps would run in every replica")
         if self.num_nodes > 1:

@@ -61,6 +61,7 @@ class TensorParallelStrategy(ModelParallelStrategy):
     shards are ever allocated, with the values strategy=single draws (sharding.materialize)."""
 
     builds_on_meta = True
+    compiles_per_block = True  # compile=true (compilation.py)
     _init_rng_state: torch.Tensor | None = None
 
     @contextmanager
@@ -116,6 +117,7 @@ class LayerSplitStrategy(SingleDeviceStrategy):
 
     data_parallel_size = 1
     data_parallel_rank = 0
+    compiles_per_block = True  # compile=true (compilation.py)
 
     def __init__(self, devices: list[str] | None = None) -> None:
         self.devices = [torch.device(device) for device in devices or default_layer_devices()]

@@ -38,6 +38,7 @@ class PipelineStrategy(DDPStrategy):
 
     data_parallel_size = 1  # read by the data module: every stage loads the whole batch
     data_parallel_rank = 0
+    compiles_per_block = True  # compile=true: each block, in place, before the net is cut (compilation.py)
 
     def __init__(
         self,
