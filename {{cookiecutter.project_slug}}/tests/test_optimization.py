@@ -79,7 +79,7 @@ def test_bad_input_fails_in_one_line(refused, case):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="torch's SyncBatchNorm runs on GPUs only: needs 2 GPUs")
+@pytest.mark.gpu(2)  # torch's SyncBatchNorm runs on GPUs only
 def test_batchnorm_under_ddp_is_synchronised_and_trains_like_one_device(train):
     parity = [*QUICK, "trainer.max_steps=6", "data.shuffle=false", "data.batch_size=64", "model.net.norm=batch"]
     single = train(*parity, "strategy=single", "trainer.devices=1")

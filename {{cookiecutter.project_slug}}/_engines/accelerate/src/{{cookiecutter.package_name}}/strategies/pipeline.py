@@ -52,12 +52,21 @@ class PipelineParallel(Strategy):
         return stage, optimizer(stage.parameters())
 
     def train_step(
-        self, accelerator: Accelerator, model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn
+        self,
+        accelerator: Accelerator,
+        model: nn.Module,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        loss_fn: LossFn,
+        logged: bool = True,
     ) -> torch.Tensor:
+        """Each stage's part of the step. Only a logged step brings the loss to every stage, with the idle shares:
+        the loop reads the loss on those steps alone."""
         if self.pipeline is None:
             self.pipeline = Pipeline(model, accelerator.device, self.microbatches, self.schedule, loss_fn)
         with accelerator.autocast():
-            loss, self.idle = self.pipeline.train_step(x, y)
+            loss, idle = self.pipeline.train_step(x, y, measure=logged)
+        self.idle = idle or []
         return loss
 
     def step_metrics(self) -> dict[str, float]:
