@@ -31,6 +31,8 @@ class PipelineParallel(Strategy):
         self.idle: list[float] = []
 
     def check_layout(self, processes: int, net: nn.Module, cfg: DictConfig) -> None:
+        if cfg.trainer.precision == "16-mixed":  # one gradient scaler per stage would skip steps out of step
+            raise ConfigError("strategy=pipeline supports trainer.precision=32-true or bf16-mixed, not 16-mixed")
         self.stages = processes
         check_pipeline(processes, self.microbatches, cfg.data.batch_size, net, self.split_points)
         if cfg.trainer.accumulate_grad_batches != 1 or cfg.trainer.gradient_clip_val:
@@ -38,8 +40,6 @@ class PipelineParallel(Strategy):
                 "strategy=pipeline does not support trainer.accumulate_grad_batches or trainer.gradient_clip_val; "
                 "raise strategy.microbatches to save memory instead"
             )
-        if cfg.trainer.precision == "16-mixed":
-            raise ConfigError("strategy=pipeline supports trainer.precision=32-true or bf16-mixed, not 16-mixed")
 
     def data_parallel(self, process_index: int, processes: int) -> tuple[int, int]:
         return 1, 0  # every stage reads the whole batch
