@@ -10,10 +10,20 @@ import pytest
 import torch
 from conftest import PARITY, TOLERANCE, K
 from launchers import accelerate_launch
+from layouts import command, layout
 
 from {{ cookiecutter.package_name }}.checkpoints import load_trained
 
 pytestmark = pytest.mark.slow
+
+
+def test_a_pipeline_logging_every_few_steps_logs_the_batch_loss(train, single_losses):
+    """Only the logged steps bring the last stage's loss to every stage, with the stages' idle shares: those
+    steps log single's losses (the mean over the processes), the others nothing."""
+    overrides, launcher = command(layout("pipeline-gpipe"))
+    wandb = train(*PARITY, *overrides, "trainer.log_every_n_steps=3", launcher=launcher).wandb
+    assert wandb.steps("train/loss") == wandb.steps("pipeline/idle_fraction/stage1") == [2, 5]
+    assert wandb.metric("train/loss") == pytest.approx([single_losses[2], single_losses[5]], abs=TOLERANCE)
 
 
 def test_shuffled_runs_match_too(train, single_losses):

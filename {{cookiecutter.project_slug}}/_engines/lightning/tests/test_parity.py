@@ -30,9 +30,10 @@ def test_accumulated_micro_batches_train_like_the_whole_global_batch(train, sing
     assert run.wandb.config["run"]["per_device_batch_size"] == 64 // 2 // run.wandb.config["run"]["world_size"]
 
 
-@pytest.mark.parametrize("name", ["ddp", "model_parallel-dp2xtp2"])
+@pytest.mark.parametrize("name", ["ddp", "model_parallel-dp2xtp2", "pipeline-gpipe"])
 def test_logging_every_few_steps_still_logs_the_global_batch_loss(train, single_losses, name):
-    """train/loss is averaged over the processes only on the steps that are logged, with the same result."""
+    """train/loss is averaged over the processes only on the steps that are logged, with the same result (a
+    pipeline brings the last stage's loss to the other stages on those steps alone)."""
     overrides, launcher = command(layout(name))
     run = train(*PARITY, *overrides, "trainer.log_every_n_steps=3", launcher=launcher)
     assert run.wandb.steps("train/loss") == [2, 5]
