@@ -1,7 +1,7 @@
 # Two commands for a fresh machine:
 #   make demo   bake the default project into build/demo and train it (CPU is fine)
 #   make test   run every test of the template and of the projects it bakes
-#   make gpu-check [ENGINE=accelerate]   on a GPU machine: every preset x precision against single, as a table
+#   make gpu-check [ENGINE=accelerate]   on a GPU machine: every layout x precision against single, as a table
 PYTHON ?= python3
 ENGINE ?= lightning
 TORCH ?= torch==2.13.0
@@ -31,7 +31,7 @@ test: install
 bench: install  ## overhead of the template vs a plain PyTorch loop (single and ddp)
 	$(PYTHON) benchmarks/overhead.py --ddp
 
-gpu-check: install  ## on a GPU machine: every preset x precision it can host, against single; prints the table
+gpu-check: install  ## on a GPU machine: every layout x precision it can host, against single; prints the table
 	rm -rf build/gpu-check
 	cookiecutter --no-input --output-dir build/gpu-check . engine=$(ENGINE)
 	cd build/gpu-check/scaled-trainer && PYTHONPATH=src $(PYTHON) -m pytest -m gpu -rs -p no:cacheprovider

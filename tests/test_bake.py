@@ -98,6 +98,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         "tests/test_files_data.py",
         "tests/test_gpt.py",
         "tests/test_gpu_paths.py",
+        "tests/layouts.py",
         "tests/test_launcher.py",
         "tests/test_oom.py",
         "tests/test_optimization.py",
@@ -128,6 +129,7 @@ def expected_files(package: str, engine: str) -> set[str]:
             "tests/nets.py",
             "tests/restarts.py",
             "tests/test_dp.py",
+            "tests/test_model_parallel.py",
             "tests/test_multinode.py",
             "tests/test_resume.py",
         }

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 from slurm_jobs import node_to_myself, slurm_missing
 from wandb_records import OfflineRun, offline_runs
@@ -200,14 +201,22 @@ def refuse_all(base_dir: Path, env: dict[str, str], cases: list[list[str]]) -> l
     return runs
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """`@pytest.mark.gpu(n)`: a test of the GPU check that needs n CUDA GPUs, skipped (saying so) on fewer."""
+    marker = item.get_closest_marker("gpu")
+    needed, here = (marker.args[0] if marker and marker.args else 0), torch.cuda.device_count()
+    if here < needed:
+        pytest.skip(f"needs {needed} CUDA GPU{'s' if needed > 1 else ''}; this machine has {here}")
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
-    """The preset x precision table of test_presets.py (the GPU check), when it ran."""
+    """The layout x precision table of test_presets.py (the GPU check), when it ran."""
     results = getattr(sys.modules.get("test_presets"), "RESULTS", None)
     if not results:
         return
     write = terminalreporter.write_line
-    write(f"{'preset':<16}{'precision':<12}{'ok':<5}{'s/run':>7}  peak MiB per device (CUDA) / RSS MiB per rank (CPU)")
+    write(f"{'layout':<26}{'precision':<12}{'ok':<5}{'s/run':>7}  peak MiB per device (CUDA) / RSS MiB per rank (CPU)")
     for row in results:
         memory = ", ".join(f"{name} {value:.0f}" for name, value in sorted(row.get("memory", {}).items())) or "-"
         seconds = f"{row['seconds']:.1f}" if "seconds" in row else "-"
-        write(f"{row['preset']:<16}{row['precision']:<12}{'yes' if row['ok'] else 'NO':<5}{seconds:>7}  {memory}")
+        write(f"{row['layout']:<26}{row['precision']:<12}{'yes' if row['ok'] else 'NO':<5}{seconds:>7}  {memory}")

@@ -1,7 +1,9 @@
 """Out-of-memory errors as CUDA raises them, simulated deterministically on the CPU, for both engines' OOM tests
-(Lightning: tests/oom_sim.py; Accelerate: tests/nets.py)."""
+(Lightning: tests/oom_sim.py; Accelerate: tests/nets.py); and a net that meets real ones early on a GPU."""
 
 import torch
+
+from {{ cookiecutter.package_name }}.model import ResidualMLP
 
 
 def simulated_oom() -> torch.OutOfMemoryError:
@@ -18,3 +20,14 @@ class OOMInBackward(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
         raise simulated_oom()
+
+
+class MemoryCappedMLP(ResidualMLP):
+    """ResidualMLP whose process may use only `cuda_mib` MiB of its GPU: past it, torch's caching allocator raises
+    a real torch.OutOfMemoryError, at the same batch size on any GPU (model.net._target_=simulated_oom.<it>)."""
+
+    def __init__(self, *args, cuda_mib: int = 1024, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if torch.cuda.is_available():
+            total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+            torch.cuda.set_per_process_memory_fraction(cuda_mib * 2**20 / total)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import PARITY, QUICK, TOLERANCE, K, make_runner
-from test_parity import CASES
+from layouts import command, layout
 
 from {{ cookiecutter.package_name }}.checkpoints import load_trained
 from {{ cookiecutter.package_name }}.config import ConfigError
@@ -26,8 +26,9 @@ TINY = ["model=gpt", "data.vocab_size=32", "data.seq_len=16", "model.net.dim=32"
 # Adam divides each gradient by its running size, so an entry whose gradient is almost 0 moves by rounding
 # differences too: the weights after K steps differ by up to 2e-5 (measured, dp2xtp2) where the losses agree to 1e-7.
 WEIGHT_TOLERANCE = 1e-4
-# One launch of each preset and mesh mode (test_parity.py runs the other launchers and schedules on the MLP).
-GPT_CASES = [case for case in CASES if not case[0].endswith("torchrun") and case[0] != "pipeline-gpipe"]
+# One launch of each preset and mesh mode (test_presets.py runs the other launchers and schedules on the MLP).
+GPT_LAYOUTS = ["ddp", "ddp_spawn", "dp", "model_parallel-tp2", "model_parallel-dp2xtp2", "model_parallel-layers",
+               "pipeline-1f1b-torchrun"]  # fmt: skip
 {%- if cookiecutter.engine == "lightning" %}
 LAST = "checkpoints/last.ckpt"
 {%- else %}
@@ -107,12 +108,12 @@ def single_gpt(tmp_path_factory, train_env):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", GPT_CASES, ids=[case[0] for case in GPT_CASES])
-def test_every_preset_trains_the_gpt_as_one_device_does(train, single_gpt, case):
+@pytest.mark.parametrize("name", GPT_LAYOUTS)
+def test_every_preset_trains_the_gpt_as_one_device_does(train, single_gpt, name):
     """Same losses as one device, and the same weights after K steps (gathered from shards or stages): the tied
     embedding and head stay one parameter in effect, whether FSDP2 shards it, or two pipeline stages hold it."""
-    name, overrides, launcher = case[:3]
-    run = train(*PARITY, *TINY, *overrides, launcher=launcher() if callable(launcher) else launcher)
+    overrides, launcher = command(layout(name))
+    run = train(*PARITY, *TINY, *overrides, launcher=launcher)
     losses, weights = single_gpt
     assert run.losses(K) == pytest.approx(losses, abs=TOLERANCE), name
     trained = load_trained(run.run_dir / LAST).state_dict()

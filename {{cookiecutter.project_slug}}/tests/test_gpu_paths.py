@@ -1,15 +1,19 @@
 """The CPU-reachable logic of the GPU paths (each GPU-only part has its test, skipped without a GPU):
-allocator settings, results gathered across pipeline stages, meta-device init of sharded models, the precision
-`auto` picks without initialising CUDA, TF32."""
+allocator settings, results gathered across pipeline stages and when, meta-device init of sharded models, FSDP2's
+mixed precision, evaluation split over replicas, the precision `auto` picks without initialising CUDA, TF32."""
 
 import subprocess
 import sys
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.testing._internal.distributed.fake_pg import FakeStore  # torch's one-process stand-in for N ranks
 
 from {{ cookiecutter.package_name }}.config import ConfigError
-from {{ cookiecutter.package_name }}.data import Data
+from {{ cookiecutter.package_name }}.data import IGNORED, Data
 from {{ cookiecutter.package_name }}.memory import (
     allocator_env_names,
     configure_allocator,
@@ -17,9 +21,9 @@ from {{ cookiecutter.package_name }}.memory import (
     process_memory_figures,
 )
 from {{ cookiecutter.package_name }}.model import ResidualMLP
-from {{ cookiecutter.package_name }}.pipelining import TimedStage, on_cpu
+from {{ cookiecutter.package_name }}.pipelining import Pipeline, PipelinedNet, TimedStage, on_cpu
 from {{ cookiecutter.package_name }}.precision import has_native_bf16, resolve_precision, use_tensor_cores
-from {{ cookiecutter.package_name }}.sharding import OnMeta, is_on_meta, materialize
+from {{ cookiecutter.package_name }}.sharding import OnMeta, is_on_meta, materialize, parallelize
 from {{ cookiecutter.package_name }}.synthetic import data_settings
 
 
@@ -34,7 +38,7 @@ def test_a_users_allocator_setting_wins():
     assert environ == {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"}
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the allocator is configured only where CUDA exists")
+@pytest.mark.gpu(1)  # the allocator is configured only where CUDA exists
 def test_expandable_segments_are_set_before_cuda_initialises():
     environ: dict[str, str] = {}
     configure_allocator(environ)
@@ -47,7 +51,7 @@ def test_gathered_stage_state_is_on_the_cpu():
     assert moved[1][0]["param_groups"] == [{"lr": 0.1}] and torch.equal(moved[0]["w"], torch.ones(2))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA tensor to move")
+@pytest.mark.gpu(1)
 def test_cuda_tensors_leave_the_gpu_before_gather():
     assert on_cpu({"w": torch.ones(2, device="cuda")})["w"].device.type == "cpu"
 
@@ -57,13 +61,43 @@ def test_pipeline_stage_timing_without_cuda_adds_up_wall_time():
     stage.device = torch.device("cpu")
     with stage._busy():
         torch.randn(64, 64) @ torch.randn(64, 64)
+    assert stage.take_busy_seconds() == 0, "a step that is not measured is not timed"
+    stage.timing = True
+    with stage._busy():
+        torch.randn(64, 64) @ torch.randn(64, 64)
     assert stage.take_busy_seconds() > 0 and stage.take_busy_seconds() == 0
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA events time GPU kernels")
+@pytest.fixture
+def process_group():
+    """A process group of this process alone (gloo), as every stage of a pipeline has one."""
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    yield
+    dist.destroy_process_group()
+
+
+def test_only_the_logged_pipeline_steps_time_the_stages_and_gather_their_figures(process_group, monkeypatch):
+    """A step that is not logged neither waits for this stage's work (CUDA events) nor all_gathers the loss and
+    idle shares: both would serialise the stages every step; the loss stays on the last stage."""
+    pipeline = Pipeline(PipelinedNet.of(ResidualMLP(32, 8, hidden=16, depth=2), 0, 1), torch.device("cpu"), 2,
+                        "gpipe", F.cross_entropy)  # fmt: skip
+    waits, gathers = [], []
+    take_busy_seconds, all_gather = TimedStage.take_busy_seconds, dist.all_gather
+    monkeypatch.setattr(TimedStage, "take_busy_seconds", lambda stage: waits.append(1) or take_busy_seconds(stage))
+    monkeypatch.setattr(dist, "all_gather", lambda *args, **kwargs: gathers.append(1) or all_gather(*args, **kwargs))
+    x, y = torch.randn(8, 32), torch.randint(0, 8, (8,))
+    loss, idle = pipeline.train_step(x, y, measure=False)
+    assert idle is None and waits == [] and gathers == [] and pipeline.stage.busy_seconds == 0
+    logged, idle = pipeline.train_step(x, y, measure=True)  # the same weights: no optimizer step in between
+    assert waits == gathers == [1] and len(idle) == 1 and 0 <= idle[0] < 1
+    assert logged.item() == pytest.approx(loss.item())
+
+
+@pytest.mark.gpu(1)
 def test_pipeline_stage_timing_with_cuda_events():
     stage = object.__new__(TimedStage)
     stage.device = torch.device("cuda")
+    stage.timing = True
     with stage._busy():
         torch.randn(1024, 1024, device="cuda") @ torch.randn(1024, 1024, device="cuda")
     assert stage.take_busy_seconds() > 0
@@ -83,11 +117,34 @@ def test_a_net_built_on_meta_materialises_with_the_values_a_normal_build_draws()
         assert torch.equal(value, expected[name]), name
 
 
-def test_evaluation_splits_every_sample_once_over_replicas():
-    data = Data(**data_settings(batch_size=4, val_size=11))
-    seen = [x for rank in range(2) for batch, _ in data.loader("val", 2, rank) for x in batch]
-    assert len(seen) == 11
-    assert torch.equal(torch.stack(sorted(seen, key=lambda x: x[0].item())),
+@pytest.mark.parametrize("precision, gathered", [("bf16-mixed", torch.bfloat16), ("32-true", torch.float32)])
+def test_fsdp2_units_gather_the_weights_in_the_precision_of_the_run(precision, gathered):
+    """model_parallel over a (data_parallel=2 x tensor_parallel=2) mesh: under bf16-mixed each FSDP2 unit gathers
+    its weights in bf16 (half the traffic, and what autocast computes in), not in fp32. The mesh is made in this one
+    process by torch's fake process group (its collectives move no data: only the dtypes are checked)."""
+    dist.init_process_group("fake", rank=0, world_size=4, store=FakeStore())
+    try:
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("data_parallel", "tensor_parallel"))
+        net = ResidualMLP(32, 8, hidden=16, depth=2)
+        parallelize(net, mesh, precision)
+        seen = []
+        net.blocks[0].fc_in.register_forward_pre_hook(lambda module, args: seen.append(module.weight.dtype))
+        net(torch.randn(4, 32))
+        assert seen == [gathered]
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("size", [11, 9, 1], ids=["even-batches", "one-batch-more", "fewer-samples-than-replicas"])
+def test_evaluation_splits_every_sample_once_over_replicas_in_equal_batch_counts(size):
+    """Each sample once (no repeat counts in a metric), and every replica runs as many forwards: one that would
+    run one fewer would leave the others waiting in their forward's weight gather (model_parallel's FSDP2)."""
+    data = Data(**data_settings(batch_size=4, val_size=size))  # 2 samples a batch on each of 2 replicas
+    batches = [list(data.loader("val", 2, rank)) for rank in range(2)]
+    assert len(batches[0]) == len(batches[1])
+    counted = [x for replica in batches for xs, ys in replica for x, y in zip(xs, ys, strict=True) if y != IGNORED]
+    assert len(counted) == size
+    assert torch.equal(torch.stack(sorted(counted, key=lambda x: x[0].item())),
                        torch.stack(sorted(data.splits["val"].tensors[0], key=lambda x: x[0].item())))  # fmt: skip
 
 
@@ -106,7 +163,7 @@ def test_memory_is_logged_per_device_and_the_imbalance_covers_every_device():
     }
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs to see two devices' peaks")
+@pytest.mark.gpu(2)
 def test_every_gpu_of_the_process_has_its_figures():
     names, rows = process_memory_figures([torch.device("cuda", 0), torch.device("cuda", 1)])
     assert names[0] == "peak_allocated_mb" and len(rows) == 2
@@ -136,8 +193,7 @@ def test_precision_auto_is_decided_without_initialising_cuda(monkeypatch):
     assert not torch.cuda.is_initialized()
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU to leave uninitialised")
+@pytest.mark.gpu(1)  # a CUDA GPU to leave uninitialised
 def test_precision_auto_on_a_gpu_leaves_cuda_uninitialised():
     code = (
         "import torch; from {{ cookiecutter.package_name }}.precision import resolve_precision; "

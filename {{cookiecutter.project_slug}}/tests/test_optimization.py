@@ -154,7 +154,7 @@ def test_bad_input_fails_in_one_line(refused, case):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "accelerator",
-    ["cpu", pytest.param("gpu", marks=pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs"))],
+    ["cpu", pytest.param("gpu", marks=pytest.mark.gpu(2))],
 )
 def test_batchnorm_under_ddp_is_synchronised_and_trains_like_one_device(train, accelerator):
     """BatchNorm over the global batch in 2 processes (gloo on CPU: batchnorm.SynchronisedBatchNorm; GPUs: torch's

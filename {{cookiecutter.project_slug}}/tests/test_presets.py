@@ -1,84 +1,78 @@
-"""Every preset x precision this machine can host, against strategy=single, in one table for both engines.
+"""Every layout x precision this machine can host against strategy=single: the one table of tests/layouts.py,
+for both engines.
 
-On a GPU machine, `pytest -m gpu` runs it on the GPUs (1 GPU: single and compile; 2+: every preset) and prints
-the table (preset, precision, ok, seconds per run, peak memory per device). On CPU (CI) it runs the rows the CPU
-can host: bf16-mixed is real autocast there. 32-true must give single's losses (loss parity; with tf32=false,
-as TF32 matmuls round to 10 bits of mantissa); bf16-mixed must stay close to single's bf16 losses, and differ
-from fp32 (the forward really ran in bf16). The compile rows (compile=true) compile each block of the split
-presets, sharded or cut, which CI's CPU tests leave out (tests/test_compile.py compiles single and ddp).
+On the CPU (CI) each layout runs in fp32, and in bf16 where the table says (autocast is real on the CPU);
+16-mixed needs a CUDA GPU. On a GPU machine `pytest -m gpu` runs every precision of every layout its GPUs can
+host (1 GPU: single and compile=true; 2+: every preset), with the GPU-only tests, and prints the table (layout,
+precision, ok, seconds per run, peak memory per device). 32-true (tf32=false) must give single's losses and validation
+metrics; bf16-mixed must stay close to single's bf16 losses, and differ from fp32 (the forward ran in bf16).
 """
 
-import sys
+import math
 import time
+from dataclasses import dataclass
 
 import pytest
 import torch
-from conftest import PARITY, TOLERANCE, make_runner
+from conftest import QUICK, TOLERANCE, Run, make_runner
+from layouts import FIND_BATCH_SIZE, LAYOUTS, MEMORY, PRECISIONS, REFUSED, Layout, command
 
 pytestmark = [pytest.mark.slow, pytest.mark.gpu]
 
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m"]
 GPUS = torch.cuda.device_count()
-PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+GPU_TOLERANCE = 1e-4  # fp32 on GPUs: kernels (and compiled ones) sum in other orders
 BF16_TOLERANCE = 5e-2  # bf16 keeps 8 bits of mantissa; layouts sum in different orders
-COMPILE_TOLERANCE = 1e-4  # fp32: compiled kernels fuse operations and may sum in another order
-STEPS = 4  # one epoch (QUICK) of data.train_size / data.batch_size (64): then validation and the memory figures
-TABLE = [*(o for o in PARITY if not o.startswith(("trainer.max_steps", "trainer.accelerator"))),
-         "trainer.max_steps=-1", "data.train_size=256", "data.val_size=101",
+STEPS = 4  # one epoch (QUICK) of data.train_size / data.batch_size, then validation and the memory figures
+# 129 validation samples: every sample counted once, and over 2 replicas of 32 a batch (65 and 64 samples) one
+# replica has a batch fewer, yet must run as many forwards (model_parallel's FSDP2 gathers weights in each).
+TABLE = [*QUICK, "data.shuffle=false", "data.batch_size=64", "data.train_size=256", "data.val_size=129",
          "trainer.accelerator=" + ("gpu" if GPUS else "cpu")]  # fmt: skip
-{%- if cookiecutter.engine == "lightning" %}
-MEMORY = ["+callbacks.device_memory._target_={{ cookiecutter.package_name }}.callbacks.device_memory.DeviceMemoryMonitor"]
-# (preset, overrides, launcher, processes)
-PRESETS = [
-    ("single", ["strategy=single"], None, 1),
-    ("ddp", ["strategy=ddp", "trainer.devices=2"], None, 2),
-    ("ddp_spawn", ["strategy=ddp_spawn", "trainer.devices=2"], None, 2),
-    ("dp", ["strategy=dp", "trainer.devices=2"], None, 1),
-    ("model_parallel", ["strategy=model_parallel", "trainer.devices=2"], None, 2),
-    ("pipeline", ["strategy=pipeline", "trainer.devices=2"], None, 2),
-    ("compile", ["strategy=single", "compile=true"], None, 1),
-    ("compile-model_parallel", ["strategy=model_parallel", "trainer.devices=2", "compile=true"], None, 2),
-    ("compile-pipeline", ["strategy=pipeline", "trainer.devices=2", "compile=true"], None, 2),
-]
-{%- else %}
-MEMORY = ["oom.log_memory=true"]
-# (preset, overrides, launcher, processes)
-PRESETS = [
-    ("single", ["strategy=single"], None, 1),
-    ("ddp", ["strategy=ddp"], TORCHRUN, 2),
-    ("ddp_spawn", ["strategy=ddp_spawn", "trainer.devices=2"], None, 2),
-    ("dp", ["strategy=dp", "trainer.devices=2"], None, 1),
-    ("model_parallel", ["strategy=model_parallel"], TORCHRUN, 2),
-    ("pipeline", ["strategy=pipeline"], TORCHRUN, 2),
-    ("compile", ["strategy=single", "compile=true"], None, 1),
-    ("compile-model_parallel", ["strategy=model_parallel", "compile=true"], TORCHRUN, 2),
-    ("compile-pipeline", ["strategy=pipeline", "compile=true"], TORCHRUN, 2),
-]
-{%- endif %}
-REFUSED = {"model_parallel", "pipeline"}  # refuse 16-mixed in one line: no sharded gradient scaler
 
 
-def why_not_here(preset: str, precision: str, processes: int) -> str | None:
-    """None if this machine can host the row, else the reason it is skipped."""
-    strategy = preset.removeprefix("compile-") if preset != "compile" else "single"
-    if strategy in REFUSED and precision == "16-mixed":
-        return f"strategy={strategy} refuses trainer.precision=16-mixed in one line before training (no sharded scaler)"
-    if preset.startswith("compile") and not GPUS:
-        return "compile=true on CPU is tests/test_compile.py's (single, ddp): compiling C++ for every row costs minutes"
-    if not GPUS:
-        if precision == "16-mixed":
-            return "16-mixed autocast and its gradient scaler need a CUDA GPU"
-        if precision == "32-true" and preset != "single":
-            return "on CPU, fp32 loss parity of every preset is test_parity.py's (not run twice in CI)"
+@dataclass
+class Result:
+    losses: list[float]  # the first STEPS train/loss values
+    steps: list[int]  # the global steps they were logged at
+    val: tuple[float, float]  # val/loss, val/acc
+    world_size: int
+    seconds: float
+    memory: dict[str, float]  # peak MiB per device (CUDA) or RSS MiB per rank (CPU)
+
+
+def read(run: Run, seconds: float) -> Result:
+    wandb = run.wandb
+    figures = ("/peak_allocated_mb", "/rss_mb")  # CUDA, CPU
+    names = {name for row in wandb.history for name in row if name.startswith("memory/") and name.endswith(figures)}
+    return Result(
+        losses=wandb.metric("train/loss")[:STEPS],
+        steps=wandb.steps("train/loss")[:STEPS],
+        val=(wandb.metric("val/loss")[-1], wandb.metric("val/acc")[-1]),
+        world_size=wandb.config["run"]["world_size"],
+        seconds=seconds,
+        memory={name.removeprefix("memory/").rsplit("/", 1)[0]: wandb.metric(name)[-1] for name in names},
+    )
+
+
+def why_not_here(layout: Layout, precision: str) -> str | None:
+    """None if this machine runs the row, else why it is skipped."""
+    if (layout.preset, precision) in REFUSED:
+        return f"strategy={layout.preset} refuses trainer.precision=16-mixed in one line before training"
+    if GPUS:
+        if layout.gpus > GPUS:
+            return f"{layout.name} needs {layout.gpus} GPUs; this machine has {GPUS}"
+        if precision == "bf16-mixed" and not torch.cuda.is_bf16_supported():
+            return "this GPU has no bf16"
         return None
-    if preset == "dp" and GPUS < 2 or processes > GPUS:
-        return f"strategy={preset} needs 2 GPUs here; this machine has {GPUS}"
-    if precision == "bf16-mixed" and not torch.cuda.is_bf16_supported():
-        return "this GPU has no bf16"
+    if precision == "16-mixed":
+        return "16-mixed (autocast with a gradient scaler) needs a CUDA GPU"
+    if not layout.on_cpu:
+        return f"{layout.name} runs on GPU machines (on the CPU, compile=true is tests/test_compile.py's)"
+    if precision not in layout.on_cpu:
+        return f"on the CPU (CI time) {precision} runs in one layout per preset, not in {layout.name}"
     return None
 
 
-ROWS = [(preset, precision) for preset, *_ in PRESETS for precision in PRECISIONS]
+ROWS = [(layout, precision) for layout in LAYOUTS for precision in PRECISIONS]
 RESULTS: list[dict] = []  # printed by conftest's pytest_terminal_summary
 
 
@@ -87,63 +81,73 @@ def runner(tmp_path_factory, train_env):
     return make_runner(tmp_path_factory.mktemp("presets"), train_env)
 
 
+def run_row(runner, layout: Layout, precision: str) -> Result:
+    overrides, launcher = command(layout)
+    start = time.perf_counter()
+    exact = ["tf32=false"] if precision == "32-true" else []  # fp32 parity: no TF32 matmuls on the GPU
+    run = runner(*TABLE, *MEMORY, *overrides, f"trainer.precision={precision}", *exact, launcher=launcher)
+    return read(run, time.perf_counter() - start)
+
+
 @pytest.fixture(scope="module")
 def reference(runner):
-    """strategy=single's losses and validation metrics, per precision, computed once."""
-    cache: dict[str, tuple] = {}
+    """strategy=single's result per precision, computed once."""
+    cache: dict[str, Result] = {}
 
-    def get(precision: str):
+    def get(precision: str) -> Result:
         if precision not in cache:
-            cache[precision] = run_row(runner, "single", ["strategy=single"], None, precision)
+            cache[precision] = run_row(runner, LAYOUTS[0], precision)
         return cache[precision]
 
     return get
 
 
-def run_row(runner, preset: str, overrides: list[str], launcher, precision: str):
-    start = time.perf_counter()
-    exact = ["tf32=false"] if precision == "32-true" else []  # fp32 parity: no TF32 matmuls on the GPU
-    run = runner(*TABLE, *MEMORY, *overrides, f"trainer.precision={precision}", *exact, launcher=launcher)
-    seconds = time.perf_counter() - start
-    wandb = run.wandb
-    figures = ("/peak_allocated_mb", "/rss_mb")  # CUDA, CPU
-    names = {name for row in wandb.history for name in row if name.startswith("memory/") and name.endswith(figures)}
-    memory = {name.removeprefix("memory/").rsplit("/", 1)[0]: wandb.metric(name)[-1] for name in names}
-    validation = (wandb.metric("val/loss")[-1], wandb.metric("val/acc")[-1])
-    return wandb.metric("train/loss")[:STEPS], validation, {"seconds": seconds, "memory": memory}
-
-
-@pytest.mark.parametrize("preset, precision", ROWS, ids=[f"{p}-{q}" for p, q in ROWS])
-def test_preset_matches_single(runner, reference, preset, precision):
-    [(overrides, launcher, processes)] = [(o, launch, n) for name, o, launch, n in PRESETS if name == preset]
-    reason = why_not_here(preset, precision, processes)
-    if reason:
+@pytest.mark.parametrize("layout, precision", ROWS, ids=[f"{layout.name}-{precision}" for layout, precision in ROWS])
+def test_layout_matches_single(reference, runner, layout, precision):
+    if reason := why_not_here(layout, precision):
         pytest.skip(reason)
-    row = {"preset": preset, "precision": precision, "ok": False}
+    row = {"layout": layout.name, "precision": precision, "ok": False}
     RESULTS.append(row)
-    fp32_losses, fp32_val, _ = reference("32-true")
-    losses, val, figures = (
-        reference(precision) if preset == "single" else run_row(runner, preset, overrides, launcher, precision)
-    )
-    row.update(figures)
-    assert len(losses) == STEPS
+    fp32 = reference("32-true")
+    result = reference(precision) if layout.name == "single" else run_row(runner, layout, precision)
+    row.update(seconds=result.seconds, memory=result.memory)
+    assert result.steps == list(range(STEPS)), "train/loss logged at every global step"
+    assert result.world_size == layout.processes
     if precision == "32-true":
-        tolerance = COMPILE_TOLERANCE if preset.startswith("compile") else TOLERANCE
-        assert losses == pytest.approx(fp32_losses, abs=tolerance)
-        assert val == pytest.approx(fp32_val, abs=tolerance), "val/loss, val/acc over every sample once"
+        tolerance = GPU_TOLERANCE if GPUS else TOLERANCE
+        assert result.losses == pytest.approx(fp32.losses, abs=tolerance)
+        assert result.val == pytest.approx(fp32.val, abs=tolerance), "val/loss, val/acc over every sample once"
     else:
-        single_losses, single_val, _ = reference(precision)
-        assert losses == pytest.approx(single_losses, abs=BF16_TOLERANCE)
-        assert losses == pytest.approx(fp32_losses, abs=BF16_TOLERANCE)
-        assert losses != pytest.approx(fp32_losses, abs=1e-5), f"{precision} must change the arithmetic"
-        assert val == pytest.approx(single_val, abs=BF16_TOLERANCE)
+        single = reference(precision)
+        assert result.losses == pytest.approx(single.losses, abs=BF16_TOLERANCE)
+        assert result.losses == pytest.approx(fp32.losses, abs=BF16_TOLERANCE)
+        assert result.losses != pytest.approx(fp32.losses, abs=1e-5), f"{precision} must change the arithmetic"
+        assert result.val == pytest.approx(single.val, abs=BF16_TOLERANCE)
     row["ok"] = True
 
 
-def test_evaluation_counts_every_sample_once(runner, reference):
-    """An odd validation split over 2 replicas: val/loss and val/acc equal one device's. A padding sampler
-    (DistributedSampler) would count a repeated sample and differ."""
-    _, single_val, _ = reference("32-true")
-    [(overrides, launcher)] = [(o, launch) for name, o, launch, _ in PRESETS if name == "ddp"]
-    _, val, _ = run_row(runner, "ddp", overrides, launcher, "32-true")
-    assert val == pytest.approx(single_val, abs=1e-6)
+CAP_MIB = 1024
+
+
+@pytest.mark.gpu(1)
+def test_the_batch_size_search_meets_a_real_cuda_out_of_memory(runner):
+    """The search doubles the batch until CUDA really runs out of memory (the net lets its process use CAP_MIB of
+    the GPU: a bounded search on any GPU), bisects, and trains with 90% of the largest batch that fit."""
+    row = {"layout": "single+batch-size-search", "precision": "32-true", "ok": False}
+    RESULTS.append(row)
+    capped = ["model.net._target_=simulated_oom.MemoryCappedMLP", f"+model.net.cuda_mib={CAP_MIB}"]
+    start = time.perf_counter()
+    run = runner(
+        *QUICK, "strategy=single", "trainer.accelerator=gpu", "trainer.precision=32-true", *FIND_BATCH_SIZE, *capped,
+        "model.net.hidden=1024",  # ~0.5 GiB of weights, gradients and AdamW state: the rest fits ~3000 samples
+        # Plain segments, which the allocator's memory cap is known to bound, not the default expandable ones.
+        env=dict.fromkeys(("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"), "expandable_segments:False"),
+    )  # fmt: skip
+    result, wandb = read(run, time.perf_counter() - start), run.wandb
+    row.update(seconds=result.seconds, memory=result.memory)
+    [largest] = wandb.metric("batch_size_finder/largest_fitting")
+    assert 0 < largest < 4096, "the search must stop at an out-of-memory error, below its maximum of 4096"
+    assert wandb.metric("batch_size_finder/global_batch_size") == [int(largest * 0.9)]
+    assert result.losses and all(math.isfinite(loss) for loss in result.losses), "then trains with what it found"
+    assert result.memory and max(result.memory.values()) <= CAP_MIB
+    row["ok"] = True

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import PACKAGE, refuse_all
-from test_parity import CASES
+from layouts import command, layout
 
 from {{ cookiecutter.package_name }}.config import ConfigError
 from {{ cookiecutter.package_name }}.data import Data
@@ -94,15 +94,13 @@ TRAIN = [
     "scheduler=constant",  # the same learning rates whether or not the training is stopped on the way
     "checkpoint.every_n_steps=3",
 ]
-DDP_NAME, DDP, DDP_LAUNCHER = CASES[0][:3]  # this engine's first way to run ddp on 2 processes
 
 
 @pytest.mark.slow
 def test_a_stopped_streamed_training_continues_exactly(streamed, train, tmp_path):
     """Two replicas, each with a loader worker: litdata's position is per replica and per worker."""
-    assert DDP_NAME.startswith("ddp")
-    launcher = DDP_LAUNCHER() if callable(DDP_LAUNCHER) else DDP_LAUNCHER
-    train = functools.partial(train, *TRAIN, *DDP, f"data.dir={streamed}", launcher=launcher)
+    ddp, launcher = command(layout("ddp"))
+    train = functools.partial(train, *TRAIN, *ddp, f"data.dir={streamed}", launcher=launcher)
     uninterrupted = train()
     wandb = uninterrupted.wandb
     assert wandb.steps("train/loss") == list(range(20)) and len(wandb.metric("val/loss")) == 2

@@ -7,6 +7,7 @@ mid-epoch resume, worker processes) is the same for all of them. `data=streaming
 exception: its training split is a stream that litdata's loader deals out and keeps the position of.
 """
 
+import math
 import os
 from collections.abc import Callable, Iterator, Sequence, Sized
 from typing import Any
@@ -18,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 from .config import ConfigError
 
 SPLITS = ("train", "val", "test")
+IGNORED = -100  # a target no loss or metric counts (F.cross_entropy's ignore_index): EvalSampler's padding
 
 
 class Data:
@@ -126,16 +128,18 @@ class Data:
             )
         if isinstance(dataset, IterableDataset):  # data=streaming's validation or test split
             dataset = dataset.by_index()
+        batch_size = per_device_batch_size(self.batch_size, replicas, accumulate)
         if train:
             sampler = ResumableSampler(
                 dataset, num_replicas=replicas, rank=rank, shuffle=self.shuffle, seed=self.seed, drop_last=True
             )
         else:
-            sampler = EvalSampler(dataset, replicas, rank)
+            sampler = EvalSampler(dataset, replicas, rank, batch_size)
+            dataset = WithPadding(dataset) if sampler.padded else dataset
         extra = {"accumulate": accumulate} if train else {}
         return (ResumableLoader if train else DataLoader)(
             dataset,
-            batch_size=per_device_batch_size(self.batch_size, replicas, accumulate),
+            batch_size=batch_size,
             sampler=sampler,
             drop_last=train,
             num_workers=workers,
@@ -147,21 +151,47 @@ class Data:
 
 
 class EvalSampler(DistributedSampler):
-    """Every sample of an evaluation split exactly once over the replicas (rank r: samples r, r + replicas, ...).
-    DistributedSampler pads the split to a multiple of the replicas with repeated samples, so val/test metrics
-    over 2+ replicas would count some samples twice and differ from one device's; here a rank may get one
-    sample fewer instead (the metrics weigh each batch by its size). A DistributedSampler still, so that
-    Lightning keeps it instead of inserting its own."""
+    """Every sample of an evaluation split exactly once over the replicas (rank r: samples r, r + replicas, ...),
+    in the same number of batches on every replica.
 
-    def __init__(self, dataset: Sized, replicas: int, rank: int) -> None:
+    DistributedSampler pads the split to a multiple of the replicas with repeated samples, so val/test metrics
+    over 2+ replicas would count some samples twice and differ from one device's; here a rank may get one sample
+    fewer instead (the metrics weigh each batch by its size). That can leave it one batch short (33 samples over
+    2 replicas at 16 a batch: 17 and 16), and a replica that skips a forward the others run leaves them waiting
+    in it where the forward is a collective (model_parallel's FSDP2 gathers the weights): such a rank ends with
+    one padding sample (index len(dataset), see WithPadding) whose targets no metric counts. A DistributedSampler
+    still, so that Lightning keeps it instead of inserting its own."""
+
+    def __init__(self, dataset: Sized, replicas: int, rank: int, batch_size: int = 1) -> None:
         super().__init__(dataset, num_replicas=replicas, rank=rank, shuffle=False)
-        self.indices = range(rank, len(dataset), replicas)
+        self.indices = list(range(rank, len(dataset), replicas))
+        batches = math.ceil(math.ceil(len(dataset) / replicas) / batch_size)  # rank 0's, which has the most
+        self.padded = math.ceil(len(self.indices) / batch_size) < batches
+        if self.padded:
+            self.indices.append(len(dataset))
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.indices)
 
     def __len__(self) -> int:
         return len(self.indices)
+
+
+class WithPadding(Dataset):
+    """An evaluation split that also answers EvalSampler's padding index, len(dataset): its first sample, with every
+    target IGNORED, so that the forward runs and the metrics count nothing of it."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        if index < len(self.dataset):
+            return self.dataset[index]
+        x, y = self.dataset[0]
+        return x, torch.full_like(torch.as_tensor(y), IGNORED)
 
 
 class ResumableSampler(DistributedSampler):

@@ -6,6 +6,7 @@ torch.distributed.pipelining schedule, which cuts the batch into micro-batches s
 Every stage reads the same batch: the pipeline is one data-parallel replica (pp x dp is not supported).
 """
 
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -85,25 +86,31 @@ class Pipeline:
         dist.all_gather_object(counts, sum(p.numel() for p in self.net.stage.parameters()))
         return counts
 
-    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
-        """Forward and backward of one batch through all stages (gradients averaged over micro-batches).
+    def train_step(
+        self, x: torch.Tensor, y: torch.Tensor, measure: bool = True
+    ) -> tuple[torch.Tensor, list[float] | None]:
+        """Forward and backward of one batch through all stages (gradients averaged over micro-batches); the
+        caller steps the optimizer. Returns the batch's loss (the mean of the last stage's micro-batch means = the
+        mean over the batch, as on one device), a tensor: nothing here waits for the GPU.
 
-        Returns, on every process, the batch's loss (the mean of the last stage's micro-batch means = the mean
-        over the batch, as on one device) and each stage's idle share of the step, brought together by one
-        all_gather. The caller steps the optimizer.
-        """
+        `measure` (the steps that are logged): the loss, and each stage's idle share of the step, on every process
+        (one all_gather, after waiting for this stage's work). Other steps neither time nor communicate: only the
+        last stage has the loss (the others return NaN), and the idle shares are None."""
         stage = self.stage
         losses: list[torch.Tensor] | None = [] if stage.is_last else None
-        stage.take_busy_seconds()
+        stage.timing = measure
         start = time.perf_counter()
         # The first stage feeds the inputs, the last one the targets.
         self.schedule.step(*([x] if stage.is_first else []), target=y if stage.is_last else None, losses=losses)
         for param, group in self.tied:  # each copy's gradient is its stage's uses: their sum is one device's
             dist.all_reduce(param.grad, group=group)  # gradient, so the copies take the same step and stay equal
+        nan = torch.full((), math.nan, device=self.device)
+        loss = torch.stack(losses).detach().float().mean() if losses is not None else nan
+        if not measure:
+            return loss, None
         busy = stage.take_busy_seconds()  # on a GPU: after this stage's kernels of the step have run
         idle = 1.0 - busy / (time.perf_counter() - start)
-        loss = torch.stack(losses).mean().item() if losses is not None else 0.0
-        mine = torch.tensor([loss, idle], device=self.device)
+        mine = torch.stack([loss, torch.tensor(idle, device=self.device)])
         stats = [torch.empty_like(mine) for _ in range(self.stages)]
         dist.all_gather(stats, mine)
         return stats[-1][0], [float(stage_stats[1]) for stage_stats in stats]
@@ -173,12 +180,14 @@ def single_device_name(key: str) -> str:
 
 
 class TimedStage(PipelineStage):
-    """A PipelineStage that adds up its compute time; the rest of a step it waits for other stages.
+    """A PipelineStage that adds up its compute time while `timing` (the steps that are measured); the rest of
+    a step it waits for other stages.
 
     On a GPU the kernels run asynchronously: each chunk is timed by two CUDA events, read once at the end of
     the step (`take_busy_seconds`), so timing never waits in the middle of the schedule's transfers.
     """
 
+    timing = False
     busy_seconds = 0.0
     _events: list[tuple[torch.cuda.Event, torch.cuda.Event]]
 
@@ -192,6 +201,9 @@ class TimedStage(PipelineStage):
 
     @contextmanager
     def _busy(self) -> Iterator[None]:
+        if not self.timing:
+            yield
+            return
         if self.device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()

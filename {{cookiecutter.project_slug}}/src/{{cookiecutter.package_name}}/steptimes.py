@@ -46,10 +46,10 @@ class StepClock:
 def install(path: Path) -> StepClock:
     clock = StepClock(path)
     register_optimizer_step_post_hook(clock.on_step)
-    measure = pipelining.Pipeline.train_step
+    pipeline_step = pipelining.Pipeline.train_step
 
-    def train_step(self: pipelining.Pipeline, *args: Any) -> Any:  # keep what the pipeline measures anyway
-        loss, idle = measure(self, *args)
+    def train_step(self: pipelining.Pipeline, x: Any, y: Any, measure: bool = True) -> Any:
+        loss, idle = pipeline_step(self, x, y, measure=True)  # every step's idle share, not only logged steps'
         clock.idle_fractions.append(idle)
         return loss, idle
 

@@ -38,6 +38,14 @@ BAD_INPUT = [
     (["strategy=model_parallel", "strategy.mode=pipes"], "strategy.mode='pipes' is unknown; valid: tensor, layers"),
     (["strategy=pipeline", "oom.find_batch_size=true"], "oom.find_batch_size works with single, ddp"),
     (
+        ["strategy=pipeline", "trainer.precision=16-mixed"],
+        "strategy=pipeline supports trainer.precision=32-true or bf16-mixed, not 16-mixed",
+    ),
+    (
+        ["strategy=model_parallel", "trainer.precision=16-mixed"],
+        "strategy=model_parallel supports trainer.precision=32-true or bf16-mixed, not 16-mixed",
+    ),
+    (
         ["strategy=pipeline", "oom=toolkit"],
         "oom.recovery works under strategy=single|ddp|ddp_spawn, not strategy=pipeline (its schedule already runs "
         "each batch as strategy.microbatches micro-batches; raise that instead); turn it off with oom.recovery=null",
@@ -71,6 +79,8 @@ BAD_INPUT_IDS = [
     "tensor-parallel-one-process",
     "unknown-mode",
     "batch-search-on-pipeline",
+    "pipeline-fp16",
+    "model-parallel-fp16",
     "recovery-under-pipeline",
     "recovery-under-model-parallel",
     "pipeline-without-split",

@@ -29,7 +29,9 @@ class DtypeRecorder(nn.Module):
 
 @pytest.fixture
 def bf16_accelerator():
-    """An Accelerator of this process, bf16-mixed (on the CPU without a GPU), forgotten afterwards."""
+    """An Accelerator of this process, bf16-mixed (on the CPU without a GPU), forgotten afterwards; an earlier
+    in-process test's Accelerator (same pytest worker) is forgotten first, or its precision would be kept."""
+    AcceleratorState._reset_state(reset_partial_state=True)
     yield Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="bf16")
     AcceleratorState._reset_state(reset_partial_state=True)
 
@@ -46,8 +48,7 @@ def test_a_replica_in_its_own_thread_computes_in_the_runs_dtype(bf16_accelerator
     assert net.seen == [(torch.device("cpu"), torch.bfloat16)]
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="nn.DataParallel replicates only over 2 or more GPUs")
+@pytest.mark.gpu(2)  # nn.DataParallel replicates only over 2 or more GPUs
 def test_bf16_replicas_on_two_gpus_compute_in_bf16(bf16_accelerator):
     strategy = DataParallel()
     strategy.processes(launched=1, devices=2)

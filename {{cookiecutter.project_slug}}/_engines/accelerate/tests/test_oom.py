@@ -10,10 +10,13 @@ from conftest import PARITY, QUICK, TOLERANCE, K, make_runner
 from launchers import accelerate_launch
 from nets import OOMNet
 from restarts import losses_by_step, run_in
+from simulated_oom import simulated_oom
 from test_optimization import expected_cosine
 
-from {{ cookiecutter.package_name }}.oom import OOMRecovery, OutOfMemoryStop
+from {{ cookiecutter.package_name }}.data import Data
+from {{ cookiecutter.package_name }}.oom import OOMRecovery, OutOfMemoryStop, find_batch_size
 from {{ cookiecutter.package_name }}.strategies import Strategy
+from {{ cookiecutter.package_name }}.synthetic import data_settings
 
 OOM = [*QUICK, "trainer.accelerator=cpu", "oom=toolkit", "model.net._target_=nets.OOMNet", "data.batch_size=128"]
 FINDER = [*OOM, "oom.find_batch_size=true"]
@@ -73,6 +76,38 @@ def test_a_step_that_works_resets_the_failure_count():
     assert (recovery.events, recovery.consecutive, recovery.micro_batch_size) == (2, 0, 16)
     with pytest.raises(OutOfMemoryStop, match="2 out-of-memory errors in a row at step 1"):
         train_steps({"max_consecutive": 2}, {1: 0})
+
+
+class StepOOM(torch.optim.SGD):
+    """SGD whose step runs out of memory after a forward of more than `max_batch` samples, as allocating Adam's
+    state does on a first step that the batch's activations have left no room for."""
+
+    def __init__(self, params, net: OOMNet, max_batch: int, lr: float = 0.1) -> None:
+        super().__init__(params, lr=lr)
+        self.net, self.max_batch = net, max_batch
+
+    def step(self, closure=None):
+        if self.net.last_batch > self.max_batch:
+            raise simulated_oom()
+        return super().step(closure)
+
+
+class BatchRecorded(OOMNet):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.last_batch = len(x)
+        return super().forward(x)
+
+
+def test_the_search_counts_an_out_of_memory_error_in_the_optimizer_step():
+    """Each trial takes an optimizer step: a batch whose forward and backward fit, but not the step after them,
+    does not fit (a search without the step would keep it, and training would run out of memory later)."""
+    torch.manual_seed(0)
+    accelerator, strategy = Accelerator(cpu=True), Strategy()
+    net = BatchRecorded(32, 8, hidden=16, depth=2, max_batch=10**6)  # its forward never runs out of memory
+    model, optimizer = strategy.prepare(accelerator, net, partial(StepOOM, net=net, max_batch=100))
+    data = Data(**data_settings(batch_size=64, train_size=1024))
+    find_batch_size(accelerator, strategy, model, optimizer, data, 1, F.cross_entropy, max_batch_size=512)
+    assert data.batch_size == 90, "90% of the largest batch whose step fitted: 100 (bisected to within 5%)"
 
 
 # --- real trainings ----------------------------------------------------------------------------

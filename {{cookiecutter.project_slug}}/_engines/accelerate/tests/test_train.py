@@ -1,17 +1,40 @@
-"""The default training learns and logs one wandb run; checkpoints resume and reload."""
+"""The default training learns and logs one wandb run; checkpoints resume and reload; evaluation's reduction."""
+
+from functools import partial
 
 import pytest
 import torch
 import torch.nn.functional as F
+from accelerate import Accelerator
 from conftest import QUICK
 from launchers import accelerate_launch
 
 from {{ cookiecutter.package_name }}.checkpoints import load_trained
+from {{ cookiecutter.package_name }}.data import Data
+from {{ cookiecutter.package_name }}.gpt import GPT
 from {{ cookiecutter.package_name }}.synthetic import SyntheticData
+from {{ cookiecutter.package_name }}.tokens import TokenData
+from {{ cookiecutter.package_name }}.train import evaluate
 
-pytestmark = pytest.mark.slow
+
+def test_evaluation_of_a_language_model_is_the_mean_loss_per_token():
+    """model=gpt: val/loss is the mean cross-entropy over every target token (not a sum per sequence divided by
+    the sequences), val/acc the share of tokens predicted; the padding sample that keeps the replicas' batch counts
+    equal (replica 1 of 2 here: 4 samples and 1 padding sample, in 3 batches as replica 0's 5) counts nowhere."""
+    torch.manual_seed(0)
+    net = GPT(vocab_size=32, max_seq_len=16, dim=32, depth=2, num_heads=2).eval()
+    data = Data(partial(TokenData, vocab_size=32, seq_len=16, val_size=9), batch_size=4)
+    loader = data.loader("val", replicas=2, rank=1)
+    assert len(loader) == 3
+    metrics = evaluate(Accelerator(cpu=True), net, loader)
+    x, y = data.splits["val"][1::2]  # replica 1's samples
+    with torch.no_grad():
+        logits = net(x)
+    assert metrics["loss"] == pytest.approx(F.cross_entropy(logits.flatten(0, 1), y.flatten()).item(), abs=1e-6)
+    assert metrics["acc"] == pytest.approx((logits.argmax(dim=-1) == y).float().mean().item(), abs=1e-6)
 
 
+@pytest.mark.slow
 def test_default_training_learns_and_logs_offline_to_wandb(train):
     run = train("trainer.accelerator=cpu")
     wandb = run.wandb
@@ -33,6 +56,7 @@ def test_default_training_learns_and_logs_offline_to_wandb(train):
 
 # Each preset saves its state its own way: accelerate's files (ddp), one gathered state per stage (pipeline),
 # every process's shards of the net and optimizer (model_parallel, torch.distributed.checkpoint).
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["ddp", "pipeline", "model_parallel"])
 def test_resume_continues_where_the_run_stopped(train, preset):
     """Stop at step 5 of 10, resume from checkpoints/last: the losses after the stop equal an uninterrupted run's.
@@ -56,6 +80,7 @@ def test_resume_continues_where_the_run_stopped(train, preset):
 
 
 # ddp_spawn: the crash happens in a process the command started itself.
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "layout", [["strategy=single"], ["strategy=ddp_spawn", "trainer.devices=2"]], ids=["single", "spawn"]
 )

@@ -95,6 +95,10 @@ BAD_INPUT = [
         ["strategy=pipeline", "trainer.accelerator=cpu", "callbacks=[default,batch_size_finder]"],
         "BatchSizeFinder works under strategy=single|ddp|ddp_spawn, not strategy=pipeline",
     ),
+    (
+        ["strategy=dp", "callbacks=[default,batch_size_finder]"],  # its trials would size the batch by GPU 0 alone
+        "BatchSizeFinder works under strategy=single|ddp|ddp_spawn, not strategy=dp; drop it with ~callbacks.",
+    ),
     (["strategy=dp", "callbacks=oom"], "OOMRecovery works under strategy=single|ddp|ddp_spawn, not strategy=dp"),
     (
         ["strategy=pipeline", "trainer.accelerator=cpu", "callbacks=oom"],
@@ -135,6 +139,7 @@ BAD_INPUT_IDS = [
     "unknown-mode",
     "model-parallel-fp16",
     "finder-under-pipeline",
+    "finder-under-dp",
     "recovery-under-dp",
     "recovery-under-pipeline",
     "recovery-under-model-parallel",

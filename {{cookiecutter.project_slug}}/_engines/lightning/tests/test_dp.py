@@ -194,7 +194,7 @@ class DeviceRecorded(Classifier):
         self.losses.append(outputs["loss"].item())
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="nn.DataParallel replicates only over 2 or more GPUs")
+@pytest.mark.gpu(2)  # nn.DataParallel replicates only over 2 or more GPUs
 @pytest.mark.slow
 def test_real_steps_on_two_gpus_match_one_gpu(tmp_path):
     def fit(strategy, devices: int) -> DeviceRecorded:

@@ -4,6 +4,7 @@ Loss parity with a single device is checked in test_parity.py (rows pipeline-gpi
 """
 
 from datetime import timedelta
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
@@ -68,6 +69,15 @@ def test_impossible_pipelines_are_refused_before_training(devices, strategy, dep
     trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=PipelineStrategy(**strategy), logger=False)
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         check_layout("pipeline", trainer, batch, module(depth))
+
+
+def test_16_mixed_is_refused_before_training():
+    """One gradient scaler per stage would skip steps out of step. (On the CPU, Lightning turns 16-mixed into
+    bf16-mixed before any check: the trainer's part the check reads stands in for a GPU trainer's.)"""
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=PipelineStrategy(), logger=False)
+    on_gpu = SimpleNamespace(precision="16-mixed", accumulate_grad_batches=1, gradient_clip_val=None)
+    with pytest.raises(ConfigError, match="strategy=pipeline supports trainer.precision=32-true or bf16-mixed, not 16"):
+        trainer.strategy.check_layout(on_gpu, module(), 64)
 
 
 def test_unknown_schedule_is_refused():

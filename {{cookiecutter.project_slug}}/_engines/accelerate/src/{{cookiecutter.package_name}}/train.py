@@ -42,7 +42,7 @@ from .config import (
     run_cli,
     unresolved,
 )
-from .data import Data, check_input, per_device_batch_size
+from .data import IGNORED, Data, check_input, per_device_batch_size
 from .launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
 from .memory import configure_allocator
 from .metrics import perplexity
@@ -252,6 +252,7 @@ def fit(
         loader.load_state_dict(progress.loader or {"epoch": epoch, "samples_done": 0})
         for x, y in loader:
             x, y = to_device(accelerator, x, y)
+            logged = (progress.global_step + 1) % trainer.log_every_n_steps == 0
             with accelerator.accumulate(model):
                 if recovery:  # None: an out-of-memory error made it skip the batch (recovery refuses accumulation)
                     try:
@@ -263,7 +264,7 @@ def fit(
                         raise
                     progress.oom_recovery = recovery.state_dict()  # saved with the next checkpoint
                 else:
-                    loss = strategy.train_step(accelerator, model, x, y, loss_fn)
+                    loss = strategy.train_step(accelerator, model, x, y, loss_fn, logged=logged)
                 if loss is not None:
                     step_loss = step_loss + loss
                 if accelerator.sync_gradients:
@@ -279,7 +280,7 @@ def fit(
                     optimizer.zero_grad()  # once per process unless the batch is split: not the global-batch meaning)
             if not accelerator.sync_gradients:
                 continue
-            if loss is not None and (progress.global_step + 1) % trainer.log_every_n_steps == 0:
+            if loss is not None and logged:
                 # The only host sync of the step, and only on logging steps: the mean over the micro-batches and
                 # all processes is the global batch's loss (processes that share a batch hold the same loss).
                 loss = accelerator.reduce(step_loss / accumulation(cfg), "mean").item()
@@ -342,7 +343,7 @@ def validate(
 def evaluate(accelerator: Accelerator, model: nn.Module, loader: Any) -> dict[str, float]:
     """Loss, accuracy and perplexity (exp of the loss) over the whole split, exact: per-target sums are reduced over
     the processes, then divided by the number of targets (every sample is evaluated once: the eval sampler does
-    not pad)."""
+    not repeat any)."""
     model.eval()
     totals = torch.zeros(3, dtype=torch.float64, device=accelerator.device)
     for x, y in loader:
@@ -352,7 +353,7 @@ def evaluate(accelerator: Accelerator, model: nn.Module, loader: Any) -> dict[st
         logits, y = logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1)  # one row per target (token)
         totals[0] += F.cross_entropy(logits, y, reduction="sum")
         totals[1] += (logits.argmax(dim=-1) == y).sum()
-        totals[2] += y.numel()
+        totals[2] += (y != IGNORED).sum()  # not the targets the eval sampler padded with (see data.EvalSampler)
     loss_sum, correct, count = accelerator.reduce(totals, "sum").tolist()
     model.train()
     return {"loss": loss_sum / count, "acc": correct / count, "perplexity": perplexity(loss_sum / count)}

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .compilation import compile_net
+from .data import IGNORED
 from .metrics import perplexity
 from .optimization import OptimizerFactory, SchedulerFactory, current_lr, grouped_optimizer, respan, total_steps
 from .precision import use_tensor_cores
@@ -106,14 +107,15 @@ class Classifier(L.LightningModule):
             return loss.detach()  # (dp: the mean over the replicas' chunks) for the perplexity, summed in the root
         # Several processes: Lightning's sync_dist mean truncates the summed sample count to an integer mean over
         # the ranks (101 samples on 2 ranks count as 100), so sum per target here and divide once at epoch end.
+        # Targets the eval sampler padded with (IGNORED, to keep the replicas' batch counts equal) count nowhere.
         logits, y = logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1)
         loss_sum, correct = F.cross_entropy(logits, y, reduction="sum"), (logits.argmax(dim=-1) == y).sum()
-        totals = torch.stack([loss_sum.double(), correct.double(), loss_sum.new_tensor(y.numel()).double()])
+        totals = torch.stack([loss_sum.double(), correct.double(), (y != IGNORED).sum().double()])
         self._totals[split] = self._totals.get(split, 0) + totals
 
     def _log_split_totals(self, split: str) -> None:
         """Loss, accuracy and perplexity (exp of the loss) over every sample of the split, evaluated once each (the
-        eval sampler does not pad); processes that share a batch (tensor or pipeline parallel) count it in the sum
+        eval sampler repeats none); processes that share a batch (tensor or pipeline parallel) count it in the sum
         and in the count alike."""
         if split in self._batch_losses:  # one process: Lightning logged loss and acc, the perplexity is left
             loss_sum, count = self._batch_losses.pop(split).tolist()

@@ -100,6 +100,9 @@ def prepare(cfg: DictConfig, with_logger: bool = True) -> tuple[L.Trainer, L.Lig
     )
     warn_if_restarts_can_hang()
     cfg.trainer.precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # auto: bf16 on GPUs
+    plugins = [build(plugin) for plugin in cfg.trainer.get("plugins") or []]  # the user's, e.g. a CheckpointIO
+    if cfg.trainer.sync_batchnorm:
+        plugins.append(BatchNormSync())  # on CPU processes too
     trainer = build(
         cfg.trainer,
         num_nodes=num_nodes,
@@ -107,7 +110,7 @@ def prepare(cfg: DictConfig, with_logger: bool = True) -> tuple[L.Trainer, L.Lig
         strategy=cfg.strategy,
         callbacks=callbacks,
         logger=logger,
-        plugins=[BatchNormSync()] if cfg.trainer.sync_batchnorm else None,  # on CPU processes too
+        plugins=plugins or None,
     )
     with model_init_context(trainer):  # model_parallel: on the meta device, each rank allocates its shards
         model = build(cfg.model, scheduler=build(cfg.scheduler), compile=cfg.compile, tf32=cfg.tf32)

@@ -64,9 +64,16 @@ class Strategy:
         return accelerator.prepare(net, optimizer(net.parameters()))
 
     def train_step(
-        self, accelerator: Accelerator, model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn
+        self,
+        accelerator: Accelerator,
+        model: nn.Module,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        loss_fn: LossFn,
+        logged: bool = True,
     ) -> torch.Tensor:
-        """Forward and backward of one batch; returns the (detached) loss. The loop steps the optimizer.
+        """Forward and backward of one batch; returns the (detached) loss. The loop steps the optimizer. `logged`:
+        whether the loop logs this step (what a preset measures per step, it measures then).
         Under autocast here, not only in the net's prepared forward: model_parallel's and dp's nets are not
         prepared (dp's replicas enter it again in their threads, see dp.AutocastReplica)."""
         with accelerator.autocast():

@@ -32,6 +32,8 @@ class PipelineParallel(Strategy):
         self.idle: list[float] = []
 
     def check_layout(self, processes: int, net: nn.Module, cfg: DictConfig) -> None:
+        if cfg.trainer.precision == "16-mixed":  # one gradient scaler per stage would skip steps out of step
+            raise ConfigError("strategy=pipeline supports trainer.precision=32-true or bf16-mixed, not 16-mixed")
         self.stages = processes
         check_pipeline(processes, self.microbatches, cfg.data.batch_size, net, self.split_points)
         if cfg.trainer.accumulate_grad_batches != 1 or cfg.trainer.gradient_clip_val:
@@ -39,8 +41,6 @@ class PipelineParallel(Strategy):
                 "strategy=pipeline does not support trainer.accumulate_grad_batches or trainer.gradient_clip_val; "
                 "raise strategy.microbatches to save memory instead"
             )
-        if cfg.trainer.precision == "16-mixed":
-            raise ConfigError("strategy=pipeline supports trainer.precision=32-true or bf16-mixed, not 16-mixed")
 
     def data_parallel(self, process_index: int, processes: int) -> tuple[int, int]:
         return 1, 0  # every stage reads the whole batch
@@ -53,12 +53,21 @@ class PipelineParallel(Strategy):
         return stage, optimizer(stage.parameters())
 
     def train_step(
-        self, accelerator: Accelerator, model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn
+        self,
+        accelerator: Accelerator,
+        model: nn.Module,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        loss_fn: LossFn,
+        logged: bool = True,
     ) -> torch.Tensor:
+        """Each stage's part of the step. Only a logged step brings the loss to every stage, with the idle shares:
+        the loop reads the loss on those steps alone."""
         if self.pipeline is None:
             self.pipeline = Pipeline(model, accelerator.device, self.microbatches, self.schedule, loss_fn)
         with accelerator.autocast():
-            loss, self.idle = self.pipeline.train_step(x, y)
+            loss, idle = self.pipeline.train_step(x, y, measure=logged)
+        self.idle = idle or []
         return loss
 
     def step_metrics(self) -> dict[str, float]:

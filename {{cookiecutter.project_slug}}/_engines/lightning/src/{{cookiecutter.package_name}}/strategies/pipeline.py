@@ -17,6 +17,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 
 from ..config import ConfigError
+from ..module import writes_step_metrics
 from ..pipelining import (
     SCHEDULES,
     Pipeline,
@@ -106,13 +107,16 @@ class PipelineStrategy(DDPStrategy):
         module = self.lightning_module
         optimizer = module.optimizers()
         optimizer.zero_grad()
+        # Only a step the loggers see brings the loss to every stage, with the idle shares (the module logs the
+        # loss on those steps alone): the other steps neither wait for the GPU nor communicate beyond the schedule.
+        measure = writes_step_metrics(module.trainer)
         with self.precision_plugin.train_step_context():  # autocast around every stage's forward
-            loss, idle = self._pipeline.train_step(*batch)
+            loss, idle = self._pipeline.train_step(*batch, measure=measure)
         optimizer.step()
         if (scheduler := module.lr_schedulers()) is not None:  # manual optimization: Lightning leaves it to us
             scheduler.step()
         # Every process has the same values; rank 0's logger sends them once, at this global step.
-        for rank, fraction in enumerate(idle):
+        for rank, fraction in enumerate(idle or []):
             module.log(f"pipeline/idle_fraction/stage{rank}", fraction, on_step=True, on_epoch=False)
         return loss
 

@@ -1,0 +1,83 @@
+"""The one table of layouts the parity tests run (test_presets.py), for both engines: each preset and launch
+mode, the processes and GPUs it takes, and the precisions it runs on the CPU (CI); on a GPU machine every
+precision the machine can host runs. `command(layout)` says how this project's engine starts it, as the README
+does: Lightning starts its own processes (trainer.devices), Accelerate is started by `accelerate launch`.
+"""
+
+import sys
+from dataclasses import dataclass
+
+ENGINE = "{{ cookiecutter.engine }}"
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+FP32, BF16 = ("32-true",), ("32-true", "bf16-mixed")
+
+
+@dataclass(frozen=True)
+class Layout:
+    name: str  # the test id: <preset>[-<variant>]
+    overrides: tuple[str, ...]  # the same for both engines
+    processes: int = 1  # training processes (run.world_size)
+    gpus: int = 1  # CUDA GPUs it needs on a GPU machine
+    torchrun: bool = False  # started by torchrun instead of the engine's usual way
+    on_cpu: tuple[str, ...] = FP32  # precisions run on the CPU: bf16 once per preset, where it is cheap (CI time)
+
+    @property
+    def preset(self) -> str:
+        return self.name.split("-")[0]
+
+
+MODEL_PARALLEL, PIPELINE = ("strategy=model_parallel",), ("strategy=pipeline", "trainer.devices=2")
+LAYOUTS = [
+    Layout("single", ("strategy=single",), on_cpu=BF16),
+    Layout("ddp", ("strategy=ddp", "trainer.devices=2"), processes=2, gpus=2, on_cpu=BF16),
+    Layout("ddp-torchrun", ("strategy=ddp", "trainer.devices=2"), processes=2, gpus=2, torchrun=True),
+    Layout("ddp_spawn", ("strategy=ddp_spawn", "trainer.devices=2"), processes=2, gpus=2, on_cpu=BF16),
+    # One process; on the CPU one device, through the same replica code.
+    Layout("dp", ("strategy=dp", "trainer.devices=2"), gpus=2, on_cpu=BF16),
+    Layout("model_parallel-tp2", (*MODEL_PARALLEL, "trainer.devices=2"), processes=2, gpus=2, on_cpu=BF16),
+    Layout(
+        "model_parallel-dp2xtp2",
+        (*MODEL_PARALLEL, "trainer.devices=4", "strategy.data_parallel_size=2", "strategy.tensor_parallel_size=2"),
+        processes=4,
+        gpus=4,
+    ),
+    # One process, layer groups on every visible GPU (two CPU "devices" without GPUs).
+    Layout(
+        "model_parallel-layers", (*MODEL_PARALLEL, "strategy.mode=layers", "trainer.devices=1"), gpus=2, on_cpu=BF16
+    ),
+    Layout("pipeline-gpipe", (*PIPELINE, "strategy.schedule=gpipe"), processes=2, gpus=2, on_cpu=BF16),
+    Layout("pipeline-1f1b-torchrun", (*PIPELINE, "strategy.schedule=1f1b"), processes=2, gpus=2, torchrun=True),
+    # compile=true (the whole net; each block of the split presets), on GPU machines only: compiling C++ for each
+    # row would cost CI minutes (tests/test_compile.py compiles single and ddp on the CPU).
+    Layout("single-compile", ("strategy=single", "compile=true"), on_cpu=()),
+    Layout(
+        "model_parallel-compile", (*MODEL_PARALLEL, "trainer.devices=2", "compile=true"), processes=2, gpus=2, on_cpu=()
+    ),
+    Layout("pipeline-compile", (*PIPELINE, "compile=true"), processes=2, gpus=2, on_cpu=()),
+]
+# Each device's peak memory logged (the table's last column), and the batch-size search, in each engine's words.
+MEMORY = {"lightning": ["callbacks=[default,device_memory]"], "accelerate": ["oom.log_memory=true"]}[ENGINE]
+FIND_BATCH_SIZE = {"lightning": ["callbacks=[default,device_memory,batch_size_finder]"],
+                   "accelerate": ["oom.log_memory=true", "oom.find_batch_size=true"]}[ENGINE]  # fmt: skip
+# Refused in one line before training (the configs tests check the line): no gradient scaler for shards or stages.
+REFUSED = {("model_parallel", "16-mixed"), ("pipeline", "16-mixed")}
+
+
+def layout(name: str) -> Layout:
+    [found] = [row for row in LAYOUTS if row.name == name]
+    return found
+
+
+def command(layout: Layout) -> tuple[list[str], list[str] | None]:
+    """(overrides, launcher prefix or None for `python -m`) that start `layout` under this project's engine."""
+    if layout.torchrun:
+        return list(layout.overrides), torchrun(layout.processes)
+    if ENGINE == "accelerate" and layout.processes > 1 and layout.preset != "ddp_spawn":  # ddp_spawn spawns its own
+        from launchers import accelerate_launch  # the Accelerate engine's tests
+
+        return list(layout.overrides), accelerate_launch(layout.processes)
+    return list(layout.overrides), None
+
+
+def torchrun(processes: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}", "-m"]
