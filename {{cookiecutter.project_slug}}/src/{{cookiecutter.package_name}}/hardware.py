@@ -39,17 +39,25 @@ def environment() -> dict[str, Any]:
     }
     for index in range(torch.cuda.device_count() if cuda else 0):
         props = torch.cuda.get_device_properties(index)
-        env["gpus"].append(
-            {
-                "index": index,
-                "name": props.name,
-                "memory_gb": props.total_memory / 1e9,
-                "compute_capability": f"{props.major}.{props.minor}",
-                "bf16": props.major >= 8,  # Ampere and later compute in bf16 natively
-                **gpu_usage(index),
-            }
-        )
+        gpu = {
+            "index": index,  # torch's (CUDA's) numbering: the visible GPUs, in CUDA_VISIBLE_DEVICES order
+            "name": props.name,
+            **identity(props),
+            "memory_gb": props.total_memory / 1e9,
+            "compute_capability": f"{props.major}.{props.minor}",
+            "bf16": props.major >= 8,  # Ampere and later compute in bf16 natively
+        }
+        env["gpus"].append({**gpu, **gpu_usage(gpu)})
     return env
+
+
+def identity(props: Any) -> dict[str, str]:
+    """What names a GPU to NVML as well as to CUDA (torch.cuda.get_device_properties): its UUID and its PCI bus
+    id, written as NVML writes them (GPU-<uuid>, DDDDDDDD:BB:DD.0)."""
+    return {
+        "uuid": f"GPU-{props.uuid}",
+        "pci_bus_id": f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0",
+    }
 
 
 def host_memory_bytes() -> int:
@@ -79,9 +87,17 @@ def nvml_call(name: str, *args: Any) -> Any:
     return answer.decode() if isinstance(answer, bytes) else answer  # older bindings return bytes
 
 
-def gpu_usage(index: int) -> dict[str, Any]:
+def nvml_handle(gpu: dict[str, Any]) -> Any:
+    """NVML's handle of a GPU torch sees, or None. Found by UUID, else by PCI bus id (a MIG instance's UUID is not
+    its GPU's), never by index: NVML numbers every GPU of the machine, CUDA only the visible ones, in
+    CUDA_VISIBLE_DEVICES order, so the same number can be another GPU."""
+    handle = nvml_call("nvmlDeviceGetHandleByUUID", gpu["uuid"])
+    return handle if handle is not None else nvml_call("nvmlDeviceGetHandleByPciBusId", gpu["pci_bus_id"])
+
+
+def gpu_usage(gpu: dict[str, Any]) -> dict[str, Any]:
     """Memory in use and utilisation now (imbalance and idle GPUs are the first things to fix)."""
-    handle = nvml_call("nvmlDeviceGetHandleByIndex", index)
+    handle = nvml_handle(gpu)
     if handle is None:
         return {}
     memory = nvml_call("nvmlDeviceGetMemoryInfo", handle)
@@ -104,17 +120,21 @@ TOPOLOGY_LEVELS = {
 }
 
 
-def topology() -> dict[str, Any]:
-    """For each GPU pair: NVLink links between them (or through an NVSwitch), the PCIe path, NUMA/socket, P2P."""
-    why = nvml_ready()
-    count = nvml_call("nvmlDeviceGetCount") if why is None else 0
-    if why is None and count < 2:
-        why = f"{count} GPU: no device pairs to link"
-    result: dict[str, Any] = {"pairs": [], "why_empty": why, "nccl_env": nccl_env()}
-    if why is not None:
+def topology(gpus: list[dict[str, Any]]) -> dict[str, Any]:
+    """For each pair of `gpus` (environment()'s, in torch's numbering): NVLink links between them (or through an
+    NVSwitch), the PCIe path, NUMA/socket, P2P."""
+    result: dict[str, Any] = {"pairs": [], "why_empty": nvml_ready(), "nccl_env": nccl_env()}
+    if result["why_empty"] is None and len(gpus) < 2:
+        result["why_empty"] = f"{len(gpus)} GPU visible to torch: no device pairs to link"
+    if result["why_empty"] is not None:
         return result
-    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    handles = [nvml_handle(gpu) for gpu in gpus]
+    if None in handles:
+        lost = gpus[handles.index(None)]
+        result["why_empty"] = f"NVML finds no GPU with the UUID or PCI bus id of torch's GPU {lost['index']}"
+        return result
     bus_ids = [getattr(nvml_call("nvmlDeviceGetPciInfo", h), "busId", None) for h in handles]
+    count = len(gpus)
     for a in range(count):
         for b in range(a + 1, count):
             level = nvml_call("nvmlDeviceGetTopologyCommonAncestor", handles[a], handles[b])
@@ -122,7 +142,7 @@ def topology() -> dict[str, Any]:
             direct, switched = nvlinks(handles[a], bus_ids[b])
             result["pairs"].append(
                 {
-                    "gpus": [a, b],
+                    "gpus": [gpus[a]["index"], gpus[b]["index"]],
                     "nvlinks": direct,
                     "nvswitch_links": switched,
                     "link": f"NVLink x{direct}" if direct else f"NVSwitch x{switched}" if switched else "PCIe",
