@@ -66,7 +66,7 @@ def scaling(cfg: DictConfig, overrides: list[str], run_dir: Path, console: Conso
         net = instantiate(cfg.model.net)
         tokens = tokens_per_sample(net(example_input(cfg, net, 2)))  # 2: BatchNorm refuses 1
     parameters = count_parameters(net)
-    peak = peak_flops(cfg, resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator))
+    peak = peak_flops(cfg)
     console.print(
         f"bench scaling: strategy={preset}, {'weak' if weak else 'strong'} scaling "
         + (f"(global batch = N x {cfg.data.batch_size})" if weak else f"(global batch {cfg.data.batch_size})")
@@ -171,13 +171,13 @@ def measure(
     return row
 
 
-def peak_flops(cfg: DictConfig, precision: str) -> float | None:
-    """The peak FLOP/s of one device, for MFU: bench.peak_tflops, or the table for bf16 on known GPUs.
-    `precision`: the resolved one (auto is bf16-mixed on these GPUs)."""
+def peak_flops(cfg: DictConfig) -> float | None:
+    """The peak FLOP/s of one device, for MFU: bench.peak_tflops, or the table for bf16 on known GPUs, when the
+    training computes in bf16 (trainer.precision=auto does on them)."""
     if cfg.bench.peak_tflops:
         return cfg.bench.peak_tflops * 1e12
     on_gpu = cfg.trainer.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
-    if not on_gpu or precision != "bf16-mixed":
+    if not on_gpu or resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator) != "bf16-mixed":
         return None
     name = torch.cuda.get_device_name(0)
     return next((tflops * 1e12 for gpu, tflops in PEAK_BF16_TFLOPS.items() if gpu in name), None)

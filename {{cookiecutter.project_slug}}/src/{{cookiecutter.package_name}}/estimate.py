@@ -164,7 +164,7 @@ def memory_per_device(
     grads = facts.parameters * FP32
     if preset == "single":
         return (state + act * batch, "everything") if devices == 1 else (None, "one device only")
-    if batch % devices:
+    if preset in ("ddp", "dp") and batch % devices:
         return None, f"batch {batch} does not split over {devices}"
     if preset == "ddp":
         return state + grads + act * batch / devices, "full replica + gradient buckets + batch/N activations"

@@ -134,12 +134,14 @@ def topology(gpus: list[dict[str, Any]]) -> dict[str, Any]:
         result["why_empty"] = f"NVML finds no GPU with the UUID or PCI bus id of torch's GPU {lost['index']}"
         return result
     bus_ids = [getattr(nvml_call("nvmlDeviceGetPciInfo", h), "busId", None) for h in handles]
+    links = [nvlinks(h) for h in handles]
     count = len(gpus)
     for a in range(count):
         for b in range(a + 1, count):
             level = nvml_call("nvmlDeviceGetTopologyCommonAncestor", handles[a], handles[b])
             p2p = nvml_call("nvmlDeviceGetP2PStatus", handles[a], handles[b], pynvml.NVML_P2P_CAPS_INDEX_READ)
-            direct, switched = nvlinks(handles[a], bus_ids[b])
+            direct = links[a][0].count(bus_ids[b]) if bus_ids[b] is not None else 0
+            switched = links[a][1] if links[b][1] else 0  # both GPUs must reach the NVSwitches
             result["pairs"].append(
                 {
                     "gpus": [gpus[a]["index"], gpus[b]["index"]],
@@ -154,19 +156,18 @@ def topology(gpus: list[dict[str, Any]]) -> dict[str, Any]:
     return result
 
 
-def nvlinks(handle: Any, peer_bus_id: str | None) -> tuple[int, int]:
-    """Active NVLinks of `handle` that end at the peer GPU, and those that end at an NVSwitch (which reach all)."""
-    direct = switched = 0
+def nvlinks(handle: Any) -> tuple[list[str], int]:
+    """A GPU's active NVLinks: the PCI bus ids of the GPUs they end at (one per link), and how many end at an
+    NVSwitch (which reaches every GPU on it)."""
+    peers, switched = [], 0
     for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
         if nvml_call("nvmlDeviceGetNvLinkState", handle, link) != pynvml.NVML_FEATURE_ENABLED:
             continue
-        remote = getattr(nvml_call("nvmlDeviceGetNvLinkRemotePciInfo_v2", handle, link), "busId", None)
-        kind = nvml_call("nvmlDeviceGetNvLinkRemoteDeviceType", handle, link)
-        if kind == getattr(pynvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH", -1):
+        if nvml_call("nvmlDeviceGetNvLinkRemoteDeviceType", handle, link) == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH:
             switched += 1
-        elif remote is not None and remote == peer_bus_id:
-            direct += 1
-    return direct, switched
+        elif remote := getattr(nvml_call("nvmlDeviceGetNvLinkRemotePciInfo_v2", handle, link), "busId", None):
+            peers.append(remote)
+    return peers, switched
 
 
 def nccl_env() -> dict[str, str]:
