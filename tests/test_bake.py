@@ -88,6 +88,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         *(f"{src}/configs/strategy/{preset}.yaml" for preset in PRESETS),
         "tests/conftest.py",
         "tests/custom_dataset.py",
+        "tests/fake_nvml.py",
         "tests/refusals.py",
         "tests/slurm_jobs.py",
         "tests/test_config.py",

@@ -1,5 +1,7 @@
-"""`python -m {{ cookiecutter.package_name }}.doctor`, run for real on this machine (CPU, gloo, no NVML here)."""
+"""`python -m {{ cookiecutter.package_name }}.doctor`, run for real on this machine (CPU, gloo, no NVML here), and its
+parts in-process: the sizes at each precision, the decision tree, and NVML's answers on a made-up GPU machine."""
 
+import functools
 import json
 import subprocess
 import sys
@@ -7,15 +9,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from fake_nvml import FakeGPU, FakeNVML
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
+from {{ cookiecutter.package_name }} import hardware
 from {{ cookiecutter.package_name }}.config import CONFIG_DIR, register_resolvers
+from {{ cookiecutter.package_name }}.doctor import Speed, recommend, step_seconds, unpriced
+from {{ cookiecutter.package_name }}.estimate import FP32, ModelFacts, dp_memory, memory_per_device, model_facts
+from {{ cookiecutter.package_name }}.precision import resolve_precision
 
 PACKAGE = "{{ cookiecutter.package_name }}"
 NO_BANDWIDTH = "doctor.allreduce.sizes_mb=[]"  # the plans below do not need the (seconds long) measurement
-
-pytestmark = pytest.mark.slow  # each test starts the doctor in its own process
 
 
 def doctor(tmp_path: Path, env: dict[str, str], *overrides: str) -> tuple[subprocess.CompletedProcess, Path]:
@@ -33,15 +39,23 @@ def report(tmp_path: Path, env: dict[str, str], *overrides: str) -> dict:
     return json.loads(path.read_text())
 
 
-def configured_net(*overrides: str) -> torch.nn.Module:
+def config(*overrides: str):
     register_resolvers()
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        return instantiate(compose("train", overrides=list(overrides)).model.net)
+        return compose("doctor", overrides=list(overrides))
 
 
+def configured_net(*overrides: str) -> torch.nn.Module:
+    return instantiate(config(*overrides).model.net)
+
+
+@pytest.mark.slow  # starts the doctor in its own process
 def test_doctor_on_cpu(tmp_path, train_env):
     """Environment, empty GPU sections with their reason, a measured all-reduce, the model and its arithmetic."""
-    result = report(tmp_path, train_env, "model.net.hidden=64", "doctor.allreduce.iterations=2")
+    proc, run_dir = doctor(tmp_path, train_env, "model.net.hidden=64", "doctor.allreduce.iterations=2")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"report written to {run_dir / 'doctor.json'}" in proc.stdout
+    result = json.loads((run_dir / "doctor.json").read_text())
 
     env = result["environment"]
     assert env["torch"] == torch.__version__
@@ -62,6 +76,7 @@ def test_doctor_on_cpu(tmp_path, train_env):
     assert model["optimizer_state_bytes_per_parameter"] == 8  # AdamW: exp_avg and exp_avg_sq in fp32
     assert model["activation_bytes_per_sample"] > 0
     assert model["step_seconds_one_device"] > 0
+    assert model["precision"] == resolve_precision("auto", "auto")  # trainer.precision=auto, as train resolves it
 
     params, batch = model["parameters"], model["global_batch"]
     state = params * (4 + 4 + 8)
@@ -75,16 +90,23 @@ def test_doctor_on_cpu(tmp_path, train_env):
         assert row["parameter_server_bytes"] == pytest.approx(4 * params * (p - 1))
         assert row["ring_seconds"] == pytest.approx(row["ring_bytes_per_device"] / (busbw * 1e9))
 
+    # dp's device 0 holds the optimizer state the other devices do not: it fills first, and the output says so.
+    dp = [row for row in result["memory"] if row["preset"] == "dp" and row["devices"] > 1]
+    assert dp and all(row["bytes"] - row["other_devices_bytes"] >= 8 * params for row in dp)
+    assert f"dp fills device 0 first: over {dp[-1]['devices']} devices" in " ".join(proc.stdout.split())
+
     advice = result["recommendation"]
     if not torch.cuda.is_available():  # one CPU: one device
         assert advice["preset"] == "single"
         assert advice["command"] == f"python -m {PACKAGE}.train strategy=single model.net.hidden=64"
 
 
+@pytest.mark.slow
 def test_doctor_splits_a_model_too_big_for_pretend_devices(tmp_path, train_env):
     """4 devices of 5 MB: one replica (~14 MB) fits on none, sharded over 4 it does."""
     result = report(tmp_path, train_env, NO_BANDWIDTH, "doctor.device_memory_gb=0.005", "doctor.devices=4")
     usable = 0.9 * 0.005e9
+    assert result["plan"]["this_machine"] is False  # planned hardware: nothing measured here prices it
     single = next(row for row in result["memory"] if row["preset"] == "single" and row["devices"] == 1)
     assert single["bytes"] > usable
     advice = result["recommendation"]
@@ -97,6 +119,7 @@ def test_doctor_splits_a_model_too_big_for_pretend_devices(tmp_path, train_env):
         assert advice["devices_per_node"] == 4
 
 
+@pytest.mark.slow
 def test_doctor_plans_several_nodes(tmp_path, train_env):
     """2 devices of 5 MB per node are not enough: the plan spans nodes, launched with torchrun on each."""
     result = report(tmp_path, train_env, NO_BANDWIDTH, "doctor.device_memory_gb=0.005", "doctor.devices=2")
@@ -106,9 +129,208 @@ def test_doctor_plans_several_nodes(tmp_path, train_env):
     assert advice["command"].startswith(f"torchrun --nnodes={advice['nodes']} --nproc_per_node=2 ")
 
 
+@pytest.mark.slow
 def test_doctor_rejects_a_nonsense_device_size(tmp_path, train_env):
     proc, run_dir = doctor(tmp_path, train_env, NO_BANDWIDTH, "doctor.device_memory_gb=-1")
     output = proc.stdout + proc.stderr
     assert proc.returncode == 2, output[-3000:]
     assert "error: doctor.device_memory_gb=-1 must be > 0" in output and "Traceback" not in output
     assert not run_dir.exists()
+
+
+def test_activations_are_sized_at_the_precision_training_uses():
+    """bf16-mixed saves activations and outputs in 16 bits: half of 32-true's; weights, gradients and optimizer
+    state stay fp32. The step is timed under the same autocast."""
+    cfg = config("model.net.hidden=64", "model.net.depth=2")
+    full, mixed = (model_facts(cfg, 16, [2], precision) for precision in ("32-true", "bf16-mixed"))
+    assert mixed.activation_bytes_per_sample == pytest.approx(full.activation_bytes_per_sample / 2)
+    assert mixed.output_bytes_per_sample == pytest.approx(full.output_bytes_per_sample / 2)
+    assert full.output_bytes_per_sample == FP32 * cfg.data.num_classes  # one logit per class
+    assert mixed.stage_activation_bytes_per_sample[2] == pytest.approx(
+        [nbytes / 2 for nbytes in full.stage_activation_bytes_per_sample[2]]
+    )
+    assert mixed.state_bytes == full.state_bytes
+    single = [memory_per_device(facts, "single", 1, 1, 16, 4, "1f1b")[0] for facts in (full, mixed)]
+    assert single[0] - single[1] == pytest.approx(full.activation_bytes_per_sample * 16 / 2)
+    assert step_seconds(cfg, mixed, 16, host_memory_gb=8, precision="bf16-mixed") > 0
+
+
+def test_dp_fills_device_0_first():
+    """dp's device 0 keeps the optimizer state (and the reduced gradients) that the other devices do not{% if cookiecutter.engine == "accelerate" %},
+    and the whole batch's outputs, gathered there for the loss{% endif %}."""
+    facts = default_model()
+    first, other = dp_memory(facts, 4, 256)
+    share = facts.activation_bytes_per_sample * 256 / 4
+    assert other == pytest.approx(facts.parameters * 2 * FP32 + share)
+{%- if cookiecutter.engine == "accelerate" %}
+    gathered = 3 * facts.output_bytes_per_sample * 256  # the outputs, the loss's softmax and their gradient
+    assert first == pytest.approx(facts.state_bytes + share + gathered)
+{%- else %}
+    assert first == pytest.approx(facts.state_bytes + share)  # each replica computes its own loss
+{%- endif %}
+    assert memory_per_device(facts, "dp", 4, 4, 256, 4, "1f1b")[0] == first
+
+
+@functools.cache
+def default_model() -> ModelFacts:
+    return model_facts(config(), 256, [2, 3, 4], "32-true")
+
+
+class TestRecommendation:
+    """The decision tree on the default model's real sizes (batch 256), on devices of chosen sizes."""
+
+    pipe = OmegaConf.create({"microbatches": 4, "schedule": "1f1b"})
+    fast = Speed(step_seconds=0.4, busbw_gbs=100.0)  # all-reduce of ~2 MB of gradients: ~0.03 ms
+
+    def need(self, preset: str, devices: int, per_node: int = 4) -> float:
+        return memory_per_device(default_model(), preset, devices, per_node, 256, 4, "1f1b")[0]
+
+    def advise(self, usable: float, per_node: int, speed: Speed = fast, pcie_only: bool | None = False) -> dict:
+        plan = OmegaConf.create({"min_speedup": 1.2, "max_nodes": 4})
+        return recommend(default_model(), usable, per_node, plan, 256, self.pipe, speed, pcie_only, ["seed=1"])
+
+    def test_one_device(self):
+        advice = self.advise(usable=1e12, per_node=1)
+        assert advice["preset"] == "single" and advice["command"] == f"python -m {PACKAGE}.train strategy=single seed=1"
+
+    def test_ddp_when_it_is_faster(self):
+        advice = self.advise(usable=1e12, per_node=4)
+        assert advice["preset"] == "ddp" and advice["devices_per_node"] == 4
+        assert "ddp over 4 is ~4.0x faster" in advice["why"]
+        assert advice["basis"].startswith("measured here: one step 400.0 ms on one device")
+
+    def test_one_device_when_ddp_is_not_faster_enough(self):
+        slow_links = Speed(step_seconds=0.001, busbw_gbs=0.01)  # the all-reduce alone takes ~0.3 s
+        advice = self.advise(usable=1e12, per_node=4, speed=slow_links)
+        assert advice["preset"] == "single"
+        assert "would be only" in advice["why"] and "all-reduce" in advice["basis"]
+
+    def test_ddp_unpriced_for_planned_devices(self):
+        """doctor.devices / device_memory_gb: this machine's step and bandwidth do not price the plan."""
+        why = unpriced(step=0.4, busbw=100.0, elsewhere=True, per_node=8, memory_gb=80)
+        assert "not those of the planned 8 x 80 GB devices" in why
+        advice = self.advise(usable=1e12, per_node=8, speed=Speed(0.4, 100.0, unknown=why))
+        assert advice["preset"] == "ddp" and f"not estimated: {why}" in advice["why"] and "basis" not in advice
+        assert unpriced(step=0.4, busbw=None, elsewhere=False, per_node=8, memory_gb=80).endswith("sizes_mb=[])")
+        assert unpriced(step=0.4, busbw=100.0, elsewhere=False, per_node=8, memory_gb=80) is None
+
+    def test_model_parallel_when_a_replica_does_not_fit(self):
+        usable = 1.05 * self.need("model_parallel", 2)
+        assert self.need("single", 1) > usable and self.need("ddp", 4) > usable
+        advice = self.advise(usable, per_node=4)
+        assert advice["preset"] == "model_parallel" and advice["devices_per_node"] == 4 and advice["nodes"] == 1
+        assert advice["bytes_per_device"] <= usable
+        assert "strategy.tensor_parallel_size=1 strategy.data_parallel_size=4" in advice["command"]
+        assert "assumes NVLink" in self.advise(usable, per_node=4, pcie_only=None)["why"]  # links not seen
+
+    def test_pipeline_over_pcie_only(self):
+        usable = 1.05 * self.need("model_parallel", 2)
+        assert self.need("pipeline", 2) <= usable
+        advice = self.advise(usable, per_node=4, pcie_only=True)
+        assert advice["preset"] == "pipeline" and advice["devices_per_node"] == 2
+        assert advice["why"].startswith("GPUs linked by PCIe only: cut into 2 stages (stage 0: blocks 0-1, stage 1")
+        assert "strategy.split_points=[2]" in advice["command"]
+
+    def test_several_nodes(self):
+        usable = 0.95 * min(self.need("model_parallel", 2, per_node=2), self.need("pipeline", 2, per_node=2))
+        advice = self.advise(usable, per_node=2)
+        assert advice["preset"] == "model_parallel" and advice["nodes"] == 2
+        assert advice["bytes_per_device"] <= usable
+        assert advice["command"].startswith("torchrun --nnodes=2 --nproc_per_node=2 ")
+
+    def test_nothing_fits(self):
+        advice = self.advise(usable=1000.0, per_node=2)
+        assert advice["preset"] is None and "does not fit even on 4 nodes x 2 devices" in advice["why"]
+
+
+# A made-up node: NVML's GPUs 0 and 1 joined by two NVLinks on socket 0, GPUs 2 and 3 on socket 1 (PCIe only).
+SOCKETS = FakeNVML(
+    [
+        FakeGPU("GPU-0-aaaa", 0, 0x18, memory_used=1_000_000_000, numa_node=0, nvlinks=("00000000:19:00.0",) * 2),
+        FakeGPU("GPU-1-bbbb", 0, 0x19, memory_used=2_000_000_000, numa_node=0, nvlinks=("00000000:18:00.0",) * 2),
+        FakeGPU("GPU-2-cccc", 0, 0x86, memory_used=3_000_000_000, numa_node=1),
+        FakeGPU("GPU-3-dddd", 0, 0x87, memory_used=4_000_000_000, numa_node=1),
+    ],
+    ancestors={
+        frozenset((0, 1)): 10,  # NVML_TOPOLOGY_SINGLE: one PCIe switch
+        frozenset((2, 3)): 10,
+        **{frozenset((a, b)): 50 for a in (0, 1) for b in (2, 3)},  # NVML_TOPOLOGY_SYSTEM: across sockets
+    },
+    p2p={frozenset((0, 1)), frozenset((2, 3))},
+    count_fails=True,  # the GPUs are found without NVML's count
+)
+
+
+@pytest.fixture
+def nvml(monkeypatch):
+    """Puts a FakeNVML in the place of the pynvml module."""
+
+    def install(fake: FakeNVML) -> None:
+        monkeypatch.setattr(hardware, "pynvml", fake)
+        hardware.nvml_ready.cache_clear()
+
+    yield install
+    hardware.nvml_ready.cache_clear()
+
+
+def torch_gpus(fake: FakeNVML, visible: list[int]) -> list[dict]:
+    """environment()'s GPU list as torch numbers them under CUDA_VISIBLE_DEVICES=<visible>."""
+    return [{"index": i, **hardware.identity(props)} for i, props in enumerate(fake.torch_properties(visible))]
+
+
+def test_nvml_describes_the_gpus_torch_numbers(nvml):
+    """CUDA_VISIBLE_DEVICES=3,1,0: torch's GPU 0 is NVML's 3, and only the visible GPUs are paired."""
+    nvml(SOCKETS)
+    gpus = torch_gpus(SOCKETS, [3, 1, 0])
+    assert gpus[1] == {"index": 1, "uuid": "GPU-1-bbbb", "pci_bus_id": "00000000:19:00.0"}
+    assert [hardware.gpu_usage(gpu)["memory_used_gb"] for gpu in gpus] == [4.0, 2.0, 1.0]
+    assert [hardware.gpu_usage(gpu)["numa_node"] for gpu in gpus] == [1, 0, 0]
+
+    pairs = {tuple(pair["gpus"]): pair for pair in hardware.topology(gpus)["pairs"]}
+    assert set(pairs) == {(0, 1), (0, 2), (1, 2)}
+    assert pairs[1, 2] | {"gpus": None} == {
+        "gpus": None,
+        "nvlinks": 2,
+        "nvswitch_links": 0,
+        "link": "NVLink x2",
+        "pcie_path": "PCIe switch",
+        "same_socket": True,
+        "p2p": True,
+    }
+    for pair in (pairs[0, 1], pairs[0, 2]):
+        assert pair["link"] == "PCIe" and pair["pcie_path"].startswith("across sockets") and pair["p2p"] is False
+        assert pair["same_socket"] is False
+
+
+def test_nvml_finds_a_gpu_by_its_pci_bus_id(nvml):
+    """A GPU whose UUID NVML does not know (torch reports a MIG instance's) is found by its PCI bus id."""
+    nvml(SOCKETS)
+    gpu = torch_gpus(SOCKETS, [2])[0] | {"uuid": "MIG-44444444"}
+    assert hardware.gpu_usage(gpu)["memory_used_gb"] == 3.0
+
+
+def test_nvswitch_links_need_both_gpus_on_the_switch(nvml):
+    switched = FakeNVML(
+        [
+            FakeGPU("GPU-a", 0, 0x10, 0, 0, nvlinks=("switch",) * 6),
+            FakeGPU("GPU-b", 0, 0x20, 0, 0, nvlinks=("switch",) * 6),
+            FakeGPU("GPU-c", 0, 0x30, 0, 0),  # not on the NVSwitches
+        ],
+        ancestors={frozenset(pair): 40 for pair in ((0, 1), (0, 2), (1, 2))},
+    )
+    nvml(switched)
+    pairs = hardware.topology(torch_gpus(switched, [0, 1, 2]))["pairs"]
+    assert [(pair["gpus"], pair["link"]) for pair in pairs] == [
+        ([0, 1], "NVSwitch x6"),
+        ([0, 2], "PCIe"),
+        ([1, 2], "PCIe"),
+    ]
+
+
+def test_topology_says_why_it_is_empty(nvml):
+    nvml(FakeNVML(SOCKETS.gpus, driver=False))
+    assert "NVML is not available" in hardware.topology(torch_gpus(SOCKETS, [0, 1]))["why_empty"]
+    nvml(SOCKETS)
+    assert hardware.topology(torch_gpus(SOCKETS, [0]))["why_empty"] == "1 GPU visible to torch: no device pairs to link"
+    unknown = [*torch_gpus(SOCKETS, [0]), {"index": 1, "uuid": "GPU-9", "pci_bus_id": "00000000:99:00.0"}]
+    assert hardware.topology(unknown)["why_empty"].endswith("PCI bus id of torch's GPU 1")

@@ -8,10 +8,11 @@ bench.warmup_steps. One process is `strategy=single` (the baseline every point i
 - model_parallel, pipeline: STRONG scaling: one model replica, the global batch stays data.batch_size.
   pipeline runs both schedules and puts the measured idle share (pipeline/idle_fraction) next to the
   theoretical bubble (p-1)/(m+p-1).
-On GPUs it also reports model FLOPs utilisation: 6 x parameters FLOPs per sample (forward 2, backward 4: the
-dense-network estimate; it ignores attention and normalisation) over the devices' peak.
+A model that predicts every position of a sequence (model=gpt) also gets tokens/s: samples/s x positions per
+sample. On GPUs it also reports model FLOPs utilisation: 6 x parameters FLOPs per predicted token (forward 2,
+backward 4: the dense-network estimate; it ignores attention and normalisation; a classifier's sample is one
+token) over the devices' peak at the precision training uses (trainer.precision=auto resolved as train does).
 Writes scaling.csv and scaling.png into its run folder and logs both (a table, a chart) to one wandb run.
-A samples/s column is the seam for tokens/s: a token model multiplies by its sequence length.
 """
 
 import csv
@@ -33,9 +34,10 @@ from rich.table import Table
 
 from .commands import train_command
 from .config import ConfigError, fail, register_resolvers, run_cli
-from .estimate import count_parameters
+from .estimate import count_parameters, example_input, tokens_per_sample
 from .pipelining import bubble_fraction
-from .steptimes import ENV
+from .precision import resolve_precision
+from .steptimes import ENV, STEPS_ENV
 from .tracking import finish_wandb, wandb_mode
 
 register_resolvers()
@@ -60,8 +62,10 @@ def scaling(cfg: DictConfig, overrides: list[str], run_dir: Path, console: Conso
         raise ConfigError("bench.steps must be >= 2 and bench.warmup_steps >= 1")
     schedules = ["gpipe", "1f1b"] if preset == "pipeline" else [None]
     weak = preset in DATA_PARALLEL
-    with torch.device("meta"):
-        parameters = count_parameters(instantiate(cfg.model.net))
+    with torch.device("meta"):  # shapes only: the size, and the positions each sample predicts
+        net = instantiate(cfg.model.net)
+        tokens = tokens_per_sample(net(example_input(cfg, net, 2)))  # 2: BatchNorm refuses 1
+    parameters = count_parameters(net)
     peak = peak_flops(cfg)
     console.print(
         f"bench scaling: strategy={preset}, {'weak' if weak else 'strong'} scaling "
@@ -72,9 +76,11 @@ def scaling(cfg: DictConfig, overrides: list[str], run_dir: Path, console: Conso
         for schedule in schedules if n > 1 else [None]:
             batch = cfg.data.batch_size * (n if weak else 1)
             times = run_point(cfg, "single" if n == 1 else preset, n, batch, schedule, overrides, run_dir)
-            rows.append(measure(times, n, batch, schedule, cfg, parameters, peak))
+            rows.append(measure(times, n, batch, schedule, cfg, parameters, peak, tokens))
+            tokens_per_s = f", {rows[-1]['tokens_per_s']:.0f} tokens/s" if tokens > 1 else ""
             console.print(
                 f"  {n} process(es){f' {schedule}' if schedule else ''}: {rows[-1]['samples_per_s']:.0f} samples/s"
+                + tokens_per_s
             )
     base = rows[0]["samples_per_s"] / rows[0]["devices"]  # per device, at the smallest count
     for row in rows:
@@ -115,12 +121,13 @@ def run_point(
     else:
         command = [sys.executable, *command[1:]]
     proc = subprocess.run(
-        command, env={**os.environ, ENV: str(times_file)}, capture_output=True, text=True,
+        command, env={**os.environ, ENV: str(times_file), STEPS_ENV: str(steps)}, capture_output=True, text=True,
         timeout=cfg.bench.timeout_s, check=False,
     )  # fmt: skip
     if proc.returncode != 0 or not times_file.exists():
         print(proc.stdout[-4000:] + proc.stderr[-4000:], file=sys.stderr)
-        raise PointFailed(f"the point with {n} process(es) failed: {' '.join(command)}")
+        early = "" if proc.returncode else f" (its training ended before {steps} steps)"
+        raise PointFailed(f"the point with {n} process(es) failed{early}: {' '.join(command)}")
     return json.loads(times_file.read_text())
 
 
@@ -139,7 +146,10 @@ def measure(
     cfg: DictConfig,
     parameters: int,
     peak: float | None,
+    tokens: int,
 ) -> dict[str, Any]:
+    """One point's row from its step end times. `tokens`: positions each sample predicts (more than 1: a
+    language model, which also gets tokens/s); `peak`: one device's FLOP/s (None: no MFU)."""
     warmup = cfg.bench.warmup_steps
     ends = times["step_ends"][warmup - 1 :]  # the end of the last warm-up step starts the clock
     seconds = (ends[-1] - ends[0]) / (len(ends) - 1)
@@ -150,7 +160,8 @@ def measure(
         "global_batch": batch,
         "step_ms": seconds * 1e3,
         "samples_per_s": throughput,
-        "mfu": 6 * parameters * throughput / (n * peak) if peak else None,
+        "tokens_per_s": throughput * tokens if tokens > 1 else None,
+        "mfu": 6 * parameters * tokens * throughput / (n * peak) if peak else None,
     }
     if schedule:
         idle = [sum(step) / len(step) for step in times["idle_fractions"][warmup:]]
@@ -161,18 +172,20 @@ def measure(
 
 
 def peak_flops(cfg: DictConfig) -> float | None:
-    """The peak FLOP/s of one device, for MFU: bench.peak_tflops, or the table for bf16 on known GPUs."""
+    """The peak FLOP/s of one device, for MFU: bench.peak_tflops, or the table for bf16 on known GPUs, when the
+    training computes in bf16 (trainer.precision=auto does on them)."""
     if cfg.bench.peak_tflops:
         return cfg.bench.peak_tflops * 1e12
-    if not torch.cuda.is_available() or not str(cfg.trainer.precision).startswith("bf16"):
+    on_gpu = cfg.trainer.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
+    if not on_gpu or resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator) != "bf16-mixed":
         return None
     name = torch.cuda.get_device_name(0)
     return next((tflops * 1e12 for gpu, tflops in PEAK_BF16_TFLOPS.items() if gpu in name), None)
 
 
 COLUMNS = [
-    "devices", "schedule", "global_batch", "step_ms", "samples_per_s", "linear_samples_per_s", "efficiency", "mfu",
-    "measured_bubble", "theoretical_bubble",
+    "devices", "schedule", "global_batch", "step_ms", "samples_per_s", "tokens_per_s", "linear_samples_per_s",
+    "efficiency", "mfu", "measured_bubble", "theoretical_bubble",
 ]  # fmt: skip
 
 
@@ -231,6 +244,7 @@ def show(rows: list[dict[str, Any]], console: Console) -> None:
         "global batch": ("global_batch", str),
         "step ms": ("step_ms", "{:.1f}".format),
         "samples/s": ("samples_per_s", "{:.0f}".format),
+        "tokens/s": ("tokens_per_s", "{:.0f}".format),
         "linear": ("linear_samples_per_s", "{:.0f}".format),
         "efficiency": ("efficiency", percent),
         "MFU": ("mfu", "{:.1%}".format),

@@ -11,6 +11,7 @@ Trains nothing; the model is sized on the meta device, so it may be far bigger t
 import json
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +27,33 @@ from rich.table import Table
 from . import hardware
 from .commands import train_command
 from .config import CONFIG_DIR, UNRESOLVED, ConfigError, fail, register_resolvers, run_cli, unresolved
-from .estimate import USABLE, ModelFacts, gradient_traffic, memory_per_device, mesh, model_facts
+from .estimate import (
+    DP_DEVICE_0,
+    USABLE,
+    ModelFacts,
+    dp_memory,
+    example_input,
+    gradient_traffic,
+    memory_per_device,
+    mesh,
+    model_facts,
+)
 from .model_split import split_blocks
+from .precision import resolve_precision, use_tensor_cores
 
 register_resolvers()
 
 PRESETS = ("single", "ddp", "dp", "model_parallel", "pipeline")
 GB = 1e9
+
+
+@dataclass
+class Speed:
+    """What ddp is priced against one device with, all measured on this machine."""
+
+    step_seconds: float | None  # one training step of the whole batch on one device (None: not measured)
+    busbw_gbs: float | None  # all-reduce bus bandwidth over this machine's devices (None: not measured)
+    unknown: str | None = None  # why these cannot price the planned devices (None: they can)
 
 
 def diagnose(cfg: DictConfig, overrides: list[str]) -> dict[str, Any]:
@@ -41,10 +62,14 @@ def diagnose(cfg: DictConfig, overrides: list[str]) -> dict[str, Any]:
         raise ConfigError(f"doctor.device_memory_gb={plan.device_memory_gb} must be > 0 (GB per device)")
     if plan.devices is not None and plan.devices < 1:
         raise ConfigError(f"doctor.devices={plan.devices} must be >= 1 (devices per node)")
+    precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # as train resolves `auto`
     env = hardware.environment()
     gpus = env["gpus"]
     per_node = plan.devices or len(gpus) or 1
     memory_gb = plan.device_memory_gb or (min(g["memory_gb"] for g in gpus) if gpus else env["host_memory_gb"])
+    # doctor.devices or doctor.device_memory_gb plan for devices that are not (all) this machine's: what is
+    # measured here (a step, the bandwidth, the links) does not describe them.
+    elsewhere = plan.device_memory_gb is not None or plan.devices not in (None, len(gpus) or 1)
     sizes = [int(mb * 2**20) for mb in plan.allreduce.sizes_mb]
     bandwidth = hardware.measure_allreduce(sizes, plan.allreduce.iterations) if sizes else None
     # The largest message comes closest to what the links sustain: it prices the gradient all-reduce.
@@ -52,27 +77,27 @@ def diagnose(cfg: DictConfig, overrides: list[str]) -> dict[str, Any]:
 
     pipeline_preset = OmegaConf.load(CONFIG_DIR / "strategy" / "pipeline.yaml").strategy
     pipe = cfg.strategy if "microbatches" in cfg.strategy else pipeline_preset
-    microbatches, schedule = pipe.microbatches, pipe.schedule
     counts = sorted(set(plan.device_counts))
     stage_counts = sorted({*counts, *range(2, per_node + 1)} - {1})
-    facts = model_facts(cfg, example_input(cfg, batch), stage_counts)
+    facts = model_facts(cfg, batch, stage_counts, precision)
 
-    def need(preset: str, devices: int, tensor: int | None = None) -> tuple[float | None, str]:
-        return memory_per_device(facts, preset, devices, per_node, batch, microbatches, schedule, tensor)
-
-    memory = [
-        {"preset": preset, "devices": n, "bytes": need(preset, n)[0], "holds": need(preset, n)[1]}
-        for preset in PRESETS
-        for n in counts
-    ]
+    memory = []
+    for preset in PRESETS:
+        for n in counts:
+            nbytes, holds = memory_per_device(facts, preset, n, per_node, batch, pipe.microbatches, pipe.schedule)
+            row = {"preset": preset, "devices": n, "bytes": nbytes, "holds": holds}
+            if preset == "dp" and nbytes is not None and n > 1:  # device 0 fills first: the others need less
+                row["other_devices_bytes"] = dp_memory(facts, n, batch)[1]
+            memory.append(row)
     traffic = [gradient_traffic(facts.parameters, n, busbw) for n in counts if n > 1]
-    step = step_seconds(cfg, facts, batch, env["host_memory_gb"])
-    usable = USABLE * memory_gb * GB
-    topology = hardware.topology()
+    step = step_seconds(cfg, facts, batch, env["host_memory_gb"], precision)
+    topology = hardware.topology(gpus)
     # Tensor parallelism all-reduces in every block: without NVLink/NVSwitch between the GPUs, prefer a pipeline.
-    pairs = topology["pairs"]  # none without 2+ GPUs: then nothing is known against tensor parallelism
-    pcie_only = bool(pairs) and not any(p["nvlinks"] or p["nvswitch_links"] for p in pairs)
-    advice = recommend(need, facts, usable, per_node, plan, batch, step, busbw, microbatches, pcie_only, overrides)
+    pairs = topology["pairs"]  # none without 2+ GPUs: then the links are unknown
+    pcie_only = None if elsewhere or not pairs else not any(p["nvlinks"] or p["nvswitch_links"] for p in pairs)
+    speed = Speed(step, busbw, unpriced(step, busbw, elsewhere, per_node, memory_gb))
+    usable = USABLE * memory_gb * GB
+    advice = recommend(facts, usable, per_node, plan, batch, pipe, speed, pcie_only, overrides)
     return {
         "environment": env,
         "topology": topology,
@@ -82,50 +107,65 @@ def diagnose(cfg: DictConfig, overrides: list[str]) -> dict[str, Any]:
             "parameters": facts.parameters,
             "optimizer_state_bytes_per_parameter": facts.optimizer_state_per_parameter,
             "activation_bytes_per_sample": facts.activation_bytes_per_sample,
+            "output_bytes_per_sample": facts.output_bytes_per_sample,
             "tensor_parallel_parameters": facts.tensor_parallel_parameters,
             "global_batch": batch,
-            "precision": str(cfg.trainer.precision),
+            "precision": precision,
             "step_seconds_one_device": step,
         },
-        "plan": {"devices_per_node": per_node, "device_memory_gb": memory_gb, "usable_share": USABLE},
+        "plan": {
+            "devices_per_node": per_node,
+            "device_memory_gb": memory_gb,
+            "usable_share": USABLE,
+            "this_machine": not elsewhere,
+        },
         "memory": memory,
         "traffic": traffic,
         "recommendation": advice,
     }
 
 
-def example_input(cfg: DictConfig, batch: int) -> torch.Tensor:
-    """A meta batch shaped like the data's inputs: num_features values per sample (token ids for data=tokens)."""
-    if "num_features" not in cfg.data:
-        raise ConfigError("the doctor sizes the model from data.num_features; this data config has none")
-    return torch.zeros(batch, cfg.data.num_features, dtype=input_dtype(cfg), device="meta")
+def unpriced(step: float | None, busbw: float | None, elsewhere: bool, per_node: int, memory_gb: float) -> str | None:
+    """Why ddp's speed-up over one device cannot be estimated from what was measured here; None if it can."""
+    if elsewhere:
+        return (
+            f"the step time and the all-reduce bandwidth are this machine's, not those of the planned "
+            f"{per_node} x {_size(memory_gb * GB)} devices; run the doctor (or bench scaling) on them"
+        )
+    if step is None:
+        return "one step was not measured (the model does not fit on this machine)"
+    if busbw is None:
+        return "the all-reduce bandwidth was not measured (doctor.allreduce.sizes_mb=[])"
+    return None
 
 
-def input_dtype(cfg: DictConfig) -> torch.dtype:
-    """Token ids (int64) for a language model's data (data=tokens has a vocab_size), else float32 features."""
-    return torch.long if "vocab_size" in cfg.data else torch.float32
-
-
-def step_seconds(cfg: DictConfig, facts: ModelFacts, batch: int, host_memory_gb: float) -> float | None:
-    """One training step (forward, backward, optimizer) of the whole batch on this machine's first device, the
-    median of 3 after a warm-up; None when the model would not fit here (on CPU: in a quarter of the RAM)."""
-    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    real_gb = torch.cuda.get_device_properties(0).total_memory / GB if device.type == "cuda" else host_memory_gb / 4
+def step_seconds(cfg: DictConfig, facts: ModelFacts, batch: int, host_memory_gb: float, precision: str) -> float | None:
+    """One training step (forward, backward, optimizer) of the whole batch on this machine's first device, at the
+    training's precision (autocast, TF32 as tf32 says), the median of 3 after a warm-up; None when the model
+    would not fit here (on CPU: in a quarter of the RAM)."""
+    on_gpu = cfg.trainer.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
+    device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
+    real_gb = torch.cuda.get_device_properties(0).total_memory / GB if on_gpu else host_memory_gb / 4
     if facts.state_bytes + facts.activation_bytes_per_sample * batch > USABLE * real_gb * GB:
         return None
+    use_tensor_cores(cfg.tf32)
     torch.manual_seed(cfg.seed)
     net = instantiate(cfg.model.net).to(device)
     optimizer = instantiate(cfg.model.optimizer)(net.parameters())
-    if input_dtype(cfg) == torch.long:  # a language model: a token per position in, the next token per position out
-        x = torch.randint(cfg.data.num_classes, (batch, cfg.data.num_features), device=device)
-        y = torch.randint(cfg.data.num_classes, x.shape, device=device)
+    x = torch.zeros(batch, cfg.data.num_features, device=device)
+    if example_input(cfg, net, 1).dtype == torch.long:  # token ids
+        x = torch.randint(cfg.data.num_classes, x.shape, device=device)
     else:
-        x = torch.randn(batch, cfg.data.num_features, device=device)
-        y = torch.randint(cfg.data.num_classes, (batch,), device=device)
-    times = []
+        x.normal_()
+    dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
+    times, y = [], None
     for _ in range(4):
         start = time.perf_counter()
-        F.cross_entropy(net(x).flatten(0, -2), y.flatten()).backward()
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            out = net(x)
+        if y is None:  # a target per output position: one per sample, or one per token
+            y = torch.randint(cfg.data.num_classes, out.shape[:-1], device=device)
+        F.cross_entropy(out.flatten(0, -2).float(), y.flatten()).backward()
         optimizer.step()
         optimizer.zero_grad()
         if device.type == "cuda":
@@ -135,24 +175,28 @@ def step_seconds(cfg: DictConfig, facts: ModelFacts, batch: int, host_memory_gb:
 
 
 def recommend(
-    need: Any,
     facts: ModelFacts,
     usable: float,
     per_node: int,
     plan: DictConfig,
     batch: int,
-    step: float | None,
-    busbw: float | None,
-    microbatches: int,
-    pcie_only: bool,
+    pipe: DictConfig,
+    speed: Speed,
+    pcie_only: bool | None,
     overrides: list[str],
 ) -> dict[str, Any]:
     """The decision tree: one device if it fits and ddp would not be much faster; ddp if a replica fits on each
     device; else split the model over the fewest devices that hold it (model_parallel, or pipeline where GPUs
-    talk over PCIe only), on one node if possible, else over nodes."""
+    talk over PCIe only), on one node if possible, else over nodes.
+
+    `usable`: bytes per device a plan may fill; `pipe`: the pipeline's microbatches and schedule; `pcie_only`:
+    whether the GPUs are linked by PCIe only (None: not known)."""
+
+    def need(preset: str, n: int, tensor: int | None = None) -> float | None:
+        return memory_per_device(facts, preset, n, per_node, batch, pipe.microbatches, pipe.schedule, tensor)[0]
 
     def fits(preset: str, n: int, tensor: int | None = None) -> bool:
-        nbytes = need(preset, n, tensor)[0]
+        nbytes = need(preset, n, tensor)
         return nbytes is not None and nbytes <= usable
 
     def advice(
@@ -163,7 +207,7 @@ def recommend(
             "preset": preset,
             "devices_per_node": devices,
             "nodes": nodes,
-            "bytes_per_device": need(preset, devices * nodes, tensor)[0],
+            "bytes_per_device": need(preset, devices * nodes, tensor),
             "why": why,
             "command": " ".join(command),
         }
@@ -172,24 +216,30 @@ def recommend(
     if fits("single", 1):
         if data_parallel == 1:
             return advice("single", 1, 1, "the model fits on one device and there is one device to use")
-        if step is None:
-            return advice("ddp", data_parallel, 1, "a replica fits on each device; data parallel is the default")
-        all_reduce = gradient_traffic(facts.parameters, data_parallel, busbw)["ring_seconds"] or 0.0  # unmeasured: 0
-        ddp_step = step / data_parallel + all_reduce
-        speedup = step / ddp_step
-        if speedup < plan.min_speedup:
-            return advice(
-                "single",
-                1,
-                1,
-                f"it fits on one device and ddp over {data_parallel} would be only {speedup:.2f}x "
-                f"faster (step {step * 1e3:.1f} ms; all-reduce {all_reduce * 1e3:.1f} ms)",
-            )
-        return advice(
-            "ddp", data_parallel, 1, f"it fits on one device; ddp over {data_parallel} is ~{speedup:.1f}x faster"
+        if speed.unknown:
+            why = f"a replica fits on each device; ddp's speed-up over one device is not estimated: {speed.unknown}"
+            return advice("ddp", data_parallel, 1, why)
+        step = speed.step_seconds
+        all_reduce = gradient_traffic(facts.parameters, data_parallel, speed.busbw_gbs)["ring_seconds"]
+        speedup = step / (step / data_parallel + all_reduce)
+        basis = (
+            f"measured here: one step {step * 1e3:.1f} ms on one device, the gradients' ring all-reduce "
+            f"{all_reduce * 1e3:.1f} ms at {speed.busbw_gbs:.3g} GB/s; assumed: the batch splits evenly "
+            f"and the all-reduce does not overlap the backward"
         )
+        if speedup < plan.min_speedup:
+            why = f"it fits on one device and ddp over {data_parallel} would be only {speedup:.2f}x faster"
+            return {**advice("single", 1, 1, why), "basis": basis}
+        why = f"it fits on one device; ddp over {data_parallel} is ~{speedup:.1f}x faster"
+        return {**advice("ddp", data_parallel, 1, why), "basis": basis}
     if fits("ddp", data_parallel):
         return advice("ddp", data_parallel, 1, "one replica plus its share of the batch fits on each device")
+    # Tensor parallelism all-reduces in every block: over PCIe only, a pipeline (point-to-point between stages).
+    unknown_links = (
+        "; this assumes NVLink or NVSwitch between the GPUs (not seen here): over PCIe only, prefer strategy=pipeline"
+        if pcie_only is None
+        else ""
+    )
     for n in range(2, per_node + 1):
         split_fits = fits("pipeline", n)
         if fits("model_parallel", n) and not (pcie_only and split_fits):
@@ -201,7 +251,7 @@ def recommend(
                 "model_parallel",
                 per_node,
                 1,
-                f"it fits sharded over {n}; over all {per_node}: mesh dp={data} (FSDP2) x tp={tensor}",
+                f"it fits sharded over {n}; over all {per_node}: mesh dp={data} (FSDP2) x tp={tensor}{unknown_links}",
                 (f"strategy.tensor_parallel_size={tensor}", f"strategy.data_parallel_size={data}"),
                 tensor,
             )
@@ -214,7 +264,7 @@ def recommend(
                 "pipeline",
                 n,
                 1,
-                f"{link}cut into {n} stages ({split}), {microbatches} micro-batches, it fits",
+                f"{link}cut into {n} stages ({split}), {pipe.microbatches} micro-batches, it fits",
                 (f"strategy.split_points=[{','.join(map(str, points))}]",),
             )
     for nodes in range(2, plan.max_nodes + 1):
@@ -224,7 +274,8 @@ def recommend(
                 "model_parallel",
                 per_node,
                 nodes,
-                f"it needs {nodes} nodes: tensor parallel x{tensor} inside each node, FSDP over {data} replicas",
+                f"it needs {nodes} nodes: tensor parallel x{tensor} inside each node, FSDP over {data} replicas"
+                + unknown_links,
             )
     return {
         "preset": None,
@@ -296,12 +347,20 @@ def show(report: dict[str, Any], console: Console) -> None:
     table = Table(
         "preset",
         *(f"{n} device{'s' * (n > 1)}" for n in counts),
-        title=f"Memory per device (plan: {plan['devices_per_node']} x {_size(plan['device_memory_gb'] * GB)} per node)",
+        title=f"Memory per device (plan: {plan['devices_per_node']} x {_size(plan['device_memory_gb'] * GB)} per node"
+        + ("" if plan["this_machine"] else ", not this machine's")
+        + ")",
     )
     for preset in PRESETS:
         cells = {row["devices"]: row for row in report["memory"] if row["preset"] == preset}
         table.add_row(preset, *(_size(cells[n]["bytes"]) for n in counts))
     console.print(table)
+    if unequal := [row for row in report["memory"] if "other_devices_bytes" in row]:
+        row = unequal[-1]
+        console.print(
+            f"dp fills device 0 first: over {row['devices']} devices it needs {_size(row['bytes'])}, each other "
+            f"device {_size(row['other_devices_bytes'])} ({DP_DEVICE_0})"
+        )
     table = Table(
         "devices",
         "gradients",
@@ -309,7 +368,7 @@ def show(report: dict[str, Any], console: Console) -> None:
         "time",
         "parameter server N(P-1)",
         "time",
-        title="Gradient traffic per step, at the measured bus bandwidth",
+        title="Gradient traffic per step, at the bus bandwidth measured here",
     )
     for row in report["traffic"]:
         table.add_row(
@@ -323,6 +382,8 @@ def show(report: dict[str, Any], console: Console) -> None:
     console.print(table)
     advice = report["recommendation"]
     console.print(f"[bold]Recommendation:[/bold] {advice['preset'] or 'none fits'}: {advice['why']}")
+    if advice.get("basis"):
+        console.print(f"  ({advice['basis']})")
     if advice["command"]:
         console.print(f"  {advice['command']}", soft_wrap=True)
 

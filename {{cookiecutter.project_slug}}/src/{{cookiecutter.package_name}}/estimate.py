@@ -6,7 +6,8 @@ planned for. Memory per device = weights + gradients + optimizer state + activat
 - optimizer state as the configured optimizer really keeps it (measured on a small tensor after one step);
 - activations: the bytes autograd saves for backward in one forward of the per-device batch, measured on the
   meta device (a tensor saved by two operations counts twice, so this errs on the high side), halved under
-  bf16-mixed / 16-mixed (activations saved in 16 bits; an estimate: some operations keep fp32).
+  bf16-mixed / 16-mixed (activations saved in 16 bits; an estimate: some operations keep fp32), at the precision
+  training would use (trainer.precision=auto resolved as train resolves it, precision.py).
 Not counted: the CUDA context and allocator caches (about 0.5-1 GB per GPU): fits() leaves 10% free for them.
 """
 
@@ -19,6 +20,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch import nn
 
+from .config import ConfigError
 from .model_split import find_split, has_split, layers, matches, pipeline_stage
 from .pipelining import bubble_fraction
 
@@ -31,6 +33,8 @@ class ModelFacts:
     parameters: int
     optimizer_state_per_parameter: int  # bytes
     activation_bytes_per_sample: float  # at the configured precision
+    output_bytes_per_sample: float  # the net's output (logits), at the configured precision
+    tokens_per_sample: int  # positions the loss predicts per sample: 1 for a classifier, seq_len for a language model
     tensor_parallel_parameters: int  # parameters the model's tensor-parallel plan shards (0: no plan)
     blocks: int  # the blocks a pipeline cuts between (0: the model has no Split)
     stage_parameters: dict[int, list[int]]  # pipeline stages -> parameters of each stage
@@ -42,12 +46,13 @@ class ModelFacts:
         return self.parameters * (2 * FP32 + self.optimizer_state_per_parameter)
 
 
-def model_facts(cfg: DictConfig, example_input: torch.Tensor, stage_counts: list[int]) -> ModelFacts:
-    """Measure the configured net on the meta device. `example_input`: one meta sample batch (any batch size)."""
+def model_facts(cfg: DictConfig, batch: int, stage_counts: list[int], precision: str) -> ModelFacts:
+    """Measure the configured net on the meta device, with a meta batch of `batch` samples shaped like the data's;
+    `precision`: a resolved one (precision.resolve_precision), 32-true, bf16-mixed or 16-mixed."""
     with torch.device("meta"):
         net = instantiate(cfg.model.net)
-    batch = example_input.shape[0]
-    scale = 0.5 if str(cfg.trainer.precision).startswith(("bf16", "16")) else 1.0
+    example = example_input(cfg, net, batch)
+    scale = 0.5 if precision in ("bf16-mixed", "16-mixed") else 1.0
     stages: dict[int, list[int]] = {}
     stage_activations: dict[int, list[float]] = {}
     if has_split(net):
@@ -57,22 +62,40 @@ def model_facts(cfg: DictConfig, example_input: torch.Tensor, stage_counts: list
             except ValueError:  # more stages than the model has blocks
                 continue
             stages[count] = [count_parameters(part) for part in parts]
-            x, saved = example_input, []
+            x, saved = example, []
             for part in parts:
                 nbytes, x = saved_bytes(part, x)
                 saved.append(nbytes * scale / batch)
                 x = x.detach()
             stage_activations[count] = saved
-    nbytes, _ = saved_bytes(net, example_input)
+    nbytes, output = saved_bytes(net, example)
     return ModelFacts(
         parameters=count_parameters(net),
         optimizer_state_per_parameter=optimizer_state_bytes(cfg),
         activation_bytes_per_sample=nbytes * scale / batch,
+        output_bytes_per_sample=output.numel() * FP32 * scale / batch,
+        tokens_per_sample=tokens_per_sample(output),
         tensor_parallel_parameters=tensor_parallel_parameters(net),
         blocks=len(layers(net, "pipeline")[2]) if stages else 0,
         stage_parameters=stages,
         stage_activation_bytes_per_sample=stage_activations,
     )
+
+
+def example_input(cfg: DictConfig, net: nn.Module, batch: int) -> torch.Tensor:
+    """A meta batch shaped like the data's inputs: num_features values per sample, token ids (int64) for a net
+    that reads them (one with an nn.Embedding, as data.check_input decides), else float32 features."""
+    if "num_features" not in cfg.data:
+        raise ConfigError("the model is sized from data.num_features; this data config has none")
+    reads_ids = any(isinstance(module, nn.Embedding) for module in net.modules())
+    dtype = torch.long if reads_ids else torch.float32
+    return torch.zeros(batch, cfg.data.num_features, dtype=dtype, device="meta")
+
+
+def tokens_per_sample(output: torch.Tensor) -> int:
+    """Positions a sample's output predicts: 1 for a classifier's (batch, classes), T for a language model's
+    (batch, T, vocab)."""
+    return math.prod(output.shape[1:-1])
 
 
 def count_parameters(module: nn.Module) -> int:
@@ -141,12 +164,12 @@ def memory_per_device(
     grads = facts.parameters * FP32
     if preset == "single":
         return (state + act * batch, "everything") if devices == 1 else (None, "one device only")
-    if batch % devices:
+    if preset in ("ddp", "dp") and batch % devices:
         return None, f"batch {batch} does not split over {devices}"
     if preset == "ddp":
         return state + grads + act * batch / devices, "full replica + gradient buckets + batch/N activations"
     if preset == "dp":
-        return state + act * batch / devices, "device 0: the model, optimizer and gathered outputs"
+        return dp_memory(facts, devices, batch)[0], f"device 0, the fullest: {DP_DEVICE_0}"
     if preset == "model_parallel":
         if not facts.tensor_parallel_parameters:
             return None, "the model has no tensor-parallel plan (model_split.py)"
@@ -177,6 +200,28 @@ def memory_per_device(
             worst = max(worst, total)
         return worst, f"{schedule}, {microbatches} micro-batches, bubble {bubble_fraction(devices, microbatches):.0%}"
     raise ValueError(f"unknown preset {preset}")
+
+
+# Why strategy=dp's device 0 fills first (strategies/dp.py).
+{%- if cookiecutter.engine == "accelerate" %}
+DP_DEVICE_0 = "device 0 keeps the optimizer state, the gradients the replicas reduce onto it, and the gathered outputs"
+{%- else %}
+DP_DEVICE_0 = "device 0 keeps the optimizer state and the gradients the replicas reduce onto it"
+{%- endif %}
+
+
+def dp_memory(facts: ModelFacts, devices: int, batch: int) -> tuple[float, float]:
+    """strategy=dp's (device 0, each other device). Every device holds a copy of the weights, its gradients and
+    its share of the activations; device 0's copy is the model itself, with its optimizer state{% if cookiecutter.engine == "accelerate" %}, and the
+    outputs of the whole batch are gathered on it (with the softmax the loss keeps and their gradient: three
+    copies){% endif %}."""
+    share = facts.activation_bytes_per_sample * batch / devices
+    first = facts.state_bytes + share
+{%- if cookiecutter.engine == "accelerate" %}
+    if devices > 1:  # one device runs the net itself: nothing is gathered
+        first += 3 * facts.output_bytes_per_sample * batch
+{%- endif %}
+    return first, facts.parameters * 2 * FP32 + share
 
 
 def gradient_traffic(parameters: int, devices: int, busbw_gbs: float | None) -> dict[str, Any]:

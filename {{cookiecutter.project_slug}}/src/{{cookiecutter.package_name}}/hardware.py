@@ -39,17 +39,25 @@ def environment() -> dict[str, Any]:
     }
     for index in range(torch.cuda.device_count() if cuda else 0):
         props = torch.cuda.get_device_properties(index)
-        env["gpus"].append(
-            {
-                "index": index,
-                "name": props.name,
-                "memory_gb": props.total_memory / 1e9,
-                "compute_capability": f"{props.major}.{props.minor}",
-                "bf16": props.major >= 8,  # Ampere and later compute in bf16 natively
-                **gpu_usage(index),
-            }
-        )
+        gpu = {
+            "index": index,  # torch's (CUDA's) numbering: the visible GPUs, in CUDA_VISIBLE_DEVICES order
+            "name": props.name,
+            **identity(props),
+            "memory_gb": props.total_memory / 1e9,
+            "compute_capability": f"{props.major}.{props.minor}",
+            "bf16": props.major >= 8,  # Ampere and later compute in bf16 natively
+        }
+        env["gpus"].append({**gpu, **gpu_usage(gpu)})
     return env
+
+
+def identity(props: Any) -> dict[str, str]:
+    """What names a GPU to NVML as well as to CUDA (torch.cuda.get_device_properties): its UUID and its PCI bus
+    id, written as NVML writes them (GPU-<uuid>, DDDDDDDD:BB:DD.0)."""
+    return {
+        "uuid": f"GPU-{props.uuid}",
+        "pci_bus_id": f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0",
+    }
 
 
 def host_memory_bytes() -> int:
@@ -79,9 +87,17 @@ def nvml_call(name: str, *args: Any) -> Any:
     return answer.decode() if isinstance(answer, bytes) else answer  # older bindings return bytes
 
 
-def gpu_usage(index: int) -> dict[str, Any]:
+def nvml_handle(gpu: dict[str, Any]) -> Any:
+    """NVML's handle of a GPU torch sees, or None. Found by UUID, else by PCI bus id (a MIG instance's UUID is not
+    its GPU's), never by index: NVML numbers every GPU of the machine, CUDA only the visible ones, in
+    CUDA_VISIBLE_DEVICES order, so the same number can be another GPU."""
+    handle = nvml_call("nvmlDeviceGetHandleByUUID", gpu["uuid"])
+    return handle if handle is not None else nvml_call("nvmlDeviceGetHandleByPciBusId", gpu["pci_bus_id"])
+
+
+def gpu_usage(gpu: dict[str, Any]) -> dict[str, Any]:
     """Memory in use and utilisation now (imbalance and idle GPUs are the first things to fix)."""
-    handle = nvml_call("nvmlDeviceGetHandleByIndex", index)
+    handle = nvml_handle(gpu)
     if handle is None:
         return {}
     memory = nvml_call("nvmlDeviceGetMemoryInfo", handle)
@@ -104,25 +120,31 @@ TOPOLOGY_LEVELS = {
 }
 
 
-def topology() -> dict[str, Any]:
-    """For each GPU pair: NVLink links between them (or through an NVSwitch), the PCIe path, NUMA/socket, P2P."""
-    why = nvml_ready()
-    count = nvml_call("nvmlDeviceGetCount") if why is None else 0
-    if why is None and count < 2:
-        why = f"{count} GPU: no device pairs to link"
-    result: dict[str, Any] = {"pairs": [], "why_empty": why, "nccl_env": nccl_env()}
-    if why is not None:
+def topology(gpus: list[dict[str, Any]]) -> dict[str, Any]:
+    """For each pair of `gpus` (environment()'s, in torch's numbering): NVLink links between them (or through an
+    NVSwitch), the PCIe path, NUMA/socket, P2P."""
+    result: dict[str, Any] = {"pairs": [], "why_empty": nvml_ready(), "nccl_env": nccl_env()}
+    if result["why_empty"] is None and len(gpus) < 2:
+        result["why_empty"] = f"{len(gpus)} GPU visible to torch: no device pairs to link"
+    if result["why_empty"] is not None:
         return result
-    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    handles = [nvml_handle(gpu) for gpu in gpus]
+    if None in handles:
+        lost = gpus[handles.index(None)]
+        result["why_empty"] = f"NVML finds no GPU with the UUID or PCI bus id of torch's GPU {lost['index']}"
+        return result
     bus_ids = [getattr(nvml_call("nvmlDeviceGetPciInfo", h), "busId", None) for h in handles]
+    links = [nvlinks(h) for h in handles]
+    count = len(gpus)
     for a in range(count):
         for b in range(a + 1, count):
             level = nvml_call("nvmlDeviceGetTopologyCommonAncestor", handles[a], handles[b])
             p2p = nvml_call("nvmlDeviceGetP2PStatus", handles[a], handles[b], pynvml.NVML_P2P_CAPS_INDEX_READ)
-            direct, switched = nvlinks(handles[a], bus_ids[b])
+            direct = links[a][0].count(bus_ids[b]) if bus_ids[b] is not None else 0
+            switched = links[a][1] if links[b][1] else 0  # both GPUs must reach the NVSwitches
             result["pairs"].append(
                 {
-                    "gpus": [a, b],
+                    "gpus": [gpus[a]["index"], gpus[b]["index"]],
                     "nvlinks": direct,
                     "nvswitch_links": switched,
                     "link": f"NVLink x{direct}" if direct else f"NVSwitch x{switched}" if switched else "PCIe",
@@ -134,19 +156,18 @@ def topology() -> dict[str, Any]:
     return result
 
 
-def nvlinks(handle: Any, peer_bus_id: str | None) -> tuple[int, int]:
-    """Active NVLinks of `handle` that end at the peer GPU, and those that end at an NVSwitch (which reach all)."""
-    direct = switched = 0
+def nvlinks(handle: Any) -> tuple[list[str], int]:
+    """A GPU's active NVLinks: the PCI bus ids of the GPUs they end at (one per link), and how many end at an
+    NVSwitch (which reaches every GPU on it)."""
+    peers, switched = [], 0
     for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
         if nvml_call("nvmlDeviceGetNvLinkState", handle, link) != pynvml.NVML_FEATURE_ENABLED:
             continue
-        remote = getattr(nvml_call("nvmlDeviceGetNvLinkRemotePciInfo_v2", handle, link), "busId", None)
-        kind = nvml_call("nvmlDeviceGetNvLinkRemoteDeviceType", handle, link)
-        if kind == getattr(pynvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH", -1):
+        if nvml_call("nvmlDeviceGetNvLinkRemoteDeviceType", handle, link) == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH:
             switched += 1
-        elif remote is not None and remote == peer_bus_id:
-            direct += 1
-    return direct, switched
+        elif remote := getattr(nvml_call("nvmlDeviceGetNvLinkRemotePciInfo_v2", handle, link), "busId", None):
+            peers.append(remote)
+    return peers, switched
 
 
 def nccl_env() -> dict[str, str]:
