@@ -11,7 +11,8 @@ from functools import partial
 import pytest
 import torch
 from conftest import PARITY, TOLERANCE, K
-from launchers import accelerate_launch, torchrun
+from launchers import accelerate_launch, torchrun, torchrun_elastic
+from restarts import losses_by_step
 
 from {{ cookiecutter.package_name }}.checkpoints import load_trained
 
@@ -31,8 +32,7 @@ CASES = [
     ("model_parallel-dp2xtp2", DP2_TP2, partial(accelerate_launch, 4), 4),
     ("model_parallel-layers", LAYERS, None, 1),
     ("pipeline-gpipe", ["strategy=pipeline", "strategy.schedule=gpipe"], accelerate_launch, 2),
-    ("pipeline-1f1b", ["strategy=pipeline", "strategy.schedule=1f1b"], torchrun, 2),
-]
+]  # and pipeline's 1f1b schedule under torchrun, killed and restarted, below
 
 
 @pytest.mark.parametrize("name, overrides, launcher, processes", CASES, ids=[case[0] for case in CASES])
@@ -41,6 +41,23 @@ def test_first_losses_equal_single_device(train, single_losses, name, overrides,
     assert run.wandb.steps("train/loss")[:K] == list(range(K))
     assert run.losses(K) == pytest.approx(single_losses, abs=TOLERANCE), name
     assert run.wandb.config["run"]["world_size"] == processes
+
+
+def test_a_pipeline_killed_while_saving_resumes_each_stage_from_its_own_part(train, single_losses, tmp_path):
+    """The 1f1b schedule under torchrun, killed while writing the checkpoint of step 6: torchrun restarts the stages,
+    each reads its own part of the checkpoint of step 3 in place (nothing was gathered on one process), and they
+    train on as one device does."""
+    killed_at_step_6 = [
+        "model.optimizer._target_=nets.AdamWKilledWhileSaving",
+        "+model.optimizer.kill_at_step=6",
+        f"+model.optimizer.marker={tmp_path / 'killed'}",
+    ]
+    restarts = torchrun_elastic(2, max_restarts=1)
+    fresh_stores = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # as launch/torchrun_multinode.sh
+    run = train(*PARITY, "strategy=pipeline", "checkpoint.every_n_steps=3", *killed_at_step_6, launcher=restarts,
+                env=fresh_stores)  # fmt: skip
+    assert (tmp_path / "killed").exists() and "resuming from" in run.output and "step-0000003" in run.output
+    assert losses_by_step(run.run_dir) == pytest.approx(dict(enumerate(single_losses)), abs=TOLERANCE)
 
 
 def test_shuffled_runs_match_too(train, single_losses):
