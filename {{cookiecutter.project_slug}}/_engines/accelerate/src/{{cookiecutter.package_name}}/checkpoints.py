@@ -40,6 +40,13 @@ class Checkpoints:
 
     def load(self, checkpoint: Path) -> None:
         """Restore everything `checkpoint` holds. All processes call this."""
+        saved, processes = len(list(checkpoint.glob("random_states_*.pkl"))), self.accelerator.num_processes
+        if saved != processes and self.accelerator.is_main_process:  # accelerate only logs it, at the INFO level
+            warnings.warn(
+                f"the checkpoint holds the random state of {saved} processes, this run has {processes}: random "
+                "numbers (dropout, augmentation) do not continue as they would have",
+                stacklevel=2,
+            )
         self.accelerator.load_state(checkpoint)
         if self.sharded is not None:
             self.sharded.load(checkpoint / "sharded")
