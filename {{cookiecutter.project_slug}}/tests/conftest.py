@@ -16,6 +16,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 from slurm_jobs import node_to_myself, slurm_missing
+from torch.distributed.checkpoint import FileSystemReader
 from wandb_records import OfflineRun, offline_runs
 
 PACKAGE = "{{ cookiecutter.package_name }}"
@@ -220,3 +221,13 @@ def pytest_terminal_summary(terminalreporter) -> None:
         memory = ", ".join(f"{name} {value:.0f}" for name, value in sorted(row.get("memory", {}).items())) or "-"
         seconds = f"{row['seconds']:.1f}" if "seconds" in row else "-"
         write(f"{row['layout']:<26}{row['precision']:<12}{'yes' if row['ok'] else 'NO':<5}{seconds:>7}  {memory}")
+
+
+def checkpoint_files(folder: Path, prefix: str) -> dict[str, set[str]]:
+    """The entries of a torch.distributed.checkpoint folder whose names start with `prefix`, by the file that holds
+    them (each process writes its own file: __<rank>_0.distcp)."""
+    files: dict[str, set[str]] = {}
+    for index, info in FileSystemReader(folder).read_metadata().storage_data.items():
+        if index.fqn.startswith(prefix):
+            files.setdefault(info.relative_path, set()).add(index.fqn)
+    return files

@@ -146,6 +146,9 @@ class Data:
             persistent_workers=workers > 0,  # not restarted every epoch (and every validation)
             prefetch_factor=self.prefetch_factor if workers else None,  # batches each worker prepares ahead
             pin_memory=pin_memory,  # page-locked host memory makes host-to-GPU copies faster
+            # Each pass draws its workers' base seed: from a generator of its own, not the global one, whose state a
+            # resumed training restores (its dropout then draws what the uninterrupted training drew).
+            generator=torch.Generator().manual_seed(self.seed),
             **extra,
         )
 

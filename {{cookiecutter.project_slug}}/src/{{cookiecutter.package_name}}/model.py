@@ -22,24 +22,27 @@ def make_norm(norm: str, features: int) -> nn.Module:
 
 
 class Block(nn.Module):
-    """Pre-norm residual MLP block: x + fc_out(gelu(fc_in(norm(x))))."""
+    """Pre-norm residual MLP block: x + dropout(fc_out(gelu(fc_in(norm(x)))))."""
 
-    def __init__(self, hidden: int, expansion: int, norm: str = "layer") -> None:
+    def __init__(self, hidden: int, expansion: int, norm: str = "layer", dropout: float = 0.0) -> None:
         super().__init__()
         self.norm = make_norm(norm, hidden)
         self.fc_in = nn.Linear(hidden, hidden * expansion)
         self.act = nn.GELU()
         self.fc_out = nn.Linear(hidden * expansion, hidden)
+        self.dropout = nn.Dropout(dropout) if dropout else nn.Identity()  # none: draws no random numbers
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.fc_out(self.act(self.fc_in(self.norm(x))))
+        return x + self.dropout(self.fc_out(self.act(self.fc_in(self.norm(x)))))
 
 
 class ResidualMLP(nn.Module):
     """embed -> depth x Block -> norm -> head. Outputs class logits.
 
     norm: "layer" (LayerNorm), "batch" (BatchNorm1d: under ddp its batch statistics are synchronised over the
-    processes, see batchnorm.py) or "none"."""
+    processes, see batchnorm.py) or "none". dropout: the probability of zeroing each of a block's outputs in
+    training (0: off). Its random masks depend on how the batch is split over processes, so with dropout the
+    presets no longer compute exactly what one device computes."""
 
     def __init__(
         self,
@@ -49,10 +52,11 @@ class ResidualMLP(nn.Module):
         depth: int = 4,
         expansion: int = 4,
         norm: str = "layer",
+        dropout: float = 0.0,
     ) -> None:
         super().__init__()
         self.embed = nn.Linear(in_features, hidden)
-        self.blocks = nn.ModuleList(Block(hidden, expansion, norm) for _ in range(depth))
+        self.blocks = nn.ModuleList(Block(hidden, expansion, norm, dropout) for _ in range(depth))
         self.norm = make_norm(norm, hidden)
         self.head = nn.Linear(hidden, num_classes)
 

@@ -1,5 +1,5 @@
 """Pipeline parallelism that needs no training engine: the stages, the schedules, one training step, and the
-pieces that make a pipeline look like one model (evaluation through all stages, whole-model state dicts).
+pieces that make a pipeline look like one model (evaluation through all stages, single-device names in checkpoints).
 
 Each process keeps only its stage of the net (cut as its `Split` says, model_split.py) and trains it with a
 torch.distributed.pipelining schedule, which cuts the batch into micro-batches so the stages overlap.
@@ -15,8 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-from torch.utils._pytree import tree_map
 
 from .batchnorm import split_problem
 from .config import ConfigError
@@ -116,61 +116,10 @@ class Pipeline:
         return stats[-1][0], [float(stage_stats[1]) for stage_stats in stats]
 
 
-def gather_whole_state(
-    state: dict[str, Any], optimizer_states: list[dict[str, Any]] | None, rank: int, stages: int
-) -> tuple[dict[str, Any] | None, list[dict[str, Any]] | None]:
-    """The whole model's state dict and optimizer states under single-device names and order, gathered from
-    every stage's on rank 0 (other ranks get None, None). Every stage must call it."""
-    parts = [None] * stages if rank == 0 else None
-    dist.gather_object(on_cpu((state, optimizer_states)), parts, dst=0)
-    if rank != 0:
-        return None, None
-    whole = {single_device_name(key): value for part, _ in parts for key, value in part.items()}
-    if optimizer_states is None:  # e.g. a weights-only checkpoint
-        return whole, None
-    per_stage = [states for _, states in parts]
-    return whole, [merge_optimizer_states(states) for states in zip(*per_stage, strict=True)]
-
-
-def on_cpu(value: Any) -> Any:
-    """`value` with every tensor copied to the CPU. gather_object pickles tensors with their device: a stage's
-    CUDA tensors would be unpickled onto that stage's GPU in rank 0's process."""
-    return tree_map(lambda item: item.cpu() if isinstance(item, torch.Tensor) else item, value)
-
-
-def without_parameters(
-    state: dict[str, Any], optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]
-) -> dict[str, Any]:
-    """`optimizer`'s state dict `state` without the entries of `params` (merge_optimizer_states renumbers)."""
-    order = [param for group in optimizer.param_groups for param in group["params"]]  # state_dict's numbering
-    dropped = {index for index, param in enumerate(order) if any(param is other for other in params)}
-    return {
-        "state": {index: value for index, value in state["state"].items() if index not in dropped},
-        "param_groups": [
-            {**group, "params": [index for index in group["params"] if index not in dropped]}
-            for group in state["param_groups"]
-        ],
-    }
-
-
-def merge_optimizer_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One optimizer's state over the whole model, from its stages' states.
-
-    Stages hold consecutive parameters in model order, so within each parameter group the single-device
-    optimizer sees stage 0's parameters, then stage 1's, ...; they are renumbered in that order.
-    """
-    merged: dict[str, Any] = {"state": {}, "param_groups": []}
-    index = 0
-    for groups in zip(*(state["param_groups"] for state in states), strict=True):
-        params = []
-        for state, group in zip(states, groups, strict=True):
-            for param in group["params"]:
-                if param in state["state"]:
-                    merged["state"][index] = state["state"][param]
-                params.append(index)
-                index += 1
-        merged["param_groups"].append({**groups[0], "params": params})
-    return merged
+# A stage's optimizer state keyed by parameter name and flattened ("state.<name>.exp_avg", ...) in checkpoints,
+# which every stage writes its part of (torch.distributed.checkpoint): the stages hold different parameters, so no
+# two stages write the same entry (an optimizer's own state_dict numbers the parameters of every stage from 0).
+STAGE_OPTIMIZER_STATE = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 def single_device_name(key: str) -> str:
@@ -252,11 +201,6 @@ class PipelinedNet(nn.Module):
         copy of a tied parameter (every process built the whole net from the same seed: equal copies)."""
         tied = tied_across_stages(net, stages, split_points)
         return cls(pipeline_stage(net, rank, stages, split_points), rank, stages, tied)
-
-    def tied_copies(self) -> list[nn.Parameter]:
-        """This stage's copies of tied parameters that an earlier stage holds too (left out of whole-model
-        optimizer states, where the parameter appears once, as on one device)."""
-        return [self.stage.get_parameter(names[self.index]) for stages, names in self.tied if stages[0] < self.index]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.index > 0:

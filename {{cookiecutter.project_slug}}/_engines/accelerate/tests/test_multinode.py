@@ -85,6 +85,26 @@ def test_the_torchrun_script_stops_a_refused_command_before_torchrun(tmp_path, t
     run.assert_rejected("data.batch_size=3 is the global batch and must be a positive multiple of the 2 data-parallel")
 
 
+def test_resumed_on_one_process_the_run_continues_with_the_same_global_batch(tmp_path, train_env, uninterrupted):
+    """Decided, as in the Lightning engine: a data-parallel run may resume on another number of processes (the
+    global batch, hence each step's samples, does not depend on it). Killed right after the checkpoint at the end
+    of its first epoch, the 2-process run goes on in one process, with the same losses."""
+    run_dir = tmp_path / "run"
+    kill_rank_1_at_step_8 = [  # the first step of the second epoch
+        "model.net._target_=nets.KilledOnce",
+        "+model.net.kill_at=8",
+        "+model.net.rank=1",
+        f"+model.net.marker={tmp_path / 'killed'}",
+    ]
+    killed = run_in(run_dir, train_env, *DDP, *kill_rank_1_at_step_8, launcher=torchrun())
+    assert killed.returncode != 0 and (tmp_path / "killed").exists(), killed.stdout + killed.stderr
+    assert (run_dir / "checkpoints" / "last").resolve().name == "step-0000008"
+    one = run_in(run_dir, train_env, *RESTARTABLE, "strategy=single", *kill_rank_1_at_step_8)
+    assert one.returncode == 0, one.stdout + one.stderr
+    assert "the checkpoint holds the random state of 2 processes, this run has 1" in one.stderr
+    assert losses_by_step(run_dir) == pytest.approx(uninterrupted, abs=TOLERANCE)
+
+
 SLURM_SCRIPT = Path(__file__).resolve().parents[1] / "launch" / "slurm.sbatch"
 
 

@@ -180,11 +180,16 @@ def test_one_rank_out_of_memory_makes_every_rank_shrink(train):
 
 @pytest.mark.slow
 def test_the_search_grows_a_batch_that_fits_as_lightnings_does(train):
-    """Doubles from 128 until 1024 fails, then bisects to within 5% of 1000; trains with 90% of it."""
-    wandb = train(*FINDER, "strategy=single", "+model.net.max_batch=1000", "trainer.max_steps=2").wandb
-    [largest] = wandb.metric("batch_size_finder/largest_fitting")
+    """Doubles from 128 until 1024 fails, then bisects to within 5% of 1000; trains with 90% of it. Started again,
+    the training resumes with that batch (saved in the checkpoint) and does not search again."""
+    run = train(*FINDER, "strategy=single", "+model.net.max_batch=1000", "trainer.max_steps=2")
+    [largest] = run.wandb.metric("batch_size_finder/largest_fitting")
     assert 950 <= largest <= 1000
-    assert wandb.metric("batch_size_finder/global_batch_size") == [int(largest * 0.9)]
+    assert run.wandb.metric("batch_size_finder/global_batch_size") == [int(largest * 0.9)]
+    again = train(*FINDER, "strategy=single", "+model.net.max_batch=1000", "trainer.max_steps=3", run_dir=run.run_dir)
+    assert f"find_batch_size: global batch {int(largest * 0.9)}, found before the restart" in again.output
+    assert again.wandb.metric("batch_size_finder/trials") == run.wandb.metric("batch_size_finder/trials"), "once"
+    assert again.wandb.steps("train/loss") == [0, 1, 2]
 
 
 @pytest.mark.slow

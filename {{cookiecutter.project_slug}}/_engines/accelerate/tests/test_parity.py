@@ -9,8 +9,9 @@ engine's single run gives the same values too: the template's tests compare the 
 import pytest
 import torch
 from conftest import PARITY, TOLERANCE, K
-from launchers import accelerate_launch
+from launchers import accelerate_launch, torchrun_elastic
 from layouts import command, layout
+from restarts import losses_by_step
 
 from {{ cookiecutter.package_name }}.checkpoints import load_trained
 
@@ -24,6 +25,23 @@ def test_a_pipeline_logging_every_few_steps_logs_the_batch_loss(train, single_lo
     wandb = train(*PARITY, *overrides, "trainer.log_every_n_steps=3", launcher=launcher).wandb
     assert wandb.steps("train/loss") == wandb.steps("pipeline/idle_fraction/stage1") == [2, 5]
     assert wandb.metric("train/loss") == pytest.approx([single_losses[2], single_losses[5]], abs=TOLERANCE)
+
+
+def test_a_pipeline_killed_while_saving_resumes_each_stage_from_its_own_part(train, single_losses, tmp_path):
+    """The 1f1b schedule under torchrun, killed while writing the checkpoint of step 6: torchrun restarts the stages,
+    each reads its own part of the checkpoint of step 3 in place (nothing was gathered on one process), and they
+    train on as one device does."""
+    killed_at_step_6 = [
+        "model.optimizer._target_=nets.AdamWKilledWhileSaving",
+        "+model.optimizer.kill_at_step=6",
+        f"+model.optimizer.marker={tmp_path / 'killed'}",
+    ]
+    restarts = torchrun_elastic(2, max_restarts=1)
+    fresh_stores = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # as launch/torchrun_multinode.sh
+    run = train(*PARITY, "strategy=pipeline", "checkpoint.every_n_steps=3", *killed_at_step_6, launcher=restarts,
+                env=fresh_stores)  # fmt: skip
+    assert (tmp_path / "killed").exists() and "resuming from" in run.output and "step-0000003" in run.output
+    assert losses_by_step(run.run_dir) == pytest.approx(dict(enumerate(single_losses)), abs=TOLERANCE)
 
 
 def test_shuffled_runs_match_too(train, single_losses):

@@ -98,7 +98,14 @@ class StepLosses(L.Callback):
 
 
 def fit_in_process(
-    tmp_path, *callbacks: L.Callback, steps: int = 6, train_size: int | None = None, save=False, resume=None, **oom
+    tmp_path,
+    *callbacks: L.Callback,
+    steps: int = 6,
+    train_size: int | None = None,
+    save=False,
+    resume=None,
+    dropout: float = 0.0,
+    **oom,
 ) -> list:
     """Per-step losses of a small single-device training whose module simulates OOMs as `oom` says. `save`: save
     `tmp_path`/last.ckpt as a training does (every 3 steps); `resume`: start from that checkpoint."""
@@ -116,7 +123,8 @@ def fit_in_process(
         enable_model_summary=False,
         limit_val_batches=0,
     )
-    model = OOMClassifier(ResidualMLP(32, 8, hidden=16, depth=2), optimizer=partial(torch.optim.SGD, lr=0.5), **oom)
+    net = ResidualMLP(32, 8, hidden=16, depth=2, dropout=dropout)
+    model = OOMClassifier(net, optimizer=partial(torch.optim.SGD, lr=0.5), **oom)
     datamodule = DataModule(**data_settings(batch_size=64, train_size=train_size or 64 * 6, shuffle=False))
     trainer.fit(model, datamodule=datamodule, ckpt_path=resume)
     return losses.losses
@@ -164,6 +172,15 @@ def test_the_micro_batch_size_survives_a_checkpoint(tmp_path, losses_without_oom
     assert (resumed.events, resumed.micro_batch_size) == (1, 32)
 
 
+def test_a_resumed_training_draws_the_random_numbers_of_the_uninterrupted_one(tmp_path):
+    """With dropout, stopped mid-epoch after 3 steps and resumed: the losses of the training without the stop, exactly.
+    The checkpoint holds the random state (dropout's masks would otherwise come from the seed again)."""
+    uninterrupted = fit_in_process(tmp_path / "whole", dropout=0.5)
+    before = fit_in_process(tmp_path / "first", steps=3, save=True, dropout=0.5)
+    after = fit_in_process(tmp_path / "resumed", resume=tmp_path / "first" / "last.ckpt", dropout=0.5)
+    assert before + after == uninterrupted
+
+
 def test_a_step_that_works_resets_the_failure_count(tmp_path):
     """OOMs at batches 1 and 3, a working split in between: never two in a row, so no stop at max_consecutive=2."""
     recovery = OOMRecovery(max_consecutive=2)
@@ -208,6 +225,22 @@ def test_the_schedule_spans_the_steps_of_the_batch_the_finder_found(tmp_path):
     model = Classifier(ResidualMLP(32, 8, hidden=16, depth=2), partial(torch.optim.SGD, lr=0.1), scheduler=schedule)
     trainer.fit(model, datamodule=DataModule(**data_settings(batch_size=64, train_size=640, shuffle=False)))
     assert learning_rates.values == pytest.approx([expected_cosine(step, 0.2, 2, 5, 0.1) for step in range(5)])
+
+
+class BatchSizeAtStart(L.Callback):
+    def on_train_start(self, trainer, pl_module):
+        self.batch_size = trainer.datamodule.batch_size
+
+
+def test_a_resumed_training_keeps_the_batch_the_finder_found(tmp_path):
+    """Batches above 32 run out of memory: the finder settles on 32. Resumed with all the memory free, the training
+    keeps 32 (saved in the checkpoint) instead of searching again, which would now grow it to the split's 384."""
+    found, resumed = BatchSizeAtStart(), BatchSizeAtStart()
+    finder = partial(BatchSizeFinder, margin=0.0, tolerance=0.5, steps_per_trial=1)  # 3 trials: 64, 32, 48
+    fit_in_process(tmp_path / "first", finder(), found, steps=3, save=True, oom_above=32)
+    assert found.batch_size == 32
+    fit_in_process(tmp_path / "resumed", finder(), resumed, resume=tmp_path / "first" / "last.ckpt")
+    assert resumed.batch_size == 32
 
 
 # --- real trainings ----------------------------------------------------------------------------

@@ -3,8 +3,9 @@ loading a trained net from one without Accelerate, for evaluation.
 
 Each checkpoint is an `Accelerator.save_state` folder, `step-<global step>/`: the net, the optimizer, the
 gradient scaler, every process's random number generator states (`random_states_<process>.pkl`) and the
-loop's registered objects (its progress first); model_parallel's sharded net and optimizer are in its `sharded/`
-(torch.distributed.checkpoint, each process its own shards). `last` and `best` are symbolic links to such folders.
+loop's registered objects (its progress first); the net and optimizer of model_parallel (sharded) and pipeline (cut
+into stages) are in its `sharded/` (torch.distributed.checkpoint, each process its own part). `last` and `best`
+are symbolic links to such folders.
 Accelerate writes a folder file by file, so a kill in the middle leaves half a folder: here every process
 writes into a hidden `.step-<N>.partial/`, and only once all have finished does the main process rename it into
 place and move the links (renames, which a kill cannot leave half done). A half-written folder is never
@@ -35,10 +36,17 @@ class Checkpoints:
 
     def __init__(self, accelerator: Accelerator, folder: Path, sharded: Any | None = None) -> None:
         self.accelerator, self.folder = accelerator, folder
-        self.sharded = sharded  # the strategy's sharded state (model_parallel), written by every process
+        self.sharded = sharded  # the strategy's sharded state (model_parallel, pipeline), written by every process
 
     def load(self, checkpoint: Path) -> None:
         """Restore everything `checkpoint` holds. All processes call this."""
+        saved, processes = len(list(checkpoint.glob("random_states_*.pkl"))), self.accelerator.num_processes
+        if saved != processes and self.accelerator.is_main_process:  # accelerate only logs it, at the INFO level
+            warnings.warn(
+                f"the checkpoint holds the random state of {saved} processes, this run has {processes}: random "
+                "numbers (dropout, augmentation) do not continue as they would have",
+                stacklevel=2,
+            )
         self.accelerator.load_state(checkpoint)
         if self.sharded is not None:
             self.sharded.load(checkpoint / "sharded")
@@ -97,8 +105,8 @@ def load_trained(checkpoint: str | Path, config: str | Path | None = None) -> nn
 
     The architecture comes from the run's resolved config (`<run dir>/config.yaml`, the default for a
     checkpoint in `<run dir>/checkpoints/`). single, ddp and dp save the net as model.safetensors; model_parallel
-    as every process's shards (`sharded/`, DCP; its layer mode in one state file, `WholeState`); pipeline
-    gathered from its stages (`StagesState`). Either way it loads on one device.
+    and pipeline as every process's part, its shards or its stage (`sharded/`, DCP; model_parallel's layer mode in
+    one state file, `WholeState`). Either way it loads on one device.
     """
     checkpoint = Path(checkpoint)
     config = Path(config) if config else checkpoint.parent.parent / "config.yaml"
@@ -106,7 +114,7 @@ def load_trained(checkpoint: str | Path, config: str | Path | None = None) -> nn
     if (checkpoint / "model.safetensors").is_file():
         # safetensors' loader: the file holds a tied parameter (model=gpt's embedding and head) under one name only
         load_model(net, checkpoint / "model.safetensors")
-    elif (checkpoint / "sharded").is_dir():  # model_parallel: every process's shards, put together here
+    elif (checkpoint / "sharded").is_dir():  # model_parallel, pipeline: every process's part, put together here
         state = {"model": net.state_dict()}
         with warnings.catch_warnings():  # that it reads in one process: what no_dist asks for
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")

@@ -183,6 +183,7 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
             start_wandb(accelerator, cfg, strategy, replicas, data.batch_size)
         if cfg.oom.find_batch_size and progress.found_batch_size:  # searched before this run was restarted
             data.batch_size = progress.found_batch_size
+            accelerator.print(f"find_batch_size: global batch {data.batch_size}, found before the restart")
         elif cfg.oom.find_batch_size:
             find_batch_size(
                 accelerator, strategy, model, optimizer, data, replicas, loss_fn, **cfg.oom.batch_size_finder

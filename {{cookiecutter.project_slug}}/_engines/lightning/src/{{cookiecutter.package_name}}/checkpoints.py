@@ -46,6 +46,20 @@ class ResumeCheckpoint(ModelCheckpoint):
             save_top_k=1,  # monitor=None: the latest only; the previous is deleted after the link moved on
             enable_version_counter=False,
         )
+        self._logged_steps: int | None = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Resumed from a checkpoint of an epoch's end with trainer.max_steps set, Lightning (2.6) first goes through
+        # the end of that epoch again, training nothing; it calls on_train_epoch_end again (on_load_checkpoint
+        # keeps this callback from writing the checkpoint it resumed from once more, in place) and counts one more
+        # step for the loggers, which would log every later step one too far. The count is put back below.
+        if trainer.fit_loop.restarted_on_epoch_end:
+            self._logged_steps = trainer.fit_loop.epoch_loop._batches_that_stepped
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._logged_steps is not None:
+            trainer.fit_loop.epoch_loop._batches_that_stepped = self._logged_steps
+            self._logged_steps = None
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # ModelCheckpoint saves either every N steps or every N epochs; this one does both.
@@ -67,6 +81,7 @@ class ResumeCheckpoint(ModelCheckpoint):
         checkpoint["rng_states"] = states
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        self._last_global_step_saved = checkpoint["global_step"]  # saved already: the checkpoint resumed from
         states = checkpoint.get("rng_states", [])
         if len(states) == trainer.world_size:
             set_random_state(states[trainer.global_rank])
@@ -129,8 +144,9 @@ def load_trained(checkpoint: str | Path, config: str | Path | None = None) -> Cl
     """The model of a run, with the weights of `checkpoint`, on the CPU and in eval mode.
 
     The architecture comes from the run's resolved config (`<run dir>/config.yaml`, the default for a
-    checkpoint in `<run dir>/checkpoints/`), so a checkpoint of any preset loads on one device: a file, or
-    model_parallel's folder of every process's shards (torch.distributed.checkpoint), put together here.
+    checkpoint in `<run dir>/checkpoints/`), so a checkpoint of any preset loads on one device: a file, or the
+    folder of every process's part (torch.distributed.checkpoint) that model_parallel (its shards) and pipeline (its
+    stages) write, put together here.
     """
     checkpoint = Path(checkpoint)
     config = Path(config) if config else checkpoint.parent.parent / "config.yaml"

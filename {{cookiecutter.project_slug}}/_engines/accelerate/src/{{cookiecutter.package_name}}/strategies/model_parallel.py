@@ -135,11 +135,14 @@ class ShardedState:
     each writes its own shards (`<checkpoint>/sharded/`), no process gathers the whole model, and a checkpoint
     loads on another mesh or number of processes (DCP reshards). load_trained reads it on one device."""
 
+    options = StateDictOptions()
+
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.model, self.optimizer = model, optimizer
 
     def _state(self) -> dict[str, Any]:
-        model, optimizer = get_state_dict(self.model, self.optimizer)  # creates Adam's state if no step ran yet
+        # Creates Adam's state if no step ran yet.
+        model, optimizer = get_state_dict(self.model, self.optimizer, options=self.options)
         return {"model": model, "optimizer": optimizer}
 
     def save(self, folder: Path) -> None:
@@ -148,7 +151,13 @@ class ShardedState:
     def load(self, folder: Path) -> None:
         state = self._state()
         dcp.load(state, checkpoint_id=folder)  # into this process's shards, in place
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"],
+            options=self.options,
+        )
 
 
 class WholeState:

@@ -3,17 +3,27 @@ Lightning engine). Each process keeps only its stage; every stage reads the whol
 schedule cuts into micro-batches so the stages overlap."""
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from accelerate import Accelerator
 from omegaconf import DictConfig
 from torch import nn
+from torch.distributed.checkpoint.state_dict import set_state_dict
 
 from ..config import ConfigError
-from ..pipelining import Pipeline, PipelinedNet, bubble_fraction, check_pipeline, gather_whole_state, on_cpu
+from ..pipelining import (
+    STAGE_OPTIMIZER_STATE,
+    Pipeline,
+    PipelinedNet,
+    bubble_fraction,
+    check_pipeline,
+    single_device_name,
+)
 from . import LossFn, Strategy
+from .model_parallel import ShardedState
 
 
 class PipelineParallel(Strategy):
@@ -73,8 +83,8 @@ class PipelineParallel(Strategy):
     def step_metrics(self) -> dict[str, float]:
         return {f"pipeline/idle_fraction/stage{rank}": idle for rank, idle in enumerate(self.idle)}
 
-    def checkpoint_objects(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> list[Any]:
-        return [StagesState(model, optimizer)]
+    def sharded_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> "StageState":
+        return StageState(model, optimizer)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -85,24 +95,28 @@ class PipelineParallel(Strategy):
         }
 
 
-class StagesState:
-    """Every stage's net and optimizer state, gathered on the main process for save_state, plus the whole
-    net under single-device names (what any preset loads to evaluate); loading gives each stage its part."""
+class StageState(ShardedState):
+    """This stage's net and optimizer, in the checkpoint's `sharded/` folder as model_parallel's shards are: every
+    stage writes its own part (torch.distributed.checkpoint), no process gathers the whole net. The net is saved
+    under the single-device names, which load_trained reads on one device; the optimizer state is keyed by
+    parameter name (STAGE_OPTIMIZER_STATE). Neither depends on the split, so a run may resume with other stages."""
 
-    def __init__(self, model: PipelinedNet, optimizer: torch.optim.Optimizer) -> None:
-        self.model, self.optimizer = model, optimizer
+    options = STAGE_OPTIMIZER_STATE
 
-    def state_dict(self) -> dict[str, Any] | None:
-        mine = on_cpu((self.model.state_dict(), self.optimizer.state_dict()))
-        stages = [None] * (self.model.last + 1) if self.model.index == 0 else None
-        dist.gather_object(mine, stages, dst=0)
-        whole, _ = gather_whole_state(mine[0], None, self.model.index, self.model.last + 1)
-        return {"stages": stages, "model": whole}
+    def _state(self) -> dict[str, Any]:
+        state = super()._state()
+        state["model"] = {single_device_name(name): value for name, value in state["model"].items()}
+        return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        stages = self.model.last + 1
-        if len(state["stages"]) != stages:
-            raise ConfigError(f"the checkpoint has {len(state['stages'])} pipeline stages; this run has {stages}")
-        model, optimizer = state["stages"][self.model.index]
-        self.model.load_state_dict(model)
-        self.optimizer.load_state_dict(optimizer)
+    def load(self, folder: Path) -> None:
+        state = self._state()
+        dcp.load(state, checkpoint_id=folder)  # this stage's entries only, in place
+        own = {single_device_name(name): name for name in self.model.state_dict()}
+        model = {own[name]: value for name, value in state["model"].items()}
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=model,
+            optim_state_dict=state["optimizer"],
+            options=self.options,
+        )

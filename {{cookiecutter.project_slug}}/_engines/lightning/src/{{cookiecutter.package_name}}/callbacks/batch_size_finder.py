@@ -31,6 +31,9 @@ class BatchSizeFinder(L.Callback):
     The per-device batch changes, so the GLOBAL batch becomes per-device x data-parallel replicas
     (logged as batch_size_finder/global_batch_size). lr_scaling: "linear" or "sqrt" scales the learning
     rate with the global batch; "none" (default) leaves it as configured.
+
+    The batch found is saved in checkpoints: a resumed training keeps it (and its learning rate, restored with the
+    optimizer) instead of searching again, which would change the optimisation in the middle of the run.
     """
 
     supported_presets = ("single", "ddp", "ddp_spawn")
@@ -49,6 +52,13 @@ class BatchSizeFinder(L.Callback):
             raise ValueError(f"margin={margin} must be in [0, 1)")
         self.max_batch_size, self.margin, self.tolerance = max_batch_size, margin, tolerance
         self.steps_per_trial, self.lr_scaling = steps_per_trial, lr_scaling
+        self.global_batch_size: int | None = None  # found, or restored from a checkpoint
+
+    def state_dict(self) -> dict[str, int]:
+        return {"global_batch_size": self.global_batch_size} if self.global_batch_size else {}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        self.global_batch_size = state_dict.get("global_batch_size")
 
     def check_layout(self, trainer: L.Trainer, synchronised_batchnorm: bool) -> None:
         """Refuse, before training, a run this callback cannot serve (strategies.check_layout calls it)."""
@@ -60,6 +70,10 @@ class BatchSizeFinder(L.Callback):
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         datamodule = trainer.datamodule
+        if self.global_batch_size:  # restored with the checkpoint (before this hook) this training resumes from
+            datamodule.batch_size = self.global_batch_size
+            rank_zero_info(f"BatchSizeFinder: global batch {self.global_batch_size}, found before the restart")
+            return
         replicas = data_parallel_size(trainer)
         dataset = datamodule.train_dataloader().dataset
         old_global = datamodule.batch_size
@@ -72,7 +86,7 @@ class BatchSizeFinder(L.Callback):
         if largest == 0:
             raise RuntimeError("BatchSizeFinder: not even a batch of 1 fits in memory")
         per_device = max(1, min(maximum, int(largest * (1 - self.margin))))
-        datamodule.batch_size = per_device * replicas
+        datamodule.batch_size = self.global_batch_size = per_device * replicas
         lr_factor = self._scale_learning_rate(trainer, per_device * replicas / old_global)
         found = {
             "batch_size_finder/largest_fitting": largest,

@@ -3,31 +3,34 @@
 Each process keeps only its stage of the net (cut between the blocks of its Split, model_split.py) and trains it with a
 torch.distributed.pipelining schedule, which cuts the batch into micro-batches so the stages overlap.
 The schedule runs forward and backward in one call, so the strategy owns the training step (manual
-optimization); validation, test, logging and checkpoints go through the usual Lightning paths.
+optimization); validation, test, logging and checkpoints go through the usual Lightning paths. Checkpoints are
+folders that each stage writes its part of (torch.distributed.checkpoint), as model_parallel's.
 Every stage reads the same batch: the pipeline is one data-parallel replica (pp x dp is not supported).
 """
 
-import copy
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
+import torch.distributed.checkpoint as dcp
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
+from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
 from ..config import ConfigError
 from ..module import writes_step_metrics
 from ..pipelining import (
     SCHEDULES,
+    STAGE_OPTIMIZER_STATE,
     Pipeline,
     PipelinedNet,
     bubble_fraction,
     check_pipeline,
-    gather_whole_state,
     single_device_name,
-    without_parameters,
 )
+
+META = "meta.pt"  # what Lightning's ModelParallelStrategy names the non-tensor part of its checkpoint folders
 
 
 class PipelineStrategy(DDPStrategy):
@@ -62,7 +65,7 @@ class PipelineStrategy(DDPStrategy):
 
     @property
     def restore_checkpoint_after_setup(self) -> bool:
-        return True  # checkpoints hold the whole model: load once this process knows its stage
+        return True  # a checkpoint is read in place: once this process holds its stage and optimizer
 
     def check_layout(self, trainer: L.Trainer, module: L.LightningModule, global_batch_size: int) -> None:
         """Refuse, before any process starts, a pipeline that cannot run."""
@@ -124,59 +127,42 @@ class PipelineStrategy(DDPStrategy):
         """This stage's part of the model, under the single-device names (net.blocks.2..., not net.stage...)."""
         return {single_device_name(key): value for key, value in self.lightning_module.state_dict().items()}
 
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        return get_optimizer_state_dict(self.lightning_module, optimizer, options=STAGE_OPTIMIZER_STATE)
+
     def load_model_state_dict(self, checkpoint: dict[str, Any], strict: bool = True) -> None:
-        """Load this stage's part of a whole-model checkpoint."""
         own = {single_device_name(key): key for key in self.lightning_module.state_dict()}
-        state = {own[key]: value for key, value in checkpoint["state_dict"].items() if key in own}
+        state = {own[key]: value for key, value in checkpoint["state_dict"].items()}
         self.lightning_module.load_state_dict(state, strict=strict)
 
+    def load_optimizer_state_dict(self, checkpoint: dict[str, Any]) -> None:
+        for optimizer, state in zip(self.optimizers, checkpoint["optimizer_states"], strict=True):
+            set_optimizer_state_dict(self.lightning_module, optimizer, state, options=STAGE_OPTIMIZER_STATE)
+
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
-        # Each stage saves its part: its parameters and optimizer state (what resuming this pipeline reads) ...
-        self.checkpoint_io.save_checkpoint(checkpoint, stage_path(filepath, self.global_rank), storage_options)
-        # ... and rank 0 the whole model and optimizer state under single-device names and order, which any
-        # preset (single too) can load, for evaluation or to resume training. A tied parameter's optimizer state
-        # is counted once, as one device's optimizer holds it once (its copies are equal).
-        optimizer_states = checkpoint.get("optimizer_states")
-        if optimizer_states is not None:
-            copies = self.lightning_module.net.tied_copies()
-            optimizer_states = [
-                without_parameters(state, optimizer, copies)
-                for state, optimizer in zip(optimizer_states, self.optimizers, strict=True)
-            ]
-        state, optimizer_states = gather_whole_state(
-            checkpoint["state_dict"], optimizer_states, self.global_rank, self.world_size
-        )
+        """A folder, as model_parallel's: every stage writes its own parameters and optimizer state into it with
+        torch.distributed.checkpoint, and rank 0 the rest (meta.pt: loop counters, callbacks, random states).
+        No process ever holds the whole model; load_trained puts it together on one device."""
+        path = Path(filepath)
+        path.mkdir(parents=True, exist_ok=True)
+        stage = {"state_dict": checkpoint.pop("state_dict")}
+        stage.update({f"optimizer_{i}": state for i, state in enumerate(checkpoint.pop("optimizer_states", []))})
+        dcp.save(stage, checkpoint_id=path)
         if self.is_global_zero:
-            whole = dict(checkpoint, state_dict=state)
-            if optimizer_states is not None:  # absent from weights-only checkpoints
-                whole["optimizer_states"] = optimizer_states
-            if "loops" in checkpoint:
-                whole["loops"] = with_automatic_step_count(checkpoint["loops"])
-            self.checkpoint_io.save_checkpoint(whole, filepath, storage_options)
+            torch.save(checkpoint, path / META)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        checkpoint = super().load_checkpoint(checkpoint_path, weights_only)
-        stage_file = stage_path(checkpoint_path, self.global_rank)
-        if "optimizer_states" in checkpoint and stage_file.is_file():  # resuming: this stage's optimizer state
-            stage_checkpoint = self.checkpoint_io.load_checkpoint(stage_file, weights_only=weights_only)
-            checkpoint["optimizer_states"] = stage_checkpoint["optimizer_states"]
+        """This stage's part of a checkpoint folder, read in place (the entries of its own parameters only), and the
+        rest from meta.pt. The names do not depend on the split: the pipeline may resume with other stages."""
+        path = Path(checkpoint_path)
+        checkpoint = torch.load(path / META, map_location="cpu", weights_only=weights_only)
+        stage = {"state_dict": self.lightning_module_state_dict()}
+        saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+        with_optimizers = any(key.startswith("optimizer_") for key in saved)  # not in weights-only checkpoints
+        if with_optimizers and self.lightning_module.trainer.state.fn == TrainerFn.FITTING:
+            stage.update({f"optimizer_{i}": self.optimizer_state(opt) for i, opt in enumerate(self.optimizers)})
+        dcp.load(stage, checkpoint_id=path)
+        checkpoint["state_dict"] = stage.pop("state_dict")
+        if stage:
+            checkpoint["optimizer_states"] = [stage[f"optimizer_{i}"] for i in range(len(self.optimizers))]
         return checkpoint
-
-    def remove_checkpoint(self, filepath: Any) -> None:
-        super().remove_checkpoint(filepath)
-        self.checkpoint_io.remove_checkpoint(stage_path(filepath, self.global_rank))
-
-
-def stage_path(checkpoint_path: Any, stage: int) -> Path:
-    """Where a stage keeps its part of a checkpoint: last.ckpt -> last.ckpt.stage1."""
-    return Path(f"{checkpoint_path}.stage{stage}")
-
-
-def with_automatic_step_count(loops: dict[str, Any]) -> dict[str, Any]:
-    """Loop state whose optimizer step count is also where automatic optimization (every other preset) reads
-    it, so that a single-device run resuming the consolidated checkpoint continues at the same global step."""
-    loops = copy.deepcopy(loops)
-    fit_loop = loops["fit_loop"]
-    steps = fit_loop["epoch_loop.manual_optimization.optim_step_progress"]
-    fit_loop["epoch_loop.automatic_optimization.optim_progress"]["optimizer"]["step"] = copy.deepcopy(steps)
-    return loops
