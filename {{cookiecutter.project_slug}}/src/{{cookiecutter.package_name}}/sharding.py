@@ -100,9 +100,11 @@ def parallelize(net: nn.Module, mesh: DeviceMesh, precision: str = "32-true") ->
     tp_mesh, dp_mesh = mesh["tensor_parallel"], mesh["data_parallel"]
     if tp_mesh.size() > 1:
         parallelize_module(net, tp_mesh, dict(find_split(net, "model_parallel")[1].tensor_parallel))
-    if dp_mesh.size() > 1:
+    if dp_mesh.size() > 1 or tp_mesh.size() == 1:
         # FSDP2 over the data-parallel replicas: it shards weights, gradients and optimizer state, and
         # averages the gradients. One unit per layer, so only one layer's weights are gathered at a time.
+        # On a 1 x 1 mesh (one process) too: its parameters are then DTensors like on any other mesh, which
+        # the sharded checkpoints need (Lightning refuses to load one into a model without DTensors).
         policy = fsdp_mixed_precision(precision)
         for layer in fsdp_units(net):
             fully_shard(layer, mesh=dp_mesh, mp_policy=policy)
