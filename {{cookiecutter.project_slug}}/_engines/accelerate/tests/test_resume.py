@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow
 
 # With dropout: its masks continue exactly only if the checkpoint holds the random state, and the resumed run
 # draws nothing from it before training (as a loader would, without a generator of its own).
-DROPOUT = [*RESTARTABLE, "model.net.dropout=0.5"]
+DROPOUT = [*RESTARTABLE, "+model.net.dropout=0.5"]
 
 
 @pytest.fixture(scope="module")
