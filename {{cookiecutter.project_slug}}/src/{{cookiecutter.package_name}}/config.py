@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import pydoc
 import re
 import sys
 from collections.abc import Callable
@@ -32,6 +33,21 @@ class ProcessCrashed(RuntimeError):
 class TrainingStopped(RuntimeError):
     """The training stopped itself for a reason it can name (e.g. out-of-memory errors that keep coming): train.py
     prints it as one line and exits 1, keeping what the run wrote (its checkpoints)."""
+
+
+def spawned_failure(rank: int, traceback: str, config_errors: tuple[type, ...] = ()) -> Exception:
+    """What a process this command spawned (strategy=ddp_spawn) died of, from its traceback's text, as this command
+    reports it: a stop or a refusal (TrainingStopped, ConfigError or one of `config_errors`) as the one line it
+    would be without the spawn; anything else, a bug, as ProcessCrashed, after printing the traceback."""
+    lines = traceback.strip().splitlines()
+    name, _, message = (lines[-1] if lines else "").partition(": ")  # "package.module.Class: message"
+    raised = pydoc.locate(name) if name.replace(".", "").replace("_", "").isalnum() else None
+    if isinstance(raised, type) and issubclass(raised, TrainingStopped):
+        return TrainingStopped(message)
+    if isinstance(raised, type) and issubclass(raised, (ConfigError, *config_errors)):
+        return ConfigError(message)
+    print(traceback, file=sys.stderr)
+    return ProcessCrashed(rank, traceback)
 
 
 def check_group_choices(overrides: list[str]) -> None:

@@ -127,9 +127,13 @@ def test_one_rank_out_of_memory_splits_on_every_rank_with_the_losses_of_one_devi
 
 
 @pytest.mark.slow
-def test_out_of_memory_again_and_again_stops_in_one_line_after_a_checkpoint(train):
-    """No micro-batch fits: 128, 64 and 32 samples run out of memory, and the third OOM in a row stops the run."""
-    run = train(*OOM, "strategy=single", "+model.net.max_batch=0", check=False)
+@pytest.mark.parametrize(
+    "layout", [["strategy=single"], ["strategy=ddp_spawn", "trainer.devices=2"]], ids=["single", "spawn"]
+)
+def test_out_of_memory_again_and_again_stops_in_one_line_after_a_checkpoint(train, layout):
+    """No micro-batch fits: 128, 64 and 32 samples run out of memory, and the third OOM in a row stops the run.
+    ddp_spawn: the stop is raised in the processes this command started, and still reaches the user as one line."""
+    run = train(*OOM, *layout, "+model.net.max_batch=0", check=False)
     assert run.returncode == 1 and "Traceback" not in run.output
     checkpoint = (run.run_dir / "checkpoints" / "last").resolve()
     assert [line for line in run.output.splitlines() if line.startswith("error:")] == [

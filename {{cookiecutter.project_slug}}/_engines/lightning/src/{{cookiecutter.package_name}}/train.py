@@ -6,7 +6,6 @@ config -> data -> model -> callbacks -> logger -> trainer -> fit -> test. Every 
 from configs/ by Hydra, so each line below reads the same whatever the strategy.
 """
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +26,13 @@ from .checkpoints import LAST, resume_from
 from .config import (
     UNRESOLVED,
     ConfigError,
-    ProcessCrashed,
     TrainingStopped,
     fail,
     not_importable,
     register_resolvers,
     remove_if_empty,
     run_cli,
+    spawned_failure,
     unresolved,
 )
 from .data import check_input, per_device_batch_size
@@ -177,9 +176,8 @@ def run(cfg: DictConfig) -> None:
         fail(err)
     except TrainingStopped as err:  # e.g. out of memory again and again: what to try, in one line (exit 1)
         fail(err)
-    except ProcessRaisedException as err:  # strategy=ddp_spawn: a spawned process crashed
-        print(err, file=sys.stderr)  # its traceback, without the launcher's around it
-        fail(ProcessCrashed(err.error_index, str(err)))
+    except ProcessRaisedException as err:  # strategy=ddp_spawn: a spawned process failed; its traceback is the text
+        fail(spawned_failure(err.error_index, str(err), config_errors=(MisconfigurationException,)))
 
 
 def main() -> None:

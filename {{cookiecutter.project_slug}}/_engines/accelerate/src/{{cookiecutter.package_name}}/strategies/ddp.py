@@ -4,6 +4,8 @@ ddp's processes come from a launcher (accelerate launch, torchrun); ddp_spawn st
 command, with accelerate's notebook_launcher (forked processes: nothing may touch CUDA before it).
 """
 
+import logging
+import os
 from collections.abc import Callable
 
 import torch
@@ -13,7 +15,8 @@ from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from ..batchnorm import needs_sync, synchronise, synchronised_message
-from ..config import ConfigError, ProcessCrashed
+from ..config import ConfigError, spawned_failure
+from ..hardware import free_port
 from . import Strategy
 
 
@@ -49,11 +52,21 @@ class DDPSpawn(DDP):
         return devices
 
     def launch(self, run: Callable[[], None], devices: int) -> None:
+        # The launcher logs a failed process's traceback, wrapped in its own; this command reports it instead (an
+        # out-of-memory stop or a refusal in one line, a crash with the process's traceback).
+        launcher_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+        level = launcher_log.level
+        launcher_log.setLevel(logging.CRITICAL)
         try:
-            notebook_launcher(run, num_processes=devices)
+            # A free port unless MASTER_PORT names one: accelerate's default, 29500, is taken by any other
+            # ddp_spawn training on this machine (Lightning's ddp_spawn picks a free one too).
+            port = os.environ.get("MASTER_PORT") or str(free_port())
+            notebook_launcher(run, num_processes=devices, use_port=port)
         except ChildFailedError as err:
-            # The launcher has already logged the process's traceback; its own report would repeat it.
             rank, failure = err.get_first_failure()
-            record = failure.message  # the process's error record: {"message": "<Error>: ...", ...} or a text
-            text = record.get("message", "") if isinstance(record, dict) else record
-            raise ProcessCrashed(rank, str(text) or f"exit code {failure.exitcode}") from None
+            record = failure.message  # the process's error record: {"message": "<Error>: ...", "extraInfo": ...}
+            if isinstance(record, dict):
+                record = record.get("extraInfo", {}).get("py_callstack") or record.get("message", "")
+            raise spawned_failure(rank, str(record) or f"exit code {failure.exitcode}") from None
+        finally:
+            launcher_log.setLevel(level)
