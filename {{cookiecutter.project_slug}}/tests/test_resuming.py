@@ -75,3 +75,22 @@ def test_checkpoints_of_another_training_are_refused_naming_what_differs(run_dir
     assert starting_point(run_dir, training(**allowed), last) == (None, True)
     assert starting_point(run_dir, training(**{"data.batch_size": 64, "resume": False}), last) == (None, False)
     assert starting_point(run_dir, training(**{"data.batch_size": 64, "ckpt_path": "x"}), last) == ("x", True)
+
+
+def test_a_given_checkpoint_of_another_net_is_refused_before_loading(run_dir, tmp_path_factory):
+    """ckpt_path= into another run folder: its config.yaml says which net wrote the checkpoint. Another net (or
+    another model-splitting layout) would fail inside the engine's loading; another batch may be fine-tuned."""
+    checkpoint = run_dir / "checkpoints" / "step000008.ckpt"
+    here = tmp_path_factory.mktemp("new_run")
+    last = here / "checkpoints" / "last"
+    with pytest.raises(ConfigError) as refused:
+        starting_point(here, training(**{"ckpt_path": str(checkpoint), "model.net.hidden": 64}), last)
+    assert str(refused.value) == (
+        f"ckpt_path={checkpoint} was saved by a training that differs from this one in model.net.hidden: 128 then, "
+        f"64 now: give the model settings of {run_dir / 'config.yaml'}, or another checkpoint"
+    )
+    with pytest.raises(ConfigError, match="strategy: a data-parallel preset then, pipeline now"):
+        pipeline = training(ckpt_path=str(checkpoint), **{"strategy._target_": "x.strategies.pipeline.P"})
+        starting_point(here, pipeline, last)
+    fine_tuned = training(ckpt_path=str(checkpoint), **{"data.batch_size": 64, "model.optimizer.lr": 0.1})
+    assert starting_point(here, fine_tuned, last) == (str(checkpoint), True)

@@ -43,6 +43,8 @@ def starting_point(run_dir: Path, cfg: DictConfig, last: Path) -> tuple[str | No
         resume = True  # nothing of its own to wipe, and its wandb run to continue
     if last.exists() and resume and not ckpt_path:
         check_same_training(run_dir, cfg)
+    elif ckpt_path:
+        check_loadable(Path(ckpt_path), cfg)
     return ckpt_path, resume
 
 
@@ -50,25 +52,42 @@ def check_same_training(run_dir: Path, cfg: DictConfig) -> None:
     """Refuse, in one line, to resume the checkpoints in `run_dir` with settings they cannot continue under
     (MUST_MATCH), as the run's config.yaml has them. A plain run inside a SLURM allocation (salloc) is named
     after the job: two different trainings there meet in one folder."""
-    saved = run_dir / "config.yaml"
-    if not saved.is_file():
-        return
-    then, now = flat(OmegaConf.load(saved)), flat(cfg)
-    keys = sorted(then.keys() | now.keys())
-    differ = [f"{key}: {then.get(key)} then, {now.get(key)} now" for key in keys if then.get(key) != now.get(key)]
-    if len(differ) > 4:  # another model altogether: its first few keys say enough
-        differ[3:] = [f"{len(differ) - 3} more"]
-    if differ:
+    if differ := differences(run_dir / "config.yaml", cfg, MUST_MATCH):
         raise ConfigError(
-            f"{run_dir} has checkpoints of a training that differs from this one in {'; '.join(differ)}: give "
+            f"{run_dir} has checkpoints of a training that differs from this one in {differ}: give "
             "resume=false to start afresh there (its checkpoints are deleted), or run_id=NAME for a new run folder"
         )
 
 
-def flat(cfg: DictConfig) -> dict[str, object]:
-    """The settings of `cfg` that a checkpoint depends on, resolved, by dotted key."""
+def check_loadable(checkpoint: Path, cfg: DictConfig) -> None:
+    """Refuse, in one line, an explicit `ckpt_path=` whose training (the config.yaml of the run folder it was saved
+    in, if there is one) had another net or another model-splitting layout: loading it would fail deep inside the
+    engine. The batch and the accumulation may change: a checkpoint given by hand may be fine-tuned differently."""
+    run_dir = next((folder.parent for folder in checkpoint.absolute().parents if folder.name == "checkpoints"), None)
+    if run_dir is not None and (differ := differences(run_dir / "config.yaml", cfg, ("model.net",))):
+        raise ConfigError(
+            f"ckpt_path={checkpoint} was saved by a training that differs from this one in {differ}: give the "
+            f"model settings of {run_dir / 'config.yaml'}, or another checkpoint"
+        )
+
+
+def differences(saved: Path, cfg: DictConfig, keys: tuple[str, ...]) -> str:
+    """How `cfg` differs from the config saved at `saved` in the layout and the settings under `keys`, in a few
+    words ("" if alike, or if nothing was saved there)."""
+    if not saved.is_file():
+        return ""
+    then, now = flat(OmegaConf.load(saved), keys), flat(cfg, keys)
+    names = sorted(then.keys() | now.keys())
+    differ = [f"{key}: {then.get(key)} then, {now.get(key)} now" for key in names if then.get(key) != now.get(key)]
+    if len(differ) > 4:  # another model altogether: its first few keys say enough
+        differ[3:] = [f"{len(differ) - 3} more"]
+    return "; ".join(differ)
+
+
+def flat(cfg: DictConfig, keys: tuple[str, ...]) -> dict[str, object]:
+    """The checkpoint layout of `cfg` and its settings under `keys`, resolved, by dotted key."""
     values: dict[str, object] = {"strategy": checkpoint_layout(cfg)}
-    for key in MUST_MATCH:
+    for key in keys:
         node = OmegaConf.select(cfg, key, default=None)
         values.update(leaves(key, OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node))
     return values
