@@ -7,7 +7,10 @@ Built on litdata (Lightning AI's streaming datasets), not WebDataset or a loader
 whole chunks straight from the bucket into a local cache of bounded size, the chunks are dealt out to the
 data-parallel replicas and their loader workers, the order is shuffled per epoch from the seed (chunks, then
 samples within a window), and its loader can say where it is in the stream (state_dict), so a checkpoint resumes
-mid-epoch with the next batch. WebDataset has no such position: a resumed run would replay or skip data.
+mid-epoch with the next batch. WebDataset has no such position: a resumed run replays and skips samples, unless
+every seed is fixed and it reads the epoch again up to the checkpoint. litdata also keeps the replicas' batch
+counts equal, where WebDataset's split by node deals whole shards (the template repository's benchmarks/RESULTS.md
+measures both, and their speed).
 
 What streaming changes: each replica reads its own chunks, so the samples of a global batch depend on the number
 of replicas (the loss-parity guarantee of data.Data does not hold across layouts), and a resumed run needs the
