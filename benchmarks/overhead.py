@@ -7,13 +7,17 @@
 
 It bakes the project, then runs each variant as its own process, interleaved, --repeats times: the
 template's default training (Lightning: default callbacks, wandb offline, progress bar; Accelerate: wandb
-offline, checkpoints every epoch), plain Lightning (same LightningModule, no logger, callbacks or
-progress bar; Lightning engine only) and plain PyTorch (benchmarks/plain_loop.py). Multi-process
-Accelerate runs start with torchrun, like the plain DDP loop. Step time is the median time between consecutive batch starts,
-after the first epoch (warm-up) and never across an epoch end (validation). Start-up is the
-time from launching the command to the first batch. Ratios compare runs of the same repeat.
-It ends with the targets' table: per engine, layout and setting, template / plain loop and (Lightning)
-template / plain Lightning (targets: Accelerate <= 1.05x the loop; Lightning template <= 1.02x plain Lightning).
+offline, checkpoints every epoch), the same again (the A/A pair: how far two identical runs land apart, the
+noise of one cell), plain Lightning (benchmarks/plain_lightning.py: the smallest LightningModule over the same
+net, data and optimisation; Lightning engine only) and plain PyTorch (benchmarks/plain_loop.py, the same
+optimisation: grouped AdamW, warmup + cosine schedule). Multi-process Accelerate runs and the plain DDP loop
+start with torchrun. Step time is the median time between consecutive batch starts, after the first epoch
+(warm-up) and never across an epoch end (validation); CPU time per step (all the process's threads) is the
+mean, and moves much less than wall time when other jobs share the machine. Start-up is the time from launching
+the command to the first batch. Ratios compare runs of the same repeat. It ends with the targets' table: per
+engine, layout and setting, template / plain loop, (Lightning) template / plain Lightning and the A/A ratio, each
+as wall time / CPU time (targets: Accelerate <= 1.05x the loop; Lightning template <= 1.02x plain Lightning).
+benchmarks/calls.py counts Python calls per step instead, which no other job moves.
 """
 
 import argparse
@@ -37,16 +41,12 @@ SETTINGS = {
     "default": ([], (128, 4), 256),
     "small-step": (["model.net.hidden=32", "model.net.depth=1", "data.batch_size=32"], (32, 1), 32),
 }
-PLAIN_LIGHTNING = [
-    "logger=none",
-    "callbacks=none",
-    "trainer.enable_progress_bar=false",
-    "trainer.enable_checkpointing=false",
-]
 DDP = ["strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 
 
 def run(command: list[str], project: Path, workdir: Path, env: dict[str, str]) -> dict:
+    """Run one variant to its end; its step times after the first epoch (warm-up), never across an epoch's end."""
     run_id = time.monotonic_ns()
     out = workdir / f"timing-{run_id}.json"
     if f"{PACKAGE}.train" in command:  # a fresh run folder: one with a checkpoint in it would resume
@@ -56,21 +56,34 @@ def run(command: list[str], project: Path, workdir: Path, env: dict[str, str]) -
     if proc.returncode != 0 or not out.exists():
         sys.exit(f"benchmark run failed: {' '.join(command)}\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
     timing = json.loads(out.read_text())
-    steps = [
-        later - earlier
-        for earlier, later, epoch, next_epoch in zip(
-            timing["starts"], timing["starts"][1:], timing["epochs"], timing["epochs"][1:], strict=False
+    steady = [
+        (later - earlier, cpu_later - cpu_earlier)
+        for earlier, later, cpu_earlier, cpu_later, epoch, next_epoch in zip(
+            timing["starts"],
+            timing["starts"][1:],
+            timing["cpu"],
+            timing["cpu"][1:],
+            timing["epochs"],
+            timing["epochs"][1:],
+            strict=False,
         )
         if epoch == next_epoch and epoch >= 1
     ]
     return {
-        "step_ms": 1000 * statistics.median(steps),
+        "step_ms": 1000 * statistics.median(wall for wall, _ in steady),
+        # The mean, not the median: what runs every N steps (logging) counts; CPU time is little moved by load.
+        "cpu_ms": 1000 * statistics.mean(cpu for _, cpu in steady),
         "startup_s": timing["starts"][0] - timing["launch"],
         "rss_mb": timing["max_rss_mb"],
     }
 
 
-def variants(engine: str, setting: str, epochs: int, train_size: int, ddp: bool, workdir: Path) -> dict[str, list[str]]:
+def variants(
+    engine: str, setting: str, ddp: bool, epochs: int, train_size: int, steps: int = -1
+) -> dict[str, tuple[list[str], list[str]]]:
+    """name: (launcher, what it runs) for each variant: the template, the template again (the A/A pair: how far
+    two identical runs land apart), plain Lightning (Lightning engine) and the plain loop. `steps` > 0: stop
+    after that many optimizer steps (the first epoch must hold them)."""
     overrides, (hidden, depth), batch = SETTINGS[setting]
     timer = (
         "+callbacks.step_timer._target_=step_timer.StepTimer"
@@ -80,77 +93,107 @@ def variants(engine: str, setting: str, epochs: int, train_size: int, ddp: bool,
     common = [
         *overrides,
         f"trainer.max_epochs={epochs}",
+        f"trainer.max_steps={steps}",
         f"data.train_size={train_size}",
         "test_after_fit=false",
         timer,
         *(DDP if ddp else []),
     ]
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    # Lightning starts its ddp processes itself; the Accelerate engine's come from a launcher.
-    train = [*(launcher if ddp and engine == "accelerate" else [sys.executable]), "-m", f"{PACKAGE}.train"]
-    plain = [str(HERE / "plain_loop.py"), PACKAGE, str(epochs), str(batch), str(hidden), str(depth)]
-    commands = {"template": [*train, *common]}
+    # Lightning starts its ddp processes itself; the Accelerate engine's and the plain loop's come from torchrun.
+    python = [sys.executable]
+    train = (TORCHRUN if ddp and engine == "accelerate" else python, ["-m", f"{PACKAGE}.train", *common])
+    plain = [PACKAGE, f"--epochs={epochs}", f"--steps={steps}", f"--batch={batch}", f"--hidden={hidden}"]
+    plain += [f"--depth={depth}", f"--train-size={train_size}"]
+    commands = {"template": train, "template A/A": train}
     if engine == "lightning":
-        commands["lightning"] = [*train, *common, *PLAIN_LIGHTNING]
-    commands["plain"] = [*(launcher if ddp else [sys.executable]), *plain]
+        commands["lightning"] = (python, [str(HERE / "plain_lightning.py"), *plain, f"--devices={2 if ddp else 1}"])
+    commands["plain"] = (TORCHRUN if ddp else python, [str(HERE / "plain_loop.py"), *plain])
     return commands
 
 
-def ratio(results: dict[str, list[dict]], name: str, base: str) -> float:
-    """Median over repeats of name's step time / base's step time in the same repeat."""
+def ratio(results: dict[str, list[dict]], name: str, base: str, key: str = "step_ms") -> float:
+    """Median over repeats of name's `key` / base's in the same repeat."""
     pairs = zip(results[name], results[base], strict=True)
-    return statistics.median(r["step_ms"] / b["step_ms"] for r, b in pairs)
+    return statistics.median(r[key] / b[key] for r, b in pairs)
+
+
+def environment(project: Path, tmp: str) -> dict[str, str]:
+    """Every variant alike: the baked package and benchmarks/ importable, wandb offline, one intra-op thread (on a
+    shared machine extra threads spin against other jobs, which moves step times by several times)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(project / "src"), str(HERE)]), BENCH_PACKAGE=PACKAGE)
+    env.update(WANDB_MODE="offline", WANDB_DIR=tmp, WANDB_CACHE_DIR=tmp, WANDB_CONFIG_DIR=tmp, WANDB_SILENT="true")
+    env.update(OMP_NUM_THREADS="1")
+    return env
+
+
+def bake(engine: str, workdir: Path) -> Path:
+    return Path(cookiecutter(str(TEMPLATE), no_input=True, output_dir=str(workdir), extra_context={"engine": engine}))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ddp", action="store_true", help="also benchmark strategy=ddp on 2 CPU processes")
     parser.add_argument("--engine", choices=["lightning", "accelerate", "both"], default="both")
-    parser.add_argument("--smoke", action="store_true", help="tiny run for CI: checks that it works")
+    parser.add_argument("--smoke", action="store_true", help="tiny run for CI, small steps only: checks that it works")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=3)
     args = parser.parse_args()
-    repeats, epochs, train_size = (1, 2, 2048) if args.smoke else (args.repeats, args.epochs, 8192)
+    repeats, epochs, train_size = (1, 2, 1024) if args.smoke else (args.repeats, args.epochs, 8192)
+    settings = ["small-step"] if args.smoke else list(SETTINGS)
     engines = ["lightning", "accelerate"] if args.engine == "both" else [args.engine]
     layouts = [("single", False)] + ([("ddp x2", True)] if args.ddp else [])
-    targets = []  # (engine, layout, setting, template/plain loop, template/plain Lightning)
+    targets = []  # (engine, layout, setting, {ratio name: (by wall time, by CPU time)})
 
     print(
-        f"{'engine':10} {'layout':8} {'setting':11} {'variant':10} {'step ms':>8} {'/plain':>7} {'start-up s':>10} "
-        f"{'peak RSS MB':>11}"
+        f"{'engine':10} {'layout':8} {'setting':11} {'variant':12} {'step ms':>8} {'/plain':>7} {'CPU ms':>7} "
+        f"{'/plain':>7} {'start-up s':>10} {'peak RSS MB':>11}"
     )
     for engine in engines:
         with tempfile.TemporaryDirectory() as tmp:
             workdir = Path(tmp)
-            project = Path(
-                cookiecutter(str(TEMPLATE), no_input=True, output_dir=str(workdir), extra_context={"engine": engine})
-            )
-            env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(project / "src"), str(HERE)]), BENCH_PACKAGE=PACKAGE)
-            env.update(
-                WANDB_MODE="offline", WANDB_DIR=tmp, WANDB_CACHE_DIR=tmp, WANDB_CONFIG_DIR=tmp, WANDB_SILENT="true"
-            )
+            project = bake(engine, workdir)
+            env = environment(project, tmp)
             for layout, ddp in layouts:
-                for setting in SETTINGS:
-                    commands = variants(engine, setting, epochs, train_size, ddp, workdir)
+                for setting in settings:
+                    commands = variants(engine, setting, ddp, epochs, train_size)
                     results = {name: [] for name in commands}
                     for _ in range(repeats):  # interleaved, so load on the machine hits every variant alike
-                        for name, command in commands.items():
-                            results[name].append(run(command, project, workdir, env))
+                        for name, (launcher, target) in commands.items():
+                            results[name].append(run([*launcher, *target], project, workdir, env))
 
                     for name, runs in results.items():
-                        step, startup, rss = (statistics.median(r[key] for r in runs) for key in runs[0])
+                        step, cpu, startup, rss = (statistics.median(r[key] for r in runs) for key in runs[0])
                         print(
-                            f"{engine:10} {layout:8} {setting:11} {name:10} {step:8.2f} {ratio(results, name, 'plain'):7.3f} "
+                            f"{engine:10} {layout:8} {setting:11} {name:12} {step:8.2f} "
+                            f"{ratio(results, name, 'plain'):7.3f} {cpu:7.2f} {ratio(results, name, 'plain', 'cpu_ms'):7.3f} "
                             f"{startup:10.2f} {rss:11.0f}"
                         )
-                    over_lightning = ratio(results, "template", "lightning") if "lightning" in results else None
-                    targets.append((engine, layout, setting, ratio(results, "template", "plain"), over_lightning))
+                    pairs = {"loop": ("template", "plain"), "A/A": ("template A/A", "template")}
+                    if "lightning" in results:
+                        pairs["Lightning"] = ("template", "lightning")
+                    targets.append(
+                        (
+                            engine,
+                            layout,
+                            setting,
+                            {
+                                label: (ratio(results, *pair), ratio(results, *pair, "cpu_ms"))
+                                for label, pair in pairs.items()
+                            },
+                        )
+                    )
 
-    print("\ntargets: Accelerate template <= 1.05 x plain loop; Lightning template <= 1.02 x plain Lightning")
-    print(f"{'engine':10} {'layout':8} {'setting':11} {'template/plain loop':>20} {'template/plain Lightning':>25}")
-    for engine, layout, setting, over_loop, over_lightning in targets:
-        lightning = f"{over_lightning:25.3f}" if over_lightning is not None else f"{'-':>25}"
-        print(f"{engine:10} {layout:8} {setting:11} {over_loop:20.3f} {lightning}")
+    print(
+        "\ntargets: Accelerate template <= 1.05 x plain loop; Lightning template <= 1.02 x plain Lightning"
+        "\n(step time ratio / CPU time ratio; A/A: the template against itself, the noise of one cell)"
+    )
+    print(f"{'engine':10} {'layout':8} {'setting':11} {'template/loop':>15} {'template/Lightning':>19} {'A/A':>13}")
+    for engine, layout, setting, ratios in targets:
+        cells = [
+            f"{ratios[label][0]:.3f}/{ratios[label][1]:.3f}" if label in ratios else "-"
+            for label in ("loop", "Lightning", "A/A")
+        ]
+        print(f"{engine:10} {layout:8} {setting:11} {cells[0]:>15} {cells[1]:>19} {cells[2]:>13}")
 
 
 if __name__ == "__main__":

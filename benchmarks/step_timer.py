@@ -5,10 +5,14 @@
 `timed_net` (`model.net._target_=step_timer.timed_net`) builds the project's net with a hook that
 records the start of every training forward. `Recorder` serves the plain loops.
 An iteration is the time between two consecutive batch starts: data loading, forward,
-backward, optimizer step and whatever the framework does around them.
+backward, optimizer step and whatever the framework does around them. Each start records the wall clock and
+the process's CPU time (all its threads): CPU time per step moves much less than wall time when other jobs
+share the machine. With $BENCH_PROFILE set (`FILE:FIRST:STEPS`, by calls.py), the Recorder also runs cProfile over
+STEPS whole iterations from the FIRST-th batch start on and saves it to FILE (rank 0).
 """
 
 import atexit
+import cProfile
 import importlib
 import json
 import os
@@ -19,22 +23,42 @@ import lightning as L
 from torch import nn
 
 
+def rank() -> int:
+    return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
+
+
 class Recorder:
     def __init__(self) -> None:
         self.starts: list[float] = []
+        self.cpu: list[float] = []
         self.epochs: list[int] = []
+        self.profile_to, first, steps = os.environ.get("BENCH_PROFILE", "::").split(":")
+        self.window = (int(first), int(first) + int(steps)) if self.profile_to else ()
+        self.profiler = cProfile.Profile()
 
     def batch_start(self, epoch: int) -> None:
         self.starts.append(time.time())
+        self.cpu.append(time.process_time())
         self.epochs.append(epoch)
+        if len(self.starts) in self.window:  # last: the window covers whole iterations
+            self._toggle_profiler()
+
+    def _toggle_profiler(self) -> None:
+        if len(self.starts) == self.window[0]:
+            self.profiler.enable()
+            return
+        self.profiler.disable()
+        if rank() == 0:
+            self.profiler.dump_stats(self.profile_to)
 
     def save(self) -> None:
         """Write to $BENCH_OUT (rank 0 only); the launcher's clock gives start-up time."""
-        if int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))) != 0:
+        if rank() != 0:
             return
         result = {
             "launch": float(os.environ["BENCH_LAUNCH"]),
             "starts": self.starts,
+            "cpu": self.cpu,
             "epochs": self.epochs,
             "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         }

@@ -243,8 +243,9 @@ class ResumableLoader(DataLoader):
             self.batches_done = self._resume[1]
             self.sampler.start = self.batches_done * self.batch_size
         self._resume = None
+        batches = len(self)  # once: it asks the batch sampler, then the sampler, every time
         for batch in super().__iter__():
-            if self.batches_done == len(self):
+            if self.batches_done == batches:
                 break
             self.batches_done += 1
             yield batch

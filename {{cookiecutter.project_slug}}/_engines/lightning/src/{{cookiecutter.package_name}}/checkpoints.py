@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from omegaconf import OmegaConf
 
@@ -22,6 +22,27 @@ from .module import Classifier
 from .tracking import forget_wandb_run, is_first_process
 
 LAST = "last.ckpt"
+
+
+class ModelCheckpoint(LightningModelCheckpoint):
+    """Lightning's ModelCheckpoint (configs/callbacks/checkpoint.yaml: the best by val/loss), with the work it does
+    on every training step made cheap: its state key, a repr of its settings that Lightning builds around every hook
+    call, is built once; and a step on which no trigger saves returns at once (Lightning's own test does several
+    calls first). Its class name stays, and with it the key its state is saved under in checkpoints."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._state_key = super().state_key  # from settings that do not change after __init__
+
+    @property
+    def state_key(self) -> str:
+        return self._state_key
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        every = self._every_n_train_steps
+        if self._train_time_interval is None and (every < 1 or trainer.global_step % every):
+            return  # what Lightning's decides when no time interval is set and the step is not a multiple
+        super().on_train_batch_end(trainer, pl_module, *args)
 
 
 class ResumeCheckpoint(ModelCheckpoint):

@@ -173,15 +173,12 @@ class Classifier(L.LightningModule):
 def writes_step_metrics(trainer: L.Trainer) -> bool:
     """Whether Lightning sends this training batch's `on_step` metrics to the loggers; ask in
     on_train_batch_end. The same test as Lightning 2.5-2.6 (`_LoggerConnector.update_train_step_metrics`),
-    which reads loop counters that have no public name."""
+    which reads loop counters that have no public name; the cheapest part first, as most steps are not logged."""
     loop = trainer.fit_loop
-    if trainer.lightning_module.automatic_optimization and loop._should_accumulate():
-        return False  # a batch that only accumulates gradients is never logged
-    if trainer.fast_dev_run:
-        return True
-    if trainer.log_every_n_steps == 0:
-        return False
     # Batches that took an optimizer step, this one included (the counter moves after this hook): every
     # log_every_n_steps-th is logged, and the last one when training is told to stop.
-    step = loop.epoch_loop._batches_that_stepped + 1
-    return step % trainer.log_every_n_steps == 0 or trainer.should_stop
+    every, step = trainer.log_every_n_steps, loop.epoch_loop._batches_that_stepped + 1
+    if not (trainer.fast_dev_run or (every and (step % every == 0 or trainer.should_stop))):
+        return False
+    # A batch that only accumulates gradients is never logged.
+    return not (trainer.lightning_module.automatic_optimization and loop._should_accumulate())

@@ -39,6 +39,7 @@ from .data import check_input, per_device_batch_size
 from .launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
 from .memory import configure_allocator
 from .precision import resolve_precision
+from .profiler import NoProfiler
 from .resuming import starting_point
 from .strategies import BatchNormSync, check_layout, data_parallel_size, model_init_context
 from .tracking import finish_wandb, write_atomically
@@ -110,6 +111,7 @@ def prepare(cfg: DictConfig, with_logger: bool = True) -> tuple[L.Trainer, L.Lig
         callbacks=callbacks,
         logger=logger,
         plugins=plugins or None,
+        profiler=cfg.trainer.profiler or NoProfiler(),
     )
     with model_init_context(trainer):  # model_parallel: on the meta device, each rank allocates its shards
         model = build(cfg.model, scheduler=build(cfg.scheduler), compile=cfg.compile, tf32=cfg.tf32)

@@ -23,10 +23,11 @@ class ResumingWandbLogger(WandbLogger):
 
     @property
     def experiment(self) -> Any:
-        if self._experiment is None and rank_zero_only.rank == 0:  # before this start writes its own run file
+        starting = self._experiment is None and rank_zero_only.rank == 0
+        if starting:  # before this start writes its own run file
             self.logged = logged_steps(self.run_dir, self._wandb_init["id"])
         experiment = super().experiment  # started on first use, on rank 0 only
-        if rank_zero_only.rank == 0:
+        if starting:
             keep_wandb_run_id(self.run_dir, experiment.id)
         return experiment
 
