@@ -8,7 +8,11 @@ import pytest
 from conftest import TEMPLATE
 
 # What each engine's project is compared with: the Accelerate engine has no "plain Lightning" to compare.
-VARIANTS = {"lightning": ("template", "lightning", "plain"), "accelerate": ("template", "plain")}
+VARIANTS = {
+    "lightning": ("template", "template A/A", "lightning", "plain"),
+    "accelerate": ("template", "template A/A", "plain"),
+}
+RATIOS = r"([\d.]+)/([\d.]+)"  # wall time / CPU time
 
 
 @pytest.mark.parametrize("engine", VARIANTS)
@@ -22,18 +26,17 @@ def test_overhead_benchmark_smoke(tmp_path, engine):
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    row = rf"^{engine}\s+single\s+(\S+)\s+(\S+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)$"
-    rows = re.findall(row, result.stdout, re.MULTILINE)
-    assert {(setting, variant) for setting, variant, *_ in rows} == {
-        (setting, variant) for setting in ("default", "small-step") for variant in VARIANTS[engine]
-    }
-    for setting, variant, step_ms, ratio, startup, rss in rows:
-        assert float(step_ms) > 0 and float(ratio) > 0 and float(startup) > 0 and int(rss) > 0
-        if variant == "plain":
-            assert float(ratio) == 1.0
-    # The targets' table: template / plain loop, and for Lightning template / plain Lightning, per setting.
-    targets = re.findall(rf"^{engine}\s+single\s+(\S+)\s+([\d.]+)\s+(\S+)$", result.stdout, re.MULTILINE)
-    assert {setting for setting, *_ in targets} == {"default", "small-step"}
-    for _, over_loop, over_lightning in targets:
-        assert float(over_loop) > 0
-        assert (over_lightning == "-") == (engine == "accelerate")
+    # engine, layout, setting, variant, step ms, /plain, CPU ms, /plain, start-up s, peak RSS MB (smoke: small steps)
+    numbers = r"\s+".join([r"([\d.]+)"] * 5 + [r"(\d+)"])
+    rows = re.findall(rf"^{engine}\s+single\s+small-step\s+(\S+(?: A/A)?)\s+{numbers}$", result.stdout, re.MULTILINE)
+    assert {variant for variant, *_ in rows} == set(VARIANTS[engine])
+    for variant, step_ms, ratio, cpu_ms, cpu_ratio, startup, rss in rows:
+        assert float(step_ms) > 0 and float(cpu_ms) > 0 and float(startup) > 0 and int(rss) > 0
+        assert (float(ratio) == float(cpu_ratio) == 1.0) == (variant == "plain")
+    # The targets' table: template / plain loop, (Lightning) template / plain Lightning, and the A/A pair.
+    [targets] = re.findall(
+        rf"^{engine}\s+single\s+small-step\s+{RATIOS}\s+(\S+)\s+{RATIOS}$", result.stdout, re.MULTILINE
+    )
+    over_loop, over_lightning, same = targets[:2], targets[2], targets[3:]
+    assert all(float(value) > 0 for value in (*over_loop, *same))
+    assert (over_lightning == "-") == (engine == "accelerate")
