@@ -184,7 +184,7 @@ def test_model_splitting_presets_span_two_nodes(tmp_path, train_env, uninterrupt
 
 
 def test_sbatch_trains_two_processes_and_a_requeued_job_continues_exactly(slurm, tmp_path, train_env, uninterrupted):
-    """The shipped launch/slurm.sbatch with 2 tasks on a real (single-host) SLURM; scontrol requeue mid-run."""
+    """The shipped launch/slurm.sbatch with 2 tasks on a real (single-host) SLURM; its time-limit signal mid-run."""
     script = Path(__file__).resolve().parents[1] / "launch/slurm.sbatch"
     stalled = tmp_path / "stalled"  # after step 7, past the checkpoint of step 6: nothing more is logged
     stall = ["+callbacks.stall._target_=kill_switch.StallAtStep", "+callbacks.stall.step=7"]
@@ -197,14 +197,16 @@ def test_sbatch_trains_two_processes_and_a_requeued_job_continues_exactly(slurm,
     log = tmp_path / f"slurm-{job}.out"
     wait_for(stalled.exists, job, log, "the training to stall after step 7")
     time.sleep(WANDB_FLUSH_SECONDS)  # its steps reach the wandb file (a kill loses the last second)
-    subprocess.run(["scontrol", "requeue", job], check=True)
+    # What SLURM does 90 s before the time limit (#SBATCH --signal=B:USR1@90): USR1 to the script alone, which
+    # requeues the job (scontrol requeue); the tasks, not signalled, are stopped by the requeue.
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)
     wait_for(lambda: job_state(job) == "PENDING", job, log, "the requeued job to wait in the queue")
     # SLURM holds a requeued job back for a while (about 2 minutes here): let it start again at once.
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
     wait_for(lambda: job_state(job) in ENDED, job, log, "the job to end")
     output = log.read_text() if log.exists() else ""
     assert job_state(job) in ("COMPLETED", "GONE"), output[-4000:]
-    assert "resuming from" in output, output[-4000:]
+    assert f"time limit near: requeueing job {job}" in output and "resuming from" in output, output[-4000:]
     run = Run(0, output, run_dir)
     assert run.wandb.config["run"]["world_size"] == 2
     assert_continues_exactly(run, uninterrupted, starts=2, tolerance=TOLERANCE)
