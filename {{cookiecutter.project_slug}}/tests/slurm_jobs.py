@@ -44,7 +44,8 @@ def wait_for(condition: Callable[[], bool], job_id: str, log: Path, what: str, t
     deadline = time.monotonic() + timeout
     while not condition():
         state = job_state(job_id)
-        if state in ENDED or time.monotonic() > deadline:
+        # Asked again: the job may have reached the condition (e.g. ended, for a wait on its end) after it was asked.
+        if (state in ENDED and not condition()) or time.monotonic() > deadline:
             output = log.read_text() if log.exists() else "(no log)"
             raise AssertionError(f"waiting for {what}: job {job_id} is {state}\n{output[-4000:]}")
         time.sleep(0.5)
