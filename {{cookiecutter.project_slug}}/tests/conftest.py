@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
+from forked import ForkedCommand, can_fork
 from slurm_jobs import node_to_myself, slurm_missing
 from torch.distributed.checkpoint import FileSystemReader
 from wandb_records import OfflineRun, offline_runs
@@ -94,7 +95,7 @@ def slurm(tmp_path, tmp_path_factory):
         yield
 
 
-def kill_with_descendants(proc: subprocess.Popen) -> None:
+def kill_with_descendants(proc: subprocess.Popen | ForkedCommand) -> None:
     """SIGKILL a training that ran past its timeout and every process it started (read from /proc: launchers
     put their workers in sessions of their own), so none lives on, holding the output pipes and the CPU."""
     children: dict[int, list[int]] = {}
@@ -115,8 +116,9 @@ def kill_with_descendants(proc: subprocess.Popen) -> None:
         except ProcessLookupError:
             pass
     proc.wait()
-    proc.stdout.close()
-    proc.stderr.close()
+    for pipe in (getattr(proc, "stdout", None), getattr(proc, "stderr", None)):
+        if pipe:
+            pipe.close()
 
 
 def make_runner(base_dir: Path, base_env: dict[str, str]):
@@ -139,14 +141,25 @@ def make_runner(base_dir: Path, base_env: dict[str, str]):
         command = (launcher or [sys.executable, "-m"]) + [f"{PACKAGE}.train", f"hydra.run.dir={run_dir}", *overrides]
         run_env = {**base_env, **(env or {})}
         run_env = {name: value for name, value in run_env.items() if value is not None}
-        pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        proc = subprocess.Popen(command, env=run_env, cwd=base_dir, **pipes)
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            kill_with_descendants(proc)
-            raise
-        output = stdout + stderr
+        if launcher is None and can_fork():  # CI time: no new interpreter to import everything again
+            outputs = base_dir.with_name(f"{base_dir.name}-output")  # beside base_dir: tests list what is in it
+            outputs.mkdir(exist_ok=True)
+            proc = ForkedCommand(f"{PACKAGE}.train", command[3:], run_env, base_dir, outputs / f"{run_dir.name}.log")
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                kill_with_descendants(proc)
+                raise
+            output = proc.output()
+        else:
+            pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            proc = subprocess.Popen(command, env=run_env, cwd=base_dir, **pipes)
+            try:
+                stdout, stderr = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                kill_with_descendants(proc)
+                raise
+            output = stdout + stderr
         if check:
             assert proc.returncode == 0, f"{' '.join(command)} failed:\n{output[-4000:]}"
         return Run(proc.returncode, output, run_dir)
