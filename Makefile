@@ -15,9 +15,10 @@ build/.installed: requirements-dev.txt
 	# data=streaming's litdata, without its torchvision (only its image codecs use it; from PyPI it would pull
 	# a CUDA torch): its other dependencies are in requirements-dev.txt.
 	$(PYTHON) -m pip install -q --no-deps "litdata>=0.2.70,<0.3"
-	# wandb's sweep config schema (the `sweeps` package of wandb[sweeps]), for the test of --export-wandb-sweep,
-	# without its numpy<2 pin (its schema check does not need it): what importing it needs is in requirements-dev.txt.
-	$(PYTHON) -m pip install -q --no-deps "sweeps>=0.2,<0.4"
+	# wandb's sweep config schema (the `sweeps` package of wandb[sweeps]), for the test of --export-wandb-sweep, in a
+	# folder of its own (SWEEPS_SITE) with the scikit-learn and scipy it imports, without its numpy<2 pin: scipy in
+	# the trainings' environment would make every Lightning process import scipy.signal (~0.5 s each; CI time).
+	$(PYTHON) -m pip install -q --no-deps --target build/sweeps-site "sweeps>=0.2,<0.4" scikit-learn scipy joblib threadpoolctl
 	mkdir -p build && touch $@
 
 demo: install
@@ -26,7 +27,7 @@ demo: install
 	cd build/demo/scaled-trainer && PYTHONPATH=src $(PYTHON) -m scaled_trainer.train
 
 test: install
-	$(PYTHON) -m pytest tests --durations=12
+	SWEEPS_SITE=$(CURDIR)/build/sweeps-site $(PYTHON) -m pytest tests -n 2 --dist loadgroup --durations=12
 
 bench: install  ## overhead of the template vs a plain PyTorch loop (single and ddp)
 	$(PYTHON) benchmarks/overhead.py --ddp

@@ -121,6 +121,9 @@ def kill_with_descendants(proc: subprocess.Popen | ForkedCommand) -> None:
             pipe.close()
 
 
+READ_ON_IMPORT = ("TORCH_", "PYTORCH_", "OMP_", "MKL_", "CUDA_")  # e.g. TORCH_LOGS: a forked run would miss them
+
+
 def make_runner(base_dir: Path, base_env: dict[str, str]):
     """runner(*overrides, launcher=None, check=True, env=None, run_dir=None) -> Run, each run in a new folder of
     base_dir, or in `run_dir` (a restart of the training there).
@@ -141,7 +144,8 @@ def make_runner(base_dir: Path, base_env: dict[str, str]):
         command = (launcher or [sys.executable, "-m"]) + [f"{PACKAGE}.train", f"hydra.run.dir={run_dir}", *overrides]
         run_env = {**base_env, **(env or {})}
         run_env = {name: value for name, value in run_env.items() if value is not None}
-        if launcher is None and can_fork():  # CI time: no new interpreter to import everything again
+        # CI time: no new interpreter importing everything again, unless the run sets what torch reads on import
+        if launcher is None and can_fork() and not any(name.startswith(READ_ON_IMPORT) for name in env or {}):
             outputs = base_dir.with_name(f"{base_dir.name}-output")  # beside base_dir: tests list what is in it
             outputs.mkdir(exist_ok=True)
             proc = ForkedCommand(f"{PACKAGE}.train", command[3:], run_env, base_dir, outputs / f"{run_dir.name}.log")
@@ -213,6 +217,16 @@ def refuse_all(base_dir: Path, env: dict[str, str], cases: list[list[str]]) -> l
         output, _, code = body.rpartition("=== exit ")
         runs.append(Run(int(code), output, run_dir))
     return runs
+
+
+# The longest test files start first, so that under pytest-xdist (`-n 2 --dist loadfile`) no worker is left with
+# one of them at the end while the other idles (CI time).
+RUN_FIRST = ["test_resume.py", "test_search.py", "test_multinode.py", "test_presets.py", "test_train.py"]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: index for index, name in enumerate(RUN_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(RUN_FIRST)))  # stable: the rest keep their order
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
