@@ -1,12 +1,13 @@
 # Two commands for a fresh machine:
 #   make demo   bake the default project into build/demo and train it (CPU is fine)
-#   make test   run every test of the template and of the projects it bakes
+#   make test   run every test of the template and of the projects it bakes (what CI runs)
+#   make check  the developer's lane, for every edit: bake both engines, lint them, run their fast tests (not slow)
 #   make gpu-check [ENGINE=accelerate]   on a GPU machine: every layout x precision against single, as a table
 PYTHON ?= python3
 ENGINE ?= lightning
 TORCH ?= torch==2.13.0
 
-.PHONY: install demo test bench gpu-check
+.PHONY: install demo test check bench gpu-check
 install: build/.installed
 
 build/.installed: requirements-dev.txt
@@ -28,6 +29,16 @@ demo: install
 
 test: install
 	SWEEPS_SITE=$(CURDIR)/build/sweeps-site $(PYTHON) -m pytest tests -n 2 --dist loadgroup --durations=12
+
+check: install  ## lint + the fast tests (no training processes) of both engines' projects, two files at a time
+	rm -rf build/check
+	set -e; for engine in lightning accelerate; do \
+	  cookiecutter --no-input --output-dir build/check/$$engine . engine=$$engine; \
+	  cd build/check/$$engine/scaled-trainer; \
+	  $(PYTHON) -m ruff check --no-cache . && $(PYTHON) -m ruff format --check --no-cache .; \
+	  WANDB_MODE=offline PYTHONPATH=src $(PYTHON) -m pytest -q -p no:cacheprovider -n 2 -m "not slow"; \
+	  cd $(CURDIR); \
+	done
 
 bench: install  ## overhead of the template vs a plain PyTorch loop (single and ddp)
 	$(PYTHON) benchmarks/overhead.py --ddp

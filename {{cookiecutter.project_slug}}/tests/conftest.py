@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 from forked import ForkedCommand, can_fork
+from omegaconf import OmegaConf
 from slurm_jobs import node_to_myself, slurm_missing
 from torch.distributed.checkpoint import FileSystemReader
 from wandb_records import OfflineRun, offline_runs

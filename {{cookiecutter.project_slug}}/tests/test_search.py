@@ -397,7 +397,8 @@ def test_exported_wandb_sweep_passes_wandbs_own_schema(search_command, tmp_path,
     # needs scikit-learn and scipy: not dependencies of this project. Checked in a process of its own, which also
     # sees SWEEPS_SITE (a folder with sweeps and its scientific stack, kept out of the trainings' environment:
     # with scipy installed, importing Lightning imports scipy.signal, ~0.5 s more for every training process).
-    env = dict(train_env, PYTHONPATH=os.pathsep.join(filter(None, [train_env["PYTHONPATH"], os.environ.get("SWEEPS_SITE")])))
+    path = [train_env["PYTHONPATH"], os.environ.get("SWEEPS_SITE")]
+    env = dict(train_env, PYTHONPATH=os.pathsep.join(entry for entry in path if entry))
     check = "import sys, sweeps, yaml; print(sweeps.schema_violations_from_proposed_config(yaml.safe_load(sys.stdin)))"
     for sampler in ("grid", "random", "tpe"):
         sweep_file = tmp_path / f"{sampler}.yaml"
