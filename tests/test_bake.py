@@ -89,6 +89,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         "tests/conftest.py",
         "tests/custom_dataset.py",
         "tests/fake_nvml.py",
+        "tests/forked.py",
         "tests/refusals.py",
         "tests/slurm_jobs.py",
         "tests/test_config.py",

@@ -8,7 +8,7 @@ environment, working directory, argv, stdin/stdout/stderr and exit code; killabl
 and worker processes) and runs the command exactly as `python -m` does (`runpy`, the module as `__main__`, exit
 handlers at the end). Only the imports are shared.
 
-Used only where forking is safe: without CUDA (GPU machines start a new interpreter as before);
+Used only where forking is safe: on Linux without CUDA (GPU machines start a new interpreter as before);
 `STARTS_NEW_INTERPRETER=1` turns it off everywhere, to compare or to debug.
 """
 
@@ -30,7 +30,8 @@ from pathlib import Path
 def can_fork() -> bool:
     import torch
 
-    return hasattr(os, "fork") and not torch.cuda.is_available() and os.environ.get("STARTS_NEW_INTERPRETER") != "1"
+    linux = sys.platform.startswith("linux")  # macOS's system libraries do not all survive a fork
+    return linux and not torch.cuda.is_available() and os.environ.get("STARTS_NEW_INTERPRETER") != "1"
 
 
 _ZYGOTES: dict[tuple[str, str], subprocess.Popen] = {}
