@@ -237,14 +237,36 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip(f"needs {needed} CUDA GPU{'s' if needed > 1 else ''}; this machine has {here}")
 
 
-def pytest_terminal_summary(terminalreporter) -> None:
-    """The layout x precision table of test_presets.py (the GPU check), when it ran."""
-    results = getattr(sys.modules.get("test_presets"), "RESULTS", None)
-    if not results:
+def table_file(config: pytest.Config) -> Path:
+    """The rows of the layout x precision table (test_presets.py), one JSON line each, in the session's temp folder
+    that every pytest-xdist worker shares (each worker's basetemp is a folder in it): the summary prints them all."""
+    basetemp = config._tmp_path_factory.getbasetemp()
+    return (basetemp.parent if hasattr(config, "workerinput") else basetemp) / "layout-table.jsonl"
+
+
+@pytest.fixture
+def table_row(request):
+    """table_row(layout=..., precision=...) -> the test's row of the table, filled in by the test (seconds, memory,
+    ok), written when the test ends, passed or not."""
+    rows = []
+
+    def make(**columns) -> dict:
+        rows.append({**columns, "ok": False})
+        return rows[-1]
+
+    yield make
+    with table_file(request.config).open("a") as table:
+        table.writelines(json.dumps(row) + "\n" for row in rows)
+
+
+def pytest_terminal_summary(terminalreporter, config) -> None:
+    """The layout x precision table of test_presets.py (the GPU check), when it ran, also under pytest-xdist."""
+    if hasattr(config, "workerinput") or not table_file(config).is_file():
         return
+    results = [json.loads(line) for line in table_file(config).read_text().splitlines()]
     write = terminalreporter.write_line
     write(f"{'layout':<26}{'precision':<12}{'ok':<5}{'s/run':>7}  peak MiB per device (CUDA) / RSS MiB per rank (CPU)")
-    for row in results:
+    for row in sorted(results, key=lambda row: (row["layout"], row["precision"])):
         memory = ", ".join(f"{name} {value:.0f}" for name, value in sorted(row.get("memory", {}).items())) or "-"
         seconds = f"{row['seconds']:.1f}" if "seconds" in row else "-"
         write(f"{row['layout']:<26}{row['precision']:<12}{'yes' if row['ok'] else 'NO':<5}{seconds:>7}  {memory}")

@@ -1,6 +1,7 @@
 """A dataset class of a user's own, for `data=custom data.dataset._target_=custom_dataset.Parity` (tests/ is on the
 trainings' PYTHONPATH): a map-style Dataset constructed once per split with `split=` and its own keys."""
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
@@ -18,3 +19,13 @@ class Parity(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.x[index], self.y[index]
+
+
+class NoisyParity(Parity):
+    """Parity whose every read adds fresh noise (torch's and numpy's random numbers), as an augmentation in loader
+    worker processes does."""
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = super().__getitem__(index)
+        noise = torch.randn_like(x) * 0.3 + torch.from_numpy(np.random.normal(0, 0.3, x.shape)).to(x.dtype)
+        return x + noise, y

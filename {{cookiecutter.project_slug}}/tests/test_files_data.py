@@ -1,6 +1,7 @@
 """Bring your own data: data=files (.npz / .pt splits, shapes read from the files) and data=custom (any map-style
 Dataset class), in the engine this project was generated with."""
 
+import itertools
 from functools import partial
 from pathlib import Path
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import QUICK
-from custom_dataset import Parity
+from custom_dataset import NoisyParity, Parity
 
 from {{ cookiecutter.package_name }}.config import ConfigError
 from {{ cookiecutter.package_name }}.data import Data, check_input
@@ -62,6 +63,28 @@ def test_a_dataset_class_of_your_own_trains(tmp_path, train):
     )
     assert len(run.wandb.metric("train/loss")) == 4 and len(run.wandb.metric("val/loss")) == 1
     assert run.wandb.metric("test/acc") == []
+
+
+def test_a_dataset_that_augments_in_loader_workers_resumes_exactly():
+    """Noise drawn in __getitem__ by 2 loader worker processes: a loader resumed after 3 batches (its state, as a
+    checkpoint holds it) hands out the batches the uninterrupted one did, noise included. (Each worker's random
+    stream, which no checkpoint holds, started over and drew other noise: each sample now draws from its own seed,
+    (data.seed, epoch, index).) tests/test_resume.py checks it on a real training, killed and started again."""
+
+    def noisy(split: str) -> NoisyParity:
+        return NoisyParity(split, size=96)
+
+    def batches(state: dict | None, count: int) -> list[torch.Tensor]:
+        data = Data(noisy, batch_size=8, splits=["train", "val"], num_workers=2, shuffle=True, seed=3)
+        loader = data.loader("train")
+        loader.load_state_dict(state or {"epoch": 1, "samples_done": 0})
+        return [x for x, _ in itertools.islice(loader, count)]
+
+    uninterrupted = batches(None, 6)
+    resumed = batches({"epoch": 1, "samples_done": 3 * 8}, 3)
+    assert all(torch.equal(a, b) for a, b in zip(uninterrupted[3:], resumed, strict=True))
+    plain = NoisyParity("train", size=96)
+    assert not torch.equal(plain[0][0], plain[0][0]), "the dataset does draw new noise at every read"
 
 
 def test_each_split_is_constructed_once_with_its_name():

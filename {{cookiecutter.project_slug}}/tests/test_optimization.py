@@ -136,6 +136,15 @@ BAD_INPUT = [
         "oom.recovery cannot run with BatchNorm synchronised over the processes",
 {%- endif %}
     ),
+    (  # one process, BatchNorm not synchronised: a split step would still normalise each micro-batch alone
+{%- if cookiecutter.engine == "lightning" %}
+        ["strategy=single", "trainer.accelerator=cpu", "model.net.norm=batch", "callbacks=oom"],
+        "callbacks.oom_recovery.policy=split cannot keep the optimisation with BatchNorm",
+{%- else %}
+        ["strategy=single", "trainer.accelerator=cpu", "model.net.norm=batch", "oom=toolkit"],
+        "oom.recovery.policy=split cannot keep the optimisation with BatchNorm",
+{%- endif %}
+    ),
 {%- if cookiecutter.engine == "lightning" %}
     (  # shared code (tests/test_model_split.py checks it for both engines), reached here from the command line
         ["strategy=pipeline", "trainer.devices=2", "trainer.accelerator=cpu", "model.net.norm=batch"],
@@ -143,7 +152,12 @@ BAD_INPUT = [
     ),
 {%- endif %}
 ]
-CASE_NAMES = ["indivisible-accumulation", "oom-recovery-with-synchronised-batchnorm", "batchnorm-under-pipeline"]
+CASE_NAMES = [
+    "indivisible-accumulation",
+    "oom-recovery-with-synchronised-batchnorm",
+    "oom-split-with-batchnorm",
+    "batchnorm-under-pipeline",
+]
 
 
 @pytest.mark.parametrize("case", range(len(BAD_INPUT)), ids=CASE_NAMES[: len(BAD_INPUT)])

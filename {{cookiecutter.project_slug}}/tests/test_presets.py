@@ -73,7 +73,6 @@ def why_not_here(layout: Layout, precision: str) -> str | None:
 
 
 ROWS = [(layout, precision) for layout in LAYOUTS for precision in PRECISIONS]
-RESULTS: list[dict] = []  # printed by conftest's pytest_terminal_summary
 
 
 @pytest.fixture(scope="module")
@@ -103,11 +102,10 @@ def reference(runner):
 
 
 @pytest.mark.parametrize("layout, precision", ROWS, ids=[f"{layout.name}-{precision}" for layout, precision in ROWS])
-def test_layout_matches_single(reference, runner, layout, precision):
+def test_layout_matches_single(reference, runner, table_row, layout, precision):
     if reason := why_not_here(layout, precision):
         pytest.skip(reason)
-    row = {"layout": layout.name, "precision": precision, "ok": False}
-    RESULTS.append(row)
+    row = table_row(layout=layout.name, precision=precision)
     fp32 = reference("32-true")
     result = reference(precision) if layout.name == "single" else run_row(runner, layout, precision)
     row.update(seconds=result.seconds, memory=result.memory)
@@ -130,11 +128,10 @@ CAP_MIB = 1024
 
 
 @pytest.mark.gpu(1)
-def test_the_batch_size_search_meets_a_real_cuda_out_of_memory(runner):
+def test_the_batch_size_search_meets_a_real_cuda_out_of_memory(runner, table_row):
     """The search doubles the batch until CUDA really runs out of memory (the net lets its process use CAP_MIB of
     the GPU: a bounded search on any GPU), bisects, and trains with 90% of the largest batch that fit."""
-    row = {"layout": "single+batch-size-search", "precision": "32-true", "ok": False}
-    RESULTS.append(row)
+    row = table_row(layout="single+batch-size-search", precision="32-true")
     capped = ["model.net._target_=simulated_oom.MemoryCappedMLP", f"+model.net.cuda_mib={CAP_MIB}"]
     start = time.perf_counter()
     run = runner(

@@ -98,6 +98,17 @@ def oom_handling_problem(tool: str, splits_batches: bool) -> str:
     )
 
 
+def micro_batch_split_problem(policy_key: str) -> str:
+    """Why OOM recovery's split policy refuses a net with BatchNorm, synchronised or not, for its one-line refusal:
+    the redone step would normalise each micro-batch with its own statistics (another loss than the whole batch's)
+    and update the running statistics once per micro-batch."""
+    return (
+        f"{policy_key}=split cannot keep the optimisation with BatchNorm (each micro-batch would be normalised with "
+        f"its own statistics, and the running statistics updated once per micro-batch); use {policy_key}=skip or a "
+        "model without BatchNorm (model.net.norm=layer)"
+    )
+
+
 def data_parallel_problem(net: nn.Module, replicas: int) -> str | None:
     """Why strategy=dp refuses `net` on `replicas` GPUs, if it does. nn.DataParallel computes BatchNorm statistics
     per GPU and cannot synchronise them (its replicas are threads of one process; SyncBatchNorm needs a process

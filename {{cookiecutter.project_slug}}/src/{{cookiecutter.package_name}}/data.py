@@ -9,17 +9,20 @@ exception: its training split is a stream that litdata's loader deals out and ke
 
 import math
 import os
+import random
 from collections.abc import Callable, Iterator, Sequence, Sized
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, TensorDataset
 
 from .config import ConfigError
 
 SPLITS = ("train", "val", "test")
 IGNORED = -100  # a target no loss or metric counts (F.cross_entropy's ignore_index): EvalSampler's padding
+EVALUATION = 2**32 - 1  # the "epoch" of every evaluation pass, for each sample's seed (SeededSamples)
 
 
 class Data:
@@ -133,9 +136,10 @@ class Data:
             sampler = ResumableSampler(
                 dataset, num_replicas=replicas, rank=rank, shuffle=self.shuffle, seed=self.seed, drop_last=True
             )
+            dataset = SeededSamples(dataset, self.seed)  # the sampler hands it (epoch, index)
         else:
             sampler = EvalSampler(dataset, replicas, rank, batch_size)
-            dataset = WithPadding(dataset) if sampler.padded else dataset
+            dataset = SeededSamples(WithPadding(dataset) if sampler.padded else dataset, self.seed)
         extra = {"accumulate": accumulate} if train else {}
         return (ResumableLoader if train else DataLoader)(
             dataset,
@@ -173,8 +177,8 @@ class EvalSampler(DistributedSampler):
         if self.padded:
             self.indices.append(len(dataset))
 
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.indices)
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return iter([(EVALUATION, index) for index in self.indices])  # for SeededSamples: the same every pass
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -198,16 +202,55 @@ class WithPadding(Dataset):
 
 
 class ResumableSampler(DistributedSampler):
-    """torch's DistributedSampler (same seeded order), able to start partway through its epoch."""
+    """torch's DistributedSampler (same seeded order), able to start partway through its epoch; it hands out
+    (epoch, index) pairs, for SeededSamples."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.start = 0  # indices of this replica's epoch to leave out: the ones a resumed run already trained on
 
-    def __iter__(self) -> Iterator[int]:
+    def __iter__(self) -> Iterator[tuple[int, int]]:
         indices = list(super().__iter__())[self.start :]
         self.start = 0  # only the epoch being resumed is cut short
-        return iter(indices)
+        return iter([(self.epoch, index) for index in indices])
+
+
+class SeededSamples(Dataset):
+    """A split whose every sample draws its random numbers (torch's, numpy's and Python's: a Dataset's
+    augmentation) from a seed of its own: a function of (data.seed, epoch, index); every evaluation pass is the
+    same "epoch", EVALUATION.
+
+    A loader worker's random stream depends on which worker reads the sample and on what it read before, and no
+    checkpoint holds it: a resumed run, or another number of workers or replicas, would augment every sample
+    differently. Seeded per sample, the same sample of the same epoch gets the same augmentation wherever and
+    whenever it is read. The process's own random state is put back after each sample (without worker
+    processes, the samples are read in the training process, whose random numbers are dropout's)."""
+
+    def __init__(self, dataset: Dataset, seed: int) -> None:
+        self.dataset, self.seed = dataset, seed
+        plain = dataset.dataset if isinstance(dataset, WithPadding) else dataset
+        self.draws = not isinstance(plain, TensorDataset)  # indexing tensors draws no random number: no cost
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: tuple[int, int] | int) -> Any:
+        if isinstance(key, int):  # a plain index, e.g. the batch-size finder's trial batches
+            return self.dataset[key]
+        epoch, index = key
+        if not self.draws:
+            return self.dataset[index]
+        sample_seed = int(np.random.SeedSequence([self.seed, epoch, index]).generate_state(1, np.uint64)[0])
+        states = torch.random.get_rng_state(), np.random.get_state(), random.getstate()
+        torch.manual_seed(sample_seed)
+        np.random.seed(sample_seed % 2**32)
+        random.seed(sample_seed)
+        try:
+            return self.dataset[index]
+        finally:
+            torch.random.set_rng_state(states[0])
+            np.random.set_state(states[1])
+            random.setstate(states[2])
 
 
 class ResumableLoader(DataLoader):

@@ -93,6 +93,14 @@ def respan(scheduler: LRScheduler, build: SchedulerFactory, total_steps: int) ->
     scheduler.load_state_dict(build(scheduler.optimizer, total_steps=total_steps).state_dict())
 
 
+def batches_per_epoch(batches: int, limit: int | float | None) -> int:
+    """The training batches an epoch runs under trainer.limit_train_batches, as Lightning counts them: an int caps
+    them, a float is a fraction of them (1.0: all)."""
+    if limit is None:
+        return batches
+    return min(batches, limit) if isinstance(limit, int) else int(batches * limit)
+
+
 def total_steps(max_steps: int, max_epochs: int | None, steps_per_epoch: int) -> int:
     """Optimizer steps of the whole training, which the schedule spans: trainer.max_steps, or fewer if the
     epochs end first (as Lightning's Trainer.estimated_stepping_batches counts them)."""

@@ -110,6 +110,18 @@ def test_the_search_counts_an_out_of_memory_error_in_the_optimizer_step():
     assert data.batch_size == 90, "90% of the largest batch whose step fitted: 100 (bisected to within 5%)"
 
 
+def test_the_search_sizes_the_micro_batch_under_gradient_accumulation():
+    """Two micro-batches per optimizer step, forwards above 100 samples out of memory: a trial is one micro-batch,
+    so the global batch is 2 x 90% of the largest that fits (it was 90% of it: each forward got half of that)."""
+    torch.manual_seed(0)
+    accelerator, strategy = Accelerator(cpu=True), Strategy()
+    net = BatchRecorded(32, 8, hidden=16, depth=2, max_batch=100)
+    model, optimizer = strategy.prepare(accelerator, net, partial(torch.optim.SGD, lr=0.1))
+    data = Data(**data_settings(batch_size=64, train_size=1024))
+    find_batch_size(accelerator, strategy, model, optimizer, data, 1, F.cross_entropy, 512, accumulation=2)
+    assert data.batch_size % 2 == 0 and 2 * 85 <= data.batch_size <= 2 * 90, data.batch_size
+
+
 # --- real trainings ----------------------------------------------------------------------------
 
 
@@ -200,3 +212,17 @@ def test_the_search_grows_a_batch_that_fits_as_lightnings_does(train):
 def test_presets_whose_forward_is_a_collective_refuse_the_search(train):
     run = train(*FINDER, "strategy=pipeline", check=False)
     run.assert_rejected("oom.find_batch_size works with single, ddp, ddp_spawn and dp, not strategy=pipeline")
+
+
+@pytest.mark.slow
+@pytest.mark.gpu(1)
+def test_a_skipped_step_under_16_mixed_takes_no_optimizer_step(train):
+    """oom.recovery.policy=skip with a gradient scaler: a skipped batch leaves no gradient, and its optimizer step
+    is left out (the scaler refused it with a traceback: "No inf checks were recorded for this optimizer"). Every
+    batch of 128 is skipped here, so the third skip in a row stops the run in its one line."""
+    on_gpu = [override for override in OOM if override != "trainer.accelerator=cpu"] + ["trainer.accelerator=gpu"]
+    skip = ["oom.recovery.policy=skip", "+model.net.max_batch=64", "trainer.precision=16-mixed"]
+    run = train(*on_gpu, "strategy=single", *skip, check=False)
+    assert "Traceback" not in run.output and "No inf checks" not in run.output, run.output[-3000:]
+    [error] = [line for line in run.output.splitlines() if line.startswith("error:")]
+    assert run.returncode == 1 and "3 out-of-memory errors in a row" in error and "(policy skip)" in error

@@ -125,6 +125,10 @@ BAD_INPUT = [
         ["data.dataset._target_=nope.Nope"],
         "data.dataset._target_=nope.Nope cannot be imported (No module named 'nope'); give the full import path",
     ),
+    (  # its validation, and the best checkpoint saved there, would land inside an optimizer step
+        ["trainer.accumulate_grad_batches=2", "trainer.val_check_interval=3", "data.batch_size=64"],
+        "trainer.val_check_interval=3 counts micro-batches: give a multiple of trainer.accumulate_grad_batches=2",
+    ),
 ]
 BAD_INPUT_IDS = [
     "unknown-strategy",
@@ -147,6 +151,7 @@ BAD_INPUT_IDS = [
     "model-parallel-without-split",
     "recovery-with-accumulation",
     "dataset-that-does-not-import",
+    "validation-inside-an-optimizer-step",
 ]
 
 

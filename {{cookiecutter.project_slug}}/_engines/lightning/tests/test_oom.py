@@ -105,6 +105,7 @@ def fit_in_process(
     save=False,
     resume=None,
     dropout: float = 0.0,
+    accumulate: int = 1,
     **oom,
 ) -> list:
     """Per-step losses of a small single-device training whose module simulates OOMs as `oom` says. `save`: save
@@ -122,6 +123,7 @@ def fit_in_process(
         enable_progress_bar=False,
         enable_model_summary=False,
         limit_val_batches=0,
+        accumulate_grad_batches=accumulate,
     )
     net = ResidualMLP(32, 8, hidden=16, depth=2, dropout=dropout)
     model = OOMClassifier(net, optimizer=partial(torch.optim.SGD, lr=0.5), **oom)
@@ -195,6 +197,29 @@ def test_finder_says_it_changes_the_optimisation_and_stays_within_the_training_s
     with caplog.at_level("INFO"):
         fit_in_process(tmp_path, BatchSizeFinder(margin=0.0), steps=1, train_size=200)
     assert "global batch 64 -> 200 (x3.12): this changes the optimisation" in caplog.text
+
+
+class MicroBatches(L.Callback):
+    """Each training forward's batch size, and the global batch the data module then has."""
+
+    def __init__(self):
+        self.sizes, self.global_batch_size = [], None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.sizes.append(len(batch[0]))
+        self.global_batch_size = trainer.datamodule.batch_size
+
+
+def test_the_finder_sizes_the_micro_batch_under_gradient_accumulation(tmp_path):
+    """trainer.accumulate_grad_batches=2, forwards above 40 samples out of memory: a trial is one micro-batch, so
+    each forward then gets the largest that fitted, and the global batch is twice it. (The finder sized the global
+    batch as if there were no accumulation: each forward got half of what fits, or a batch 2 does not divide.)"""
+    micro = MicroBatches()
+    finder = BatchSizeFinder(margin=0.0, tolerance=0.05, steps_per_trial=1)
+    fit_in_process(tmp_path, finder, micro, steps=2, oom_above=40, accumulate=2)
+    [fitted] = set(micro.sizes)
+    assert 38 <= fitted <= 40, "the largest micro-batch that fits, within the search's tolerance"
+    assert micro.global_batch_size == 2 * fitted
 
 
 class LearningRates(L.Callback):

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import lightning as L
 import pytest
 import torch
-from conftest import QUICK, checkpoint_files
+from conftest import PARITY, QUICK, TOLERANCE, checkpoint_files
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
@@ -155,3 +155,14 @@ def test_pipeline_checkpoints_round_trip_through_one_device(train):
 def stage_names(stage: int, prefix: str) -> set[str]:
     """The names stage `stage` of 2 of the test's model saves its tensors under (single-device names)."""
     return {prefix + name for name in pipeline_stage(module().net, stage, 2).state_dict()}
+
+
+@pytest.mark.slow
+def test_the_item_logger_logs_the_last_stages_loss_means(train, single_losses):
+    """callbacks=[default,item_logger]: train/loss_mean, the mean loss of the steps since the last log, is the last
+    stage's (the other stages have no loss on the steps that are not logged: it was NaN)."""
+    overrides = ["strategy=pipeline", "trainer.devices=2", "callbacks=[default,item_logger]"]
+    run = train(*PARITY, *overrides, "trainer.log_every_n_steps=2")
+    assert run.wandb.steps("train/loss_mean") == [1, 3, 5]
+    expected = [(single_losses[step] + single_losses[step + 1]) / 2 for step in (0, 2, 4)]
+    assert run.wandb.metric("train/loss_mean") == pytest.approx(expected, abs=TOLERANCE)

@@ -73,6 +73,21 @@ def test_a_killed_training_started_again_continues_exactly(train, uninterrupted,
     assert "Would sync 2 run(s)" in sync_dry_run(again.run_dir, train_env), "the README's upload takes both starts"
 
 
+def test_a_dataset_that_augments_in_loader_workers_continues_exactly(train, tmp_path):
+    """data=custom whose __getitem__ draws noise, read by 2 loader worker processes, killed after the checkpoint of
+    step 6 and started again: every step's loss is the uninterrupted run's. (The workers' random streams, which no
+    checkpoint holds, started over on resume: the steps after it trained on other noise.)"""
+    synthetic_only = ("data.train_size", "data.val_size")
+    noisy = [override for override in TRAIN if not override.startswith(synthetic_only)]
+    noisy += ["data=custom", "data.dataset._target_=custom_dataset.NoisyParity", "+data.dataset.size=320"]
+    noisy += ["data.num_features=6", "data.num_classes=2", "data.splits=[train,val]", "data.num_workers=2"]
+    whole = train(*noisy, "strategy=single")
+    killed = train(*noisy, "strategy=single", *kill_at(8, tmp_path / "killed"), check=False)
+    assert killed.returncode == -9, killed.output[-2000:]
+    again = train(*noisy, "strategy=single", *kill_at(8, tmp_path / "killed"), run_dir=killed.run_dir)
+    assert_continues_exactly(again, whole.wandb, starts=2)
+
+
 def test_a_kill_in_the_middle_of_a_save_leaves_the_previous_checkpoint(train, uninterrupted, tmp_path):
     plugin = "_target_: kill_switch.DyingCheckpointIO, step: 9, marker: '%s'" % (tmp_path / "died")
     dying = "+trainer.plugins=[{" + plugin + "}]"

@@ -57,3 +57,16 @@ def test_a_failing_run_still_closes_its_wandb_run(train, layout):
     if layout[0] == "strategy=ddp_spawn":  # the crashed process's traceback, then one line; not the launcher's
         assert run.output.rstrip().endswith("failed: RuntimeError: failing on purpose at step 3 (traceback above)")
         assert "ProcessRaisedException" not in run.output
+
+
+def test_the_schedule_spans_the_steps_limit_train_batches_lets_run(train):
+    """trainer.limit_train_batches=4 of an epoch of 10 batches: the cosine schedule spans the 4 optimizer steps that
+    run, not the 10 of a whole epoch (it ended far above its floor)."""
+    from test_optimization import expected_cosine
+
+    limits = ["trainer.limit_train_batches=4", "data.train_size=640", "data.batch_size=64", "trainer.accelerator=cpu"]
+    schedule = ["model.optimizer.lr=0.01", "scheduler=cosine", "scheduler.warmup_steps=0", "scheduler.min_lr_ratio=0.1"]
+    run = train(*QUICK, *limits, *schedule)
+    assert run.wandb.steps("train/lr") == [0, 1, 2, 3]
+    expected = [expected_cosine(step, 0.01, 0, 4, 0.1) for step in range(4)]
+    assert run.wandb.metric("train/lr") == pytest.approx(expected, rel=1e-6)

@@ -77,7 +77,7 @@ def main() -> None:
     except ConfigError as err:
         fail(err)
 
-    requeue_interrupted(study, requeue=grid is None)
+    requeue_interrupted(study)
     total = min(settings.n_trials, math.prod(map(len, grid.values()))) if grid else settings.n_trials
     failures = FailureLimit(settings.max_failures)
 
@@ -232,16 +232,13 @@ def make_pruner(settings: Settings, cfg: DictConfig) -> optuna.pruners.BasePrune
     return optuna.pruners.NopPruner()
 
 
-def requeue_interrupted(study: optuna.Study, requeue: bool) -> None:
-    """Trials left running by a search that was killed: failed now, and their parameters run again (a grid
-    search visits an unfinished point again by itself)."""
+def requeue_interrupted(study: optuna.Study) -> None:
+    """Trials left running by a search that was killed: failed now, and their parameters queued to run again.
+    Also for a grid: Optuna's GridSampler counts a failed point as visited and would never train it again."""
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         study.tell(trial.number, state=TrialState.FAIL)
-        if requeue:
-            study.enqueue_trial(trial.params)
-        print(
-            f"trial {trial.number} was interrupted: marked failed{', its parameters queued again' if requeue else ''}"
-        )
+        study.enqueue_trial(trial.params)
+        print(f"trial {trial.number} was interrupted: marked failed, its parameters queued again")
 
 
 def finished(study: optuna.Study) -> int:

@@ -165,11 +165,13 @@ def find_batch_size(
     max_batch_size: int = 4096,
     margin: float = 0.1,
     tolerance: float = 0.05,
+    accumulation: int = 1,
 ) -> None:
     """Find the largest per-device batch whose training step (forward, backward AND the optimizer step, which
     allocates Adam's state) fits on every process, keep `margin` below it; data.batch_size (GLOBAL) becomes
-    per-device x replicas. The same search as the Lightning engine's BatchSizeFinder (memory.search: double
-    until a size fails, then bisect), with the same metric names (batch_size_finder/*).
+    per-device x `accumulation` (micro-batches per optimizer step) x replicas. The same search as the Lightning
+    engine's BatchSizeFinder (memory.search: double until a size fails, then bisect), with the same metric names
+    (batch_size_finder/*).
 
     accelerate's find_executable_batch_size decides per process and only shrinks, so after an OOM on one rank
     the ranks train with different batches, or wait forever in the next collective. Here each trial runs
@@ -188,15 +190,16 @@ def find_batch_size(
         failures = accelerator.reduce(torch.tensor([0.0 if fitted else 1.0], device=accelerator.device), "sum")
         return failures.item() == 0
 
-    maximum = min(max_batch_size, len(train) // replicas)
-    largest, trials = search(fits, per_device_batch_size(data.batch_size, replicas), maximum, tolerance)
+    parts = replicas * accumulation  # what one trial's micro-batch is a part of: the global batch
+    maximum = min(max_batch_size, len(train) // parts)
+    largest, trials = search(fits, per_device_batch_size(data.batch_size, replicas, accumulation), maximum, tolerance)
     model.load_state_dict(saved[0])
     optimizer.load_state_dict(saved[1])
     torch.random.set_rng_state(saved[2])
     if largest == 0:
         raise RuntimeError("find_batch_size: not even a batch of 1 fits in memory")
     per_device = max(1, min(maximum, int(largest * (1 - margin))))
-    data.batch_size = per_device * replicas
+    data.batch_size = per_device * parts
     accelerator.print(
         f"find_batch_size: largest per-device batch that fits {largest}; using {per_device} per device after "
         f"{trials} trials: {changed_batch_message(old_global, data.batch_size, len(train))}"

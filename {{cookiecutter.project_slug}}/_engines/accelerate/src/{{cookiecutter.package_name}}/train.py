@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
-from .batchnorm import oom_handling_problem
+from .batchnorm import micro_batch_split_problem, oom_handling_problem, uses_batchnorm
 from .checkpoints import Checkpoints
 from .compilation import compile_net
 from .config import (
@@ -133,6 +133,8 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     if strategy.sync_batchnorm and recovery:
         off = ", or turn it off with oom.recovery=null"
         raise ConfigError(oom_handling_problem("oom.recovery", splits_batches=True) + off)
+    if recovery and recovery.policy == "split" and uses_batchnorm(net):
+        raise ConfigError(micro_batch_split_problem("oom.recovery.policy"))
     if strategy.sync_batchnorm and cfg.oom.find_batch_size:
         off = ", or leave it off (false)"
         raise ConfigError(oom_handling_problem("oom.find_batch_size", splits_batches=False) + off)
@@ -185,9 +187,8 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
             data.batch_size = progress.found_batch_size
             accelerator.print(f"find_batch_size: global batch {data.batch_size}, found before the restart")
         elif cfg.oom.find_batch_size:
-            find_batch_size(
-                accelerator, strategy, model, optimizer, data, replicas, loss_fn, **cfg.oom.batch_size_finder
-            )
+            finder = {**cfg.oom.batch_size_finder, "accumulation": accumulation(cfg)}
+            find_batch_size(accelerator, strategy, model, optimizer, data, replicas, loss_fn, **finder)
             progress.found_batch_size = data.batch_size
             respan(scheduler, build(cfg.scheduler), training_steps(cfg, data, replicas, rank))  # of the batch found
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes))
@@ -276,7 +277,8 @@ def fit(
                         accelerator.unscale_gradients()
                         clip_grad_norm_(model.parameters(), trainer.gradient_clip_val)
                     lr = current_lr(optimizer)
-                    optimizer.step()
+                    if loss is not None or not recovery:  # a skipped batch left no gradient: no step (16-mixed's
+                        optimizer.step()  # gradient scaler refuses a step without its inf checks), as in Lightning
                     scheduler.step()  # once per optimizer step (not accelerate's prepared scheduler, which steps
                     optimizer.zero_grad()  # once per process unless the batch is split: not the global-batch meaning)
             if not accelerator.sync_gradients:

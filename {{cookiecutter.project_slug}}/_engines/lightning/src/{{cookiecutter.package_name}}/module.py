@@ -10,7 +10,15 @@ from torch import nn
 from .compilation import compile_net
 from .data import IGNORED
 from .metrics import perplexity
-from .optimization import OptimizerFactory, SchedulerFactory, current_lr, grouped_optimizer, respan, total_steps
+from .optimization import (
+    OptimizerFactory,
+    SchedulerFactory,
+    batches_per_epoch,
+    current_lr,
+    grouped_optimizer,
+    respan,
+    total_steps,
+)
 from .precision import use_tensor_cores
 from .sharding import clip_grad_norm_, clip_grad_value_
 
@@ -166,7 +174,8 @@ class Classifier(L.LightningModule):
         estimated_stepping_batches: it loads the training data before a resumed run restores the loader's
         position, which is then never restored (Lightning 2.6, FitLoop.setup_data)."""
         trainer = self.trainer
-        steps_per_epoch = len(trainer.datamodule.train_dataloader()) // trainer.accumulate_grad_batches
+        batches = batches_per_epoch(len(trainer.datamodule.train_dataloader()), trainer.limit_train_batches)
+        steps_per_epoch = batches // trainer.accumulate_grad_batches
         return total_steps(trainer.max_steps, trainer.max_epochs, steps_per_epoch)
 
 

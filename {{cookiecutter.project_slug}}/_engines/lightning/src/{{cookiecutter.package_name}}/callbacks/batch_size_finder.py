@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 
 from ..batchnorm import oom_handling_problem
 from ..config import ConfigError
+from ..data import per_device_batch_size
 from ..memory import changed_batch_message, free_memory, is_oom_error, search
 from ..optimization import scale_lr
 from ..strategies import data_parallel_size
@@ -28,9 +29,10 @@ class BatchSizeFinder(L.Callback):
     Refused (before training) under dp, whose trials would run on the first GPU alone and size the global
     batch by it, and under model_parallel and pipeline, whose forward is itself a collective.
 
-    The per-device batch changes, so the GLOBAL batch becomes per-device x data-parallel replicas
-    (logged as batch_size_finder/global_batch_size). lr_scaling: "linear" or "sqrt" scales the learning
-    rate with the global batch; "none" (default) leaves it as configured.
+    The per-device batch (one micro-batch) changes, so the GLOBAL batch becomes per-device x
+    trainer.accumulate_grad_batches x data-parallel replicas (logged as batch_size_finder/global_batch_size).
+    lr_scaling: "linear" or "sqrt" scales the learning rate with the global batch; "none" (default) leaves it as
+    configured.
 
     The batch found is saved in checkpoints: a resumed training keeps it (and its learning rate, restored with the
     optimizer) instead of searching again, which would change the optimisation in the middle of the run.
@@ -60,7 +62,7 @@ class BatchSizeFinder(L.Callback):
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
         self.global_batch_size = state_dict.get("global_batch_size")
 
-    def check_layout(self, trainer: L.Trainer, synchronised_batchnorm: bool) -> None:
+    def check_layout(self, trainer: L.Trainer, module: L.LightningModule, synchronised_batchnorm: bool) -> None:
         """Refuse, before training, a run this callback cannot serve (strategies.check_layout calls it)."""
         if synchronised_batchnorm:
             raise ConfigError(
@@ -74,24 +76,26 @@ class BatchSizeFinder(L.Callback):
             datamodule.batch_size = self.global_batch_size
             rank_zero_info(f"BatchSizeFinder: global batch {self.global_batch_size}, found before the restart")
             return
-        replicas = data_parallel_size(trainer)
+        replicas, accumulation = data_parallel_size(trainer), trainer.accumulate_grad_batches
+        parts = replicas * accumulation  # a trial's batch is one micro-batch of one replica: a part of the global batch
         dataset = datamodule.train_dataloader().dataset
         old_global = datamodule.batch_size
         saved = _snapshot(pl_module, trainer.optimizers)
         start = time.perf_counter()
-        maximum = min(self.max_batch_size, len(dataset) // replicas)
+        maximum = min(self.max_batch_size, len(dataset) // parts)
         fits = lambda size: self._fits(trainer, pl_module, dataset, size)  # noqa: E731
-        largest, trials = search(fits, datamodule.per_device_batch_size, maximum, self.tolerance)
+        first = per_device_batch_size(old_global, replicas, accumulation)
+        largest, trials = search(fits, first, maximum, self.tolerance)
         _restore(pl_module, trainer.optimizers, saved)
         if largest == 0:
             raise RuntimeError("BatchSizeFinder: not even a batch of 1 fits in memory")
         per_device = max(1, min(maximum, int(largest * (1 - self.margin))))
-        datamodule.batch_size = self.global_batch_size = per_device * replicas
-        lr_factor = self._scale_learning_rate(trainer, per_device * replicas / old_global)
+        datamodule.batch_size = self.global_batch_size = per_device * parts
+        lr_factor = self._scale_learning_rate(trainer, per_device * parts / old_global)
         found = {
             "batch_size_finder/largest_fitting": largest,
             "batch_size_finder/per_device_batch_size": per_device,
-            "batch_size_finder/global_batch_size": per_device * replicas,
+            "batch_size_finder/global_batch_size": per_device * parts,
             "batch_size_finder/trials": trials,
             "batch_size_finder/seconds": time.perf_counter() - start,
             "batch_size_finder/lr_factor": lr_factor,
@@ -99,7 +103,7 @@ class BatchSizeFinder(L.Callback):
         rank_zero_info(
             f"BatchSizeFinder: largest per-device batch that fits {largest}; using {per_device} per device after "
             f"{trials} trials in {found['batch_size_finder/seconds']:.1f}s: "
-            + changed_batch_message(old_global, per_device * replicas, len(dataset))
+            + changed_batch_message(old_global, per_device * parts, len(dataset))
             + f" (lr x{lr_factor:.3g})"
         )
         for logger in trainer.loggers:

@@ -43,7 +43,11 @@ class ItemMetricLogger(L.Callback):
         if not self.sums:
             return
         names = sorted(self.sums)
-        means = trainer.strategy.reduce(torch.stack([self.sums[name] for name in names]) / self.count, reduce_op="mean")
+        means = torch.stack([self.sums[name] for name in names]) / self.count
+        if hasattr(trainer.strategy, "mean_of_step_metrics"):  # a pipeline: only its last stage has every loss
+            means = trainer.strategy.mean_of_step_metrics(means)
+        else:
+            means = trainer.strategy.reduce(means, reduce_op="mean")
         values = means.tolist()  # the one host sync of this logging step
         self.host_syncs += 1
         self.sums, self.count = {}, 0

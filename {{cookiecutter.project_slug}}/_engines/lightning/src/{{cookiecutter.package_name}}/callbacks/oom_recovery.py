@@ -22,7 +22,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from ..batchnorm import oom_handling_problem
+from ..batchnorm import micro_batch_split_problem, oom_handling_problem, uses_batchnorm
 from ..config import ConfigError
 from ..memory import (
     RECOVERY_REFUSED,
@@ -65,7 +65,7 @@ class OOMRecovery(L.Callback):
         self.micro_batch_size = 0  # samples per micro-batch on each device, the last that fitted; 0: the whole batch
         self._keep_grads = self._skipping = False
 
-    def check_layout(self, trainer: L.Trainer, synchronised_batchnorm: bool) -> None:
+    def check_layout(self, trainer: L.Trainer, module: L.LightningModule, synchronised_batchnorm: bool) -> None:
         """Refuse, before training, a run this callback cannot serve (strategies.check_layout calls it)."""
         if trainer.accumulate_grad_batches != 1:
             raise ConfigError(
@@ -76,6 +76,8 @@ class OOMRecovery(L.Callback):
             raise ConfigError(
                 oom_handling_problem("OOMRecovery", splits_batches=True) + ", or drop it with ~callbacks.oom_recovery"
             )
+        if self.policy == "split" and uses_batchnorm(module):
+            raise ConfigError(micro_batch_split_problem("callbacks.oom_recovery.policy"))
 
     def state_dict(self) -> dict[str, int]:
         return {"micro_batch_size": self.micro_batch_size, "events": self.events}

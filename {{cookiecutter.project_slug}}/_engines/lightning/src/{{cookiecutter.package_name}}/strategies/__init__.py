@@ -39,7 +39,7 @@ def check_layout(
     """Refuse, before any process starts, a layout the preset cannot run.
 
     A strategy with limits of its own declares them in a `check_layout(trainer, module, global_batch_size)` method,
-    a callback in a `check_layout(trainer, synchronised_batchnorm)` method.
+    a callback in a `check_layout(trainer, module, synchronised_batchnorm)` method.
     """
     if preset == "single" and trainer.world_size > 1:
         raise ConfigError(
@@ -47,6 +47,7 @@ def check_layout(
             f"trainer.num_nodes={trainer.num_nodes} asks for {trainer.world_size}; use strategy=ddp for several"
         )
     per_device_batch_size(global_batch_size, data_parallel_size(trainer), trainer.accumulate_grad_batches)
+    check_validation_interval(trainer.val_check_interval, trainer.accumulate_grad_batches)
     for callback in trainer.callbacks:  # e.g. the OOM toolkit: a callback that works under some presets only
         supported = getattr(callback, "supported_presets", None)
         if supported is not None and preset not in supported:
@@ -57,9 +58,21 @@ def check_layout(
                 + "; drop it with ~callbacks.<its name>"
             )
         if hasattr(callback, "check_layout"):
-            callback.check_layout(trainer, synchronised_batchnorm)
+            callback.check_layout(trainer, module, synchronised_batchnorm)
     if hasattr(trainer.strategy, "check_layout"):
         trainer.strategy.check_layout(trainer, module, global_batch_size)
+
+
+def check_validation_interval(interval: int | float, accumulate: int) -> None:
+    """A validation, and the best checkpoint saved after it, must fall between optimizer steps: a checkpoint inside
+    one has lost the micro-batches' gradients accumulated so far, and a training resumed from it is not the one
+    that would have gone on (trainer.val_check_interval counts micro-batches; a fraction of the epoch would too)."""
+    inside = interval % accumulate if isinstance(interval, int) else interval < 1.0
+    if accumulate > 1 and inside:
+        raise ConfigError(
+            f"trainer.val_check_interval={interval} counts micro-batches: give a multiple of "
+            f"trainer.accumulate_grad_batches={accumulate} (validation and its checkpoint between optimizer steps)"
+        )
 
 
 def model_init_context(trainer: L.Trainer) -> AbstractContextManager:

@@ -123,6 +123,12 @@ class PipelineStrategy(DDPStrategy):
             module.log(f"pipeline/idle_fraction/stage{rank}", fraction, on_step=True, on_epoch=False)
         return loss
 
+    def mean_of_step_metrics(self, means: torch.Tensor) -> torch.Tensor:
+        """The step metrics' means over the steps since the last log (callbacks/item_logger.py): the last stage's.
+        The other stages have no loss on the steps that are not logged (NaN), so no mean over the processes."""
+        torch.distributed.broadcast(means, src=self.world_size - 1)
+        return means
+
     def lightning_module_state_dict(self) -> dict[str, Any]:
         """This stage's part of the model, under the single-device names (net.blocks.2..., not net.stage...)."""
         return {single_device_name(key): value for key, value in self.lightning_module.state_dict().items()}
