@@ -31,3 +31,19 @@ class MemoryCappedMLP(ResidualMLP):
         if torch.cuda.is_available():
             total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
             torch.cuda.set_per_process_memory_fraction(cuda_mib * 2**20 / total)
+
+
+class GradientsHeldMLP(ResidualMLP):
+    """ResidualMLP on a device of `budget` units, a memory model for the batch-size finder's CPU tests: a forward of
+    B samples needs B units, and `gradient_units` more while the gradients of the step before are still held
+    (Lightning's loop frees them only before the backward); past the budget, a torch.OutOfMemoryError."""
+
+    def __init__(self, *args, budget: int = 300, gradient_units: int = 100, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.budget, self.gradient_units = budget, gradient_units
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        held = any(parameter.grad is not None for parameter in self.parameters())
+        if self.training and len(x) + (self.gradient_units if held else 0) > self.budget:
+            raise simulated_oom()
+        return super().forward(x)

@@ -429,3 +429,17 @@ def test_item_logger_keeps_memory_flat_where_keeping_tensors_grows_it():
 
 def test_simulated_oom_is_what_cuda_raises():
     assert isinstance(simulated_oom(), torch.OutOfMemoryError) and is_oom_error(simulated_oom())
+
+
+@pytest.mark.slow
+def test_the_finder_counts_the_gradients_lightning_holds_through_the_next_forward(train):
+    """A memory model of the device (simulated_oom.GradientsHeldMLP): a forward of B samples needs B units, 100 more
+    while the step before's gradients are still held, which Lightning's loop does until the backward; 300 in all.
+    The finder's trials run in that order, so it settles near 200 and the training runs. (Its trials freed the
+    gradients after each step: it settled near 300 x 0.9, and the training's second step ran out of memory.)"""
+    model = ["model.net._target_=simulated_oom.GradientsHeldMLP", "+model.net.budget=300"]
+    finder = ["callbacks=[default,batch_size_finder]", "trainer.accelerator=cpu", "trainer.max_steps=3"]
+    run = train(*QUICK, *finder, *model, "+model.net.gradient_units=100")
+    [largest] = run.wandb.metric("batch_size_finder/largest_fitting")
+    assert 190 <= largest <= 200, "the largest batch whose second step, gradients held, fits"
+    assert run.wandb.steps("train/loss") == [0, 1, 2]
