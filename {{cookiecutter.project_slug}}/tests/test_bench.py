@@ -109,8 +109,9 @@ def test_pipeline_bubble(tmp_path, train_env):
 
     The theory counts only the pipeline's fill and drain. On the CPU each stage also waits for gloo's transfers
     and for the schedule's Python between chunks, and a shared machine slows either stage at random: with
-    micro-batches that compute for tens of ms per stage (hidden 512), these stay a few percent of a step, so
-    0.15 either side is generous, while a model so small that overheads dominate measures 0.8 and more.
+    micro-batches that compute for tens of ms per stage (hidden 512), these stay a few percent of a step on a quiet
+    machine; beside other test processes on a 2-core machine (CI) one run measured 0.35. 0.2 either side still tells
+    the pipeline's bubble from a model so small that overheads dominate, which measures 0.8 and more.
     """
     model = ["model.net.hidden=512", "model.net.depth=4", "data.batch_size=128"]
     env = {**train_env, "OMP_NUM_THREADS": "1"}  # one core per stage: the stages do not take each other's
@@ -120,5 +121,5 @@ def test_pipeline_bubble(tmp_path, train_env):
     for row in rows:
         assert int(row["global_batch"]) == 128  # strong scaling: one replica, the same batch
         assert float(row["theoretical_bubble"]) == pytest.approx(1 / 5)
-        assert float(row["measured_bubble"]) == pytest.approx(1 / 5, abs=0.15), row
+        assert float(row["measured_bubble"]) == pytest.approx(1 / 5, abs=0.2), row
 {%- endif %}
