@@ -36,7 +36,7 @@ check: install  ## lint + the fast tests (no training processes) of both engines
 	  cookiecutter --no-input --output-dir build/check/$$engine . engine=$$engine; \
 	  cd build/check/$$engine/scaled-trainer; \
 	  $(PYTHON) -m ruff check --no-cache . && $(PYTHON) -m ruff format --check --no-cache .; \
-	  WANDB_MODE=offline PYTHONPATH=src $(PYTHON) -m pytest -q -p no:cacheprovider -n 2 -m "not slow"; \
+	  WANDB_MODE=offline PYTHONPATH=src SWEEPS_SITE=$(CURDIR)/build/sweeps-site $(PYTHON) -m pytest -q -p no:cacheprovider -n 2 -m "not slow"; \
 	  cd $(CURDIR); \
 	done
 

@@ -70,6 +70,7 @@ def test_generated_project_passes_its_own_test_suite(bake, engine, tmp_path):
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert passed_count(result.stdout) >= 20
     assert "needs litdata" not in result.stdout, "the Makefile installs litdata: data=streaming's tests must run"
+    assert "wandb's sweep schema is in" not in result.stdout, "the Makefile installs it in SWEEPS_SITE: it must run"
 
 
 @pytest.mark.parametrize("engine", CHOICES["engine"])
