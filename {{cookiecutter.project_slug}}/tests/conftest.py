@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_specific import QUIET
 from forked import ForkedCommand, can_fork
 from omegaconf import OmegaConf
 from slurm_jobs import node_to_myself, slurm_missing
@@ -25,10 +26,8 @@ PACKAGE = "{{ cookiecutter.package_name }}"
 QUICK = [
     "trainer.max_epochs=1",
     "trainer.log_every_n_steps=1",
-{%- if cookiecutter.engine == "lightning" %}
-    "trainer.enable_progress_bar=false",
-{%- endif %}
     "test_after_fit=false",
+    *QUIET,
 ]
 
 

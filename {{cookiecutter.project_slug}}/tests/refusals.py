@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from engine_specific import reset_engine_state
 from hydra.core.global_hydra import GlobalHydra
 
 from {{ cookiecutter.package_name }}.train import main
@@ -21,11 +22,7 @@ def run(argv: list[str]) -> int:
         return exit.code if isinstance(exit.code, int) else 1
     finally:
         GlobalHydra.instance().clear()
-{%- if cookiecutter.engine == "accelerate" %}
-        from accelerate.state import AcceleratorState
-
-        AcceleratorState._reset_state(reset_partial_state=True)  # the next case builds its own
-{%- endif %}
+        reset_engine_state()  # the next case builds its own
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 
 import torch
 
-from {{ cookiecutter.package_name }}.model import ResidualMLP
+from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
 
 
 def simulated_oom() -> torch.OutOfMemoryError:

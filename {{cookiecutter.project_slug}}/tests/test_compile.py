@@ -12,22 +12,16 @@ import re
 
 import pytest
 from conftest import PARITY, K, make_runner
-{%- if cookiecutter.engine == "accelerate" %}
-from launchers import accelerate_launch
-{%- endif %}
+from engine_specific import DDP, DDP_LAUNCH
 
-from {{ cookiecutter.package_name }}.compilation import compile_net
-from {{ cookiecutter.package_name }}.model import Block, ResidualMLP
+from {{ cookiecutter.package_name }}.models.compilation import compile_net
+from {{ cookiecutter.package_name }}.models.mlp import Block, ResidualMLP
 
 TINY = ["model.net.depth=1", "model.net.norm=none"]
 COMPILE_TOLERANCE = 1e-5  # measured on CPU: within 1e-6 of the eager losses
 LAYOUTS = [
     ("single", ["strategy=single"], None),
-{%- if cookiecutter.engine == "lightning" %}
-    ("ddp", ["strategy=ddp", "trainer.devices=2"], None),
-{%- else %}
-    ("ddp", ["strategy=ddp"], accelerate_launch),
-{%- endif %}
+    ("ddp", DDP, DDP_LAUNCH),
 ]
 
 

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from {{ cookiecutter.package_name }}.config import ConfigError
-from {{ cookiecutter.package_name }}.data import Data
-from {{ cookiecutter.package_name }}.synthetic import data_settings
+from {{ cookiecutter.package_name }}.data.loading import Data
+from {{ cookiecutter.package_name }}.data.synthetic import data_settings
+from {{ cookiecutter.package_name }}.errors import ConfigError
 
 
 def first_batch(data: Data, replicas: int = 1, rank: int = 0) -> torch.Tensor:

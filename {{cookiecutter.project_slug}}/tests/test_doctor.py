@@ -14,11 +14,12 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from {{ cookiecutter.package_name }} import hardware
 from {{ cookiecutter.package_name }}.config import CONFIG_DIR, register_resolvers
 from {{ cookiecutter.package_name }}.doctor import Speed, recommend, step_seconds, unpriced
-from {{ cookiecutter.package_name }}.estimate import FP32, ModelFacts, dp_memory, memory_per_device, model_facts
-from {{ cookiecutter.package_name }}.precision import resolve_precision
+from {{ cookiecutter.package_name }}.engine.launching import DP_GATHERS_OUTPUTS
+from {{ cookiecutter.package_name }}.runtime import hardware
+from {{ cookiecutter.package_name }}.runtime.precision import resolve_precision
+from {{ cookiecutter.package_name }}.tools.estimate import FP32, ModelFacts, dp_memory, memory_per_device, model_facts
 
 PACKAGE = "{{ cookiecutter.package_name }}"
 NO_BANDWIDTH = "doctor.allreduce.sizes_mb=[]"  # the plans below do not need the (seconds long) measurement
@@ -156,18 +157,14 @@ def test_activations_are_sized_at_the_precision_training_uses():
 
 
 def test_dp_fills_device_0_first():
-    """dp's device 0 keeps the optimizer state (and the reduced gradients) that the other devices do not{% if cookiecutter.engine == "accelerate" %},
-    and the whole batch's outputs, gathered there for the loss{% endif %}."""
+    """dp's device 0 keeps the optimizer state (and the reduced gradients) that the other devices do  not, and,
+    where the engine gathers them there for the loss (Accelerate), the whole batch's outputs."""
     facts = default_model()
     first, other = dp_memory(facts, 4, 256)
     share = facts.activation_bytes_per_sample * 256 / 4
     assert other == pytest.approx(facts.parameters * 2 * FP32 + share)
-{%- if cookiecutter.engine == "accelerate" %}
     gathered = 3 * facts.output_bytes_per_sample * 256  # the outputs, the loss's softmax and their gradient
-    assert first == pytest.approx(facts.state_bytes + share + gathered)
-{%- else %}
-    assert first == pytest.approx(facts.state_bytes + share)  # each replica computes its own loss
-{%- endif %}
+    assert first == pytest.approx(facts.state_bytes + share + (gathered if DP_GATHERS_OUTPUTS else 0))
     assert memory_per_device(facts, "dp", 4, 4, 256, 4, "1f1b")[0] == first
 
 

@@ -11,10 +11,10 @@ import torch
 from conftest import QUICK
 from custom_dataset import NoisyParity, Parity
 
-from {{ cookiecutter.package_name }}.config import ConfigError
-from {{ cookiecutter.package_name }}.data import Data, check_input
-from {{ cookiecutter.package_name }}.files import FilesDataset, describe
-from {{ cookiecutter.package_name }}.model import ResidualMLP
+from {{ cookiecutter.package_name }}.data.files import FilesDataset, describe
+from {{ cookiecutter.package_name }}.data.loading import Data, check_input
+from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
 
 SHAPE, CLASSES = (3, 4), 5  # image-like samples: flattened to 12 features for the classifier's MLP
 

@@ -8,17 +8,18 @@ import numpy as np
 import pytest
 import torch
 from conftest import PARITY, QUICK, TOLERANCE, K, checkpoint_files, make_runner
+from engine_specific import LAST, MODEL, SHARDED
 from layouts import command, layout
 
-from {{ cookiecutter.package_name }}.checkpoints import load_trained
-from {{ cookiecutter.package_name }}.config import ConfigError
-from {{ cookiecutter.package_name }}.data import Data, check_input
-from {{ cookiecutter.package_name }}.files import FilesDataset, describe
-from {{ cookiecutter.package_name }}.gpt import GPT
-from {{ cookiecutter.package_name }}.metrics import perplexity
-from {{ cookiecutter.package_name }}.model_split import fsdp_units, tied_across_stages
-from {{ cookiecutter.package_name }}.sharding import OnMeta, check_layer_split, check_tensor_parallel, materialize
-from {{ cookiecutter.package_name }}.tokens import TokenData
+from {{ cookiecutter.package_name }}.data.files import FilesDataset, describe
+from {{ cookiecutter.package_name }}.data.loading import Data, check_input
+from {{ cookiecutter.package_name }}.data.tokens import TokenData
+from {{ cookiecutter.package_name }}.engine.checkpoints import load_trained
+from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.models.gpt import GPT
+from {{ cookiecutter.package_name }}.parallel.sharding import OnMeta, check_layer_split, check_tensor_parallel, materialize
+from {{ cookiecutter.package_name }}.parallel.split import fsdp_units, tied_across_stages
+from {{ cookiecutter.package_name }}.runtime.metrics import perplexity
 
 # Tiny (CI has 2 cores): 2 heads so that tensor_parallel_size=2 divides them, 2 blocks for 2 pipeline stages.
 TINY = ["model=gpt", "data.vocab_size=32", "data.seq_len=16", "model.net.dim=32", "model.net.num_heads=2",
@@ -29,13 +30,6 @@ WEIGHT_TOLERANCE = 1e-4
 # One launch of each preset and mesh mode (test_presets.py runs the other launchers and schedules on the MLP).
 GPT_LAYOUTS = ["ddp", "ddp_spawn", "dp", "model_parallel-tp2", "model_parallel-dp2xtp2", "model_parallel-layers",
                "pipeline-1f1b-torchrun"]  # fmt: skip
-{%- if cookiecutter.engine == "lightning" %}
-LAST = "checkpoints/last.ckpt"
-SHARDED, MODEL = LAST, "state_dict.net."  # where pipeline and model_parallel's parts are, and the net's entries
-{%- else %}
-LAST = "checkpoints/last"
-SHARDED, MODEL = f"{LAST}/sharded", "model."  # where pipeline and model_parallel's parts are, and the net's entries
-{%- endif %}
 
 
 def small_gpt(**sizes) -> GPT:

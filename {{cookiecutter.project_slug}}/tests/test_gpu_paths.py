@@ -12,19 +12,19 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.testing._internal.distributed.fake_pg import FakeStore  # torch's one-process stand-in for N ranks
 
-from {{ cookiecutter.package_name }}.config import ConfigError
-from {{ cookiecutter.package_name }}.data import IGNORED, Data
-from {{ cookiecutter.package_name }}.memory import (
+from {{ cookiecutter.package_name }}.data.loading import IGNORED, Data
+from {{ cookiecutter.package_name }}.data.synthetic import data_settings
+from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
+from {{ cookiecutter.package_name }}.parallel.pipelining import Pipeline, PipelinedNet, TimedStage
+from {{ cookiecutter.package_name }}.parallel.sharding import OnMeta, is_on_meta, materialize, parallelize
+from {{ cookiecutter.package_name }}.runtime.memory import (
     allocator_env_names,
     configure_allocator,
     memory_metrics,
     process_memory_figures,
 )
-from {{ cookiecutter.package_name }}.model import ResidualMLP
-from {{ cookiecutter.package_name }}.pipelining import Pipeline, PipelinedNet, TimedStage
-from {{ cookiecutter.package_name }}.precision import has_native_bf16, resolve_precision, use_tensor_cores
-from {{ cookiecutter.package_name }}.sharding import OnMeta, is_on_meta, materialize, parallelize
-from {{ cookiecutter.package_name }}.synthetic import data_settings
+from {{ cookiecutter.package_name }}.runtime.precision import has_native_bf16, resolve_precision, use_tensor_cores
 
 
 def test_the_allocator_variable_is_the_one_the_installed_torch_reads():
@@ -185,7 +185,7 @@ def test_precision_auto_is_decided_without_initialising_cuda(monkeypatch):
 @pytest.mark.gpu(1)  # a CUDA GPU to leave uninitialised
 def test_precision_auto_on_a_gpu_leaves_cuda_uninitialised():
     code = (
-        "import torch; from {{ cookiecutter.package_name }}.precision import resolve_precision; "
+        "import torch; from {{ cookiecutter.package_name }}.runtime.precision import resolve_precision; "
         "print(resolve_precision('auto', 'auto'), torch.cuda.is_initialized())"
     )
     precision, initialised = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.split()

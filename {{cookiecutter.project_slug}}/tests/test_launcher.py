@@ -2,8 +2,8 @@
 
 import pytest
 
-from {{ cookiecutter.package_name }}.config import ConfigError
-from {{ cookiecutter.package_name }}.launcher import (
+from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.parallel.launcher import (
     check_run_id,
     detect_launcher,
     fit_layout_to_launcher,

@@ -5,11 +5,11 @@ import torch
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-from {{ cookiecutter.package_name }}.config import ConfigError
-from {{ cookiecutter.package_name }}.model import ResidualMLP
-from {{ cookiecutter.package_name }}.model_split import Split, find_split, layer_groups, pipeline_stage, register_split
-from {{ cookiecutter.package_name }}.pipelining import check_pipeline
-from {{ cookiecutter.package_name }}.sharding import check_layer_split, check_tensor_parallel
+from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
+from {{ cookiecutter.package_name }}.parallel.pipelining import check_pipeline
+from {{ cookiecutter.package_name }}.parallel.sharding import check_layer_split, check_tensor_parallel
+from {{ cookiecutter.package_name }}.parallel.split import Split, find_split, layer_groups, pipeline_stage, register_split
 
 
 class Attention(nn.Module):

@@ -9,17 +9,17 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from conftest import QUICK, TOLERANCE, K
+from engine_specific import OOM_RECOVERY, OOM_TOOLKIT, OPTIMIZATION_REFUSALS, optimizer_of
 from hydra import compose, initialize_config_dir
-from hydra.utils import instantiate
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
 
 from {{ cookiecutter.package_name }}.config import CONFIG_DIR, register_resolvers
-from {{ cookiecutter.package_name }}.model import ResidualMLP
-from {{ cookiecutter.package_name }}.model_split import find_split
-from {{ cookiecutter.package_name }}.optimization import grouped_optimizer
-from {{ cookiecutter.package_name }}.sharding import clip_grad_norm_, clip_grad_value_
+from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
+from {{ cookiecutter.package_name }}.parallel.sharding import clip_grad_norm_, clip_grad_value_
+from {{ cookiecutter.package_name }}.parallel.split import find_split
+from {{ cookiecutter.package_name }}.runtime.optimization import grouped_optimizer
 
 
 @pytest.mark.parametrize("norm", ["layer", "batch"])
@@ -41,13 +41,7 @@ def test_the_optimizer_is_fused_as_the_config_says():
     for overrides, fused in [([], True), (["model.optimizer.fused=null"], None)]:
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
             cfg = compose("train", overrides=overrides)
-{%- if cookiecutter.engine == "lightning" %}
-        module = instantiate(cfg.model, net=ResidualMLP(in_features=8, num_classes=3, hidden=16, depth=1))
-        optimizer = module.configure_optimizers()  # (no scheduler given: the optimizer alone)
-{%- else %}
-        net = ResidualMLP(in_features=8, num_classes=3, hidden=16, depth=1)
-        optimizer = grouped_optimizer(instantiate(cfg.model.optimizer), net.parameters(), True)
-{%- endif %}
+        optimizer = optimizer_of(cfg, ResidualMLP(in_features=8, num_classes=3, hidden=16, depth=1))
         assert [group["fused"] for group in optimizer.param_groups] == [fused, fused]
 
 
@@ -128,29 +122,14 @@ BAD_INPUT = [
         "data-parallel replicas, so a positive multiple of 6; nearest valid: 60 or 66",
     ),
     (
-{%- if cookiecutter.engine == "lightning" %}
-        ["strategy=ddp_spawn", "trainer.devices=2", "trainer.accelerator=cpu", "model.net.norm=batch", "callbacks=oom"],
-        "OOMRecovery cannot run with BatchNorm synchronised over the processes",
-{%- else %}
-        ["strategy=ddp_spawn", "trainer.devices=2", "trainer.accelerator=cpu", "model.net.norm=batch", "oom=toolkit"],
-        "oom.recovery cannot run with BatchNorm synchronised over the processes",
-{%- endif %}
+        ["strategy=ddp_spawn", "trainer.devices=2", "trainer.accelerator=cpu", "model.net.norm=batch", OOM_TOOLKIT],
+        "cannot run with BatchNorm synchronised over the processes",
     ),
     (  # one process, BatchNorm not synchronised: a split step would still normalise each micro-batch alone
-{%- if cookiecutter.engine == "lightning" %}
-        ["strategy=single", "trainer.accelerator=cpu", "model.net.norm=batch", "callbacks=oom"],
-        "callbacks.oom_recovery.policy=split cannot keep the optimisation with BatchNorm",
-{%- else %}
-        ["strategy=single", "trainer.accelerator=cpu", "model.net.norm=batch", "oom=toolkit"],
-        "oom.recovery.policy=split cannot keep the optimisation with BatchNorm",
-{%- endif %}
+        ["strategy=single", "trainer.accelerator=cpu", "model.net.norm=batch", OOM_TOOLKIT],
+        f"{OOM_RECOVERY}.policy=split cannot keep the optimisation with BatchNorm",
     ),
-{%- if cookiecutter.engine == "lightning" %}
-    (  # shared code (tests/test_model_split.py checks it for both engines), reached here from the command line
-        ["strategy=pipeline", "trainer.devices=2", "trainer.accelerator=cpu", "model.net.norm=batch"],
-        "strategy=pipeline computes BatchNorm statistics per micro-batch",
-    ),
-{%- endif %}
+    *OPTIMIZATION_REFUSALS,
 ]
 CASE_NAMES = [
     "indivisible-accumulation",

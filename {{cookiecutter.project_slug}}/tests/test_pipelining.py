@@ -2,8 +2,8 @@
 
 import pytest
 
-from {{ cookiecutter.package_name }}.model import ResidualMLP
-from {{ cookiecutter.package_name }}.pipelining import PipelinedNet, bubble_fraction, single_device_name
+from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
+from {{ cookiecutter.package_name }}.parallel.pipelining import PipelinedNet, bubble_fraction, single_device_name
 
 
 @pytest.mark.parametrize("stages, microbatches, expected", [(2, 4, 0.2), (2, 8, 1 / 9), (4, 4, 3 / 7)])

@@ -4,8 +4,8 @@ the first start's ckpt_path= or resume=false, and checkpoints are resumed only b
 import pytest
 from omegaconf import OmegaConf
 
-from {{ cookiecutter.package_name }}.config import ConfigError
-from {{ cookiecutter.package_name }}.resuming import starting_point
+from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.runtime.resuming import starting_point
 
 RESTARTS = ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
 

@@ -14,26 +14,25 @@ import optuna
 import pytest
 import yaml
 from conftest import PACKAGE
+from engine_specific import DDP, QUIET, SEARCH_REFUSALS, SWEEP_COMMAND
 from omegaconf import OmegaConf
 from optuna.trial import TrialState
 from wandb_records import offline_runs
 
-from {{ cookiecutter.package_name }}.config import ConfigError
+from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.search.__main__ import main as search_main
 from {{ cookiecutter.package_name }}.search.__main__ import make_pruner, requeue_interrupted
-from {{ cookiecutter.package_name }}.search.epoch_metrics import append_epoch_metrics
 from {{ cookiecutter.package_name }}.search.settings import Settings
 from {{ cookiecutter.package_name }}.search.slurm import gpus_per_trial
 from {{ cookiecutter.package_name }}.search.trials import run_trial
+from {{ cookiecutter.package_name }}.tracking.epoch_metrics import append_epoch_metrics
 
 PROJECT = Path(__file__).resolve().parents[1]  # searches run from the project root, as the README says
 TINY = [
     "data.train_size=512",
     "trainer.max_epochs=2",
     "trainer.accelerator=cpu",
-{%- if cookiecutter.engine == "lightning" %}
-    "trainer.enable_progress_bar=false",
-{%- endif %}
+    *QUIET,
     "test_after_fit=false",
 ]
 # Around the default lr (1e-3): on TINY trainings, 1.5e-3..2.5e-3 does better (measured: val/loss 0.98 at 2e-3,
@@ -171,11 +170,7 @@ def test_a_killed_search_continues_to_the_total_without_repeating_finished_trial
 
 @pytest.mark.slow
 def test_ddp_trials_with_two_processes_and_a_huge_lr_pruned(search):
-{%- if cookiecutter.engine == "lightning" %}
-    ddp = ["strategy=ddp", "trainer.devices=2"]  # Lightning starts the second process itself
-{%- else %}
-    ddp = ["strategy=ddp", "trainer.devices=2"]  # the search starts trials with accelerate launch --num_processes 2
-{%- endif %}
+    ddp = DDP
     space = {"model.optimizer.lr": {"type": "float", "low": 30.0, "high": 100.0, "log": True}}
     settings = ["search.pruner=median", "search.n_trials=2", "search.baseline=true", "search.startup_trials=1"]
     result = search(*settings, "search.sampler=random", *ddp, *TINY, "trainer.max_epochs=8", space=space, study="ddp")
@@ -370,9 +365,7 @@ REFUSED_BATCH = "the training refuses the first trial's config: data.batch_size=
         ("model.optimizer.lr: {type: float, low: 1.0e-4\n", [], "is not valid YAML, line 2 column 1: expected ','"),
         # the training's own checks, on the first trial's config: 64 samples do not split over 3 processes
         (None, ["strategy=ddp", "trainer.devices=3", "trainer.accelerator=cpu", "data.batch_size=64"], REFUSED_BATCH),
-{%- if cookiecutter.engine == "accelerate" %}
-        (None, ["strategy=ddp", "trainer.accelerator=cpu"], "config: strategy=ddp needs 2+ processes but this is 1"),
-{%- endif %}
+        *SEARCH_REFUSALS,
     ],
 )
 def test_bad_input_is_refused_before_the_first_trial(search_command, tmp_path, space, args, message):
@@ -394,12 +387,7 @@ def test_export_wandb_sweep(search_command, tmp_path):
     assert sweep["parameters"]["model.optimizer.lr"] == {"distribution": "log_uniform_values", "min": 1e-4, "max": 0.1}
     assert sweep["parameters"]["model.net.hidden"] == {"values": [64, 128, 256]}
     assert sweep["early_terminate"]["type"] == "hyperband"
-{%- if cookiecutter.engine == "lightning" %}
-    launcher = ["${env}", "${interpreter}", "-m", f"{PACKAGE}.train"]
-{%- else %}
-    launcher = ["${env}", "accelerate", "launch", "--config_file", "launch/multi_process.yaml", "--num_processes", "2"]
-    launcher += ["-m", f"{PACKAGE}.train"]
-{%- endif %}
+    launcher = [*SWEEP_COMMAND, f"{PACKAGE}.train"]
     assert sweep["command"] == [*launcher, "experiment=s", "strategy=ddp", "trainer.devices=2", "${args_no_hyphens}"]
 
 

@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 import torch
 from conftest import PACKAGE, refuse_all
+from engine_specific import QUIET, STREAMING_REFUSALS
 from layouts import command, layout
 
-from {{ cookiecutter.package_name }}.config import ConfigError
-from {{ cookiecutter.package_name }}.data import Data
+from {{ cookiecutter.package_name }}.data.loading import Data
+from {{ cookiecutter.package_name }}.errors import ConfigError
 
 pytest.importorskip("litdata", reason="data=streaming needs litdata: pip install -e '.[streaming]'")
-from {{ cookiecutter.package_name }}.streaming import StreamedSplit  # noqa: E402
+from {{ cookiecutter.package_name }}.data.streaming import StreamedSplit  # noqa: E402
 
 TRAIN_SIZE, BATCH = 320, 32  # 10 steps per epoch
 
@@ -31,7 +32,7 @@ def streamed(tmp_path_factory, train_env) -> Path:
     for split, size in (("train", TRAIN_SIZE), ("val", 70), ("test", 40)):
         x = rng.normal(size=(size, 3, 4)).astype(np.float32)
         np.savez(files / f"{split}.npz", x=x, y=(x.reshape(size, -1) @ teacher).argmax(axis=1))
-    command = [sys.executable, "-m", f"{PACKAGE}.streaming", str(files), str(out), "--chunk-bytes", "2KB"]
+    command = [sys.executable, "-m", f"{PACKAGE}.data.streaming", str(files), str(out), "--chunk-bytes", "2KB"]
     done = subprocess.run(command, env=train_env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     shapes = json.loads((out / "shapes.json").read_text())
@@ -83,9 +84,7 @@ def test_validation_reads_every_sample_once_over_the_replicas(streamed):
 TRAIN = [
     "trainer.max_epochs=2",
     "trainer.log_every_n_steps=1",
-{%- if cookiecutter.engine == "lightning" %}
-    "trainer.enable_progress_bar=false",
-{%- endif %}
+    *QUIET,
     "trainer.accelerator=cpu",
     "test_after_fit=false",
     "data=streaming",
@@ -130,12 +129,7 @@ BAD_INPUT = [
         ["data=streaming", "data.dir=s3://bucket/data"],
         "is not read from s3://bucket/data: give data.num_features, data.num_classes and data.splits",
     ),
-{%- if cookiecutter.engine == "lightning" %}
-    (
-        ["data=streaming", "data.dir=SHAPES", "strategy=pipeline", "trainer.devices=2", "trainer.accelerator=cpu"],
-        "data=streaming gives each process its own part of the stream",
-    ),
-{%- endif %}
+    *STREAMING_REFUSALS,
 ]
 
 

@@ -4,8 +4,8 @@ import subprocess
 import sys
 import time
 
-from {{ cookiecutter.package_name }}.launcher import default_run_id
-from {{ cookiecutter.package_name }}.tracking import keep_wandb_run_id, wandb_mode, wandb_run_id
+from {{ cookiecutter.package_name }}.parallel.launcher import default_run_id
+from {{ cookiecutter.package_name }}.tracking.wandb_run import keep_wandb_run_id, wandb_mode, wandb_run_id
 
 LAUNCHER_VARS = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "TORCHELASTIC_RUN_ID", "LOCAL_WORLD_SIZE")
 
@@ -32,7 +32,7 @@ def test_processes_of_one_accelerate_launch_share_a_run_folder(monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    stamp = "from {{ cookiecutter.package_name }}.launcher import default_run_id; print(default_run_id())"
+    stamp = "from {{ cookiecutter.package_name }}.parallel.launcher import default_run_id; print(default_run_id())"
     first = subprocess.run([sys.executable, "-c", stamp], capture_output=True, text=True, check=True).stdout
     time.sleep(1.1)
     second = subprocess.run([sys.executable, "-c", stamp], capture_output=True, text=True, check=True).stdout

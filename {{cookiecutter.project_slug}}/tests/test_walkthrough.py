@@ -16,8 +16,8 @@ from hydra.utils import instantiate
 from wandb_records import offline_runs
 
 from {{ cookiecutter.package_name }}.config import CONFIG_DIR
-from {{ cookiecutter.package_name }}.model_split import find_split, pipeline_stage
-from {{ cookiecutter.package_name }}.sharding import check_tensor_parallel
+from {{ cookiecutter.package_name }}.parallel.sharding import check_tensor_parallel
+from {{ cookiecutter.package_name }}.parallel.split import find_split, pipeline_stage
 
 README = Path(__file__).parents[1] / "README.md"
 

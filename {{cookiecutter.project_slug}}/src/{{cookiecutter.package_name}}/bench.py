@@ -32,13 +32,14 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from .commands import train_command
-from .config import ConfigError, fail, register_resolvers, run_cli
-from .estimate import count_parameters, example_input, tokens_per_sample
-from .pipelining import bubble_fraction
-from .precision import resolve_precision
-from .steptimes import ENV, STEPS_ENV
-from .tracking import finish_wandb, wandb_mode
+from .config import register_resolvers, run_cli
+from .engine.launching import train_command
+from .errors import ConfigError, fail
+from .parallel.pipelining import bubble_fraction
+from .runtime.precision import resolve_precision
+from .tools.estimate import count_parameters, example_input, tokens_per_sample
+from .tools.steptimes import ENV, STEPS_ENV
+from .tracking.wandb_run import finish_wandb, wandb_mode
 
 register_resolvers()
 
@@ -115,7 +116,7 @@ def run_point(
     ]
     if "train_size" in cfg.data:  # all steps in one epoch: no validation pause among the timed steps
         settings.append(f"data.train_size={batch * (steps + 1)}")
-    command = train_command(preset, n, 1, settings, module="steptimes")
+    command = train_command(preset, n, 1, settings, module="tools.steptimes")
     if command[:2] == ["accelerate", "launch"]:  # this interpreter's, whatever is on PATH
         command = [sys.executable, "-m", "accelerate.commands.launch", *command[2:]]
     else:

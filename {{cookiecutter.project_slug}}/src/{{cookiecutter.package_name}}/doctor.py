@@ -24,10 +24,13 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from . import hardware
-from .commands import train_command
-from .config import CONFIG_DIR, UNRESOLVED, ConfigError, fail, register_resolvers, run_cli, unresolved
-from .estimate import (
+from .config import CONFIG_DIR, register_resolvers, run_cli
+from .engine.launching import train_command
+from .errors import UNRESOLVED, ConfigError, fail, unresolved
+from .parallel.split import split_blocks
+from .runtime import hardware
+from .runtime.precision import resolve_precision, use_tensor_cores
+from .tools.estimate import (
     DP_DEVICE_0,
     USABLE,
     ModelFacts,
@@ -38,8 +41,6 @@ from .estimate import (
     mesh,
     model_facts,
 )
-from .model_split import split_blocks
-from .precision import resolve_precision, use_tensor_cores
 
 register_resolvers()
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from simulated_oom import OOMInBackward, simulated_oom
 
-from {{ cookiecutter.package_name }}.model import ResidualMLP
+from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
 
 WANDB_FLUSH_SECONDS = 2
 

@@ -10,7 +10,7 @@ from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 from torch import nn
 
-from {{ cookiecutter.package_name }}.strategies.dp import AutocastReplica, DataParallel
+from {{ cookiecutter.package_name }}.engine.strategies.dp import AutocastReplica, DataParallel
 
 
 class DtypeRecorder(nn.Module):

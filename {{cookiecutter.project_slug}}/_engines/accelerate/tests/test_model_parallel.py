@@ -11,8 +11,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.testing._internal.distributed.fake_pg import FakeStore  # torch's one-process stand-in for N ranks
 
-from {{ cookiecutter.package_name }}.model import ResidualMLP
-from {{ cookiecutter.package_name }}.strategies.model_parallel import ModelParallel
+from {{ cookiecutter.package_name }}.engine.strategies.model_parallel import ModelParallel
+from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
 
 
 @pytest.fixture

@@ -13,10 +13,10 @@ from restarts import losses_by_step, run_in
 from simulated_oom import simulated_oom
 from test_optimization import expected_cosine
 
-from {{ cookiecutter.package_name }}.data import Data
-from {{ cookiecutter.package_name }}.oom import OOMRecovery, OutOfMemoryStop, find_batch_size
-from {{ cookiecutter.package_name }}.strategies import Strategy
-from {{ cookiecutter.package_name }}.synthetic import data_settings
+from {{ cookiecutter.package_name }}.data.loading import Data
+from {{ cookiecutter.package_name }}.data.synthetic import data_settings
+from {{ cookiecutter.package_name }}.engine.oom import OOMRecovery, OutOfMemoryStop, find_batch_size
+from {{ cookiecutter.package_name }}.engine.strategies import Strategy
 
 OOM = [*QUICK, "trainer.accelerator=cpu", "oom=toolkit", "model.net._target_=nets.OOMNet", "data.batch_size=128"]
 FINDER = [*OOM, "oom.find_batch_size=true"]

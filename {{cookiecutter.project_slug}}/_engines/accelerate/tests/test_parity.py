@@ -13,7 +13,7 @@ from launchers import accelerate_launch, torchrun_elastic
 from layouts import command, layout
 from restarts import losses_by_step
 
-from {{ cookiecutter.package_name }}.checkpoints import load_trained
+from {{ cookiecutter.package_name }}.engine.checkpoints import load_trained
 
 pytestmark = pytest.mark.slow
 

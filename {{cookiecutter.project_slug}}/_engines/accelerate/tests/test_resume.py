@@ -6,7 +6,7 @@ from conftest import Run, make_runner
 from restarts import RESTARTABLE, STEPS, losses_by_step, run_in
 from wandb_records import offline_runs, sync_dry_run
 
-from {{ cookiecutter.package_name }}.checkpoints import load_trained
+from {{ cookiecutter.package_name }}.engine.checkpoints import load_trained
 
 pytestmark = pytest.mark.slow
 

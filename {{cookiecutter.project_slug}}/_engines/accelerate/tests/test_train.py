@@ -9,12 +9,12 @@ from accelerate import Accelerator
 from conftest import QUICK
 from launchers import accelerate_launch
 
-from {{ cookiecutter.package_name }}.checkpoints import load_trained
-from {{ cookiecutter.package_name }}.data import Data
-from {{ cookiecutter.package_name }}.gpt import GPT
-from {{ cookiecutter.package_name }}.synthetic import SyntheticData
-from {{ cookiecutter.package_name }}.tokens import TokenData
-from {{ cookiecutter.package_name }}.train import evaluate
+from {{ cookiecutter.package_name }}.data.loading import Data
+from {{ cookiecutter.package_name }}.data.synthetic import SyntheticData
+from {{ cookiecutter.package_name }}.data.tokens import TokenData
+from {{ cookiecutter.package_name }}.engine.checkpoints import load_trained
+from {{ cookiecutter.package_name }}.engine.training import evaluate
+from {{ cookiecutter.package_name }}.models.gpt import GPT
 
 
 def test_evaluation_of_a_language_model_is_the_mean_loss_per_token():

@@ -7,7 +7,7 @@ on their PYTHONPATH.
 import torch
 from simulated_oom import OOMInBackward, simulated_oom
 
-from {{ cookiecutter.package_name }}.module import Classifier
+from {{ cookiecutter.package_name }}.engine.module import Classifier
 
 
 class OOMClassifier(Classifier):

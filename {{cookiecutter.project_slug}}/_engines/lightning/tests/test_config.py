@@ -10,7 +10,7 @@ from hydra.utils import instantiate
 from omegaconf import open_dict
 
 from {{ cookiecutter.package_name }}.config import CONFIG_DIR, register_resolvers
-from {{ cookiecutter.package_name }}.precision import resolve_precision
+from {{ cookiecutter.package_name }}.runtime.precision import resolve_precision
 
 MODEL_PARALLEL = ["strategy=model_parallel", "trainer.accelerator=cpu"]
 PRESETS = sorted(path.stem for path in (CONFIG_DIR / "strategy").glob("*.yaml"))

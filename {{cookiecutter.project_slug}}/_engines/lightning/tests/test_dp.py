@@ -12,19 +12,19 @@ from conftest import QUICK
 from lightning.fabric.utilities.apply_func import apply_to_collection
 from torch import Tensor, nn
 
-from {{ cookiecutter.package_name }}.config import ConfigError
-from {{ cookiecutter.package_name }}.datamodule import DataModule
-from {{ cookiecutter.package_name }}.model import ResidualMLP
-from {{ cookiecutter.package_name }}.module import Classifier
-from {{ cookiecutter.package_name }}.strategies import data_parallel_size
-from {{ cookiecutter.package_name }}.strategies.dp import (
+from {{ cookiecutter.package_name }}.data.synthetic import data_settings
+from {{ cookiecutter.package_name }}.engine.datamodule import DataModule
+from {{ cookiecutter.package_name }}.engine.module import Classifier
+from {{ cookiecutter.package_name }}.engine.strategies import data_parallel_size
+from {{ cookiecutter.package_name }}.engine.strategies.dp import (
     DataParallelStrategy,
     PerReplica,
     ReplicaLogs,
     ReplicaSteps,
     reduce_gathered,
 )
-from {{ cookiecutter.package_name }}.synthetic import data_settings
+from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
 
 pytestmark = pytest.mark.filterwarnings("ignore:strategy=dp replicates")
 

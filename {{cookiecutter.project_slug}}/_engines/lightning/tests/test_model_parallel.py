@@ -9,12 +9,12 @@ import torch.nn.functional as F
 from conftest import PARITY, QUICK, make_runner
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from {{ cookiecutter.package_name }}.checkpoints import load_trained
-from {{ cookiecutter.package_name }}.model import ResidualMLP
-from {{ cookiecutter.package_name }}.model_split import layer_groups
-from {{ cookiecutter.package_name }}.module import Classifier
-from {{ cookiecutter.package_name }}.strategies.model_parallel import LayerSplitStrategy
-from {{ cookiecutter.package_name }}.synthetic import SyntheticData
+from {{ cookiecutter.package_name }}.data.synthetic import SyntheticData
+from {{ cookiecutter.package_name }}.engine.checkpoints import load_trained
+from {{ cookiecutter.package_name }}.engine.module import Classifier
+from {{ cookiecutter.package_name }}.engine.strategies.model_parallel import LayerSplitStrategy
+from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
+from {{ cookiecutter.package_name }}.parallel.split import layer_groups
 
 TOLERANCE = 1e-5
 # One epoch of 4 steps, then validation, then the checkpoint (so best = last = the validated weights).

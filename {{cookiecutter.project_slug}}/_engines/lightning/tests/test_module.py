@@ -6,11 +6,11 @@ import pytest
 import torch
 from lightning.pytorch.loggers import Logger
 
-from {{ cookiecutter.package_name }}.callbacks.item_logger import ItemMetricLogger
-from {{ cookiecutter.package_name }}.datamodule import DataModule
-from {{ cookiecutter.package_name }}.model import ResidualMLP
-from {{ cookiecutter.package_name }}.module import Classifier
-from {{ cookiecutter.package_name }}.synthetic import data_settings
+from {{ cookiecutter.package_name }}.data.synthetic import data_settings
+from {{ cookiecutter.package_name }}.engine.callbacks.item_logger import ItemMetricLogger
+from {{ cookiecutter.package_name }}.engine.datamodule import DataModule
+from {{ cookiecutter.package_name }}.engine.module import Classifier
+from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
 
 
 class Recorder(Logger):

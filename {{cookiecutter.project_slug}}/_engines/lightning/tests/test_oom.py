@@ -18,16 +18,16 @@ from simulated_oom import simulated_oom
 from test_config import compose_config
 from test_optimization import expected_cosine
 
-from {{ cookiecutter.package_name }}.callbacks.batch_size_finder import BatchSizeFinder
-from {{ cookiecutter.package_name }}.callbacks.item_logger import ItemMetricLogger
-from {{ cookiecutter.package_name }}.callbacks.oom_recovery import OOMRecovery, OutOfMemoryStop
-from {{ cookiecutter.package_name }}.checkpoints import ResumeCheckpoint
-from {{ cookiecutter.package_name }}.datamodule import DataModule
-from {{ cookiecutter.package_name }}.memory import is_oom_error, rss_mb, search
-from {{ cookiecutter.package_name }}.model import ResidualMLP
-from {{ cookiecutter.package_name }}.module import Classifier
-from {{ cookiecutter.package_name }}.optimization import cosine
-from {{ cookiecutter.package_name }}.synthetic import data_settings
+from {{ cookiecutter.package_name }}.data.synthetic import data_settings
+from {{ cookiecutter.package_name }}.engine.callbacks.batch_size_finder import BatchSizeFinder
+from {{ cookiecutter.package_name }}.engine.callbacks.item_logger import ItemMetricLogger
+from {{ cookiecutter.package_name }}.engine.callbacks.oom_recovery import OOMRecovery, OutOfMemoryStop
+from {{ cookiecutter.package_name }}.engine.checkpoints import ResumeCheckpoint
+from {{ cookiecutter.package_name }}.engine.datamodule import DataModule
+from {{ cookiecutter.package_name }}.engine.module import Classifier
+from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
+from {{ cookiecutter.package_name }}.runtime.memory import is_oom_error, rss_mb, search
+from {{ cookiecutter.package_name }}.runtime.optimization import cosine
 
 STEPS = 6
 BASE = [

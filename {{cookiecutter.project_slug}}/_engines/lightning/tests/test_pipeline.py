@@ -14,14 +14,15 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
-from {{ cookiecutter.package_name }}.checkpoints import load_trained
-from {{ cookiecutter.package_name }}.config import CONFIG_DIR, ConfigError
-from {{ cookiecutter.package_name }}.model import ResidualMLP
-from {{ cookiecutter.package_name }}.model_split import pipeline_stage, split_blocks
-from {{ cookiecutter.package_name }}.module import Classifier
-from {{ cookiecutter.package_name }}.strategies import check_layout
-from {{ cookiecutter.package_name }}.strategies.pipeline import PipelineStrategy
-from {{ cookiecutter.package_name }}.synthetic import SyntheticData
+from {{ cookiecutter.package_name }}.config import CONFIG_DIR
+from {{ cookiecutter.package_name }}.data.synthetic import SyntheticData
+from {{ cookiecutter.package_name }}.engine.checkpoints import load_trained
+from {{ cookiecutter.package_name }}.engine.module import Classifier
+from {{ cookiecutter.package_name }}.engine.strategies import check_layout
+from {{ cookiecutter.package_name }}.engine.strategies.pipeline import PipelineStrategy
+from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
+from {{ cookiecutter.package_name }}.parallel.split import pipeline_stage, split_blocks
 
 
 @pytest.mark.parametrize(

@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 from conftest import QUICK
 
-from {{ cookiecutter.package_name }}.checkpoints import load_trained
-from {{ cookiecutter.package_name }}.synthetic import SyntheticData
+from {{ cookiecutter.package_name }}.data.synthetic import SyntheticData
+from {{ cookiecutter.package_name }}.engine.checkpoints import load_trained
 
 pytestmark = pytest.mark.slow
 

@@ -28,7 +28,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from optuna.trial import TrialState
 
-from ..config import CONFIG_DIR, ConfigError, check_group_choices, fail, register_resolvers
+from ..config import CONFIG_DIR, check_group_choices, register_resolvers
+from ..engine.launching import processes_per_trial, slurm_tasks, trial_command
+from ..errors import ConfigError, fail
+from ..parallel.launcher import free_port
 from .report import summarize
 from .settings import Settings, parse_command_line
 from .slurm import SlurmTrial, gpus_per_trial, slurm_executor
@@ -40,13 +43,9 @@ from .trials import (
     TrialFailed,
     TrialProcess,
     check_training,
-    free_port,
     local_devices,
-    processes_per_trial,
     run_trial,
-    slurm_tasks,
     stop_all,
-    train_command,
 )
 from .wandb_sweep import write_wandb_sweep
 
@@ -61,8 +60,8 @@ def main() -> None:
         params = load_space(space_path(settings.space), cfg, groups)
         first_trial = check_trial_config(params, overrides)
         grid = grid_space(params) if settings.sampler == "grid" else None
-        preset, processes = groups["strategy"], processes_per_trial(cfg, groups["strategy"]) or 1
-        train_command(preset, processes)  # refuses a launched preset without its launcher config
+        preset, processes = groups["strategy"], processes_per_trial(cfg.trainer.devices, groups["strategy"]) or 1
+        trial_command(preset, processes)  # refuses a launched preset without its launcher config
         if sweep_file:
             write_wandb_sweep(Path(sweep_file), settings, params, overrides, preset, processes)
             print(f"wandb sweep written to {sweep_file}; run it: wandb sweep {sweep_file}, then wandb agent <id>")
@@ -93,8 +92,8 @@ def main() -> None:
         if cfg.logger:
             trial_overrides.append(f"++logger.name={hydra_value(f'{study.study_name}-trial-{trial.number}')}")
         with slots.take() as devices:
-            command = [*train_command(preset, processes), *trial_overrides]
-            env = {**devices, "MASTER_PORT": free_port()}
+            command = [*trial_command(preset, processes), *trial_overrides]
+            env = {**devices, "MASTER_PORT": str(free_port())}
             try:
                 return run_trial(trial, start, command, env, run_dir, settings.metric)
             except TrialFailed as err:
@@ -150,7 +149,7 @@ def check_trial_config(params: list[Param], overrides: list[str]) -> DictConfig:
 
 def trial_starter(settings: Settings, cfg: DictConfig, preset: str) -> tuple[DeviceSlots, StartTrial]:
     """Where trials run: as local processes on their own devices, or as SLURM jobs (SLURM picks the devices)."""
-    processes = processes_per_trial(cfg, preset)
+    processes = processes_per_trial(cfg.trainer.devices, preset)
     if settings.backend == "slurm":
         gpus = gpus_per_trial(settings, cfg.trainer.accelerator, processes)
         executor = slurm_executor(settings, tasks=slurm_tasks(preset, processes or 1), gpus=gpus)

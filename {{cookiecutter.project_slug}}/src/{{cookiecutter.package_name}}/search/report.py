@@ -19,10 +19,10 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 from optuna.visualization.matplotlib import plot_parallel_coordinate  # noqa: E402
 
 from ..config import CONFIG_DIR  # noqa: E402
-from ..tracking import wandb_mode  # noqa: E402
+from ..engine.launching import typed_command  # noqa: E402
+from ..tracking.wandb_run import wandb_mode  # noqa: E402
 from .settings import Settings  # noqa: E402
 from .space import Param  # noqa: E402
-from .trials import typed_command  # noqa: E402
 
 
 def summarize(

@@ -8,7 +8,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ..config import ConfigError
+from ..errors import ConfigError
 
 SAMPLERS = ("grid", "random", "tpe")
 PRUNERS = ("none", "median", "hyperband")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import submitit
 
-from ..config import ConfigError
+from ..errors import ConfigError
 from .settings import Settings
 from .trials import POLL_SECONDS, STOP_GRACE_SECONDS
 

@@ -18,7 +18,8 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ..config import CONFIG_DIR, ConfigError
+from ..config import CONFIG_DIR
+from ..errors import ConfigError
 
 SPACES_DIR = CONFIG_DIR / "search"
 FIELDS = {

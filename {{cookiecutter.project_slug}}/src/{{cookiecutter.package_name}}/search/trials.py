@@ -2,16 +2,11 @@
 started, on the devices it was given, reporting each epoch's validation metric to Optuna and stopped when the
 pruner says so."""
 
-{% if cookiecutter.engine == "lightning" -%}
-import logging
-{% endif -%}
 import os
 import queue
 import re
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator
@@ -22,17 +17,11 @@ from typing import Protocol
 import optuna
 from omegaconf import DictConfig
 
-from ..config import UNRESOLVED, ConfigError, unresolved
-from .epoch_metrics import read_epoch_metrics
+from ..errors import UNRESOLVED, ConfigError, unresolved
+from ..tracking.epoch_metrics import read_epoch_metrics
 
-TRAIN = "{{ cookiecutter.package_name }}.train"
 POLL_SECONDS = 0.2  # how often a running trial's metrics file is read
 STOP_GRACE_SECONDS = 60  # how long a stopped trial may take to close its wandb run before it is killed
-{%- if cookiecutter.engine == "accelerate" %}
-# The presets that run one process per device, started by `accelerate launch` (their config's header says so).
-LAUNCHED_PRESETS = ("ddp", "model_parallel", "pipeline")
-LAUNCH_CONFIG = Path("launch/multi_process.yaml")
-{%- endif %}
 
 
 class TrialFailed(RuntimeError):
@@ -44,27 +33,13 @@ class MetricMissing(ConfigError):
     """The training does not report search.metric: every trial would fail the same way, so the search stops."""
 
 
-def train_command(preset: str, processes: int) -> list[str]:
-    """The command line that starts one training of `preset` over `processes` processes."""
-{%- if cookiecutter.engine == "accelerate" %}
-    if preset in LAUNCHED_PRESETS:
-        if not LAUNCH_CONFIG.is_file():
-            raise ConfigError(f"strategy={preset} trials are started with {LAUNCH_CONFIG}: run from the project root")
-        launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(LAUNCH_CONFIG)]
-        return [*launch, "--num_processes", str(processes), "--main_process_port", free_port(), "-m", TRAIN]
-    return [sys.executable, "-m", TRAIN]
-{%- else %}
-    return [sys.executable, "-m", TRAIN]  # Lightning starts the other processes of any preset itself
-{%- endif %}
-
-
 def check_training(cfg: DictConfig, preset: str, processes: int, env: dict[str, str]) -> None:
     """Run the training's own checks on the first trial's config (composed with its Hydra config) as its trial
     will start, with the environment `env` gives it: a config that the training refuses is refused before the
     first trial, not once per trial. Raises ConfigError."""
     from hydra.core.hydra_config import HydraConfig
 
-    from .. import train  # torch and the engine: only now, since they take seconds to import
+    from ..engine.launching import check_trial  # torch and the engine: only now, they take seconds to import
 
     HydraConfig.instance().set_config(cfg)  # the training reads its preset and command line from there
     saved = dict(os.environ)
@@ -72,79 +47,16 @@ def check_training(cfg: DictConfig, preset: str, processes: int, env: dict[str, 
     try:
         with warnings.catch_warnings():  # about a training that is not run (each trial's log has its own)
             warnings.simplefilter("ignore")
-{%- if cookiecutter.engine == "lightning" %}
-            with quiet_lightning():
-                train.prepare(cfg, with_logger=False)
-{%- else %}
-            train.check_config(cfg, launched=processes if preset in LAUNCHED_PRESETS else 1)
-{%- endif %}
+            check_trial(cfg, preset, processes)
     except UNRESOLVED as err:  # a resolver's ConfigError (e.g. data=files checking its files), or a ??? left unset
         raise ConfigError(f"the training refuses the first trial's config: {unresolved(err)}") from None
     except ConfigError as err:
-{%- if cookiecutter.engine == "accelerate" %}
-        if preset in LAUNCHED_PRESETS:  # the training's advice is about launching it; the search launches it
-            err = f"{err}. The search starts each trial's processes itself, trainer.devices={processes} of them"
-{%- endif %}
         raise ConfigError(f"the training refuses the first trial's config: {err}") from None
     except Exception:  # a crash (a bug, or this sample's values only) is left to the trials, which log it
         pass
     finally:
         os.environ.clear()
         os.environ.update(saved)
-{%- if cookiecutter.engine == "lightning" %}
-
-
-@contextmanager
-def quiet_lightning() -> Iterator[None]:
-    """Without the lines Lightning logs when it builds a trainer (seed, GPU available, ...): in the search's
-    output they would describe no training."""
-    loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.WARNING)
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
-{%- endif %}
-
-
-def typed_command(preset: str, processes: int) -> list[str]:
-    """The same command as a user types it (for best.yaml's header and the wandb sweep)."""
-{%- if cookiecutter.engine == "accelerate" %}
-    if preset in LAUNCHED_PRESETS:
-        launch = ["accelerate", "launch", "--config_file", str(LAUNCH_CONFIG), "--num_processes", str(processes)]
-        return [*launch, "-m", TRAIN]
-{%- endif %}
-    return ["python", "-m", TRAIN]
-
-
-def slurm_tasks(preset: str, processes: int) -> int:
-    """SLURM tasks of a trial's job: {% if cookiecutter.engine == "lightning" %}Lightning under SLURM runs one task per process of a multi-process
-    preset (as `srun python -m ...` does) and starts none itself{% else %}one, which starts the processes (accelerate launch){% endif %}."""
-{%- if cookiecutter.engine == "lightning" %}
-    return processes if preset in ("ddp", "model_parallel", "pipeline") else 1
-{%- else %}
-    return 1
-{%- endif %}
-
-
-def processes_per_trial(cfg: DictConfig, preset: str) -> int | None:
-    """Devices (one process each) a trial of this config uses; None for "all it is given" (devices=auto)."""
-    devices = cfg.trainer.devices
-{%- if cookiecutter.engine == "accelerate" %}
-    if preset == "single":
-        return 1
-{%- endif %}
-    return devices if isinstance(devices, int) and devices > 0 else None
-
-
-def free_port() -> str:
-    """A free TCP port for a trial's rendezvous, so that concurrent multi-process trials do not collide."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return str(sock.getsockname()[1])
 
 
 def local_devices(n_jobs: int, per_trial: int | None, cpu: bool) -> list[dict[str, str]]:

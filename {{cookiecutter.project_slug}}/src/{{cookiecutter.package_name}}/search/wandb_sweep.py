@@ -7,9 +7,9 @@ from typing import Any
 import optuna
 import yaml
 
+from ..engine.launching import typed_command
 from .settings import Settings
 from .space import Param
-from .trials import typed_command
 
 METHODS = {"grid": "grid", "random": "random", "tpe": "bayes"}  # wandb's Bayesian search stands in for TPE
 

@@ -1,0 +1,1 @@
+"""The Accelerate engine: the training loop, checkpoints, the OOM toolkit, logger and strategies."""

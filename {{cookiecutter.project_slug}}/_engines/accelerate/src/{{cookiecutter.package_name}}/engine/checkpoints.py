@@ -1,0 +1,127 @@
+"""A run's checkpoints (`<run dir>/checkpoints/`), written so that a kill never leaves a broken one behind, and
+loading a trained net from one without Accelerate, for evaluation.
+
+Each checkpoint is an `Accelerator.save_state` folder, `step-<global step>/`: the net, the optimizer, the
+gradient scaler, every process's random number generator states (`random_states_<process>.pkl`) and the
+loop's registered objects (its progress first); the net and optimizer of model_parallel (sharded) and pipeline (cut
+into stages) are in its `sharded/` (torch.distributed.checkpoint, each process its own part). `last` and `best`
+are symbolic links to such folders.
+Accelerate writes a folder file by file, so a kill in the middle leaves half a folder: here every process
+writes into a hidden `.step-<N>.partial/`, and only once all have finished does the main process rename it into
+place and move the links (renames, which a kill cannot leave half done). A half-written folder is never
+pointed at, and the next save removes it. With several machines, the run folder must be on a filesystem they
+share (as a cluster's home or project space is).
+"""
+
+import os
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from accelerate import Accelerator
+from hydra.utils import instantiate
+from safetensors.torch import load_model
+from torch import nn
+
+from ..runtime.resuming import load_saved_config
+
+
+class Checkpoints:
+    """`<run dir>/checkpoints/`: complete `step-<N>/` folders, `last` and `best` pointing at them.
+
+    Only the folders that `last` and `best` point at are kept: each save removes the ones they left.
+    """
+
+    def __init__(self, accelerator: Accelerator, folder: Path, sharded: Any | None = None) -> None:
+        self.accelerator, self.folder = accelerator, folder
+        self.sharded = sharded  # the strategy's sharded state (model_parallel, pipeline), written by every process
+
+    def load(self, checkpoint: Path) -> None:
+        """Restore everything `checkpoint` holds. All processes call this."""
+        saved, processes = len(list(checkpoint.glob("random_states_*.pkl"))), self.accelerator.num_processes
+        if saved != processes and self.accelerator.is_main_process:  # accelerate only logs it, at the INFO level
+            warnings.warn(
+                f"the checkpoint holds the random state of {saved} processes, this run has {processes}: random "
+                "numbers (dropout, augmentation) do not continue as they would have",
+                stacklevel=2,
+            )
+        self.accelerator.load_state(checkpoint)
+        if self.sharded is not None:
+            self.sharded.load(checkpoint / "sharded")
+
+    @property
+    def last(self) -> Path | None:
+        """The latest complete checkpoint, or None before the first."""
+        last = self.folder / "last"
+        return last if last.is_dir() else None
+
+    def save(self, step: int, best: bool = False) -> None:
+        """Save the state of every process as `step-<step>/` and point `last` (and `best`) at it. All processes
+        call this."""
+        name = f"step-{step:07d}"
+        partial = self.folder / f".{name}.partial"
+        if self.accelerator.is_main_process:
+            shutil.rmtree(partial, ignore_errors=True)  # left by a save that was killed at this step
+        self.accelerator.wait_for_everyone()
+        self.accelerator.save_state(partial)
+        if self.sharded is not None:
+            self.sharded.save(partial / "sharded")
+        self.accelerator.wait_for_everyone()  # every process's files are written
+        if self.accelerator.is_main_process:
+            target = self.folder / name
+            if target.exists():  # saved before by a run resumed from an earlier checkpoint: replace it
+                target.rename(self.folder / f".{name}.replaced")
+            partial.rename(target)
+            self._point("last", name)
+            if best:
+                self._point("best", name)
+            self._remove_unreferenced()
+        self.accelerator.wait_for_everyone()  # no process goes on (and maybe reads `last`) before it moved
+
+    def clear(self) -> None:
+        """Remove every checkpoint of the run (resume=false). All processes call this."""
+        if self.accelerator.is_main_process:
+            shutil.rmtree(self.folder, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
+
+    def _point(self, link: str, name: str) -> None:
+        """Make `link` point at `name`: a new link, renamed over the old one (os.replace is atomic)."""
+        new = self.folder / f".{link}.new"
+        new.unlink(missing_ok=True)
+        new.symlink_to(name, target_is_directory=True)  # relative: the run folder can be moved or copied
+        os.replace(new, self.folder / link)
+
+    def _remove_unreferenced(self) -> None:
+        kept = {os.readlink(self.folder / link) for link in ("last", "best") if (self.folder / link).is_symlink()}
+        for path in self.folder.iterdir():
+            if path.is_dir() and not path.is_symlink() and path.name not in kept:
+                shutil.rmtree(path)
+
+
+def load_trained(checkpoint: str | Path, config: str | Path | None = None) -> nn.Module:
+    """The net of a run, with the weights of `checkpoint`, on the CPU and in eval mode.
+
+    The architecture comes from the run's resolved config (`<run dir>/config.yaml`, the default for a
+    checkpoint in `<run dir>/checkpoints/`). single, ddp and dp save the net as model.safetensors; model_parallel
+    and pipeline as every process's part, its shards or its stage (`sharded/`, DCP; model_parallel's layer mode in
+    one state file, `WholeState`). Either way it loads on one device.
+    """
+    checkpoint = Path(checkpoint)
+    config = Path(config) if config else checkpoint.parent.parent / "config.yaml"
+    net = instantiate(load_saved_config(config).model.net)
+    if (checkpoint / "model.safetensors").is_file():
+        # safetensors' loader: the file holds a tied parameter (model=gpt's embedding and head) under one name only
+        load_model(net, checkpoint / "model.safetensors")
+    elif (checkpoint / "sharded").is_dir():  # model_parallel, pipeline: every process's part, put together here
+        state = {"model": net.state_dict()}
+        with warnings.catch_warnings():  # that it reads in one process: what no_dist asks for
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, checkpoint_id=checkpoint / "sharded", no_dist=True)
+        net.load_state_dict(state["model"])
+    else:  # custom_checkpoint_0 is the loop's progress; the strategy's state comes next
+        state = torch.load(checkpoint / "custom_checkpoint_1.pkl", map_location="cpu", weights_only=False)["model"]
+        net.load_state_dict(state)
+    return net.eval()

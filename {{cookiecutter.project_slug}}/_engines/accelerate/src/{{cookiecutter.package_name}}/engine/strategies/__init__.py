@@ -1,0 +1,103 @@
+"""How each preset lays a run out over processes and devices, for the Accelerate loop in train.py.
+
+`Strategy` is strategy=single and the base of the others. A preset answers five questions: how its
+processes start (`launch`), whether a layout can work (`check_layout`, before training), how many
+data-parallel replicas there are (`data_parallel`), how the net and optimizer are wrapped (`prepare`) and
+how one batch is trained (`train_step`). configs/strategy/<name>.yaml points at the class.
+"""
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import InitProcessGroupKwargs
+from omegaconf import DictConfig
+from torch import nn
+
+from ...errors import ConfigError
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class Strategy:
+    """single: one process, one device (a GPU, or the CPU)."""
+
+    name = "single"
+    supports_batch_size_search = True  # False where the forward itself is a collective
+    sync_batchnorm = False  # whether the net's BatchNorm layers are synchronised over the processes (ddp)
+    compiles_per_block = False  # compile=true: the whole net, or (presets that split it) each block
+
+    def __init__(self, timeout: timedelta = timedelta(minutes=10)) -> None:
+        self.timeout = timeout
+
+    def launch(self, run: Callable[[], None], devices: int) -> None:
+        """Start the training processes; this preset runs in the process it is given (or launched) in."""
+        run()
+
+    def processes(self, launched: int, devices: int) -> int:
+        """How many processes the run will have: the launcher's (accelerate launch, torchrun) by default."""
+        return launched
+
+    def check_layout(self, processes: int, net: nn.Module, cfg: DictConfig) -> None:
+        """Refuse, before anything is written, a layout this preset cannot run."""
+        if processes > 1:
+            raise ConfigError(f"strategy=single runs one process but {processes} were launched; use strategy=ddp")
+
+    def accelerator_kwargs(self) -> dict[str, Any]:
+        # A hung collective fails after the timeout instead of blocking forever.
+        return {"kwargs_handlers": [InitProcessGroupKwargs(timeout=self.timeout)]}
+
+    def data_parallel(self, process_index: int, processes: int) -> tuple[int, int]:
+        """(replicas, this process's replica): each replica reads its own slice of every global batch."""
+        return processes, process_index
+
+    def build_net(self, build: Callable[[], nn.Module]) -> nn.Module:
+        """Build the net (model_parallel builds it on the meta device and allocates only its shards)."""
+        return build()
+
+    def prepare(
+        self, accelerator: Accelerator, net: nn.Module, optimizer: Callable[..., torch.optim.Optimizer]
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Move (and, under ddp, wrap) the net; the optimizer is made for the parameters that are trained."""
+        return accelerator.prepare(net, optimizer(net.parameters()))
+
+    def train_step(
+        self,
+        accelerator: Accelerator,
+        model: nn.Module,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        loss_fn: LossFn,
+        logged: bool = True,
+    ) -> torch.Tensor:
+        """Forward and backward of one batch; returns the (detached) loss. The loop steps the optimizer. `logged`:
+        whether the loop logs this step (what a preset measures per step, it measures then).
+        Under autocast here, not only in the net's prepared forward: model_parallel's and dp's nets are not
+        prepared (dp's replicas enter it again in their threads, see dp.AutocastReplica)."""
+        with accelerator.autocast():
+            loss = loss_fn(model(x), y)
+        accelerator.backward(loss)
+        return loss.detach()
+
+    def devices_in_use(self) -> list[torch.device]:
+        """Devices this process uses besides accelerator.device (dp's replicas, model_parallel's layer groups)."""
+        return []
+
+    def step_metrics(self) -> dict[str, float]:
+        """Extra figures logged with train/loss."""
+        return {}
+
+    def checkpoint_objects(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> list[Any]:
+        """What save_state must also save, beyond the prepared model and optimizer (which it saves itself)."""
+        return []
+
+    def sharded_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> Any | None:
+        """State that every process writes and reads its own part of (`save(folder)`, `load(folder)`, collective),
+        next to save_state's files: a sharded net is never gathered on one process."""
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        """This preset's layout, logged with the run's config."""
+        return {}

@@ -1,0 +1,72 @@
+"""ddp and ddp_spawn: DistributedDataParallel, one process per device; Accelerator.prepare wraps the net.
+
+ddp's processes come from a launcher (accelerate launch, torchrun); ddp_spawn starts them itself from one
+command, with accelerate's notebook_launcher (forked processes: nothing may touch CUDA before it).
+"""
+
+import logging
+import os
+from collections.abc import Callable
+
+import torch
+from accelerate import Accelerator, notebook_launcher
+from omegaconf import DictConfig
+from torch import nn
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+from ...errors import ConfigError, spawned_failure
+from ...parallel.batchnorm import needs_sync, synchronise, synchronised_message
+from ...parallel.launcher import free_port
+from . import Strategy
+
+
+class DDP(Strategy):
+    name = "ddp"
+
+    def check_layout(self, processes: int, net: nn.Module, cfg: DictConfig) -> None:
+        if processes < 2:
+            # The trap this guards against: `accelerate launch --cpu --num_processes 2` starts ONE process.
+            raise ConfigError(
+                "strategy=ddp needs 2+ processes but this is 1; launch it with `accelerate launch --config_file "
+                "launch/multi_process.yaml -m {{ cookiecutter.package_name }}.train strategy=ddp` (or torchrun), "
+                "or use strategy=ddp_spawn"
+            )
+        # The net has BatchNorm layers and trainer.sync_batchnorm (set by the preset) asks for it.
+        self.sync_batchnorm = cfg.trainer.sync_batchnorm and needs_sync(net, processes)
+
+    def prepare(
+        self, accelerator: Accelerator, net: nn.Module, optimizer: Callable[..., torch.optim.Optimizer]
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        if self.sync_batchnorm:
+            net = synchronise(net, accelerator.device.type)  # torch's SyncBatchNorm on GPUs, ours on CPU processes
+            accelerator.print(synchronised_message(accelerator.num_processes))
+        return super().prepare(accelerator, net, optimizer)
+
+
+class DDPSpawn(DDP):
+    name = "ddp_spawn"
+
+    def processes(self, launched: int, devices: int) -> int:
+        if launched > 1:
+            raise ConfigError("strategy=ddp_spawn starts its own processes: run it with python, not a launcher")
+        return devices
+
+    def launch(self, run: Callable[[], None], devices: int) -> None:
+        # The launcher logs a failed process's traceback, wrapped in its own; this command reports it instead (an
+        # out-of-memory stop or a refusal in one line, a crash with the process's traceback).
+        launcher_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+        level = launcher_log.level
+        launcher_log.setLevel(logging.CRITICAL)
+        try:
+            # A free port unless MASTER_PORT names one: accelerate's default, 29500, is taken by any other
+            # ddp_spawn training on this machine (Lightning's ddp_spawn picks a free one too).
+            port = os.environ.get("MASTER_PORT") or str(free_port())
+            notebook_launcher(run, num_processes=devices, use_port=port)
+        except ChildFailedError as err:
+            rank, failure = err.get_first_failure()
+            record = failure.message  # the process's error record: {"message": "<Error>: ...", "extraInfo": ...}
+            if isinstance(record, dict):
+                record = record.get("extraInfo", {}).get("py_callstack") or record.get("message", "")
+            raise spawned_failure(rank, str(record) or f"exit code {failure.exitcode}") from None
+        finally:
+            launcher_log.setLevel(level)

@@ -1,0 +1,197 @@
+"""model_parallel: split the model itself over devices, for models too big for one device's memory.
+
+Accelerate's own tensor parallelism (ParallelismConfig) needs a transformers model with a `tp_plan`, and its
+FSDP plugin needs GPUs. This preset applies the net's `Split` (model_split.py) with torch.distributed instead
+(sharding.py, shared with the Lightning engine), which also runs on CPU/gloo; Accelerate still launches the
+processes, moves the data and saves the checkpoints.
+
+- tensor (default): a (data_parallel x tensor_parallel) DeviceMesh over the launched processes; every block
+  is sharded by the tensor-parallel plan of the net's Split, and across data-parallel groups FSDP2 shards the rest.
+- layers: one process; consecutive layer groups (cut between the Split's blocks) on consecutive devices.
+"""
+
+import logging
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from accelerate import Accelerator
+from omegaconf import DictConfig
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+
+from ...errors import ConfigError
+from ...parallel.sharding import (
+    OnMeta,
+    check_layer_split,
+    check_mode,
+    check_tensor_parallel,
+    default_layer_devices,
+    materialize,
+    mesh_sizes,
+    parallelize,
+    place_layer_groups,
+)
+from ...parallel.split import find_split
+from . import Strategy
+
+
+class ModelParallel(Strategy):
+    name = "model_parallel"
+    supports_batch_size_search = False
+    compiles_per_block = True
+
+    def __init__(
+        self,
+        mode: str = "tensor",
+        tensor_parallel_size: int | str = "auto",
+        data_parallel_size: int | str = "auto",
+        devices: list[str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        check_mode(mode)
+        super().__init__(**kwargs)
+        self.mode = mode
+        self.requested = (data_parallel_size, tensor_parallel_size)
+        self.layer_devices = [torch.device(device) for device in devices or default_layer_devices()]
+        self.sizes = (1, 1)
+        self.init: OnMeta | None = None
+        self.precision = "32-true"
+
+    def processes(self, launched: int, devices: int) -> int:
+        if self.mode == "layers" and launched > 1:
+            raise ConfigError("strategy.mode=layers is one process: run it with python, not a launcher")
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", launched))
+        self.sizes = mesh_sizes(*self.requested, max(launched // per_node, 1), per_node)
+        return launched
+
+    def check_layout(self, processes: int, net: nn.Module, cfg: DictConfig) -> None:
+        if cfg.trainer.precision == "16-mixed":
+            raise ConfigError("strategy=model_parallel supports trainer.precision=32-true or bf16-mixed, not 16-mixed")
+        self.precision = cfg.trainer.precision
+        find_split(net, "model_parallel")  # first: a model without a split cannot be split whatever the layout
+        if self.mode == "layers":
+            check_layer_split(net, self.layer_devices)
+            return
+        dp, tp = self.sizes
+        if processes < 2:
+            raise ConfigError(
+                "strategy=model_parallel (mode=tensor) needs 2+ processes but this is 1; launch it with `accelerate "
+                "launch --config_file launch/multi_process.yaml -m {{ cookiecutter.package_name }}.train strategy=model_parallel`"
+            )
+        if dp < 1 or tp < 1 or dp * tp != processes:
+            raise ConfigError(
+                f"strategy.data_parallel_size={dp} x strategy.tensor_parallel_size={tp} must equal the {processes} "
+                "launched processes"
+            )
+        check_tensor_parallel(net, tp)
+
+    def data_parallel(self, process_index: int, processes: int) -> tuple[int, int]:
+        dp, tp = self.sizes
+        # The mesh is laid out row-major: ranks 0..tp-1 form data-parallel group 0, and so on.
+        return dp, process_index // tp
+
+    def build_net(self, build: Callable[[], nn.Module]) -> nn.Module:
+        if self.mode == "layers":
+            return build()
+        with OnMeta() as self.init:  # no memory: each process allocates only its shards, in prepare
+            return build()
+
+    def prepare(
+        self, accelerator: Accelerator, net: nn.Module, optimizer: Callable[..., torch.optim.Optimizer]
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        # Not accelerator.prepare: it would wrap the net in DDP. Each process keeps only its shards.
+        if self.mode == "layers":
+            place_layer_groups(net, self.layer_devices)
+        else:
+            names = ("data_parallel", "tensor_parallel")
+            mesh = init_device_mesh(accelerator.device.type, self.sizes, mesh_dim_names=names)
+            parallelize(net, mesh, self.precision)
+            materialize(net, accelerator.device, self.init.rng_state)  # the values strategy=single draws
+        return net, optimizer(net.parameters())
+
+    def devices_in_use(self) -> list[torch.device]:
+        return self.layer_devices if self.mode == "layers" else []
+
+    def checkpoint_objects(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> list[Any]:
+        return [WholeState(model, optimizer)] if self.mode == "layers" else []  # one process holds it all
+
+    def sharded_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> "ShardedState | None":
+        return ShardedState(model, optimizer) if self.mode == "tensor" else None
+
+    def describe(self) -> dict[str, Any]:
+        if self.mode == "layers":
+            return {"mode": "layers", "devices": [str(device) for device in self.layer_devices]}
+        return {"mode": "tensor", "data_parallel_size": self.sizes[0], "tensor_parallel_size": self.sizes[1]}
+
+
+class ShardedState:
+    """The sharded net and optimizer, written and read by every process with torch.distributed.checkpoint (DCP):
+    each writes its own shards (`<checkpoint>/sharded/`), no process gathers the whole model, and a checkpoint
+    loads on another mesh or number of processes (DCP reshards). load_trained reads it on one device."""
+
+    options = StateDictOptions()
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+
+    def _state(self) -> dict[str, Any]:
+        # Creates Adam's state if no step ran yet.
+        model, optimizer = get_state_dict(self.model, self.optimizer, options=self.options)
+        return {"model": model, "optimizer": optimizer}
+
+    def save(self, folder: Path) -> None:
+        dcp.save(self._state(), checkpoint_id=folder)
+
+    def load(self, folder: Path) -> None:
+        state = self._state()
+        dcp.load(state, checkpoint_id=folder)  # into this process's shards, in place
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"],
+            options=self.options,
+        )
+
+
+class WholeState:
+    """The net and optimizer state of strategy.mode=layers (one process holds all of it), for save_state;
+    loading places it on the layer groups' devices again. Any preset can load the saved net."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+        self.options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        with quiet_redistribution():
+            model, optimizer = get_state_dict(self.model, self.optimizer, options=self.options)
+        return {"model": model, "optimizer": optimizer}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"],
+            options=StateDictOptions(full_state_dict=True),
+        )
+
+
+@contextmanager
+def quiet_redistribution() -> Iterator[None]:
+    """Gathering a net sharded over both mesh dimensions (dp x tp) makes every rank log that it needs two
+    all_gathers "which may give inconsistent results". That is about reductions; a gather copies exactly, so
+    the warning is noise in the run's output while a checkpoint is written."""
+    logger = logging.getLogger("torch.distributed.tensor._redistribute")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

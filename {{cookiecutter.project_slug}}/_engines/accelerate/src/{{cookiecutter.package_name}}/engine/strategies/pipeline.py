@@ -1,0 +1,122 @@
+"""pipeline: one process per pipeline stage, trained with the schedule in pipelining.py (shared with the
+Lightning engine). Each process keeps only its stage; every stage reads the whole global batch, which the
+schedule cuts into micro-batches so the stages overlap."""
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from accelerate import Accelerator
+from omegaconf import DictConfig
+from torch import nn
+from torch.distributed.checkpoint.state_dict import set_state_dict
+
+from ...errors import ConfigError
+from ...parallel.pipelining import (
+    STAGE_OPTIMIZER_STATE,
+    Pipeline,
+    PipelinedNet,
+    bubble_fraction,
+    check_pipeline,
+    single_device_name,
+)
+from . import LossFn, Strategy
+from .model_parallel import ShardedState
+
+
+class PipelineParallel(Strategy):
+    name = "pipeline"
+    supports_batch_size_search = False
+    compiles_per_block = True
+
+    def __init__(
+        self, microbatches: int = 4, schedule: str = "1f1b", split_points: list[int] | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.microbatches, self.schedule = microbatches, schedule
+        self.split_points = list(split_points) if split_points is not None else None
+        self.stages = 1
+        self.pipeline: Pipeline | None = None
+        self.idle: list[float] = []
+
+    def check_layout(self, processes: int, net: nn.Module, cfg: DictConfig) -> None:
+        if cfg.trainer.precision == "16-mixed":  # one gradient scaler per stage would skip steps out of step
+            raise ConfigError("strategy=pipeline supports trainer.precision=32-true or bf16-mixed, not 16-mixed")
+        self.stages = processes
+        check_pipeline(processes, self.microbatches, cfg.data.batch_size, net, self.split_points)
+        if cfg.trainer.accumulate_grad_batches != 1 or cfg.trainer.gradient_clip_val:
+            raise ConfigError(
+                "strategy=pipeline does not support trainer.accumulate_grad_batches or trainer.gradient_clip_val; "
+                "raise strategy.microbatches to save memory instead"
+            )
+
+    def data_parallel(self, process_index: int, processes: int) -> tuple[int, int]:
+        return 1, 0  # every stage reads the whole batch
+
+    def prepare(
+        self, accelerator: Accelerator, net: nn.Module, optimizer: Callable[..., torch.optim.Optimizer]
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        stage = PipelinedNet.of(net, accelerator.process_index, accelerator.num_processes, self.split_points)
+        stage = stage.to(accelerator.device)
+        return stage, optimizer(stage.parameters())
+
+    def train_step(
+        self,
+        accelerator: Accelerator,
+        model: nn.Module,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        loss_fn: LossFn,
+        logged: bool = True,
+    ) -> torch.Tensor:
+        """Each stage's part of the step. Only a logged step brings the loss to every stage, with the idle shares:
+        the loop reads the loss on those steps alone."""
+        if self.pipeline is None:
+            self.pipeline = Pipeline(model, accelerator.device, self.microbatches, self.schedule, loss_fn)
+        with accelerator.autocast():
+            loss, idle = self.pipeline.train_step(x, y, measure=logged)
+        self.idle = idle or []
+        return loss
+
+    def step_metrics(self) -> dict[str, float]:
+        return {f"pipeline/idle_fraction/stage{rank}": idle for rank, idle in enumerate(self.idle)}
+
+    def sharded_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> "StageState":
+        return StageState(model, optimizer)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "stages": self.stages,
+            "microbatches": self.microbatches,
+            "schedule": self.schedule,
+            "bubble_fraction": round(bubble_fraction(self.stages, self.microbatches), 4),
+        }
+
+
+class StageState(ShardedState):
+    """This stage's net and optimizer, in the checkpoint's `sharded/` folder as model_parallel's shards are: every
+    stage writes its own part (torch.distributed.checkpoint), no process gathers the whole net. The net is saved
+    under the single-device names, which load_trained reads on one device; the optimizer state is keyed by
+    parameter name (STAGE_OPTIMIZER_STATE). Neither depends on the split, so a run may resume with other stages."""
+
+    options = STAGE_OPTIMIZER_STATE
+
+    def _state(self) -> dict[str, Any]:
+        state = super()._state()
+        state["model"] = {single_device_name(name): value for name, value in state["model"].items()}
+        return state
+
+    def load(self, folder: Path) -> None:
+        state = self._state()
+        dcp.load(state, checkpoint_id=folder)  # this stage's entries only, in place
+        own = {single_device_name(name): name for name in self.model.state_dict()}
+        model = {own[name]: value for name, value in state["model"].items()}
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=model,
+            optim_state_dict=state["optimizer"],
+            options=self.options,
+        )

@@ -1,0 +1,48 @@
+"""What the shared tests need to know about the engine, the Accelerate side (the Lightning project has its own)."""
+
+from hydra.utils import instantiate
+from launchers import accelerate_launch
+from torch import nn
+
+from {{ cookiecutter.package_name }}.runtime.optimization import grouped_optimizer
+
+QUIET = []  # the loop draws no progress bar
+OOM_TOOLKIT = "oom=toolkit"
+OOM_RECOVERY = "oom.recovery"  # where the OOM recovery's settings are
+LAST = "checkpoints/last"
+SHARDED, MODEL = f"{LAST}/sharded", "model."  # where pipeline and model_parallel's parts are, and the net's entries
+DDP = ["strategy=ddp", "trainer.devices=2"]  # started with accelerate launch --num_processes 2
+DDP_LAUNCH = accelerate_launch
+# the search's trial command of a two-process preset, as the wandb sweep file writes it
+SWEEP_COMMAND = [
+    "${env}",
+    "accelerate",
+    "launch",
+    "--config_file",
+    "launch/multi_process.yaml",
+    "--num_processes",
+    "2",
+    "-m",
+]
+OPTIMIZATION_REFUSALS = []
+STREAMING_REFUSALS = []
+# What this engine alone refuses in the search: a one-process ddp (Lightning would start the second process itself)
+SEARCH_REFUSALS = [
+    (None, ["strategy=ddp", "trainer.accelerator=cpu"], "config: strategy=ddp needs 2+ processes but this is 1"),
+]
+
+
+def optimizer_of(cfg, net: nn.Module):
+    """The optimizer the training builds for `net` from this config."""
+    return grouped_optimizer(instantiate(cfg.model.optimizer), net.parameters(), True)
+
+
+def reset_engine_state() -> None:
+    """Forget the accelerator state that building one training leaves in this process: the next builds its own."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+# tests/old_layout_run: the links a run folder has that the template cannot ship (last -> its newest checkpoint)
+OLD_RUN_LINKS = {"checkpoints/last": "step-0000003"}

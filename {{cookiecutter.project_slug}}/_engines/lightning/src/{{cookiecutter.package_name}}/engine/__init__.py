@@ -1,0 +1,1 @@
+"""The Lightning engine: the LightningModule and DataModule, checkpoints, logger, callbacks and strategies."""

@@ -1,0 +1,184 @@
+"""Checkpoints a training can trust: written every N steps and at each epoch's end, `last.ckpt` switched to a new
+one only once it is complete, found again by a restart; and loading a trained model without the Trainer."""
+
+import os
+import random
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+from ..runtime.resuming import load_saved_config
+from ..tracking.wandb_run import forget_wandb_run, is_first_process
+from .module import Classifier
+
+LAST = "last.ckpt"
+
+
+class ModelCheckpoint(LightningModelCheckpoint):
+    """Lightning's ModelCheckpoint (configs/callbacks/checkpoint.yaml: the best by val/loss), with the work it does
+    on every training step made cheap: its state key, a repr of its settings that Lightning builds around every hook
+    call, is built once; and a step on which no trigger saves returns at once (Lightning's own test does several
+    calls first). Its class name stays, and with it the key its state is saved under in checkpoints."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._state_key = super().state_key  # from settings that do not change after __init__
+
+    @property
+    def state_key(self) -> str:
+        return self._state_key
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        every = self._every_n_train_steps
+        if self._train_time_interval is None and (every < 1 or trainer.global_step % every):
+            return  # what Lightning's decides when no time interval is set and the step is not a multiple
+        super().on_train_batch_end(trainer, pl_module, *args)
+
+
+class ResumeCheckpoint(ModelCheckpoint):
+    """The checkpoint a training resumes from: `every_n_steps` optimizer steps and at the end of every epoch, each
+    to a new `step<N>.ckpt`; then `last.ckpt`, a link, is switched to it in one atomic rename; then the previous
+    one is deleted. A process killed during a save therefore leaves `last.ckpt` on the previous, complete one.
+    (Lightning writes a checkpoint file through a temporary file that it moves into place, but moves across
+    filesystems copy; and sharded checkpoints are folders written in place. Its save_last="link" deletes the old
+    link before making the new one, and the old checkpoint before both.)
+
+    Lightning saves model, optimizer, LR schedulers, gradient scaler, loop counters (global step, epoch, batch in
+    the epoch), the stateful callbacks and the training loader's position (data.ResumableLoader). It does not save
+    random number generators: this adds every rank's.
+    """
+
+    def __init__(self, dirpath: str, every_n_steps: int) -> None:
+        super().__init__(
+            dirpath=dirpath,
+            filename="step{step:06d}",
+            auto_insert_metric_name=False,
+            every_n_train_steps=every_n_steps,
+            save_top_k=1,  # monitor=None: the latest only; the previous is deleted after the link moved on
+            enable_version_counter=False,
+        )
+        self._logged_steps: int | None = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Resumed from a checkpoint of an epoch's end with trainer.max_steps set, Lightning (2.6) first goes through
+        # the end of that epoch again, training nothing; it calls on_train_epoch_end again (on_load_checkpoint
+        # keeps this callback from writing the checkpoint it resumed from once more, in place) and counts one more
+        # step for the loggers, which would log every later step one too far. The count is put back below.
+        if trainer.fit_loop.restarted_on_epoch_end:
+            self._logged_steps = trainer.fit_loop.epoch_loop._batches_that_stepped
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._logged_steps is not None:
+            trainer.fit_loop.epoch_loop._batches_that_stepped = self._logged_steps
+            self._logged_steps = None
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # ModelCheckpoint saves either every N steps or every N epochs; this one does both.
+        if not self._should_skip_saving_checkpoint(trainer):  # skips a step saved already
+            self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        super()._save_checkpoint(trainer, filepath)  # returns once every rank has written its part
+        if trainer.is_global_zero:
+            point_last_at(Path(filepath))
+        trainer.strategy.barrier("ResumeCheckpoint")
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        # Every rank calls this while the checkpoint is assembled; rank 0 writes the list.
+        state = random_state()
+        states = [state] * trainer.world_size
+        if dist.is_available() and dist.is_initialized():
+            dist.all_gather_object(states, state)
+        checkpoint["rng_states"] = states
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        self._last_global_step_saved = checkpoint["global_step"]  # saved already: the checkpoint resumed from
+        states = checkpoint.get("rng_states", [])
+        if len(states) == trainer.world_size:
+            set_random_state(states[trainer.global_rank])
+        elif states:
+            rank_zero_warn(
+                f"the checkpoint holds the random state of {len(states)} processes, this run has {trainer.world_size}:"
+                " random numbers (dropout, augmentation) continue from the seed instead"
+            )
+
+
+def random_state() -> dict[str, Any]:
+    """This process's random generators (torch, CUDA, numpy, Python), in types that torch.load(weights_only=True)
+    accepts (Lightning's own collector keeps numpy arrays, which it refuses)."""
+    name, keys, position, has_gauss, gauss = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": (name, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, gauss),
+        "python": random.getstate(),
+    }
+
+
+def set_random_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    name, keys, position, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), position, has_gauss, gauss))
+    random.setstate(state["python"])
+
+
+def point_last_at(checkpoint: Path) -> None:
+    """Make <dir>/last.ckpt a relative link to `checkpoint` (a file or a sharded folder) in one rename."""
+    link = checkpoint.with_name(f".{LAST}.new")
+    link.unlink(missing_ok=True)
+    os.symlink(checkpoint.name, link)
+    os.replace(link, checkpoint.with_name(LAST))
+
+
+def resume_from(run_dir: Path, ckpt_path: str | None, resume: bool) -> str | None:
+    """The checkpoint this training starts from: `ckpt_path` if given, else the run's last complete one (a restart
+    with the same run id), else none. resume=false instead deletes a previous training's checkpoints and wandb
+    run id in this folder (first process), so that it starts afresh."""
+    if ckpt_path:
+        return os.path.realpath(ckpt_path)  # a link (last.ckpt) to the checkpoint it points at
+    last = run_dir / "checkpoints" / LAST
+    if not last.exists():
+        return None
+    if resume:
+        rank_zero_info(f"resuming from {last.resolve()} (resume=false starts afresh)")
+        return os.path.realpath(last)
+    rank_zero_info(f"resume=false: starting afresh, overwriting the training in {run_dir}")
+    if is_first_process():
+        shutil.rmtree(run_dir / "checkpoints")
+        forget_wandb_run(run_dir)
+    return None
+
+
+def load_trained(checkpoint: str | Path, config: str | Path | None = None) -> Classifier:
+    """The model of a run, with the weights of `checkpoint`, on the CPU and in eval mode.
+
+    The architecture comes from the run's resolved config (`<run dir>/config.yaml`, the default for a
+    checkpoint in `<run dir>/checkpoints/`), so a checkpoint of any preset loads on one device: a file, or the
+    folder of every process's part (torch.distributed.checkpoint) that model_parallel (its shards) and pipeline (its
+    stages) write, put together here.
+    """
+    checkpoint = Path(checkpoint)
+    config = Path(config) if config else checkpoint.parent.parent / "config.yaml"
+    model = instantiate(load_saved_config(config).model)
+    if checkpoint.is_dir():
+        state = {"state_dict": model.state_dict()}
+        with warnings.catch_warnings():  # that it reads in one process: what no_dist asks for
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, checkpoint_id=checkpoint, no_dist=True)
+        state = state["state_dict"]
+    else:
+        state = torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"]
+    model.load_state_dict(state)
+    return model.eval()

@@ -1,0 +1,40 @@
+"""Lightning's WandbLogger, made to continue one wandb run across restarts of one training."""
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities import rank_zero_only
+
+from ..tracking.wandb_files import logged_steps, not_logged_yet
+from ..tracking.wandb_run import keep_wandb_run_id, resumed_wandb_run
+
+
+class ResumingWandbLogger(WandbLogger):
+    """Every start of the training in `run_dir` logs to the same wandb run (its id is kept in the run folder; see
+    tracking.resumed_wandb_run), each step once: a restart does not log again what an earlier start logged. Other
+    arguments go to WandbLogger (and from there to wandb.init)."""
+
+    def __init__(self, run_dir: str, **kwargs: Any) -> None:
+        self.run_dir = Path(run_dir)
+        self.logged: dict[str, int] = {}  # by the earlier starts: metric -> last step
+        super().__init__(save_dir=run_dir, **resumed_wandb_run(self.run_dir), **kwargs)
+
+    @property
+    def experiment(self) -> Any:
+        starting = self._experiment is None and rank_zero_only.rank == 0
+        if starting:  # before this start writes its own run file
+            self.logged = logged_steps(self.run_dir, self._wandb_init["id"])
+        experiment = super().experiment  # started on first use, on rank 0 only
+        if starting:
+            keep_wandb_run_id(self.run_dir, experiment.id)
+        return experiment
+
+    @rank_zero_only
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        self.experiment  # noqa: B018 (started first: it reads what the earlier starts logged)
+        if step is not None:
+            metrics = not_logged_yet(dict(metrics), step, self.logged)
+        if metrics:
+            super().log_metrics(metrics, step)

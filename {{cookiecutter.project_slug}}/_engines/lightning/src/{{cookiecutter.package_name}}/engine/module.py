@@ -1,0 +1,193 @@
+"""The LightningModule: owns the loss, the metrics, the optimizer and its schedule; the network is injected."""
+
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..data.loading import IGNORED
+from ..models.compilation import compile_net
+from ..parallel.sharding import clip_grad_norm_, clip_grad_value_
+from ..runtime.metrics import perplexity
+from ..runtime.optimization import (
+    OptimizerFactory,
+    SchedulerFactory,
+    batches_per_epoch,
+    current_lr,
+    grouped_optimizer,
+    respan,
+    total_steps,
+)
+from ..runtime.precision import use_tensor_cores
+
+
+class Classifier(L.LightningModule):
+    def __init__(
+        self,
+        net: nn.Module,
+        optimizer: OptimizerFactory,
+        no_decay_norms_and_biases: bool = True,
+        scheduler: SchedulerFactory | None = None,
+        compile: bool = False,
+        tf32: bool = True,
+    ) -> None:
+        super().__init__()
+        self.net = net
+        self.optimizer_factory, self.no_decay_norms_and_biases = optimizer, no_decay_norms_and_biases
+        self.scheduler_factory = scheduler  # configs/scheduler/, given by train.py
+        self.compile_net, self.tf32 = compile, tf32  # the top-level config keys, given by train.py
+        self._totals: dict[str, torch.Tensor] = {}  # per split: loss sum, correct, targets (several processes)
+        self._batch_losses: dict[str, torch.Tensor] = {}  # per split: loss sum, targets (one process)
+        self._step_loss: torch.Tensor | float = 0.0  # of the optimizer step's accumulated batches so far
+        self._step_lr = 0.0  # the learning rate of the last optimizer step
+
+    def setup(self, stage: str) -> None:
+        use_tensor_cores(self.tf32)  # in every process: spawned processes do not inherit the setting
+
+    def configure_model(self) -> None:
+        # Lightning calls this once the processes exist. Only model_parallel's tensor mode has a device
+        # mesh; it shards the net by the plan the net declares (see strategies/model_parallel.py).
+        if self.device_mesh is not None:
+            self.trainer.strategy.parallelize(self.net)
+        if self.compile_net:  # in place, before ddp wraps it; compiled at its first call (compilation.py)
+            compile_net(self.net, per_block=getattr(self.trainer.strategy, "compiles_per_block", False))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Mean loss of a batch (strategy=pipeline computes it per micro-batch on the last stage): cross-entropy over
+        every target, class logits (B, C) with labels (B,), or a language model's (B, T, V) with tokens (B, T)."""
+        return F.cross_entropy(logits.flatten(0, -2), target.flatten())
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return self.loss(self(x), y)
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self._step_lr = current_lr(optimizer)  # before the schedule moves it on, after this batch
+
+    def on_train_batch_end(self, outputs: dict[str, torch.Tensor], batch: object, batch_idx: int) -> None:
+        # Logged here, from the loss the step returned, whatever ran the step: a step the OOM recovery split
+        # into micro-batches logs the loss of its whole batch, and strategy=pipeline returns the last stage's
+        # loss on every stage. A skipped step has no loss (Lightning then repeats the last value logged).
+        # Lightning divides the loss of each of trainer.accumulate_grad_batches batches by their number, so
+        # their sum is the loss of the optimizer step's global batch.
+        if "loss" not in outputs:
+            return
+        self._step_loss = self._step_loss + outputs["loss"]
+        if self.automatic_optimization and self.trainer.fit_loop._should_accumulate():
+            return
+        # sync_dist: the mean over all processes, i.e. the loss of the global batch (the tensor-parallel ranks
+        # of a model_parallel replica hold the same loss). It is an all-reduce, so only on steps the loggers see.
+        if writes_step_metrics(self.trainer):
+            self.log("train/loss", self._step_loss, on_step=True, on_epoch=False, sync_dist=True)
+            self.log("train/lr", self._step_lr, on_step=True, on_epoch=False)
+        self._step_loss = 0.0
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor | None:
+        return self._evaluate(batch, "val")
+
+    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor | None:
+        return self._evaluate(batch, "test")
+
+    def on_validation_batch_end(self, outputs: torch.Tensor | None, batch: Any, batch_idx: int, *args: Any) -> None:
+        self._add_batch_loss(outputs, batch, "val")
+
+    def on_test_batch_end(self, outputs: torch.Tensor | None, batch: Any, batch_idx: int, *args: Any) -> None:
+        self._add_batch_loss(outputs, batch, "test")
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_split_totals("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_split_totals("test")
+
+    def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> torch.Tensor | None:
+        x, y = batch
+        logits = self(x)
+        if self._trainer is None or self.trainer.world_size == 1:  # one process (dp too): Lightning's mean is exact
+            loss = self.loss(logits, y)
+            self.log(f"{split}/loss", loss)
+            self.log(f"{split}/acc", (logits.argmax(dim=-1) == y).float().mean())
+            return loss.detach()  # (dp: the mean over the replicas' chunks) for the perplexity, summed in the root
+        # Several processes: Lightning's sync_dist mean truncates the summed sample count to an integer mean over
+        # the ranks (101 samples on 2 ranks count as 100), so sum per target here and divide once at epoch end.
+        # Targets the eval sampler padded with (IGNORED, to keep the replicas' batch counts equal) count nowhere.
+        logits, y = logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1)
+        loss_sum, correct = F.cross_entropy(logits, y, reduction="sum"), (logits.argmax(dim=-1) == y).sum()
+        totals = torch.stack([loss_sum.double(), correct.double(), (y != IGNORED).sum().double()])
+        self._totals[split] = self._totals.get(split, 0) + totals
+
+    def _log_split_totals(self, split: str) -> None:
+        """Loss, accuracy and perplexity (exp of the loss) over every sample of the split, evaluated once each (the
+        eval sampler repeats none); processes that share a batch (tensor or pipeline parallel) count it in the sum
+        and in the count alike."""
+        if split in self._batch_losses:  # one process: Lightning logged loss and acc, the perplexity is left
+            loss_sum, count = self._batch_losses.pop(split).tolist()
+            self.log(f"{split}/perplexity", perplexity(loss_sum / count))
+        if split not in self._totals:
+            return
+        loss_sum, correct, count = self.trainer.strategy.reduce(self._totals.pop(split), reduce_op="sum").tolist()
+        self.log(f"{split}/loss", loss_sum / count)
+        self.log(f"{split}/acc", correct / count)
+        self.log(f"{split}/perplexity", perplexity(loss_sum / count))
+
+    def _add_batch_loss(self, loss: torch.Tensor | None, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> None:
+        """One process: add up the batch's mean loss x its targets, for {split}/perplexity = exp(the split's mean
+        loss), which the mean of per-batch perplexities is not. Here, in the root module: under dp the step ran in
+        replicas. (Several processes: _evaluate sums everything itself.)"""
+        if loss is None:
+            return
+        targets = batch[1].numel()  # as Lightning weighs the batch means: every batch has T targets per sample
+        totals = torch.stack([loss.double() * targets, loss.new_tensor(targets, dtype=torch.float64)])
+        self._batch_losses[split] = self._batch_losses.get(split, 0) + totals
+
+    def configure_gradient_clipping(
+        self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm=None
+    ) -> None:
+        # Tensor-parallel shards (DTensors) next to plain parameters: torch's clipping refuses the mix.
+        if gradient_clip_val and self.device_mesh is not None:
+            clip = clip_grad_value_ if gradient_clip_algorithm == "value" else clip_grad_norm_
+            clip(self.parameters(), gradient_clip_val)
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer | dict[str, Any]:
+        optimizer = grouped_optimizer(self.optimizer_factory, self.parameters(), self.no_decay_norms_and_biases)
+        if self.scheduler_factory is None:
+            return optimizer
+        scheduler = self.scheduler_factory(optimizer, total_steps=self._total_steps())
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_fit_start(self) -> None:
+        # After the callbacks' on_fit_start: the batch-size finder may have changed the steps per epoch, and scaled
+        # the learning rate, since configure_optimizers built the schedule. It spans the training as it will run.
+        # (A resumed run then loads the schedule its checkpoint saved.)
+        for config in self.trainer.lr_scheduler_configs:
+            respan(config.scheduler, self.scheduler_factory, self._total_steps())
+
+    def _total_steps(self) -> int:
+        """Optimizer steps of the whole training, which the schedule spans. Not the Trainer's
+        estimated_stepping_batches: it loads the training data before a resumed run restores the loader's
+        position, which is then never restored (Lightning 2.6, FitLoop.setup_data)."""
+        trainer = self.trainer
+        batches = batches_per_epoch(len(trainer.datamodule.train_dataloader()), trainer.limit_train_batches)
+        steps_per_epoch = batches // trainer.accumulate_grad_batches
+        return total_steps(trainer.max_steps, trainer.max_epochs, steps_per_epoch)
+
+
+def writes_step_metrics(trainer: L.Trainer) -> bool:
+    """Whether Lightning sends this training batch's `on_step` metrics to the loggers; ask in
+    on_train_batch_end. The same test as Lightning 2.5-2.6 (`_LoggerConnector.update_train_step_metrics`),
+    which reads loop counters that have no public name; the cheapest part first, as most steps are not logged."""
+    loop = trainer.fit_loop
+    # Batches that took an optimizer step, this one included (the counter moves after this hook): every
+    # log_every_n_steps-th is logged, and the last one when training is told to stop.
+    every, step = trainer.log_every_n_steps, loop.epoch_loop._batches_that_stepped + 1
+    if not (trainer.fast_dev_run or (every and (step % every == 0 or trainer.should_stop))):
+        return False
+    # A batch that only accumulates gradients is never logged.
+    return not (trainer.lightning_module.automatic_optimization and loop._should_accumulate())

@@ -1,0 +1,93 @@
+"""What the presets share: how many data-parallel replicas a run has, and the per-device batch.
+
+Lightning ships ddp and ddp_spawn (configs/strategy/*.yaml point straight at its classes);
+the modules here add what it lacks.
+"""
+
+from contextlib import AbstractContextManager, nullcontext
+
+import lightning as L
+from lightning.pytorch.plugins import TorchSyncBatchNorm
+from torch import nn
+
+from ...data.loading import per_device_batch_size
+from ...errors import ConfigError
+from ...parallel.batchnorm import synchronise
+
+
+def data_parallel_size(trainer: L.Trainer) -> int:
+    """Number of replicas that each see a different slice of the global batch.
+
+    Strategies that split the model instead of the data (tensor, layer or pipeline parallel)
+    expose `data_parallel_size` and `data_parallel_rank`; for the DDP family every process is a replica.
+    """
+    return int(getattr(trainer.strategy, "data_parallel_size", trainer.world_size))
+
+
+def data_parallel_rank(trainer: L.Trainer) -> int:
+    """Which slice of the global batch this process reads (0 .. data_parallel_size - 1)."""
+    return int(getattr(trainer.strategy, "data_parallel_rank", trainer.global_rank))
+
+
+def check_layout(
+    preset: str,
+    trainer: L.Trainer,
+    global_batch_size: int,
+    module: L.LightningModule,
+    synchronised_batchnorm: bool = False,
+) -> None:
+    """Refuse, before any process starts, a layout the preset cannot run.
+
+    A strategy with limits of its own declares them in a `check_layout(trainer, module, global_batch_size)` method,
+    a callback in a `check_layout(trainer, module, synchronised_batchnorm)` method.
+    """
+    if preset == "single" and trainer.world_size > 1:
+        raise ConfigError(
+            f"strategy=single runs one device but trainer.devices={trainer.num_devices} x "
+            f"trainer.num_nodes={trainer.num_nodes} asks for {trainer.world_size}; use strategy=ddp for several"
+        )
+    per_device_batch_size(global_batch_size, data_parallel_size(trainer), trainer.accumulate_grad_batches)
+    check_validation_interval(trainer.val_check_interval, trainer.accumulate_grad_batches)
+    for callback in trainer.callbacks:  # e.g. the OOM toolkit: a callback that works under some presets only
+        supported = getattr(callback, "supported_presets", None)
+        if supported is not None and preset not in supported:
+            reason = getattr(callback, "refused_because", {}).get(preset)
+            raise ConfigError(
+                f"{type(callback).__name__} works under strategy={'|'.join(supported)}, not strategy={preset}"
+                + (f" ({reason})" if reason else "")
+                + "; drop it with ~callbacks.<its name>"
+            )
+        if hasattr(callback, "check_layout"):
+            callback.check_layout(trainer, module, synchronised_batchnorm)
+    if hasattr(trainer.strategy, "check_layout"):
+        trainer.strategy.check_layout(trainer, module, global_batch_size)
+
+
+def check_validation_interval(interval: int | float, accumulate: int) -> None:
+    """A validation, and the best checkpoint saved after it, must fall between optimizer steps: a checkpoint inside
+    one has lost the micro-batches' gradients accumulated so far, and a training resumed from it is not the one
+    that would have gone on (trainer.val_check_interval counts micro-batches; a fraction of the epoch would too)."""
+    inside = interval % accumulate if isinstance(interval, int) else interval < 1.0
+    if accumulate > 1 and inside:
+        raise ConfigError(
+            f"trainer.val_check_interval={interval} counts micro-batches: give a multiple of "
+            f"trainer.accumulate_grad_batches={accumulate} (validation and its checkpoint between optimizer steps)"
+        )
+
+
+def model_init_context(trainer: L.Trainer) -> AbstractContextManager:
+    """Where train.py builds the model: on the meta device for strategies that shard it and allocate only each
+    rank's shards (`builds_on_meta`), else as usual (on the CPU, moved to the device by Lightning)."""
+    if getattr(trainer.strategy, "builds_on_meta", False):
+        return trainer.init_module(empty_init=True)
+    return nullcontext()
+
+
+class BatchNormSync(TorchSyncBatchNorm):
+    """trainer.sync_batchnorm on any device: Lightning's plugin converts BatchNorm layers to torch's SyncBatchNorm,
+    which runs on GPUs only; this one converts them to batchnorm.SynchronisedBatchNorm on CPU processes. Lightning
+    applies it when fit starts (model=the LightningModule) and reverts torch's layers at the end; ours stay, as
+    they are plain BatchNorm outside distributed training."""
+
+    def apply(self, model: nn.Module) -> nn.Module:
+        return synchronise(model, model.trainer.strategy.root_device.type)

@@ -1,0 +1,146 @@
+"""model_parallel: split the model itself over devices, for models too big for one device's memory.
+
+Two modes, chosen by `strategy.mode`:
+
+- tensor: Lightning's ModelParallelStrategy. The processes form a 2D DeviceMesh
+  (data_parallel x tensor_parallel). Each tensor-parallel group shards the model by the tensor-parallel plan
+  of its `Split` (model_split.py) and reads the same batch; across data-parallel groups the model is
+  also sharded with FSDP2 `fully_shard`, which averages the gradients of the replicas.
+- layers: one process, the model cut into consecutive groups of layers (between the blocks of its Split), group i
+  on device i; activations are copied from one device to the next. Simple, but only one device works
+  at a time (the pipeline preset overlaps them).
+"""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Literal
+
+import lightning as L
+import torch
+from lightning.pytorch.strategies import ModelParallelStrategy, SingleDeviceStrategy
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from ...errors import ConfigError
+from ...parallel.sharding import (
+    check_layer_split,
+    check_mode,
+    check_tensor_parallel,
+    default_layer_devices,
+    materialize,
+    mesh_sizes,
+    parallelize,
+    place_layer_groups,
+)
+
+
+def model_parallel(
+    mode: str = "tensor",
+    tensor_parallel_size: int | Literal["auto"] = "auto",
+    data_parallel_size: int | Literal["auto"] = "auto",
+    save_distributed_checkpoint: bool = True,
+    devices: list[str] | None = None,
+    timeout: timedelta = timedelta(minutes=10),
+) -> "TensorParallelStrategy | LayerSplitStrategy":
+    """The preset's `_target_`: one strategy per mode. Settings of the other mode are ignored."""
+    check_mode(mode)
+    if mode == "tensor":
+        return TensorParallelStrategy(
+            data_parallel_size=data_parallel_size,
+            tensor_parallel_size=tensor_parallel_size,
+            save_distributed_checkpoint=save_distributed_checkpoint,
+            timeout=timeout,
+        )
+    return LayerSplitStrategy(devices)
+
+
+class TensorParallelStrategy(ModelParallelStrategy):
+    """ModelParallelStrategy that knows its data-parallel layout before the processes start, and builds the
+    model on the meta device (train.py builds it in `trainer.init_module(empty_init=True)`): only each rank's
+    shards are ever allocated, with the values strategy=single draws (sharding.materialize)."""
+
+    builds_on_meta = True
+    compiles_per_block = True  # compile=true (compilation.py)
+    _init_rng_state: torch.Tensor | None = None
+
+    @contextmanager
+    def tensor_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
+        if empty_init:  # the model's build (Lightning enters this again, without it, around configure_model)
+            self._init_rng_state = torch.random.get_rng_state()  # what a normal build would draw from
+        with super().tensor_init_context(empty_init):
+            yield
+
+    def _sizes(self) -> tuple[int, int]:
+        """(data_parallel_size, tensor_parallel_size); "auto" fills in from the other and the world size."""
+        return mesh_sizes(self._data_parallel_size, self._tensor_parallel_size, self.num_nodes, self.num_processes)
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self._sizes()[0]
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return self._sizes()[1]
+
+    @property
+    def data_parallel_rank(self) -> int:
+        # The mesh is laid out row-major: ranks 0..tp-1 form data-parallel group 0, and so on.
+        return self.global_rank // self.tensor_parallel_size
+
+    def setup_environment(self) -> None:
+        self._data_parallel_size, self._tensor_parallel_size = self._sizes()
+        super().setup_environment()
+
+    def check_layout(self, trainer: L.Trainer, model: nn.Module, global_batch_size: int) -> None:
+        """Refuse a mesh that does not fit the processes or a model that does not divide over it."""
+        dp, tp = self._sizes()
+        if dp < 1 or tp < 1 or dp * tp != self.world_size:
+            raise ConfigError(
+                f"strategy.data_parallel_size={dp} x strategy.tensor_parallel_size={tp} must equal the processes: "
+                f"trainer.devices={self.num_processes} x trainer.num_nodes={self.num_nodes} = {self.world_size}"
+            )
+        check_tensor_parallel(model, tp)
+        if trainer.precision == "16-mixed":  # fp16's gradient scaler does not work on DTensor shards
+            raise ConfigError("strategy=model_parallel supports trainer.precision=32-true or bf16-mixed, not 16-mixed")
+
+    def parallelize(self, net: nn.Module) -> None:
+        """Shard `net` in place and allocate this rank's shards (called from LightningModule.configure_model);
+        a no-op the second time."""
+        parallelize(net, self.device_mesh, self.precision_plugin.precision)
+        if self._init_rng_state is not None:
+            materialize(net, self.root_device, self._init_rng_state)
+
+
+class LayerSplitStrategy(SingleDeviceStrategy):
+    """One process; layer group i of the model lives on devices[i]. The batch and the loss live on devices[0]."""
+
+    data_parallel_size = 1
+    data_parallel_rank = 0
+    compiles_per_block = True  # compile=true (compilation.py)
+
+    def __init__(self, devices: list[str] | None = None) -> None:
+        self.devices = [torch.device(device) for device in devices or default_layer_devices()]
+        self.devices_in_use = self.devices  # read by the memory monitor
+        super().__init__(device=self.devices[0])
+        self._hooks: list[RemovableHandle] = []
+
+    def check_layout(self, trainer: L.Trainer, model: nn.Module, global_batch_size: int) -> None:
+        check_layer_split(model, self.devices)
+
+    def model_to_device(self) -> None:
+        # Lightning moves the whole module to the root device here (at fit, and again at test);
+        # put each layer group back on its own device afterwards.
+        super().model_to_device()
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = place_layer_groups(self.model, self.devices)
+
+    def setup(self, trainer: L.Trainer) -> None:
+        super().setup(trainer)
+        # Lightning moved the optimizer state to the root device; it belongs with its parameter.
+        for optimizer in self.optimizers:
+            for param, state in optimizer.state.items():
+                for key, value in state.items():
+                    if isinstance(value, torch.Tensor) and value.dim() > 0:
+                        state[key] = value.to(param.device)

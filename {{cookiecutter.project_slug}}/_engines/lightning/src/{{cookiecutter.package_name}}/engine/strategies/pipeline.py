@@ -1,0 +1,174 @@
+"""strategy=pipeline: pipeline parallelism as a Lightning strategy, one process per stage.
+
+Each process keeps only its stage of the net (cut between the blocks of its Split, model_split.py) and trains it with a
+torch.distributed.pipelining schedule, which cuts the batch into micro-batches so the stages overlap.
+The schedule runs forward and backward in one call, so the strategy owns the training step (manual
+optimization); validation, test, logging and checkpoints go through the usual Lightning paths. Checkpoints are
+folders that each stage writes its part of (torch.distributed.checkpoint), as model_parallel's.
+Every stage reads the same batch: the pipeline is one data-parallel replica (pp x dp is not supported).
+"""
+
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+import torch.distributed.checkpoint as dcp
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.trainer.states import TrainerFn
+from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+from ...errors import ConfigError
+from ...parallel.pipelining import (
+    SCHEDULES,
+    STAGE_OPTIMIZER_STATE,
+    Pipeline,
+    PipelinedNet,
+    bubble_fraction,
+    check_pipeline,
+    single_device_name,
+)
+from ..module import writes_step_metrics
+
+META = "meta.pt"  # what Lightning's ModelParallelStrategy names the non-tensor part of its checkpoint folders
+
+
+class PipelineStrategy(DDPStrategy):
+    """Pipeline-parallel training over all processes (stage i = global rank i).
+
+    Launching, the process group (and its timeout) and devices come from DDPStrategy; nothing is wrapped
+    in DistributedDataParallel because no two processes hold the same parameters.
+    """
+
+    data_parallel_size = 1  # read by the data module: every stage loads the whole batch
+    data_parallel_rank = 0
+    compiles_per_block = True  # compile=true: each block, in place, before the net is cut (compilation.py)
+
+    def __init__(
+        self,
+        microbatches: int = 4,
+        schedule: str = "1f1b",
+        split_points: list[int] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule={schedule!r} is unknown; valid: {', '.join(SCHEDULES)}")
+        super().__init__(**kwargs)
+        self.microbatches = microbatches
+        self.schedule = schedule
+        self.split_points = list(split_points) if split_points is not None else None
+        self._pipeline: Pipeline | None = None
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int]:
+        return {"num_replicas": self.data_parallel_size, "rank": self.data_parallel_rank}
+
+    @property
+    def restore_checkpoint_after_setup(self) -> bool:
+        return True  # a checkpoint is read in place: once this process holds its stage and optimizer
+
+    def check_layout(self, trainer: L.Trainer, module: L.LightningModule, global_batch_size: int) -> None:
+        """Refuse, before any process starts, a pipeline that cannot run."""
+        check_pipeline(self.world_size, self.microbatches, global_batch_size, module.net, self.split_points)
+        if trainer.accumulate_grad_batches != 1 or trainer.gradient_clip_val:
+            raise ConfigError(
+                "strategy=pipeline does not support trainer.accumulate_grad_batches or trainer.gradient_clip_val; "
+                "raise strategy.microbatches to save memory instead"
+            )
+        if trainer.precision == "16-mixed":  # one gradient scaler per stage would skip steps out of step
+            raise ConfigError("strategy=pipeline supports trainer.precision=32-true or bf16-mixed, not 16-mixed")
+
+    def setup(self, trainer: L.Trainer) -> None:
+        self.accelerator.setup(trainer)
+        module = self.lightning_module
+        if not isinstance(module.net, PipelinedNet):  # setup runs again for trainer.test
+            module.net = PipelinedNet.of(module.net, self.global_rank, self.world_size, self.split_points)
+        module.automatic_optimization = False  # training_step below runs forward, backward and the step
+        self.precision_plugin.convert_module(module)
+        self.model_to_device()
+        if trainer.state.fn == TrainerFn.FITTING:
+            self.setup_optimizers(trainer)
+            self._pipeline = Pipeline(module.net, self.root_device, self.microbatches, self.schedule, module.loss)
+            self._log_layout(trainer)
+        self.setup_precision_plugin()
+
+    def _log_layout(self, trainer: L.Trainer) -> None:
+        """Record the split (parameters per stage: is it balanced?) and the theoretical bubble."""
+        layout = {
+            "stages": self.world_size,
+            "microbatches": self.microbatches,
+            "schedule": self.schedule,
+            "parameters_per_stage": self._pipeline.parameter_counts(),
+            "bubble_fraction": round(bubble_fraction(self.world_size, self.microbatches), 4),
+        }
+        for logger in trainer.loggers:
+            logger.log_hyperparams({"pipeline": layout})
+        if self.is_global_zero:
+            print(f"pipeline: {layout} (bubble = (stages - 1) / (microbatches + stages - 1))")
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        module = self.lightning_module
+        optimizer = module.optimizers()
+        optimizer.zero_grad()
+        # Only a step the loggers see brings the loss to every stage, with the idle shares (the module logs the
+        # loss on those steps alone): the other steps neither wait for the GPU nor communicate beyond the schedule.
+        measure = writes_step_metrics(module.trainer)
+        with self.precision_plugin.train_step_context():  # autocast around every stage's forward
+            loss, idle = self._pipeline.train_step(*batch, measure=measure)
+        optimizer.step()
+        if (scheduler := module.lr_schedulers()) is not None:  # manual optimization: Lightning leaves it to us
+            scheduler.step()
+        # Every process has the same values; rank 0's logger sends them once, at this global step.
+        for rank, fraction in enumerate(idle or []):
+            module.log(f"pipeline/idle_fraction/stage{rank}", fraction, on_step=True, on_epoch=False)
+        return loss
+
+    def mean_of_step_metrics(self, means: torch.Tensor) -> torch.Tensor:
+        """The step metrics' means over the steps since the last log (callbacks/item_logger.py): the last stage's.
+        The other stages have no loss on the steps that are not logged (NaN), so no mean over the processes."""
+        torch.distributed.broadcast(means, src=self.world_size - 1)
+        return means
+
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        """This stage's part of the model, under the single-device names (net.blocks.2..., not net.stage...)."""
+        return {single_device_name(key): value for key, value in self.lightning_module.state_dict().items()}
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        return get_optimizer_state_dict(self.lightning_module, optimizer, options=STAGE_OPTIMIZER_STATE)
+
+    def load_model_state_dict(self, checkpoint: dict[str, Any], strict: bool = True) -> None:
+        own = {single_device_name(key): key for key in self.lightning_module.state_dict()}
+        state = {own[key]: value for key, value in checkpoint["state_dict"].items()}
+        self.lightning_module.load_state_dict(state, strict=strict)
+
+    def load_optimizer_state_dict(self, checkpoint: dict[str, Any]) -> None:
+        for optimizer, state in zip(self.optimizers, checkpoint["optimizer_states"], strict=True):
+            set_optimizer_state_dict(self.lightning_module, optimizer, state, options=STAGE_OPTIMIZER_STATE)
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        """A folder, as model_parallel's: every stage writes its own parameters and optimizer state into it with
+        torch.distributed.checkpoint, and rank 0 the rest (meta.pt: loop counters, callbacks, random states).
+        No process ever holds the whole model; load_trained puts it together on one device."""
+        path = Path(filepath)
+        path.mkdir(parents=True, exist_ok=True)
+        stage = {"state_dict": checkpoint.pop("state_dict")}
+        stage.update({f"optimizer_{i}": state for i, state in enumerate(checkpoint.pop("optimizer_states", []))})
+        dcp.save(stage, checkpoint_id=path)
+        if self.is_global_zero:
+            torch.save(checkpoint, path / META)
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        """This stage's part of a checkpoint folder, read in place (the entries of its own parameters only), and the
+        rest from meta.pt. The names do not depend on the split: the pipeline may resume with other stages."""
+        path = Path(checkpoint_path)
+        checkpoint = torch.load(path / META, map_location="cpu", weights_only=weights_only)
+        stage = {"state_dict": self.lightning_module_state_dict()}
+        saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+        with_optimizers = any(key.startswith("optimizer_") for key in saved)  # not in weights-only checkpoints
+        if with_optimizers and self.lightning_module.trainer.state.fn == TrainerFn.FITTING:
+            stage.update({f"optimizer_{i}": self.optimizer_state(opt) for i, opt in enumerate(self.optimizers)})
+        dcp.load(stage, checkpoint_id=path)
+        checkpoint["state_dict"] = stage.pop("state_dict")
+        if stage:
+            checkpoint["optimizer_states"] = [stage[f"optimizer_{i}"] for i in range(len(self.optimizers))]
+        return checkpoint

@@ -1,0 +1,147 @@
+"""The Lightning engine's training: config -> data -> model -> callbacks -> logger -> trainer -> fit -> test.
+
+Every object is built from configs/ by Hydra, so each line below reads the same whatever the strategy. The
+command, `python -m {{ cookiecutter.package_name }}.train`, calls train() and reports a refusal in one line.
+"""
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from hydra.core.hydra_config import HydraConfig
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.utilities import rank_zero_info
+from omegaconf import DictConfig, OmegaConf
+from torch.multiprocessing.spawn import ProcessRaisedException
+
+from ..config import build_object
+from ..data.loading import check_input, per_device_batch_size
+from ..errors import ConfigError, spawned_failure
+from ..parallel.batchnorm import needs_sync, synchronised_message
+from ..parallel.launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
+from ..runtime.memory import configure_allocator
+from ..runtime.precision import resolve_precision
+from ..runtime.resuming import starting_point
+from ..tracking.wandb_run import finish_wandb, write_atomically
+from .callbacks.epoch_metrics import EpochMetricsFile
+from .checkpoints import LAST, resume_from
+from .profiler import NoProfiler
+from .strategies import BatchNormSync, check_layout, data_parallel_size, model_init_context
+
+# Lightning reports a bad Trainer argument as MisconfigurationException: a refused config too.
+build = functools.partial(build_object, bad_arguments=(MisconfigurationException,))
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    """Fit and test as configured; returns the final metrics. Raises ConfigError before training, and for what
+    Lightning finds wrong once fit starts (e.g. an unknown monitor key) or a ddp_spawn process reports."""
+    try:
+        return fit_and_test(cfg)
+    except MisconfigurationException as err:
+        raise ConfigError(str(err)) from err
+    except ProcessRaisedException as err:  # strategy=ddp_spawn: a spawned process failed; its traceback is the text
+        raise spawned_failure(err.error_index, str(err), config_errors=(MisconfigurationException,)) from err
+
+
+def fit_and_test(cfg: DictConfig) -> dict[str, float]:
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    configure_allocator()  # before anything initialises CUDA
+    # A restart continues from the run's last checkpoint; checkpoints of another training are refused.
+    cfg.ckpt_path, cfg.resume = starting_point(run_dir, cfg, run_dir / "checkpoints" / LAST)
+    # Before the logger: resume=false forgets the run (but check_only writes nothing, deletes nothing).
+    ckpt_path = None if cfg.check_only else resume_from(run_dir, cfg.ckpt_path, cfg.resume)
+    trainer, model, datamodule = prepare(cfg)
+    if synchronised_batchnorm(cfg, model, trainer):
+        rank_zero_info(synchronised_message(trainer.world_size))  # converted when fit starts (BatchNormSync)
+    if cfg.check_only:
+        print(f"check_only: the command passes its checks ({trainer.world_size} processes); nothing was trained")
+        return {}
+
+    failed = True
+    try:
+        if trainer.is_global_zero:
+            write_atomically(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))  # others may read it
+            for logger in trainer.loggers:  # the resolved config and the run's layout, rank 0 only
+                logger.log_hyperparams(run_summary(cfg, trainer))
+        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+        if cfg.test_after_fit and "test" in datamodule.data.split_names:  # data=files: test is optional
+            best = trainer.checkpoint_callback and trainer.checkpoint_callback.best_model_path
+            trainer.test(model, datamodule=datamodule, ckpt_path="best" if best else None)
+        failed = False
+    finally:
+        finish_wandb(failed)
+    return {name: float(value) for name, value in trainer.callback_metrics.items()}
+
+
+def prepare(cfg: DictConfig, with_logger: bool = True) -> tuple[L.Trainer, L.LightningModule, L.LightningDataModule]:
+    """The trainer, model and data of this config, checked: everything that can refuse the config does so
+    here, before a process starts or a file is written (raises ConfigError). The search runs it on the config of
+    its first trial (without the logger), so that a config every trial would refuse is refused before the first."""
+    if cfg.ckpt_path and not Path(cfg.ckpt_path).exists():
+        # A folder is fine: model_parallel saves sharded checkpoints as one folder of per-rank files.
+        raise ConfigError(f"ckpt_path={cfg.ckpt_path} does not exist; give a .ckpt file (e.g. a run's last.ckpt)")
+    L.seed_everything(cfg.seed, workers=True)
+
+    datamodule = build(cfg.data)
+    callbacks = [build(callback) for callback in (cfg.callbacks or {}).values()]
+    if not cfg.trainer.enable_progress_bar:  # one switch hides the bar, whichever bar callback is configured
+        callbacks = [callback for callback in callbacks if not isinstance(callback, ProgressBar)]
+    if cfg.epoch_metrics:  # the search reads it to prune a trial
+        callbacks.append(EpochMetricsFile(cfg.epoch_metrics))
+    logger = build(cfg.logger) if cfg.logger and with_logger else False
+    # Under torchrun or SLURM the launcher's layout, unless the command line gave one (checked against it).
+    num_nodes, devices = fit_layout_to_launcher(
+        preset(), cfg.trainer.num_nodes, cfg.trainer.devices, HydraConfig.get().overrides.task
+    )
+    warn_if_restarts_can_hang()
+    cfg.trainer.precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # auto: bf16 on GPUs
+    plugins = [build(plugin) for plugin in cfg.trainer.get("plugins") or []]  # the user's, e.g. a CheckpointIO
+    if cfg.trainer.sync_batchnorm:
+        plugins.append(BatchNormSync())  # on CPU processes too
+    trainer = build(
+        cfg.trainer,
+        num_nodes=num_nodes,
+        devices=devices,
+        strategy=cfg.strategy,
+        callbacks=callbacks,
+        logger=logger,
+        plugins=plugins or None,
+        profiler=cfg.trainer.profiler or NoProfiler(),
+    )
+    with model_init_context(trainer):  # model_parallel: on the meta device, each rank allocates its shards
+        model = build(cfg.model, scheduler=build(cfg.scheduler), compile=cfg.compile, tf32=cfg.tf32)
+    synchronised = synchronised_batchnorm(cfg, model, trainer)
+    check_layout(preset(), trainer, cfg.data.batch_size, model, synchronised)  # now, not inside a worker process
+    datamodule.data.check_layout(data_parallel_size(trainer), trainer.world_size)
+    check_input(model.net, datamodule.data)  # e.g. model=gpt with data that is not token ids, or uint8 images
+    return trainer, model, datamodule
+
+
+def synchronised_batchnorm(cfg: DictConfig, model: L.LightningModule, trainer: L.Trainer) -> bool:
+    """Whether this run's BatchNorm layers are synchronised over its data-parallel processes."""
+    data_parallel = preset() in ("ddp", "ddp_spawn")  # model_parallel and pipeline check BatchNorm themselves
+    return data_parallel and cfg.trainer.sync_batchnorm and needs_sync(model, trainer.world_size)
+
+
+def run_summary(cfg: DictConfig, trainer: L.Trainer) -> dict[str, Any]:
+    """The resolved config plus how the run is laid out, as logged to wandb."""
+    summary = OmegaConf.to_container(cfg, resolve=True)
+    summary["run"] = {
+        "engine": "lightning",
+        "strategy_preset": preset(),
+        "world_size": trainer.world_size,
+        "devices": trainer.num_devices,
+        "num_nodes": trainer.num_nodes,
+        "data_parallel_size": data_parallel_size(trainer),
+        "per_device_batch_size": per_device_batch_size(
+            cfg.data.batch_size, data_parallel_size(trainer), trainer.accumulate_grad_batches
+        ),
+    }
+    return summary
+
+
+def preset() -> str:
+    """The strategy preset this run was composed with (the file name under configs/strategy/)."""
+    return HydraConfig.get().runtime.choices["strategy"]

@@ -1,0 +1,41 @@
+"""What the shared tests need to know about the engine, the Lightning side (the Accelerate project has its own)."""
+
+from hydra.utils import instantiate
+from torch import nn
+
+QUIET = ["trainer.enable_progress_bar=false"]  # no progress bar in a test's log
+OOM_TOOLKIT = "callbacks=oom"
+OOM_RECOVERY = "callbacks.oom_recovery"  # where the OOM recovery's settings are
+LAST = "checkpoints/last.ckpt"
+SHARDED, MODEL = LAST, "state_dict.net."  # where pipeline and model_parallel's parts are, and the net's entries
+DDP = ["strategy=ddp", "trainer.devices=2"]  # Lightning starts the second process itself
+DDP_LAUNCH = None
+# the search's trial command of a two-process preset, as the wandb sweep file writes it
+SWEEP_COMMAND = ["${env}", "${interpreter}", "-m"]
+# What this engine alone refuses: (overrides, the one error line). Lightning runs pipeline on one machine itself.
+OPTIMIZATION_REFUSALS = [
+    (  # shared code (tests/test_model_split.py checks it for both engines), reached here from the command line
+        ["strategy=pipeline", "trainer.devices=2", "trainer.accelerator=cpu", "model.net.norm=batch"],
+        "strategy=pipeline computes BatchNorm statistics per micro-batch",
+    ),
+]
+STREAMING_REFUSALS = [
+    (
+        ["data=streaming", "data.dir=SHAPES", "strategy=pipeline", "trainer.devices=2", "trainer.accelerator=cpu"],
+        "data=streaming gives each process its own part of the stream",
+    ),
+]
+SEARCH_REFUSALS = []
+
+
+def optimizer_of(cfg, net: nn.Module):
+    """The optimizer the training builds for `net` from this config (no scheduler given: the optimizer alone)."""
+    return instantiate(cfg.model, net=net).configure_optimizers()
+
+
+def reset_engine_state() -> None:
+    """Forget what building one training left behind in this process (Lightning keeps nothing)."""
+
+
+# tests/old_layout_run: the links a run folder has that the template cannot ship (its last checkpoint is a file)
+OLD_RUN_LINKS: dict[str, str] = {}

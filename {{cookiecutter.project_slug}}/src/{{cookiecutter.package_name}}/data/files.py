@@ -1,0 +1,112 @@
+"""Your data from files (`data=files data.dir=DIR`): DIR holds train, val and optionally test, each as .npz
+(arrays x, y) or .pt (a dict of tensors x, y). x: one sample per row, of any shape; y: integer class labels,
+one per sample (or one per position, e.g. next tokens).
+
+The shapes the model needs are read from the files, not typed: configs/data/files.yaml fills data.num_features
+and data.num_classes with the `data_files` resolver, and the model config interpolates those. A model that
+takes samples unflattened (data.flatten=false) can read their shape with ${data_files:${data.dir},sample_shape}.
+Every problem with the files is a ConfigError naming the file, raised when the config is first resolved; integer
+samples are refused by data.check_input unless the model reads token ids (it knows the model).
+"""
+
+import functools
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import TensorDataset
+
+from ..errors import ConfigError
+
+FORMATS = (".npz", ".pt")
+
+
+class FilesDataset(TensorDataset):
+    """One split read from data.dir, checked. `flatten` makes each sample one vector (what the classifier's MLP
+    takes); false keeps the shape it has in the file."""
+
+    def __init__(self, split: str, dir: str, flatten: bool = True) -> None:
+        describe(dir)  # every split checked, and against each other
+        self.path = split_file(dir, split)  # named in data.check_input's refusals
+        x, y = read_split(self.path)
+        super().__init__(x.reshape(len(x), -1) if flatten else x, y)
+
+
+def describe(dir: str | None) -> dict:
+    """What the model needs to know about the data in `dir`: num_features (values per sample), sample_shape,
+    num_classes (largest label + 1 over all splits) and splits (the ones present). Cached: it reads the files."""
+    if not dir:
+        raise ConfigError("data.dir is not set: data=files data.dir=DIR, DIR holding train and val (.npz or .pt)")
+    return _describe(str(Path(dir).expanduser().resolve()))
+
+
+@functools.cache
+def _describe(dir: str) -> dict:
+    if not Path(dir).is_dir():
+        raise ConfigError(f"{dir}: not a directory (data.dir must hold train and val, .npz or .pt)")
+    splits = ["train", "val"] + (["test"] if _candidates(dir, "test") else [])
+    shape, classes = None, 0
+    for split in splits:
+        path = split_file(dir, split)
+        x, y = read_split(path)
+        if shape is None:
+            shape, train_path, label_shape = x.shape[1:], path, y.shape[1:]
+        elif x.shape[1:] != shape or y.shape[1:] != label_shape:
+            raise ConfigError(
+                f"{path}: samples are shaped x {list(x.shape[1:])}, y {list(y.shape[1:])}; {train_path.name}'s are "
+                f"x {list(shape)}, y {list(label_shape)}"
+            )
+        classes = max(classes, int(y.max()) + 1)
+        if not x.is_floating_point() and x.shape == y.shape:  # token sequences (model=gpt): x's ids are classes too
+            classes = max(classes, int(x.max()) + 1)
+    return {"num_features": math.prod(shape), "sample_shape": list(shape), "num_classes": classes, "splits": splits}
+
+
+def resolve(dir: str | None, key: str) -> object:
+    """The `data_files` resolver: ${data_files:DIR,num_features|sample_shape|num_classes|splits}."""
+    return describe(dir)[key]
+
+
+def _candidates(dir: str, split: str) -> list[Path]:
+    return [path for path in (Path(dir) / f"{split}{suffix}" for suffix in FORMATS) if path.is_file()]
+
+
+def split_file(dir: str, split: str) -> Path:
+    found = _candidates(dir, split)
+    if not found:
+        raise ConfigError(f"{Path(dir) / split}.npz: not found (nor {split}.pt); data=files needs train and val")
+    if len(found) > 1:
+        raise ConfigError(f"{found[0]}: {found[1].name} is there too; keep one {split} file")
+    return found[0]
+
+
+def read_split(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """x and y of one file, checked: tensors, as many samples in both, integer labels >= 0."""
+    try:
+        if path.suffix == ".npz":
+            with np.load(path, allow_pickle=False) as npz:
+                arrays = {name: torch.from_numpy(npz[name]) for name in npz.files if name in ("x", "y")}
+                names = npz.files
+        else:  # memory-mapped: the file is read as samples are used
+            arrays = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            names = list(arrays) if isinstance(arrays, dict) else []
+    except Exception as err:  # not an archive, pickled objects, a truncated file, ...
+        raise ConfigError(f"{path}: cannot be read ({type(err).__name__}: {err})") from err
+    if not isinstance(arrays, dict) or not {"x", "y"} <= set(arrays):
+        raise ConfigError(f"{path}: needs x and y; it has {', '.join(map(str, names)) or 'neither'}")
+    x, y = arrays["x"], arrays["y"]
+    for name, value in (("x", x), ("y", y)):
+        if not isinstance(value, torch.Tensor) or value.ndim == 0:
+            raise ConfigError(f"{path}: {name} must be an array with one row per sample, not {type(value).__name__}")
+    if len(x) != len(y):
+        raise ConfigError(f"{path}: x has {len(x)} samples, y has {len(y)}")
+    if len(x) == 0:
+        raise ConfigError(f"{path}: no samples")
+    if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
+        raise ConfigError(f"{path}: y is {str(y.dtype).removeprefix('torch.')}; class labels must be integers")
+    if int(y.min()) < 0:
+        raise ConfigError(f"{path}: y has negative labels ({int(y.min())}); classes are 0, 1, ...")
+    if x.dtype == torch.float64:  # numpy's default; the model's weights are float32
+        x = x.float()
+    return x, y.long()  # cross-entropy takes int64 labels

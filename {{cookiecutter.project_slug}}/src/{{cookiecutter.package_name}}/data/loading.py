@@ -1,0 +1,354 @@
+"""The one way every engine loads data: a map-style Dataset per split, and each data-parallel replica's loader.
+
+The dataset comes from the config (`data.dataset._target_`, constructed once per split as `Class(split=NAME,
+**its keys)`): synthetic.py's generated task by default, files.py's arrays with `data=files`, or any map-style
+torch Dataset of yours. Everything below it (the global batch split over replicas, the seeded order, exact
+mid-epoch resume, worker processes) is the same for all of them. `data=streaming` (streaming.py) is the one
+exception: its training split is a stream that litdata's loader deals out and keeps the position of.
+"""
+
+import math
+import os
+import random
+from collections.abc import Callable, Iterator, Sequence, Sized
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, TensorDataset
+
+from ..errors import ConfigError
+
+SPLITS = ("train", "val", "test")
+IGNORED = -100  # a target no loss or metric counts (F.cross_entropy's ignore_index): EvalSampler's padding
+EVALUATION = 2**32 - 1  # the "epoch" of every evaluation pass, for each sample's seed (SeededSamples)
+
+
+class Data:
+    """A dataset per split and the loaders of it.
+
+    `dataset` is called as dataset(split=NAME) once per split in `splits` (the config gives a Hydra partial).
+    The preset's other keys (data.dir, data.num_features, data.train_size, ...) are there for the dataset and
+    model configs to interpolate; the loaders do not use them.
+    """
+
+    def __init__(
+        self,
+        dataset: Callable[..., Dataset],
+        batch_size: int = 256,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_workers: int | str = 0,
+        prefetch_factor: int = 2,
+        splits: Sequence[str] = SPLITS,
+        **interpolated: Any,
+    ) -> None:
+        self.dataset = dataset
+        self.batch_size = batch_size  # GLOBAL: samples per optimizer step over all data-parallel replicas
+        self.shuffle, self.seed = shuffle, seed
+        self.num_workers, self.prefetch_factor = num_workers, prefetch_factor
+        self.split_names = tuple(splits)
+        self.splits: dict[str, Dataset] = {}
+
+    def setup(self) -> None:
+        """Construct each split's dataset (once; every process constructs its own)."""
+        for split in self.split_names:
+            if split not in self.splits:
+                self.splits[split] = self._construct(split)
+
+    def _construct(self, split: str) -> Dataset:
+        name = getattr(self.dataset, "func", self.dataset)  # the class behind a partial
+        name = getattr(name, "__qualname__", repr(name))
+        try:
+            dataset = self.dataset(split=split)
+        except TypeError as err:  # e.g. a class without a `split` argument, or a key it does not take
+            raise ConfigError(
+                f"data.dataset {name}(split={split!r}, ...): {err} (a class of your own: data=custom, see its yaml)"
+            ) from err
+        if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+            raise ConfigError(f"data.dataset {name} must be a map-style Dataset (with __len__ and __getitem__)")
+        return dataset
+
+    @property
+    def streams(self) -> bool:
+        """Whether the training split is streamed (data=streaming): an IterableDataset class."""
+        cls = getattr(self.dataset, "func", self.dataset)
+        return isinstance(cls, type) and issubclass(cls, IterableDataset)
+
+    def check_layout(self, replicas: int, processes: int) -> None:
+        """Refuse, before training, a layout this data cannot feed: a stream is dealt out to the processes, each
+        its own part, so processes that must read the same batches (tensor-parallel or pipeline ranks) cannot
+        share one."""
+        if self.streams and replicas != processes:
+            raise ConfigError(
+                f"data=streaming gives each process its own part of the stream, but these {processes} processes are "
+                f"{replicas} data-parallel replica(s) sharing batches (tensor-parallel or pipeline ranks); use "
+                "data=files, or strategy=ddp (model_parallel with strategy.tensor_parallel_size=1)"
+            )
+
+    def workers(self, processes_per_node: int) -> int:
+        """num_workers, with `auto` = min(4, CPU cores per training process on this node): enough to keep
+        reading and collating ahead of the step, without the processes of one node fighting for cores."""
+        if self.num_workers != "auto":
+            return int(self.num_workers)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        return min(4, cores // max(1, processes_per_node))
+
+    def loader(
+        self,
+        split: str,
+        replicas: int = 1,
+        rank: int = 0,
+        pin_memory: bool = False,
+        processes_per_node: int = 1,
+        accumulate: int = 1,
+    ) -> DataLoader:
+        """This data-parallel replica's loader of `split`: `rank`'s share of each global batch, in `accumulate`
+        micro-batches (trainer.accumulate_grad_batches).
+
+        The same seeded sampler for every layout, one replica included: each global batch is then the same
+        samples whatever the strategy or engine, shuffled or not. The training split drops its last partial
+        batch, so every optimizer step sees a full global batch, as on a single device, and its loader can
+        say where it is in the epoch and start there again (see ResumableLoader).
+        """
+        self.setup()
+        train = split == "train"
+        dataset = self.splits[split]
+        workers = self.workers(processes_per_node)
+        if train and isinstance(dataset, IterableDataset):  # data=streaming
+            from .streaming import StreamingLoader
+
+            return StreamingLoader(
+                dataset,
+                replicas,
+                rank,
+                accumulate=accumulate,
+                batch_size=per_device_batch_size(self.batch_size, replicas, accumulate),
+                num_workers=workers,
+                prefetch_factor=self.prefetch_factor if workers else None,
+                pin_memory=pin_memory,
+            )
+        if isinstance(dataset, IterableDataset):  # data=streaming's validation or test split
+            dataset = dataset.by_index()
+        batch_size = per_device_batch_size(self.batch_size, replicas, accumulate)
+        if train:
+            sampler = ResumableSampler(
+                dataset, num_replicas=replicas, rank=rank, shuffle=self.shuffle, seed=self.seed, drop_last=True
+            )
+            dataset = SeededSamples(dataset, self.seed)  # the sampler hands it (epoch, index)
+        else:
+            sampler = EvalSampler(dataset, replicas, rank, batch_size)
+            dataset = SeededSamples(WithPadding(dataset) if sampler.padded else dataset, self.seed)
+        extra = {"accumulate": accumulate} if train else {}
+        return (ResumableLoader if train else DataLoader)(
+            dataset,
+            batch_size=batch_size,
+            sampler=sampler,
+            drop_last=train,
+            num_workers=workers,
+            persistent_workers=workers > 0,  # not restarted every epoch (and every validation)
+            prefetch_factor=self.prefetch_factor if workers else None,  # batches each worker prepares ahead
+            pin_memory=pin_memory,  # page-locked host memory makes host-to-GPU copies faster
+            # Each pass draws its workers' base seed: from a generator of its own, not the global one, whose state a
+            # resumed training restores (its dropout then draws what the uninterrupted training drew).
+            generator=torch.Generator().manual_seed(self.seed),
+            **extra,
+        )
+
+
+class EvalSampler(DistributedSampler):
+    """Every sample of an evaluation split exactly once over the replicas (rank r: samples r, r + replicas, ...),
+    in the same number of batches on every replica.
+
+    DistributedSampler pads the split to a multiple of the replicas with repeated samples, so val/test metrics
+    over 2+ replicas would count some samples twice and differ from one device's; here a rank may get one sample
+    fewer instead (the metrics weigh each batch by its size). That can leave it one batch short (33 samples over
+    2 replicas at 16 a batch: 17 and 16), and a replica that skips a forward the others run leaves them waiting
+    in it where the forward is a collective (model_parallel's FSDP2 gathers the weights): such a rank ends with
+    one padding sample (index len(dataset), see WithPadding) whose targets no metric counts. A DistributedSampler
+    still, so that Lightning keeps it instead of inserting its own."""
+
+    def __init__(self, dataset: Sized, replicas: int, rank: int, batch_size: int = 1) -> None:
+        super().__init__(dataset, num_replicas=replicas, rank=rank, shuffle=False)
+        self.indices = list(range(rank, len(dataset), replicas))
+        batches = math.ceil(math.ceil(len(dataset) / replicas) / batch_size)  # rank 0's, which has the most
+        self.padded = math.ceil(len(self.indices) / batch_size) < batches
+        if self.padded:
+            self.indices.append(len(dataset))
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return iter([(EVALUATION, index) for index in self.indices])  # for SeededSamples: the same every pass
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+class WithPadding(Dataset):
+    """An evaluation split that also answers EvalSampler's padding index, len(dataset): its first sample, with every
+    target IGNORED, so that the forward runs and the metrics count nothing of it."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        if index < len(self.dataset):
+            return self.dataset[index]
+        x, y = self.dataset[0]
+        return x, torch.full_like(torch.as_tensor(y), IGNORED)
+
+
+class ResumableSampler(DistributedSampler):
+    """torch's DistributedSampler (same seeded order), able to start partway through its epoch; it hands out
+    (epoch, index) pairs, for SeededSamples."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.start = 0  # indices of this replica's epoch to leave out: the ones a resumed run already trained on
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        indices = list(super().__iter__())[self.start :]
+        self.start = 0  # only the epoch being resumed is cut short
+        return iter([(self.epoch, index) for index in indices])
+
+
+class SeededSamples(Dataset):
+    """A split whose every sample draws its random numbers (torch's, numpy's and Python's: a Dataset's
+    augmentation) from a seed of its own: a function of (data.seed, epoch, index); every evaluation pass is the
+    same "epoch", EVALUATION.
+
+    A loader worker's random stream depends on which worker reads the sample and on what it read before, and no
+    checkpoint holds it: a resumed run, or another number of workers or replicas, would augment every sample
+    differently. Seeded per sample, the same sample of the same epoch gets the same augmentation wherever and
+    whenever it is read. The process's own random state is put back after each sample (without worker
+    processes, the samples are read in the training process, whose random numbers are dropout's)."""
+
+    def __init__(self, dataset: Dataset, seed: int) -> None:
+        self.dataset, self.seed = dataset, seed
+        plain = dataset.dataset if isinstance(dataset, WithPadding) else dataset
+        self.draws = not isinstance(plain, TensorDataset)  # indexing tensors draws no random number: no cost
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: tuple[int, int] | int) -> Any:
+        if isinstance(key, int):  # a plain index, e.g. the batch-size finder's trial batches
+            return self.dataset[key]
+        epoch, index = key
+        if not self.draws:
+            return self.dataset[index]
+        sample_seed = int(np.random.SeedSequence([self.seed, epoch, index]).generate_state(1, np.uint64)[0])
+        states = torch.random.get_rng_state(), np.random.get_state(), random.getstate()
+        torch.manual_seed(sample_seed)
+        np.random.seed(sample_seed % 2**32)
+        random.seed(sample_seed)
+        try:
+            return self.dataset[index]
+        finally:
+            torch.random.set_rng_state(states[0])
+            np.random.set_state(states[1])
+            random.setstate(states[2])
+
+
+class ResumableLoader(DataLoader):
+    """A training DataLoader that can be checkpointed mid-epoch: its state is the epoch and the samples of the
+    GLOBAL batch order already trained on, so a resumed run continues with the next batch, on any number of
+    data-parallel replicas (the global batch, hence the order of global batches, does not depend on it).
+
+    torch's DataLoader has no state_dict; Lightning (>= 2.2) saves and restores that of a loader that has
+    one, and accelerate does for objects registered for checkpointing. Batches are counted as they are handed
+    out, not as the sampler is read, so worker prefetching does not move the count.
+    """
+
+    sampler: ResumableSampler
+
+    def __init__(self, *args: Any, accumulate: int = 1, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.accumulate = accumulate  # micro-batches per optimizer step
+        self.batches_done = 0  # of the current epoch, handed out to the training loop
+        self._resume: tuple[int, int] | None = None  # (epoch, batches done) to continue from
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples per micro-batch over all replicas (per optimizer step when nothing is accumulated)."""
+        return self.batch_size * self.sampler.num_replicas
+
+    def __len__(self) -> int:
+        # Whole optimizer steps only: the micro-batches left over at the end of an epoch would make a smaller step.
+        return super().__len__() // self.accumulate * self.accumulate
+
+    def __iter__(self) -> Iterator[Any]:
+        self.batches_done = 0
+        if self._resume is not None and self._resume[0] == self.sampler.epoch:
+            self.batches_done = self._resume[1]
+            self.sampler.start = self.batches_done * self.batch_size
+        self._resume = None
+        batches = len(self)  # once: it asks the batch sampler, then the sampler, every time
+        for batch in super().__iter__():
+            if self.batches_done == batches:
+                break
+            self.batches_done += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.sampler.epoch, "samples_done": self.batches_done * self.global_batch_size}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        samples, epoch = state["samples_done"], state["epoch"]
+        if samples % self.global_batch_size:
+            raise ValueError(
+                f"the checkpoint stopped after {samples} samples of epoch {epoch}, which is not a whole number of "
+                f"global batches of {self.global_batch_size}: resume with the data.batch_size it was trained with"
+            )
+        self.sampler.set_epoch(epoch)
+        self._resume = (epoch, samples // self.global_batch_size)
+
+
+def check_input(net: nn.Module, data: Data) -> None:
+    """Refuse, before training starts (and before anything is written), data the net cannot read, in one line.
+    Every submodule with a `check_input(x)` method (gpt.py's token embedding) sees each split's first sample, as a
+    batch of one; a net of yours can do the same. A net without one, and without an nn.Embedding to read token
+    ids, takes floating-point samples: integer ones (images stored as uint8) would fail in its first layer."""
+    checks = [module.check_input for module in net.modules() if callable(getattr(module, "check_input", None))]
+    reads_ids = bool(checks) or any(isinstance(module, nn.Embedding) for module in net.modules())
+    data.setup()
+    for dataset in data.splits.values():
+        try:
+            x = torch.as_tensor(dataset[0][0])[None]
+        except (TypeError, ValueError, RuntimeError):  # not an array (e.g. a dict): the net reads it its own way
+            continue
+        for check in checks:
+            check(x)
+        if not (reads_ids or x.is_floating_point()):
+            source = getattr(dataset, "path", f"data.dataset {type(dataset).__name__}")  # data=files: the file
+            raise ConfigError(
+                f"{source}: x is {str(x.dtype).removeprefix('torch.')}, but the model takes floating-point samples: "
+                "store x as float32 (images scaled to [0, 1], e.g. x.astype(numpy.float32) / 255)"
+            )
+
+
+def per_device_batch_size(global_batch_size: int, replicas: int, accumulate: int = 1) -> int:
+    """The micro-batch each replica computes at once: the global batch divided over the data-parallel replicas
+    and the micro-batches accumulated per optimizer step (trainer.accumulate_grad_batches); a clear error if it
+    does not divide."""
+    parts = replicas * accumulate
+    if accumulate > 1 and (global_batch_size < 1 or global_batch_size % parts):
+        raise ConfigError(
+            f"data.batch_size={global_batch_size} is the global batch = micro-batch x "
+            f"trainer.accumulate_grad_batches={accumulate} x {replicas} data-parallel replicas, so a positive "
+            f"multiple of {parts}; nearest valid: {nearest_multiples(global_batch_size, parts)}"
+        )
+    if global_batch_size < 1 or global_batch_size % replicas:
+        raise ConfigError(
+            f"data.batch_size={global_batch_size} is the global batch and must be a positive multiple of the "
+            f"{replicas} data-parallel replicas; nearest valid: {nearest_multiples(global_batch_size, replicas)}"
+        )
+    return global_batch_size // parts
+
+
+def nearest_multiples(value: int, factor: int) -> str:
+    below = max(factor, value // factor * factor)
+    return f"{below} or {below + factor}"

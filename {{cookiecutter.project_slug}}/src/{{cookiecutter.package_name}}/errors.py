@@ -1,0 +1,101 @@
+"""What every layer may raise, and how the commands report it: one line on stderr and an exit code.
+
+A predictable mistake (bad input) is a ConfigError: exit 2, and a run folder that holds nothing is removed. A
+training that stopped itself for a reason it can name, or a process that crashed, exits 1 keeping what it wrote.
+"""
+
+import pydoc
+import re
+import sys
+from pathlib import Path
+
+from omegaconf.errors import InterpolationResolutionError, InterpolationToMissingValueError, MissingMandatoryValue
+
+EXIT_REFUSED = 2  # a predictable mistake: nothing was trained
+EXIT_STOPPED = 1  # a crash, or a training that stopped itself: its checkpoints are kept
+
+
+class ConfigError(ValueError):
+    """A setting that cannot work. train.py prints it as one line and exits before training."""
+
+
+class ProcessCrashed(RuntimeError):
+    """A training process that this command started (strategy=ddp_spawn) crashed: a bug, not bad input. Its
+    traceback is in the output already; the message names the process and the exception in one line."""
+
+    def __init__(self, rank: int, traceback: str) -> None:
+        lines = traceback.strip().splitlines()
+        super().__init__(f"training process {rank} failed: {lines[-1] if lines else 'no message'} (traceback above)")
+
+
+class TrainingStopped(RuntimeError):
+    """The training stopped itself for a reason it can name (e.g. out-of-memory errors that keep coming): train.py
+    prints it as one line and exits 1, keeping what the run wrote (its checkpoints)."""
+
+
+def spawned_failure(rank: int, traceback: str, config_errors: tuple[type, ...] = ()) -> Exception:
+    """What a process this command spawned (strategy=ddp_spawn) died of, from its traceback's text, as this command
+    reports it: a stop or a refusal (TrainingStopped, ConfigError or one of `config_errors`) as the one line it
+    would be without the spawn; anything else, a bug, as ProcessCrashed, after printing the traceback."""
+    lines = traceback.strip().splitlines()
+    name, _, message = (lines[-1] if lines else "").partition(": ")  # "package.module.Class: message"
+    raised = pydoc.locate(name) if name.replace(".", "").replace("_", "").isalnum() else None
+    if isinstance(raised, type) and issubclass(raised, TrainingStopped):
+        return TrainingStopped(message)
+    if isinstance(raised, type) and issubclass(raised, (ConfigError, *config_errors)):
+        return ConfigError(message)
+    print(traceback, file=sys.stderr)
+    return ProcessCrashed(rank, traceback)
+
+
+def not_importable(error: Exception) -> ConfigError | None:
+    """The one-line ConfigError for Hydra's report of a `_target_` it cannot import (a typo, a package that is not
+    installed or not on the Python path), which is several lines; None for any other error of instantiate."""
+    first, _, rest = str(error).partition("\n")
+    target = re.match(r"Error locating target '(.+?)'", first)
+    if target is None:
+        return None
+    key = re.search(r"full_key: (\S+)", rest)
+    cause = error
+    while cause.__cause__ is not None:  # down to the import's own error, e.g. "No module named 'my_pkg'"
+        cause = cause.__cause__
+    return ConfigError(
+        f"{key.group(1) + '.' if key else ''}_target_={target.group(1)} cannot be imported "
+        f"({str(cause).splitlines()[0]}); give the full import path of a class whose package is installed or on "
+        "PYTHONPATH"
+    )
+
+
+UNRESOLVED = (InterpolationResolutionError, MissingMandatoryValue)  # what OmegaConf raises for the two below
+
+
+def unresolved(error: Exception) -> ConfigError:
+    """The ConfigError behind an OmegaConf error: a resolver's (OmegaConf wraps it, e.g. data=files checking its
+    files), or a required value (???) left unset. Anything else is re-raised."""
+    if isinstance(error.__context__, ConfigError):
+        return error.__context__
+    if isinstance(error, MissingMandatoryValue | InterpolationToMissingValueError):
+        key = str(error).splitlines()[0].rpartition("Missing mandatory value: ")[2]
+        return ConfigError(f"{key} is not set: give it on the command line ({key}=...)")
+    raise error
+
+
+def fail(error: Exception, run_dir: Path | None = None) -> None:
+    """Report a predictable mistake in one line, remove the run folder if nothing was written, exit EXIT_REFUSED (2).
+    A crashed process, or a training that stopped itself, exits EXIT_STOPPED (1) instead, keeping what the run wrote."""
+    print(f"error: {error}", file=sys.stderr)
+    if isinstance(error, ProcessCrashed | TrainingStopped):
+        sys.exit(EXIT_STOPPED)
+    if run_dir is not None:
+        remove_if_empty(run_dir)
+    sys.exit(EXIT_REFUSED)
+
+
+def remove_if_empty(run_dir: Path) -> None:
+    """Remove the run folder Hydra made for a run that wrote nothing, and the empty folders above it."""
+    run_dir, cwd = run_dir.resolve(), Path.cwd().resolve()
+    while run_dir.is_dir() and not any(run_dir.iterdir()) and run_dir != cwd:
+        run_dir.rmdir()
+        if cwd not in run_dir.parents:
+            break  # outside the working directory: remove the run folder itself only
+        run_dir = run_dir.parent

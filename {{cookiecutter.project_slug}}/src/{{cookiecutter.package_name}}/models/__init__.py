@@ -1,0 +1,1 @@
+"""The networks (each with its split beside it) and how they are compiled."""

@@ -1,0 +1,81 @@
+"""The network: a plain nn.Module made of repeated residual blocks, and how the parallel presets split it.
+
+Any nn.Module trains under the data-parallel presets. model_parallel and pipeline also need its `Split`
+(registered below, outside the class): tensor parallelism shards the two linear layers inside each block,
+layer and pipeline parallelism cut the stack between blocks (see model_split.py and the README,
+"Bring your own model").
+"""
+
+import torch
+from torch import nn
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+from ..parallel.split import Split, register_split
+
+NORMS = {"layer": nn.LayerNorm, "batch": nn.BatchNorm1d, "none": lambda features: nn.Identity()}
+
+
+def make_norm(norm: str, features: int) -> nn.Module:
+    if norm not in NORMS:
+        raise ValueError(f"norm={norm!r} is unknown; valid: {', '.join(NORMS)}")
+    return NORMS[norm](features)
+
+
+class Block(nn.Module):
+    """Pre-norm residual MLP block: x + dropout(fc_out(gelu(fc_in(norm(x)))))."""
+
+    def __init__(self, hidden: int, expansion: int, norm: str = "layer", dropout: float = 0.0) -> None:
+        super().__init__()
+        self.norm = make_norm(norm, hidden)
+        self.fc_in = nn.Linear(hidden, hidden * expansion)
+        self.act = nn.GELU()
+        self.fc_out = nn.Linear(hidden * expansion, hidden)
+        self.dropout = nn.Dropout(dropout) if dropout else nn.Identity()  # none: draws no random numbers
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.dropout(self.fc_out(self.act(self.fc_in(self.norm(x)))))
+
+
+class ResidualMLP(nn.Module):
+    """embed -> depth x Block -> norm -> head. Outputs class logits.
+
+    norm: "layer" (LayerNorm), "batch" (BatchNorm1d: under ddp its batch statistics are synchronised over the
+    processes, see batchnorm.py) or "none". dropout: the probability of zeroing each of a block's outputs in
+    training (0: off). Its random masks depend on how the batch is split over processes, so with dropout the
+    presets no longer compute exactly what one device computes."""
+
+    def __init__(
+        self,
+        in_features: int,
+        num_classes: int,
+        hidden: int = 128,
+        depth: int = 4,
+        expansion: int = 4,
+        norm: str = "layer",
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.embed = nn.Linear(in_features, hidden)
+        self.blocks = nn.ModuleList(Block(hidden, expansion, norm, dropout) for _ in range(depth))
+        self.norm = make_norm(norm, hidden)
+        self.head = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+# The Megatron MLP split: fc_in is sharded by output features (colwise), so each tensor-parallel rank computes a
+# slice of the hidden activations (LayerNorm runs before it on the full input, GELU is elementwise); fc_out by
+# input features (rowwise), its partial results summed across ranks: one all-reduce per block.
+register_split(
+    ResidualMLP,
+    Split(
+        first=["embed"],
+        blocks=["blocks.*"],
+        last=["norm", "head"],
+        tensor_parallel={"blocks.*.fc_in": ColwiseParallel(), "blocks.*.fc_out": RowwiseParallel()},
+    ),
+)

@@ -1,0 +1,150 @@
+"""What the launcher says: who started this process (torchrun, SLURM or nothing), the layout of the processes it
+started, and the run id they share, so that every rank, node and restart of one training uses one run folder."""
+
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+PACKAGE = "{{ cookiecutter.package_name }}"
+# torchrun's arguments on each node of a multi-node training (the same --rdzv-id on every node: one run folder)
+MULTI_NODE_ARGS = ["--rdzv-backend=c10d", "--rdzv-endpoint=$HEAD_NODE:29500", "--rdzv-id=$JOB_ID"]
+
+# Presets that start their processes themselves from one process on one machine; a launcher cannot run them.
+SINGLE_MACHINE_PRESETS = {
+    "dp": "strategy=dp runs one process on one node (one thread per GPU)",
+    "ddp_spawn": "strategy=ddp_spawn starts its own processes, from one process on one node",
+}
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """The processes a launcher started for this training, all nodes together."""
+
+    name: str  # "torchrun" (also accelerate launch, which runs torch's elastic agent) or "SLURM"
+    world_size: int  # processes in all
+    num_nodes: int
+    per_node: int  # processes per node
+
+
+def detect_launcher() -> Launcher | None:
+    """The launcher that started this process and its siblings; None for a plain `python -m ...`.
+
+    torchrun (torch.distributed.elastic) sets WORLD_SIZE, LOCAL_WORLD_SIZE and GROUP_WORLD_SIZE (its agents, one
+    per node) for every worker. srun sets SLURM_STEP_NUM_TASKS/SLURM_STEP_NUM_NODES for its tasks (one task per
+    process: Lightning's convention). torchrun inside a SLURM job wins: it started the processes.
+    """
+    env = os.environ
+    if "TORCHELASTIC_RUN_ID" in env and "LOCAL_WORLD_SIZE" in env:
+        world, per_node = int(env["WORLD_SIZE"]), int(env["LOCAL_WORLD_SIZE"])
+        return Launcher("torchrun", world, int(env.get("GROUP_WORLD_SIZE", world // per_node)), per_node)
+    if "SLURM_STEP_NUM_TASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
+        world, nodes = int(env["SLURM_STEP_NUM_TASKS"]), int(env.get("SLURM_STEP_NUM_NODES", 1))
+        if world > 1:
+            return Launcher("SLURM", world, nodes, world // nodes)
+    return None
+
+
+def fit_layout_to_launcher(
+    preset: str, num_nodes: int, devices: int | str, overrides: Iterable[str]
+) -> tuple[int, int | str]:
+    """(num_nodes, devices) for this run: the launcher's layout, unless the command line gave them.
+
+    Given on the command line (`overrides`, e.g. Hydra's task overrides) and contradicting the launcher, they are
+    refused in one line naming both numbers. Presets that cannot run under a launcher or over nodes are refused too.
+    """
+    launcher = detect_launcher()
+    if preset in SINGLE_MACHINE_PRESETS and (num_nodes > 1 or (launcher and launcher.world_size > 1)):
+        where = f"under {launcher.name}" if launcher else f"on trainer.num_nodes={num_nodes}"
+        raise ConfigError(f"{SINGLE_MACHINE_PRESETS[preset]}, so not {where}; use strategy=ddp")
+    if launcher is None:
+        return num_nodes, devices
+    given = {override.lstrip("+").partition("=")[0] for override in overrides}
+    nodes_given = "trainer.num_nodes" in given
+    devices_given = "trainer.devices" in given and devices not in ("auto", -1)
+    num_nodes = num_nodes if nodes_given else launcher.num_nodes
+    devices = devices if devices_given else launcher.per_node
+    if (nodes_given or devices_given) and int(num_nodes) * int(devices) != launcher.world_size:
+        raise ConfigError(
+            f"trainer.num_nodes={num_nodes} x trainer.devices={devices} = {int(num_nodes) * int(devices)} processes, "
+            f"but {launcher.name} started {launcher.world_size} ({launcher.num_nodes} nodes x {launcher.per_node}); "
+            "leave both out to use the launcher's layout"
+        )
+    return num_nodes, devices
+
+
+def warn_if_restarts_can_hang() -> None:
+    """Say so (rank 0, one line) when torchrun will restart its workers through the store it shares with them.
+
+    torchrun's agent hosts the TCPStore its workers meet in and, by default, hands every restart the same store,
+    keys of the dead workers included (torch 2.13: torch.distributed.rendezvous assumes a new store per restart).
+    A restarted worker can then read a dead one's address: "Connection refused", then a hang; measured with a
+    plain gloo script, 3 restarts in 6 failed. TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in torchrun's environment
+    makes each restart meet in a new store (8 of 8 and 6 of 6 restarted); launch/*.sh and *.sbatch set it.
+    """
+    env = os.environ
+    restarts = int(env.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and restarts > 0 and env.get("RANK", "0") == "0":
+        print(
+            f"warning: torchrun --max-restarts={restarts} with its shared store: restarted processes may hang; "
+            "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 before torchrun (launch/torchrun_multinode.sh does)",
+            file=sys.stderr,
+        )
+
+
+def default_run_id() -> str:
+    """The id of this training when `run_id=` is not given; every process of the launch agrees on it.
+
+    A SLURM job keeps its id when requeued, and torchrun keeps its rendezvous id (--rdzv-id; a random one with
+    --standalone) across restarts: the training's folder, hence its checkpoints, survive both. Otherwise a
+    timestamp: Lightning's own launcher passes rank 0's run folder to the processes it starts; under a launcher
+    without an id (accelerate launch, torchrun without --rdzv-id) the processes are named after the moment their
+    launcher, the parent of all of them on this machine, started, which is the same on every one of them and
+    across restarts. That cannot work across machines: check_run_id refuses several nodes without an id.
+    """
+    env = os.environ
+    if "SLURM_JOB_ID" in env:
+        if "SLURM_ARRAY_TASK_ID" in env:  # an array task: named after the array, like SLURM's own 123_4
+            return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+        return env["SLURM_JOB_ID"]
+    run_id = env.get("TORCHELASTIC_RUN_ID")
+    if run_id and run_id != "none":
+        return run_id
+    launcher = detect_launcher()
+    started = launcher_start_time() if launcher else None
+    return time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(started))
+
+
+def check_run_id(overrides: Iterable[str]) -> None:
+    """Refuse a multi-node launch that has no id for its run folder (each node would name its own)."""
+    given = {override.lstrip("+").partition("=")[0] for override in overrides}
+    env, launcher = os.environ, detect_launcher()
+    has_id = "SLURM_JOB_ID" in env or os.environ.get("TORCHELASTIC_RUN_ID", "none") != "none"
+    if launcher and launcher.num_nodes > 1 and not has_id and not given & {"run_id", "hydra.run.dir"}:
+        raise ConfigError(
+            f"{launcher.name} started {launcher.num_nodes} nodes without a run id, so each would write its own run "
+            "folder: give run_id=NAME (or torchrun --rdzv-id=NAME)"
+        )
+
+
+def launcher_start_time() -> float | None:
+    """When this process's parent started, in seconds since the epoch (Linux /proc); None elsewhere."""
+    try:
+        with open(f"/proc/{os.getppid()}/stat") as stat:
+            ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime, in clock ticks after boot
+        with open("/proc/stat") as stat:
+            boot = next(int(line.split()[1]) for line in stat if line.startswith("btime"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    """A free TCP port on this machine for a rendezvous, so that concurrent multi-process trainings do not collide."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

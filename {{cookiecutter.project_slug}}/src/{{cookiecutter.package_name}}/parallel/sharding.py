@@ -1,0 +1,284 @@
+"""Model parallelism that needs no training engine: shard a net as its `Split` describes (model_split.py).
+
+- tensor: `parallelize` shards the net by its split's tensor-parallel plan over the tensor-parallel ranks of
+  a DeviceMesh, and across its data-parallel ranks shards it with FSDP2 `fully_shard` (one unit per layer of
+  the split), which also averages the replicas' gradients.
+- layers: `place_layer_groups` puts the net's consecutive layer groups on consecutive devices of one process
+  and moves activations along.
+
+A model that only fits sharded must never exist whole on a rank: it is built on the meta device (`OnMeta`),
+sharded, then `materialize` allocates only this rank's shards and fills them with the values a normal build
+draws, so training matches strategy=single. `clip_grad_norm_` clips by the norm of the whole gradient and
+`clip_grad_value_` every element, over shards and plain tensors alike.
+"""
+
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+from torch.utils.hooks import RemovableHandle
+
+from ..errors import ConfigError
+from .batchnorm import split_problem
+from .split import find_split, fsdp_units, layer_groups, matches
+
+MODES = ("tensor", "layers")  # strategy.mode of model_parallel, in both engines
+
+
+def check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"strategy.mode={mode!r} is unknown; valid: {', '.join(MODES)}")
+
+
+def mesh_sizes(
+    data_parallel_size: int | str, tensor_parallel_size: int | str, nodes: int, per_node: int
+) -> tuple[int, int]:
+    """(data_parallel_size, tensor_parallel_size) for `nodes` x `per_node` processes; "auto" fills in from the
+    other size, and both "auto" means tensor parallel inside a node, data parallel across nodes."""
+    dp, tp, world = data_parallel_size, tensor_parallel_size, nodes * per_node
+    if dp == "auto" and tp == "auto":
+        return nodes, per_node
+    if dp == "auto":
+        return max(world // tp, 1), tp
+    if tp == "auto":
+        return dp, max(world // dp, 1)
+    return dp, tp
+
+
+def check_tensor_parallel(model: nn.Module, tensor_parallel_size: int) -> None:
+    """Refuse a model that has no split, or whose tensor-parallel plan does not divide over the tensor-parallel
+    ranks: sharded features, and the attention heads of a module whose layers are sharded."""
+    tp = tensor_parallel_size
+    net, split = find_split(model, "model_parallel")
+    if problem := split_problem(net, "model_parallel"):
+        raise ConfigError(problem)
+    fsdp_units(net)  # every layer the split names exists
+    for pattern, style in split.tensor_parallel.items():
+        layers = [(name, layer) for name, layer in net.named_modules() if matches(name, pattern)]
+        if not layers:
+            raise ConfigError(f"the Split of {type(net).__name__} names {pattern!r}, which matches no submodule")
+        for name, layer in layers:
+            for what, count in _sharded_sizes(layer, isinstance(style, ColwiseParallel)):
+                if count % tp:
+                    raise ConfigError(
+                        f"{name} has {count} {what}, which strategy.tensor_parallel_size={tp} does not divide; use a "
+                        f"tensor_parallel_size that divides {count}"
+                    )
+        for name, parent in net.named_modules():  # heads split over the ranks must split evenly too
+            heads = _head_count(parent)
+            if heads % tp and any(not name or layer.startswith(f"{name}.") for layer, _ in layers):
+                raise ConfigError(
+                    f"{name or type(net).__name__} has {heads} attention heads, which strategy.tensor_parallel_size="
+                    f"{tp} does not divide; use a tensor_parallel_size that divides {heads}"
+                )
+
+
+HEAD_ATTRIBUTES = ("num_heads", "n_heads", "n_head")  # how attention modules commonly name their head count
+
+
+def _head_count(module: nn.Module) -> int:
+    return next((getattr(module, a) for a in HEAD_ATTRIBUTES if isinstance(getattr(module, a, None), int)), 0)
+
+
+def _sharded_sizes(layer: nn.Module, colwise: bool) -> list[tuple[str, int]]:
+    """The sizes a colwise (output) or rowwise (input) split cuts, per kind of layer."""
+    if isinstance(layer, nn.Linear):
+        return [("output features", layer.out_features) if colwise else ("input features", layer.in_features)]
+    if isinstance(layer, nn.Embedding):  # colwise splits the embedding dimension, rowwise the vocabulary
+        return [("embedding features", layer.embedding_dim) if colwise else ("embeddings", layer.num_embeddings)]
+    return []
+
+
+def parallelize(net: nn.Module, mesh: DeviceMesh, precision: str = "32-true") -> None:
+    """Shard `net` in place over a ("data_parallel", "tensor_parallel") mesh; a no-op the second time."""
+    if getattr(net, "_parallelized", False):
+        return
+    tp_mesh, dp_mesh = mesh["tensor_parallel"], mesh["data_parallel"]
+    if tp_mesh.size() > 1:
+        parallelize_module(net, tp_mesh, dict(find_split(net, "model_parallel")[1].tensor_parallel))
+    if dp_mesh.size() > 1 or tp_mesh.size() == 1:
+        # FSDP2 over the data-parallel replicas: it shards weights, gradients and optimizer state, and
+        # averages the gradients. One unit per layer, so only one layer's weights are gathered at a time.
+        # On a 1 x 1 mesh (one process) too: its parameters are then DTensors like on any other mesh, which
+        # the sharded checkpoints need (Lightning refuses to load one into a model without DTensors).
+        policy = fsdp_mixed_precision(precision)
+        for layer in fsdp_units(net):
+            fully_shard(layer, mesh=dp_mesh, mp_policy=policy)
+        fully_shard(net, mesh=dp_mesh, mp_policy=policy)
+    net._parallelized = True
+
+
+def fsdp_mixed_precision(precision: str) -> MixedPrecisionPolicy:
+    """bf16-mixed: FSDP2 gathers the weights in bf16 (half the traffic, and what autocast would compute in) and
+    reduces the gradients in fp32 (sums of many bf16 gradients lose precision), as torchtitan does. The
+    sharded weights and the optimizer stay fp32."""
+    if precision == "bf16-mixed":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+class OnMeta:
+    """`with OnMeta() as init: net = build()`: the net is built on the meta device (shapes, no memory) and
+    `init.rng_state` is the random state a normal build would have drawn its weights from (see `materialize`)."""
+
+    def __enter__(self) -> "OnMeta":
+        self.rng_state = torch.random.get_rng_state()
+        self._device = torch.device("meta")
+        self._device.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._device.__exit__(*exc)
+
+
+def is_on_meta(net: nn.Module) -> bool:
+    return any(tensor.is_meta for tensor in [*net.parameters(), *net.buffers()])
+
+
+@torch.no_grad()
+def materialize(net: nn.Module, device: torch.device, rng_state: torch.Tensor) -> None:
+    """Allocate this rank's shards of a net built on meta (and sharded), with the values a normal build draws.
+
+    Modules are initialised in registration order (their `reset_parameters()`) from `rng_state`, each on the
+    CPU at full size one module at a time; only this rank's slice is kept. So the whole model never exists on
+    a rank, and the weights equal strategy=single's (for models that register modules in the order they
+    create them, as most do). Lightning's and torchtitan's meta init draw per shard instead, which differs.
+    A no-op for a net that is not on meta.
+    """
+    if not is_on_meta(net):
+        return
+    uses: dict[torch.Tensor, list[tuple[nn.Module, str]]] = {}  # (module, name) of each parameter's uses
+    for module in net.modules():
+        for name, param in module._parameters.items():
+            if param is not None:
+                uses.setdefault(param, []).append((module, name))
+    net.to_empty(device=device)
+    for (owner, name), *others in (places for places in uses.values() if len(places) > 1):
+        for module, other in others:  # to_empty gave each use a parameter of its own: tie them again
+            module._parameters[other] = owner._parameters[name]
+    filled: set[torch.Tensor] = set()  # a tied parameter keeps its first module's values, as in a normal build
+    with torch.random.fork_rng(devices=[]):
+        torch.random.set_rng_state(rng_state)
+        for module in net.modules():
+            own = {**dict(module.named_parameters(recurse=False)), **dict(module.named_buffers(recurse=False))}
+            if not own:
+                continue
+            if not callable(getattr(module, "reset_parameters", None)):
+                raise ConfigError(
+                    f"strategy=model_parallel builds the model on the meta device and needs reset_parameters() on "
+                    f"{type(module).__name__} to initialise it"
+                )
+            for name, full in _initialised_full_size(module).items():  # drawn even if not kept: the same draws
+                tensor = own[name]
+                if tensor in filled:  # tied: e.g. a head sharing the embedding's weight, which the head's
+                    continue  # own draw does not overwrite in a normal build either
+                filled.add(tensor)
+                if isinstance(tensor, DTensor):  # keep this rank's slice only
+                    full = distribute_tensor(full, tensor.device_mesh, tensor.placements, src_data_rank=None)
+                tensor.copy_(full)
+
+
+def _initialised_full_size(module: nn.Module) -> dict[str, torch.Tensor]:
+    """`module`'s own parameters and buffers at full (unsharded) size on the CPU, after its reset_parameters()."""
+    # A shallow copy that shares everything but the tensors, which are fresh CPU ones (object.__new__: FSDP's
+    # module classes construct themselves again in __new__).
+    stand_in = object.__new__(type(module))
+    stand_in.__dict__.update(vars(module))
+    # None entries stay (a Linear without bias checks `self.bias is not None`).
+    stand_in._parameters = {
+        name: None if p is None else nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="cpu"), p.requires_grad)
+        for name, p in module._parameters.items()
+    }
+    stand_in._buffers = {
+        name: torch.empty(b.shape, dtype=b.dtype, device="cpu") if b is not None else None
+        for name, b in module._buffers.items()
+    }
+    stand_in.reset_parameters()
+    return {name: t for name, t in {**stand_in._parameters, **stand_in._buffers}.items() if t is not None}
+
+
+@torch.no_grad()
+def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    """torch.nn.utils.clip_grad_norm_ for a model whose parameters are partly shards (DTensors, one group per
+    device mesh) and partly plain tensors, which torch's refuses to mix: the norm is over the WHOLE gradient,
+    every shard included, so the clipped update equals one device's. Returns that norm."""
+    groups = _by_mesh(parameters)
+    if not groups:
+        return torch.tensor(0.0)
+    norms = []
+    for params in groups.values():
+        norm = torch.nn.utils.get_total_norm([param.grad for param in params], norm_type)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)  # reduced over the shards
+    total = torch.linalg.vector_norm(torch.stack([norm.to(norms[0].device) for norm in norms]), norm_type)
+    for mesh, params in groups.items():
+        norm = DTensor.from_local(total, mesh) if mesh is not None else total  # replicated on that mesh
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+    return total
+
+
+@torch.no_grad()
+def clip_grad_value_(parameters: Iterable[torch.Tensor], clip_value: float) -> None:
+    """torch.nn.utils.clip_grad_value_ for shards next to plain tensors (torch's refuses the mix): every gradient
+    element is clamped to [-clip_value, clip_value] where it lives, as on one device."""
+    for params in _by_mesh(parameters).values():
+        torch.nn.utils.clip_grad_value_(params, clip_value)
+
+
+def _by_mesh(parameters: Iterable[torch.Tensor]) -> dict[object, list[torch.Tensor]]:
+    """The parameters that have a gradient, by the device mesh of their shards (None: plain tensors)."""
+    groups: dict[object, list[torch.Tensor]] = {}
+    for param in parameters:
+        if param.grad is not None:
+            key = param.grad.device_mesh if isinstance(param.grad, DTensor) else None
+            groups.setdefault(key, []).append(param)
+    return groups
+
+
+def default_layer_devices() -> list[str]:
+    """Every visible GPU, or two CPU "devices" for trying layer splitting out."""
+    count = torch.cuda.device_count()
+    return [f"cuda:{i}" for i in range(count)] if count > 1 else ["cpu", "cpu"]
+
+
+def check_layer_split(model: nn.Module, devices: Sequence[torch.device]) -> None:
+    try:
+        groups = layer_groups(model, len(devices))
+    except ConfigError:  # no split: already one line naming what to implement
+        raise
+    except ValueError as err:
+        raise ConfigError(f"strategy.devices={[str(d) for d in devices]}: {err}") from err
+    # A parameter used by two layer groups (tied weights) lives on one device: both groups must be on it.
+    net, _ = find_split(model, "model_parallel")
+    names = {param: name for name, param in net.named_parameters()}
+    device_of: dict[torch.Tensor, torch.device] = {}
+    for group, device in zip(groups, devices, strict=True):
+        for param in (param for module in group for param in module.parameters()):
+            if device_of.setdefault(param, device) != device:
+                raise ConfigError(
+                    f"strategy.mode=layers would use {names[param]} (tied weights) on {device_of[param]} and on "
+                    f"{device}; untie them (model=gpt: model.net.tie_weights=false) or use strategy=pipeline"
+                )
+
+
+def place_layer_groups(model: nn.Module, devices: Sequence[torch.device]) -> list[RemovableHandle]:
+    """Put layer group i on devices[i]; inputs follow the layers, the output comes back to devices[0]
+    (where the labels and the loss are). Returns the hooks, to remove before placing again."""
+    hooks = []
+    net, _ = find_split(model, "model_parallel")
+    for group, device in zip(layer_groups(net, len(devices)), devices, strict=True):
+        for module in group:
+            module.to(device)
+            hooks.append(module.register_forward_pre_hook(_move_inputs_to(device)))
+    hooks.append(net.register_forward_hook(lambda module, args, output: output.to(devices[0])))
+    return hooks
+
+
+def _move_inputs_to(device: torch.device):
+    def hook(module: nn.Module, args: tuple) -> tuple:
+        return tuple(arg.to(device) if isinstance(arg, torch.Tensor) else arg for arg in args)
+
+    return hook

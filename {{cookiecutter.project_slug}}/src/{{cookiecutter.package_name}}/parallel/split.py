@@ -1,0 +1,170 @@
+"""How a model is split over devices: all that strategy=model_parallel and strategy=pipeline need to know.
+
+A model describes its split once, outside its class, next to it: `register_split(MyNet, Split(...))` (as
+torchtitan keeps `parallelize_<model>()` beside each model). The data-parallel presets never need it; the
+presets that split the model refuse, before training, a model that has none. From one `Split` come:
+
+- the tensor-parallel plan (sharding.parallelize, checked against the model by sharding.check_tensor_parallel);
+- the FSDP2 units: `first`, every block and `last`, one unit each;
+- the layer groups (model_parallel mode=layers) and pipeline stages: consecutive runs of layers, cut between blocks.
+"""
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import pairwise
+
+import torch
+from torch import nn
+from torch.distributed.tensor.parallel import ParallelStyle
+
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Split:
+    """How to cut a net. Names are the net's submodule names; `*` matches any one part ("blocks.*").
+
+    The net's forward must equal running `first`, `blocks` and `last` one after another, each on the previous
+    one's output: that is what a pipeline stage or a layer group runs.
+    """
+
+    blocks: Sequence[str]  # the layers pipeline stages and layer groups are cut between, in forward order
+    first: Sequence[str] = ()  # run before the blocks, on the first stage (e.g. the embedding)
+    last: Sequence[str] = ()  # run after them, on the last stage (e.g. the final norm and the head)
+    tensor_parallel: Mapping[str, ParallelStyle] = field(default_factory=dict)  # name pattern -> how to shard it
+
+
+_SPLITS: dict[type, Split] = {}
+
+
+def register_split(model_class: type[nn.Module], split: Split) -> None:
+    """Say how `model_class` (and its subclasses) is split. Call it in the module that defines the class."""
+    _SPLITS[model_class] = split
+
+
+def find_split(model: nn.Module, preset: str) -> tuple[nn.Module, Split]:
+    """(the net, its Split): the first submodule of `model` (a LightningModule, or the net itself) whose class
+    has a registered split. Raises ConfigError naming what to implement when there is none."""
+    for module in model.modules():
+        for cls in type(module).__mro__:
+            if cls in _SPLITS:
+                return module, _SPLITS[cls]
+    net = type(getattr(model, "net", model)).__name__
+    raise ConfigError(
+        f"strategy={preset} needs to know how to split {net}: add register_split({net}, Split(first=..., "
+        f"blocks=..., last=..., tensor_parallel=...)) next to the class (see the README, 'Bring your own model')"
+    )
+
+
+def has_split(net: nn.Module) -> bool:
+    return any(cls in _SPLITS for cls in type(net).__mro__)
+
+
+def matches(name: str, pattern: str) -> bool:
+    parts, wanted = name.split("."), pattern.split(".")
+    return len(parts) == len(wanted) and all(w == "*" or w == p for p, w in zip(parts, wanted, strict=True))
+
+
+def expand(net: nn.Module, patterns: Iterable[str]) -> list[str]:
+    """The submodule names the patterns match, pattern by pattern, each in the net's order."""
+    names = [name for name, _ in net.named_modules()]
+    found = []
+    for pattern in patterns:
+        matched = [name for name in names if matches(name, pattern)]
+        if not matched:
+            raise ConfigError(f"the Split of {type(net).__name__} names {pattern!r}, which matches no submodule")
+        found += matched
+    return found
+
+
+def layers(model: nn.Module, preset: str) -> tuple[nn.Module, list[str], list[str], list[str]]:
+    """(the net inside `model`, its first, blocks and last as submodule names of the net)."""
+    net, split = find_split(model, preset)
+    return net, expand(net, split.first), expand(net, split.blocks), expand(net, split.last)
+
+
+def fsdp_units(model: nn.Module) -> list[nn.Module]:
+    """The modules FSDP2 shards one by one (only one is gathered at a time): every layer of the split, except
+    layers that share a parameter with another layer (tied weights, e.g. a head reusing the embedding's matrix).
+    FSDP2 must shard a parameter once, in a unit that is gathered for all its uses: those layers stay in the
+    root unit (`fully_shard(net)`), whose parameters are gathered for the whole forward and backward."""
+    net, first, blocks, last = layers(model, "model_parallel")
+    units = [net.get_submodule(name) for name in (*first, *blocks, *last)]
+    uses = Counter(param for unit in units for param in unit.parameters())
+    return [unit for unit in units if all(uses[param] == 1 for param in unit.parameters())]
+
+
+def tied_across_stages(
+    net: nn.Module, num_stages: int, split_points: Sequence[int] | None = None
+) -> list[tuple[list[int], dict[int, str]]]:
+    """Parameters that several pipeline stages hold (tied weights: the first stage's embedding is the last stage's
+    head): for each, (the stages holding it, each stage's name for it). Every stage keeps a copy, so the stages
+    must add up the copies' gradients before each step (pipelining.Pipeline does), as one device's autograd
+    adds up the uses of one parameter."""
+    holders: dict[nn.Parameter, dict[int, str]] = {}
+    for stage in range(num_stages):
+        for name, param in pipeline_stage(net, stage, num_stages, split_points).named_parameters():
+            holders.setdefault(param, {})[stage] = name
+    return [(sorted(names), names) for names in holders.values() if len(names) > 1]
+
+
+def layer_groups(model: nn.Module, n: int) -> list[list[nn.Module]]:
+    """The net cut into n consecutive groups of modules, one per device (model_parallel mode=layers)."""
+    net, first, blocks, last = layers(model, "model_parallel")
+    if not 1 <= n <= len(blocks):
+        raise ValueError(f"cannot split {len(blocks)} blocks over {n} devices; valid: 1 to {len(blocks)}")
+    groups = [[blocks[i] for i in part] for part in split_blocks(len(blocks), n)]
+    groups[0][:0] = first
+    groups[-1] += last
+    return [[net.get_submodule(name) for name in group] for group in groups]
+
+
+def pipeline_stage(model: nn.Module, stage: int, num_stages: int, split_points: Sequence[int] | None = None) -> "Chain":
+    """The part of the net that pipeline stage `stage` of `num_stages` runs. split_points[i] is the first block
+    of stage i + 1 (default: blocks spread evenly); the first stage also runs `first`, the last one `last`."""
+    net, first, blocks, last = layers(model, "pipeline")
+    part = split_blocks(len(blocks), num_stages, split_points)[stage]
+    names = [blocks[i] for i in part]
+    if stage == 0:
+        names[:0] = first
+    if stage == num_stages - 1:
+        names += last
+    return Chain(net, names)
+
+
+class Chain(nn.Module):
+    """Submodules of a net run one after another, registered under the names they have in the net
+    (blocks.2.fc_in.weight), so that the state dicts of a net's parts merge into the net's."""
+
+    def __init__(self, net: nn.Module, names: Sequence[str]) -> None:
+        super().__init__()
+        self.names = list(names)
+        for name in self.names:
+            parent, (*path, leaf) = self, name.split(".")
+            for part in path:
+                if part not in parent._modules:
+                    parent.add_module(part, nn.Module())  # an empty container, for the name only
+                parent = parent._modules[part]
+            parent.add_module(leaf, net.get_submodule(name))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for name in self.names:
+            x = self.get_submodule(name)(x)
+        return x
+
+
+def split_blocks(num_blocks: int, num_stages: int, split_points: Sequence[int] | None = None) -> list[range]:
+    """The blocks each pipeline stage runs. Raises ValueError for a split that leaves a stage without blocks."""
+    if num_stages > num_blocks:
+        raise ValueError(f"{num_stages} pipeline stages need at least {num_stages} blocks; the model has {num_blocks}")
+    if split_points is None:  # balanced: the first num_blocks % num_stages stages get one block more
+        size, extra = divmod(num_blocks, num_stages)
+        split_points = [(stage + 1) * size + min(stage + 1, extra) for stage in range(num_stages - 1)]
+    bounds = [0, *split_points, num_blocks]
+    if len(split_points) != num_stages - 1 or any(a >= b for a, b in pairwise(bounds)):
+        raise ValueError(
+            f"split_points={list(split_points)} must be {num_stages - 1} increasing block indices between 1 and "
+            f"{num_blocks - 1} (the first block of each stage after the first)"
+        )
+    return [range(a, b) for a, b in pairwise(bounds)]

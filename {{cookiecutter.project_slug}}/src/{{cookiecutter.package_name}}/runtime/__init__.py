@@ -1,0 +1,1 @@
+"""How a training runs on this machine: precision, hardware, memory, optimisation, resuming, metrics."""

@@ -1,0 +1,56 @@
+"""trainer.precision, the same flag and names in both engines (Lightning's): 32-true, bf16-mixed, 16-mixed, or
+auto (the default): bf16-mixed where every GPU of the machine computes in bf16 natively (Ampere and later), else
+32-true, so CPU runs and their tests stay exact fp32. And `tf32` (default true): fp32 matmuls in TF32 on Ampere and
+later, what a GPU user would switch on anyway; false keeps them exact fp32 (the GPU check compares presets so)."""
+
+import torch
+
+from ..errors import ConfigError
+from .hardware import nvml_call
+
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+
+
+def resolve_precision(precision: str | int, accelerator: str) -> str:
+    """The precision a run uses: `auto` becomes bf16-mixed where the GPUs have bf16; 32 is 32-true.
+
+    Decided without initialising CUDA in this process: strategy=ddp_spawn (Accelerate) forks its processes
+    afterwards, and a forked process cannot use CUDA once its parent has initialised it."""
+    if str(precision) == "32":
+        return "32-true"
+    if precision == "auto":
+        on_gpu = accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
+        return "bf16-mixed" if on_gpu and has_native_bf16(gpu_capabilities()) else "32-true"
+    if precision not in PRECISIONS:
+        raise ConfigError(f"trainer.precision={precision} is unknown; valid: auto, {', '.join(PRECISIONS)}")
+    return precision
+
+
+def gpu_capabilities() -> list[tuple[int, int]]:
+    """The CUDA compute capability of every GPU of this machine, asked of NVML, which (unlike torch.cuda's
+    queries) does not initialise CUDA; [] where NVML cannot tell."""
+    if torch.version.hip:  # ROCm: every GPU torch supports computes in bf16
+        return [(8, 0)] * torch.cuda.device_count()
+    handles = [nvml_call("nvmlDeviceGetHandleByIndex", index) for index in range(nvml_call("nvmlDeviceGetCount") or 0)]
+    if None in handles:
+        return []
+    capabilities = [nvml_call("nvmlDeviceGetCudaComputeCapability", handle) for handle in handles]
+    return [] if None in capabilities else [tuple(capability) for capability in capabilities]
+
+
+def has_native_bf16(capabilities: list[tuple[int, int]]) -> bool:
+    """Whether every GPU computes in bf16 natively (compute capability 8.0+). Older GPUs emulate it, slowly, which
+    torch.cuda.is_bf16_supported() counts as support."""
+    return bool(capabilities) and min(capabilities) >= (8, 0)
+
+
+def use_tensor_cores(tf32: bool) -> None:
+    """tf32=true: fp32 matmuls in TF32 on Ampere and later GPUs (10 bits of mantissa, several times faster), what
+    `torch.set_float32_matmul_precision("high")` asks for; nothing changes on the CPU or older GPUs. tf32=false:
+    exact fp32 matmuls and convolutions (cuDNN convolutions use TF32 by default). Set in every training process:
+    a spawned process does not inherit the setting."""
+    if not tf32:
+        torch.set_float32_matmul_precision("highest")
+        torch.backends.cudnn.allow_tf32 = False
+    elif torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0):
+        torch.set_float32_matmul_precision("high")

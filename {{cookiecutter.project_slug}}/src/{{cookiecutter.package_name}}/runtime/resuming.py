@@ -1,0 +1,169 @@
+"""Where a start of a training begins, decided before anything is built: a launcher's restart continues from the
+run's own last checkpoint, and a run folder's checkpoints are resumed only by the training that wrote them."""
+
+import importlib
+import os
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from ..errors import ConfigError
+from ..tracking.wandb_run import is_first_process
+
+# What a checkpoint is made of: changed, it cannot be loaded (the net's shapes; how a model-splitting preset
+# lays it out) or not continued where it stopped (its position in the epoch counts global batches and
+# micro-batches). Anything else may change between starts: more epochs, another learning rate, more processes.
+MUST_MATCH = ("model.net", "data.batch_size", "trainer.accumulate_grad_batches")
+SPLITTING_PRESETS = ("model_parallel", "pipeline")  # each saves its own layout; the others the same whole model
+PACKAGE = __package__.partition(".")[0]
+# Where a `_target_` of a run folder saved before the package was laid out in folders (its config.yaml) lives now.
+# The old module names are not kept as aliases: `data` and `tracking` are packages now, so aliases would collide.
+MOVED_MODULES = {
+    "batchnorm": "parallel.batchnorm",
+    "callbacks": "engine.callbacks",
+    "checkpoints": "engine.checkpoints",
+    "compilation": "models.compilation",
+    "data": "data.loading",
+    "datamodule": "engine.datamodule",
+    "files": "data.files",
+    "gpt": "models.gpt",
+    "model": "models.mlp",
+    "model_split": "parallel.split",
+    "module": "engine.module",
+    "optimization": "runtime.optimization",
+    "profiler": "engine.profiler",
+    "strategies": "engine.strategies",
+    "streaming": "data.streaming",
+    "synthetic": "data.synthetic",
+    "tokens": "data.tokens",
+    "wandb_logger": "engine.logger",
+    "wandb_tracker": "engine.logger",
+}
+
+
+def restart_count() -> int:
+    """How often a launcher has started this training again: torchrun's restarts of its processes
+    (--max-restarts), SLURM's requeues of its job."""
+    env = os.environ
+    return max(int(env.get("TORCHELASTIC_RESTART_COUNT", "0")), int(env.get("SLURM_RESTART_COUNT", "0")))
+
+
+def starting_point(run_dir: Path, cfg: DictConfig, last: Path) -> tuple[str | None, bool]:
+    """(ckpt_path, resume) for this start; `last` is the run's link to its last complete checkpoint.
+
+    A launcher's restart repeats the first start's command line, so `ckpt_path=X` would go back to X and
+    `resume=false` wipe what the training saved since: both apply to the first start only. A restart of a run
+    that has a checkpoint continues from it (and says so in one line); one killed before its first checkpoint
+    starts as the first did, in the same wandb run. A training that resumes by itself must be the one that
+    wrote the checkpoints (check_same_training).
+    """
+    ckpt_path, resume = cfg.ckpt_path, cfg.resume
+    restarts = restart_count()
+    if restarts and last.exists() and (ckpt_path or not resume):
+        given = f"ckpt_path={ckpt_path}" if ckpt_path else "resume=false"
+        if is_first_process():
+            print(f"restart {restarts}: resuming from the run's last checkpoint ({given} was for the first start only)")
+        ckpt_path, resume = None, True
+    elif restarts:
+        resume = True  # nothing of its own to wipe, and its wandb run to continue
+    if last.exists() and resume and not ckpt_path:
+        check_same_training(run_dir, cfg)
+    elif ckpt_path:
+        check_loadable(Path(ckpt_path), cfg)
+    return ckpt_path, resume
+
+
+def check_same_training(run_dir: Path, cfg: DictConfig) -> None:
+    """Refuse, in one line, to resume the checkpoints in `run_dir` with settings they cannot continue under
+    (MUST_MATCH), as the run's config.yaml has them. A plain run inside a SLURM allocation (salloc) is named
+    after the job: two different trainings there meet in one folder."""
+    if differ := differences(run_dir / "config.yaml", cfg, MUST_MATCH):
+        raise ConfigError(
+            f"{run_dir} has checkpoints of a training that differs from this one in {differ}: give "
+            "resume=false to start afresh there (its checkpoints are deleted), or run_id=NAME for a new run folder"
+        )
+
+
+def check_loadable(checkpoint: Path, cfg: DictConfig) -> None:
+    """Refuse, in one line, an explicit `ckpt_path=` whose training (the config.yaml of the run folder it was saved
+    in, if there is one) had another net or another model-splitting layout: loading it would fail deep inside the
+    engine. The batch and the accumulation may change: a checkpoint given by hand may be fine-tuned differently."""
+    run_dir = next((folder.parent for folder in checkpoint.absolute().parents if folder.name == "checkpoints"), None)
+    if run_dir is not None and (differ := differences(run_dir / "config.yaml", cfg, ("model.net",))):
+        raise ConfigError(
+            f"ckpt_path={checkpoint} was saved by a training that differs from this one in {differ}: give the "
+            f"model settings of {run_dir / 'config.yaml'}, or another checkpoint"
+        )
+
+
+def differences(saved: Path, cfg: DictConfig, keys: tuple[str, ...]) -> str:
+    """How `cfg` differs from the config saved at `saved` in the layout and the settings under `keys`, in a few
+    words ("" if alike, or if nothing was saved there)."""
+    if not saved.is_file():
+        return ""
+    then, now = flat(load_saved_config(saved), keys), flat(cfg, keys)
+    names = sorted(then.keys() | now.keys())
+    differ = [f"{key}: {then.get(key)} then, {now.get(key)} now" for key in names if then.get(key) != now.get(key)]
+    if len(differ) > 4:  # another model altogether: its first few keys say enough
+        differ[3:] = [f"{len(differ) - 3} more"]
+    return "; ".join(differ)
+
+
+def flat(cfg: DictConfig, keys: tuple[str, ...]) -> dict[str, object]:
+    """The checkpoint layout of `cfg` and its settings under `keys`, resolved, by dotted key."""
+    values: dict[str, object] = {"strategy": checkpoint_layout(cfg)}
+    for key in keys:
+        node = OmegaConf.select(cfg, key, default=None)
+        values.update(leaves(key, OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node))
+    return values
+
+
+def checkpoint_layout(cfg: DictConfig) -> str:
+    """The preset, if it splits the model (its class is in strategies/<preset>.py); the data-parallel presets
+    all save the whole model, so they resume each other's checkpoints."""
+    target = str(OmegaConf.select(cfg, "strategy._target_", default=""))
+    return next((preset for preset in SPLITTING_PRESETS if f".{preset}." in target), "a data-parallel preset")
+
+
+def leaves(prefix: str, value: object) -> dict[str, object]:
+    if isinstance(value, dict):
+        return {name: leaf for key, item in value.items() for name, leaf in leaves(f"{prefix}.{key}", item).items()}
+    return {prefix: value}
+
+
+def load_saved_config(path: Path) -> DictConfig:
+    """A run folder's config.yaml (resolved when it was written), its `_target_`s moved to where the classes live
+    now (MOVED_MODULES): a run folder of an older layout still loads and resumes."""
+    return OmegaConf.create(upgrade_targets(OmegaConf.to_container(OmegaConf.load(path))))
+
+
+def upgrade_targets(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {
+            key: moved_target(value) if key == "_target_" else upgrade_targets(value) for key, value in node.items()
+        }
+    if isinstance(node, list):
+        return [upgrade_targets(item) for item in node]
+    return node
+
+
+def moved_target(target: Any) -> Any:
+    """`<package>.<old module>.Name` as it is called now; any other target unchanged."""
+    package, _, rest = str(target).partition(".")
+    if package != PACKAGE or importable(target):
+        return target
+    parts = rest.split(".")
+    for length in range(len(parts) - 1, 0, -1):  # the longest old module name; what follows is the class
+        old = ".".join(parts[:length])
+        if old in MOVED_MODULES:
+            return ".".join([PACKAGE, MOVED_MODULES[old], *parts[length:]])
+    return target
+
+
+def importable(target: str) -> bool:
+    module, _, name = target.rpartition(".")
+    try:
+        return hasattr(importlib.import_module(module), name)
+    except ImportError:
+        return False

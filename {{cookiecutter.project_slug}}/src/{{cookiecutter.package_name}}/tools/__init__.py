@@ -1,0 +1,1 @@
+"""Helpers of the doctor and the bench: memory estimates, the step clock, the commands they print."""

@@ -1,0 +1,73 @@
+"""The training command with a clock on it: `python -m {{ cookiecutter.package_name }}.tools.steptimes [train overrides]`.
+
+Runs `{{ cookiecutter.package_name }}.train` unchanged and, on global rank 0, writes $STEP_TIMES_FILE (JSON) once
+$STEP_TIMES_STEPS optimizer steps have ended: the time each step ended (`torch.optim`'s global step hook, so it
+counts the steps of either engine and every preset without touching the training code) and, under
+strategy=pipeline, each step's measured per-stage idle share. `bench scaling` runs each point through it.
+
+Every training process must have the clock. A launcher that re-runs this module (Lightning's ddp, torchrun,
+accelerate launch) runs main() again; strategy=ddp_spawn's processes (Lightning: spawned, they import this module
+as `__mp_main__`; Accelerate: forked, they inherit the clock) do not. The file is written at the last step, not at
+exit: a forked process ends with os._exit, which runs no exit handlers.
+"""
+
+import json
+import os
+import runpy
+import time
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from ..parallel import pipelining
+
+ENV = "STEP_TIMES_FILE"
+STEPS_ENV = "STEP_TIMES_STEPS"
+
+
+class StepClock:
+    def __init__(self, path: Path, steps: int) -> None:
+        self.path, self.steps = path, steps
+        self.step_ends: list[float] = []
+        self.idle_fractions: list[list[float]] = []
+        self.rank: int | None = None
+
+    def on_step(self, *_: Any) -> None:
+        now = time.perf_counter()
+        if self.rank is None:  # the process group exists by the first step
+            self.rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        self.step_ends.append(now)  # the models here have one optimizer: one call per training step
+        if len(self.step_ends) == self.steps and self.rank == 0:  # after the last timed moment
+            record = {"step_ends": self.step_ends, "idle_fractions": self.idle_fractions}
+            self.path.write_text(json.dumps(record))
+
+
+def install() -> StepClock:
+    """The clock, on every optimizer step of this process and of the processes it forks."""
+    clock = StepClock(Path(os.environ[ENV]), int(os.environ[STEPS_ENV]))
+    register_optimizer_step_post_hook(clock.on_step)
+    pipeline_step = pipelining.Pipeline.train_step
+
+    def train_step(self: pipelining.Pipeline, x: Any, y: Any, measure: bool = True) -> Any:
+        loss, idle = pipeline_step(self, x, y, measure=True)  # every step's idle share, not only logged steps'
+        clock.idle_fractions.append(idle)
+        return loss, idle
+
+    pipelining.Pipeline.train_step = train_step
+    return clock
+
+
+def main() -> None:
+    if ENV in os.environ:
+        install()
+    # As `python -m ...train` runs it (Hydra finds the configs next to the file of a __main__ module); this
+    # module stays __main__, so launchers that re-run __main__ for the other ranks re-run the clock too.
+    runpy.run_module(f"{__package__}.train", run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()
+elif __name__ == "__mp_main__" and ENV in os.environ:  # a process torch.multiprocessing spawned (ddp_spawn)
+    install()

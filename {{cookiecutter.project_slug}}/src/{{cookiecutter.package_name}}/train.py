@@ -1,0 +1,43 @@
+"""Train, then test, a model. Run from the project root:
+
+    python -m {{ cookiecutter.package_name }}.train [hydra overrides, e.g. strategy=ddp trainer.devices=2]
+
+The engine trains (engine/training.py: data, model, strategy, loop or Trainer, checkpoints); this command
+composes the config and reports what stops the training in one line (errors.py): a refused config exits 2 and
+leaves no run folder behind, a training that stopped itself or a crashed process exits 1 and keeps what it wrote.
+"""
+
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from .config import register_resolvers, run_cli
+from .engine.training import train
+from .errors import UNRESOLVED, ConfigError, ProcessCrashed, TrainingStopped, fail, remove_if_empty, unresolved
+
+register_resolvers()
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="train")
+def run(cfg: DictConfig) -> None:
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        train(cfg)
+        if cfg.check_only:
+            remove_if_empty(run_dir)
+    except (ConfigError, ProcessCrashed) as err:
+        fail(err, run_dir)
+    except UNRESOLVED as err:  # a resolver's ConfigError (data=files checks its files), or a ??? left unset
+        fail(unresolved(err), run_dir)
+    except TrainingStopped as err:  # e.g. out of memory again and again: what to try, in one line (exit 1)
+        fail(err)
+
+
+def main() -> None:
+    run_cli(run)
+
+
+if __name__ == "__main__":
+    main()

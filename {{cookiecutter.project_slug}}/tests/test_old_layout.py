@@ -1,0 +1,47 @@
+"""A run folder written before the package was laid out in folders by concern (engine/, models/, data/, ...).
+
+tests/old_layout_run is such a folder, written by the previous layout's training (3 steps, the settings below):
+its config.yaml names classes by their old module paths (`<package>.model.ResidualMLP`). The training must still
+resume it, exactly, and load_trained must still read it.
+"""
+
+import os
+import shutil
+
+import pytest
+from conftest import QUIET, make_runner
+from engine_specific import LAST, OLD_RUN_LINKS
+
+from {{ cookiecutter.package_name }}.engine.checkpoints import load_trained
+from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
+from {{ cookiecutter.package_name }}.runtime.resuming import moved_target
+
+OLD_RUN = os.path.join(os.path.dirname(__file__), "old_layout_run")
+SETTINGS = [
+    *("model.net.hidden=8", "model.net.depth=1", "data.batch_size=64", "scheduler=constant"),
+    *("checkpoint.every_n_steps=2", "trainer.log_every_n_steps=1", "test_after_fit=false", *QUIET),
+]
+
+
+def test_old_targets_are_renamed():
+    assert moved_target("{{ cookiecutter.package_name }}.model.ResidualMLP").endswith(".models.mlp.ResidualMLP")
+    assert moved_target("{{ cookiecutter.package_name }}.data.Data").endswith(".data.loading.Data")
+    current = "{{ cookiecutter.package_name }}.data.synthetic.SyntheticData"
+    assert moved_target(current) == current  # a target of this layout stays
+    assert moved_target("my_pkg.model.Net") == "my_pkg.model.Net"  # not ours: never renamed
+
+
+@pytest.mark.slow
+def test_a_run_folder_of_the_old_layout_resumes_exactly_and_loads(tmp_path, train_env):
+    run_dir = tmp_path / "old-run"
+    shutil.copytree(OLD_RUN, run_dir)
+    for link, target in OLD_RUN_LINKS.items():
+        (run_dir / link).symlink_to(target)
+    net = load_trained(run_dir / LAST)  # read before the resumed training replaces the checkpoint
+    assert isinstance(net if isinstance(net, ResidualMLP) else net.net, ResidualMLP)
+
+    runner = make_runner(tmp_path, train_env)
+    whole = runner(*SETTINGS, "trainer.max_steps=5")
+    resumed = runner(*SETTINGS, "trainer.max_steps=5", run_dir=run_dir)
+    assert "resuming from" in resumed.output
+    assert resumed.losses(2) == whole.losses(5)[3:], "steps 4 and 5 after the old checkpoint of step 3"
