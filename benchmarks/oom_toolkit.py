@@ -57,11 +57,11 @@ def step_times(project: Path, with_item_logger: bool, steps: int = 100) -> tuple
     """(median seconds per training step after 10 warm-up steps, mean seconds per call of the logger's hook)."""
     sys.path.insert(0, str(project / "src"))
     package = project.name.replace("-", "_")
-    data = __import__(f"{package}.datamodule", fromlist=["x"])
-    synthetic = __import__(f"{package}.synthetic", fromlist=["x"])
-    model = __import__(f"{package}.model", fromlist=["x"])
-    module = __import__(f"{package}.module", fromlist=["x"])
-    item_logger = __import__(f"{package}.callbacks.item_logger", fromlist=["x"])
+    data = __import__(f"{package}.engine.datamodule", fromlist=["x"])
+    synthetic = __import__(f"{package}.data.synthetic", fromlist=["x"])
+    model = __import__(f"{package}.models.mlp", fromlist=["x"])
+    module = __import__(f"{package}.engine.module", fromlist=["x"])
+    item_logger = __import__(f"{package}.engine.callbacks.item_logger", fromlist=["x"])
 
     stamps: list[float] = []
 

@@ -43,15 +43,15 @@ def arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def split(args: argparse.Namespace, name: str) -> Dataset:
     """The template's generated data (configs/data/synthetic.yaml, data.train_size=--train-size)."""
-    synthetic = importlib.import_module(f"{args.package}.synthetic")
+    synthetic = importlib.import_module(f"{args.package}.data.synthetic")
     return synthetic.SyntheticData(name, train_size=args.train_size, seed=SEED)
 
 
 def parts(args: argparse.Namespace) -> tuple[nn.Module, Dataset, Callable]:
     """The net, the training split and a function that builds the optimizer and schedule over parameters: what the
     template builds at its defaults."""
-    optimization = importlib.import_module(f"{args.package}.optimization")
-    model_module = importlib.import_module(f"{args.package}.model")
+    optimization = importlib.import_module(f"{args.package}.runtime.optimization")
+    model_module = importlib.import_module(f"{args.package}.models.mlp")
     torch.manual_seed(SEED)
     dataset = split(args, "train")
     net = model_module.ResidualMLP(32, 8, hidden=args.hidden, depth=args.depth)  # configs/data/synthetic.yaml's sizes

@@ -85,7 +85,7 @@ atexit.register(lambda: RECORDER.starts and RECORDER.save())
 def timed_net(**settings) -> nn.Module:
     """The baked project's ResidualMLP ($BENCH_PACKAGE), recording each training forward's start. A forward in
     eval mode (validation) ends the epoch: the next training forward starts the next one."""
-    net = importlib.import_module(f"{os.environ['BENCH_PACKAGE']}.model").ResidualMLP(**settings)
+    net = importlib.import_module(f"{os.environ['BENCH_PACKAGE']}.models.mlp").ResidualMLP(**settings)
     epoch, evaluated = 0, False
 
     def record(module: nn.Module, args: tuple) -> None:

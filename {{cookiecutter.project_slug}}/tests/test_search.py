@@ -3,7 +3,6 @@ the trials' run folders and their offline wandb files."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -86,6 +85,18 @@ def epochs(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "epochs.jsonl").read_text().splitlines()]
 
 
+def processes_running(folder: str) -> list[int]:
+    """The processes whose command line names `folder` (a trial's run folder): its training and launcher."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if folder in cmdline.read_bytes().decode(errors="replace"):
+                pids.append(int(cmdline.parent.name))
+        except OSError:
+            continue  # ended meanwhile
+    return pids
+
+
 @pytest.fixture(scope="module")
 def default_val_loss(tmp_path_factory, train_env) -> float:
     """val/loss of the training config as it is, after the same tiny training as every trial."""
@@ -151,13 +162,22 @@ def test_grid_enumerates_its_grid_two_trials_at_a_time_one_wandb_run_each(search
 @pytest.mark.slow
 @pytest.mark.engine_neutral
 def test_a_killed_search_continues_to_the_total_without_repeating_finished_trials(search, tmp_path):
+    """SIGKILLed during its second trial: that trial's training dies with it (search/guard.py), and the search started
+    again marks the trial failed, runs its parameters again and none of the finished ones."""
     args = ["search.sampler=random", "search.n_trials=2", "search.pruner=none", "logger=none", *TINY]
     first = search(*args, background=True)
     while not (tmp_path / "s" / "trials" / "1").exists():  # trial 0 finished, trial 1 started
         assert first.poll() is None, first.stdout.read().decode()[-3000:]
         time.sleep(0.2)
-    first.send_signal(signal.SIGTERM)
-    assert first.wait(120) == 128 + signal.SIGTERM
+    trial = str(tmp_path / "s" / "trials" / "1")
+    while not processes_running(trial):
+        time.sleep(0.1)
+    first.kill()  # SIGKILL: the search cannot stop its trial itself
+    first.wait(30)
+    deadline = time.monotonic() + 30
+    while (orphans := processes_running(trial)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not orphans, f"the killed search's trial trains on: {orphans}"
     result = search(*args)
     assert "trial 1 was interrupted: marked failed, its parameters queued again" in result.output
     complete, failed = result.trials(TrialState.COMPLETE), result.trials(TrialState.FAIL)

@@ -116,10 +116,10 @@ def test_a_stopped_streamed_training_continues_exactly(streamed, train, tmp_path
 
 def test_presets_whose_processes_share_batches_refuse_a_stream(streamed):
     data = stream_data(streamed)
-    data.check_layout(replicas=4, processes=4)  # ddp, or model_parallel as FSDP only
+    data.check_replicas(replicas=4, processes=4)  # ddp, or model_parallel as FSDP only
     with pytest.raises(ConfigError, match="data=streaming gives each process its own part of the stream"):
-        data.check_layout(replicas=2, processes=4)  # dp2 x tp2
-    Data(lambda split: None).check_layout(replicas=1, processes=2)  # a pipeline reads map-style data
+        data.check_replicas(replicas=2, processes=4)  # dp2 x tp2
+    Data(lambda split: None).check_replicas(replicas=1, processes=2)  # a pipeline reads map-style data
 
 
 BAD_INPUT = [

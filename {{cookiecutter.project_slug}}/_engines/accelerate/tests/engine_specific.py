@@ -46,3 +46,13 @@ def reset_engine_state() -> None:
 
 # tests/old_layout_run: the links a run folder has that the template cannot ship (last -> its newest checkpoint)
 OLD_RUN_LINKS = {"checkpoints/last": "step-0000003"}
+
+# Each device's peak memory logged (the GPU table's last column), and the batch-size search (tests/layouts.py)
+MEMORY = ["oom.log_memory=true"]
+FIND_BATCH_SIZE = ["oom.log_memory=true", "oom.find_batch_size=true"]
+
+
+def launcher_of(preset: str, processes: int) -> list[str] | None:
+    """The launcher prefix a preset over `processes` processes needs (None: `python -m`): `accelerate launch`, but
+    for ddp_spawn, which spawns its own."""
+    return accelerate_launch(processes) if processes > 1 and preset != "ddp_spawn" else None

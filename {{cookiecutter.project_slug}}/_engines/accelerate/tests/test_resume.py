@@ -3,6 +3,7 @@ again: from its last complete checkpoint, by itself, with the same per-step loss
 
 import pytest
 from conftest import Run, make_runner
+from launchers import accelerate_launch
 from restarts import RESTARTABLE, STEPS, losses_by_step, run_in
 from wandb_records import offline_runs, sync_dry_run
 
@@ -60,3 +61,21 @@ def test_killed_while_saving_then_run_again_continues_exactly(tmp_path, train_en
     assert f"resume=false: starting afresh; removing the checkpoints in {checkpoints}" in fresh.stdout
     assert (checkpoints / "last").resolve() == checkpoints / "step-0000002"
     assert len(offline_runs(run_dir)) == 2, "and a new wandb run"
+
+
+def test_shards_are_not_resumed_on_another_mesh(tmp_path, train_env):
+    """Tensor parallel over 2 processes -> FSDP over 2: the optimizer's parameter groups follow the mesh, so its
+    saved state would load into the wrong groups (KeyError 'betas' at the first step). Refused before training."""
+    train = make_runner(tmp_path, train_env)
+    short = ["strategy=model_parallel", "trainer.max_steps=2", "checkpoint.every_n_steps=2", "logger=none"]
+    tensor = train(*short, "test_after_fit=false", launcher=accelerate_launch())
+    last = tensor.run_dir / "checkpoints" / "last"
+    fsdp = ["strategy.data_parallel_size=2", "strategy.tensor_parallel_size=1", f"ckpt_path={last}"]
+    refused = train(*short, *fsdp, launcher=accelerate_launch(), check=False)
+    # Each process refuses in one line (exit 2); accelerate launch then reports its failed children its own way.
+    assert refused.returncode != 0
+    assert (
+        "error: " + str(last / "sharded") + " was saved by strategy=model_parallel on a mesh of 1 data-parallel x 2 "
+        "tensor-parallel processes, this run's is 2 x 1" in refused.output
+    )
+    assert "KeyError" not in refused.output and not (refused.run_dir / "checkpoints").exists(), "before training"

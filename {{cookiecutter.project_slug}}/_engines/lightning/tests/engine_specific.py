@@ -39,3 +39,12 @@ def reset_engine_state() -> None:
 
 # tests/old_layout_run: the links a run folder has that the template cannot ship (its last checkpoint is a file)
 OLD_RUN_LINKS: dict[str, str] = {}
+
+# Each device's peak memory logged (the GPU table's last column), and the batch-size search (tests/layouts.py)
+MEMORY = ["callbacks=[default,device_memory]"]
+FIND_BATCH_SIZE = ["callbacks=[default,device_memory,batch_size_finder]"]
+
+
+def launcher_of(preset: str, processes: int) -> list[str] | None:
+    """The launcher prefix a preset over `processes` processes needs (None: `python -m`): Lightning starts them."""
+    return None

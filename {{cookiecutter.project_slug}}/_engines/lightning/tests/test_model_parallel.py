@@ -132,3 +132,13 @@ def test_gradient_clipping_uses_the_norm_of_the_whole_gradient(train):
     assert not all(torch.allclose(free[name], value, atol=1e-4) for name, value in expected.items()), "no clipping"
     for name, value in expected.items():
         assert torch.allclose(got[name], value, atol=TOLERANCE), name
+
+
+@pytest.mark.slow
+def test_shards_are_not_resumed_on_another_mesh(tensor_run, train):
+    """Tensor parallel over 2 processes -> FSDP over 2: the optimizer's parameter groups follow the mesh, so its
+    saved state would load into the wrong groups (KeyError 'betas' at the first step). Refused before training."""
+    fsdp = ["strategy.data_parallel_size=2", "strategy.tensor_parallel_size=1"]
+    last = tensor_run.run_dir / "checkpoints" / "last.ckpt"
+    refused = train(*SHORT, *TENSOR, *fsdp, f"ckpt_path={last}", check=False)
+    refused.assert_rejected("on a mesh of 1 data-parallel x 2 tensor-parallel processes, this run's is 2 x 1")

@@ -76,7 +76,7 @@ class Data:
         cls = getattr(self.dataset, "func", self.dataset)
         return isinstance(cls, type) and issubclass(cls, IterableDataset)
 
-    def check_layout(self, replicas: int, processes: int) -> None:
+    def check_replicas(self, replicas: int, processes: int) -> None:
         """Refuse, before training, a layout this data cannot feed: a stream is dealt out to the processes, each
         its own part, so processes that must read the same batches (tensor-parallel or pipeline ranks) cannot
         share one."""
@@ -330,11 +330,25 @@ def check_input(net: nn.Module, data: Data) -> None:
             )
 
 
+# The batch arithmetic, in one place (the data, every strategy, the batch-size finders and the OOM recovery use it):
+#   global batch (data.batch_size) = micro-batch x micro-batches accumulated per step x data-parallel replicas
+
+
+def batch_parts(replicas: int, accumulate: int = 1) -> int:
+    """How many micro-batches one global batch is cut into: one per replica and accumulated micro-batch."""
+    return replicas * accumulate
+
+
+def global_batch_size(micro_batch_size: int, replicas: int, accumulate: int = 1) -> int:
+    """The global batch (data.batch_size) of micro-batches of `micro_batch_size` samples on each replica."""
+    return micro_batch_size * batch_parts(replicas, accumulate)
+
+
 def per_device_batch_size(global_batch_size: int, replicas: int, accumulate: int = 1) -> int:
     """The micro-batch each replica computes at once: the global batch divided over the data-parallel replicas
     and the micro-batches accumulated per optimizer step (trainer.accumulate_grad_batches); a clear error if it
     does not divide."""
-    parts = replicas * accumulate
+    parts = batch_parts(replicas, accumulate)
     if accumulate > 1 and (global_batch_size < 1 or global_batch_size % parts):
         raise ConfigError(
             f"data.batch_size={global_batch_size} is the global batch = micro-batch x "

@@ -2,6 +2,7 @@
 run's own last checkpoint, and a run folder's checkpoints are resumed only by the training that wrote them."""
 
 import importlib
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,36 @@ def check_same_training(run_dir: Path, cfg: DictConfig) -> None:
         raise ConfigError(
             f"{run_dir} has checkpoints of a training that differs from this one in {differ}: give "
             "resume=false to start afresh there (its checkpoints are deleted), or run_id=NAME for a new run folder"
+        )
+
+
+MESH_FILE = "mesh.json"  # in the folder of a model_parallel checkpoint's shards: the mesh they were saved on
+
+
+def write_mesh(folder: Path, data_parallel: int, tensor_parallel: int) -> None:
+    """Record the model_parallel mesh a checkpoint's shards were saved on (first process only)."""
+    if is_first_process():
+        (folder / MESH_FILE).write_text(
+            json.dumps({"data_parallel": data_parallel, "tensor_parallel": tensor_parallel})
+        )
+
+
+def check_same_mesh(folder: Path | None, data_parallel: int, tensor_parallel: int) -> None:
+    """Refuse, before training, to resume shards saved on another model_parallel mesh (tensor parallel 2 -> FSDP on
+    2 processes, say). The optimizer's parameter groups follow the mesh (runtime/optimization.by_placement: one per
+    kind of shard), so its saved state would load into the wrong groups and the first step fail (KeyError 'betas').
+    The weights alone load on any layout (load_trained). A checkpoint that did not record its mesh is not checked."""
+    path = folder / MESH_FILE if folder is not None else None
+    if path is None or not path.is_file():
+        return
+    saved = json.loads(path.read_text())
+    then, now = (saved["data_parallel"], saved["tensor_parallel"]), (data_parallel, tensor_parallel)
+    if then != now:
+        raise ConfigError(
+            f"{folder} was saved by strategy=model_parallel on a mesh of {then[0]} data-parallel x {then[1]} "
+            f"tensor-parallel processes, this run's is {now[0]} x {now[1]}: its optimizer state fits that mesh only; "
+            f"resume on it (strategy.data_parallel_size={then[0]} strategy.tensor_parallel_size={then[1]}, "
+            f"{then[0] * then[1]} processes), or start afresh with resume=false"
         )
 
 

@@ -71,7 +71,9 @@ def main() -> None:
             check_training(first_trial, preset, processes, slots.first)
         new_dir = not settings.study_dir.exists()
         settings.study_dir.mkdir(parents=True, exist_ok=True)
-        lock = hold_lock(settings.study_dir)  # noqa: F841 (held until the search exits)
+        lock = hold_lock(settings.study_dir)  # held until the search and every trial it started have ended
+        if start is TrialProcess:
+            start = partial(TrialProcess, inherit=(lock.fileno(),))
         study = open_study(settings, params, overrides, grid, cfg)
     except ConfigError as err:
         fail(err)
@@ -165,7 +167,10 @@ def hold_lock(study_dir: Path) -> Any:
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise ConfigError(f"another search is running study {study_dir}; wait for it or stop it first") from None
+        raise ConfigError(
+            f"another search is running study {study_dir}, or a trial of a killed one still trains (a process holds "
+            f"{study_dir / 'search.lock'}: fuser -v it); wait for it or stop it first"
+        ) from None
     return lock
 
 

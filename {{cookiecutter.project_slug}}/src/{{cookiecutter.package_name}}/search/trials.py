@@ -7,6 +7,7 @@ import queue
 import re
 import signal
 import subprocess
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator
@@ -20,6 +21,7 @@ from omegaconf import DictConfig
 from ..errors import UNRESOLVED, ConfigError, unresolved
 from ..tracking.epoch_metrics import read_epoch_metrics
 
+GUARD = f"{__package__}.guard"  # search/guard.py
 POLL_SECONDS = 0.2  # how often a running trial's metrics file is read
 STOP_GRACE_SECONDS = 60  # how long a stopped trial may take to close its wandb run before it is killed
 
@@ -128,11 +130,18 @@ def stop_all() -> None:
 class TrialProcess:
     """A trial's training as a local process tree."""
 
-    def __init__(self, command: list[str], env: dict[str, str], log: Path) -> None:
+    def __init__(self, command: list[str], env: dict[str, str], log: Path, inherit: tuple[int, ...] = ()) -> None:
+        """`inherit`: open files the training keeps while it runs (the study's lock)."""
+        guarded = [sys.executable, "-m", GUARD, str(os.getpid()), *command]  # ends with the search, however it ends
         with open(log, "w") as output:
             # Its own session: Ctrl-C in the terminal reaches the search only, which stops the trial itself.
             self.process = subprocess.Popen(
-                command, env={**os.environ, **env}, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+                guarded,
+                env={**os.environ, **env},
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                pass_fds=inherit,
             )
 
     def wait(self, seconds: float) -> int | None:

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ..parallel import pipelining
+from ..parallel.launcher import PACKAGE
 
 ENV = "STEP_TIMES_FILE"
 STEPS_ENV = "STEP_TIMES_STEPS"
@@ -64,7 +65,7 @@ def main() -> None:
         install()
     # As `python -m ...train` runs it (Hydra finds the configs next to the file of a __main__ module); this
     # module stays __main__, so launchers that re-run __main__ for the other ranks re-run the clock too.
-    runpy.run_module(f"{__package__}.train", run_name="__main__")
+    runpy.run_module(f"{PACKAGE}.train", run_name="__main__")
 
 
 if __name__ == "__main__":

@@ -70,8 +70,9 @@ def keep_wandb_run_id(run_dir: Path, run_id: str) -> None:
 
 
 def forget_wandb_run(run_dir: Path) -> None:
-    """Start the next training in `run_dir` as a new wandb run (resume=false)."""
+    """Start the next training in `run_dir` as a new wandb run, with a new metrics file (resume=false)."""
     (run_dir / "wandb" / "run_id").unlink(missing_ok=True)
+    (run_dir / "metrics.jsonl").unlink(missing_ok=True)  # tracking/metrics_file.py
 
 
 def is_first_process() -> bool:

@@ -5,13 +5,15 @@ from typing import Any
 
 from accelerate.tracking import WandBTracker, on_main_process
 
+from ..tracking.metrics_file import MetricsFile
 from ..tracking.wandb_files import STEP, logged_steps, not_logged_yet
 from ..tracking.wandb_run import keep_wandb_run_id, resumed_wandb_run
 
 
 class ResumingWandBTracker(WandBTracker):
     """Every start of the training in `run_dir` logs to the same wandb run (its id is kept in the run folder; see
-    tracking.resumed_wandb_run), each step once: a restart does not log again what an earlier start logged.
+    tracking.resumed_wandb_run), each step once: a restart does not log again what an earlier start logged, and logs
+    what a hard kill kept from the run files (tracking/metrics_file.py).
     `project` and the other arguments go to wandb.init; the main process alone starts the run and logs."""
 
     def __init__(self, run_dir: str | Path, project: str, **kwargs: Any) -> None:
@@ -26,9 +28,15 @@ class ResumingWandBTracker(WandBTracker):
         self.logged = logged_steps(self.run_dir, self.init_kwargs["id"])  # before this start's own run file
         super().start()
         keep_wandb_run_id(self.run_dir, self.run.id)
+        self.metrics_file = MetricsFile(self.run_dir)
+        for step, metrics in self.metrics_file.missing_from(self.logged):  # lost by a hard kill of a start
+            super().log({STEP: step, **metrics})
+            self.logged.update(dict.fromkeys(metrics, step))
 
     @on_main_process
     def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
-        values = not_logged_yet(values, values[STEP], self.logged) if STEP in values else values
+        if STEP in values:
+            self.metrics_file.append(values, values[STEP])
+            values = not_logged_yet(values, values[STEP], self.logged)
         if values:
             super().log(values, step=step, **kwargs)

@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils._pytree import tree_map
 from torch.utils.data import DataLoader
 
-from ..data.loading import Data, per_device_batch_size
+from ..data.loading import Data, batch_parts, global_batch_size, per_device_batch_size
 from ..errors import ConfigError
 from ..runtime.memory import (
     OutOfMemoryStop,
@@ -202,8 +202,7 @@ def find_batch_size(
         torch.random.set_rng_state(saved[2])
         clear_device_cache(garbage_collection=True)
 
-    parts = replicas * accumulation  # what one trial's micro-batch is a part of: the global batch
-    maximum = min(max_batch_size, len(train) // parts)
+    maximum = min(max_batch_size, len(train) // batch_parts(replicas, accumulation))  # a trial's batch: one part
     largest, trials = search(fits, per_device_batch_size(data.batch_size, replicas, accumulation), maximum, tolerance)
     restore()
     if largest == 0:
@@ -215,7 +214,7 @@ def find_batch_size(
     # run it (two steps), and shrinks until it fits.
     while per_device > 1 and not fits_from_the_start(per_device):
         per_device = max(1, int(per_device * (1 - max(margin, 0.05))))
-    data.batch_size = per_device * parts
+    data.batch_size = global_batch_size(per_device, replicas, accumulation)
     accelerator.print(
         f"find_batch_size: largest per-device batch that fits {largest}; using {per_device} per device after "
         f"{trials} trials: {changed_batch_message(old_global, data.batch_size, len(train))}"

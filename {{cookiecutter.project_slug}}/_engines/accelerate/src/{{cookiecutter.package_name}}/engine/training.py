@@ -78,6 +78,8 @@ def train(cfg: DictConfig) -> None:
     # A restart continues from the run's last checkpoint; checkpoints of another training are refused.
     cfg.ckpt_path, cfg.resume = starting_point(run_dir, cfg, run_dir / "checkpoints" / "last")
     strategy, processes, recovery = check_config(cfg, launched=int(os.environ.get("WORLD_SIZE", 1)))
+    last = run_dir / "checkpoints" / "last"
+    strategy.check_resume(Path(cfg.ckpt_path) if cfg.ckpt_path else last if cfg.resume and last.exists() else None)
     if cfg.check_only:
         print(f"check_only: the command passes its checks ({processes} processes); nothing was trained")
         return
@@ -125,7 +127,7 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     replicas = strategy.data_parallel(0, processes)[0]
     per_device_batch_size(cfg.data.batch_size, replicas, accumulation(cfg))
     data = build(cfg.data)
-    data.check_layout(replicas, processes)
+    data.check_replicas(replicas, processes)
     check_input(net, data)  # e.g. model=gpt with data that is not token ids, or uint8 images
     return strategy, processes, recovery
 

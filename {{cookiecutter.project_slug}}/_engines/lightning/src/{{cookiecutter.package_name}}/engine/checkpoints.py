@@ -19,6 +19,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from ..runtime.resuming import load_saved_config
 from ..tracking.wandb_run import forget_wandb_run, is_first_process
+from .lightning_private import batches_that_stepped, mark_saved, save_now, set_batches_that_stepped, step_interval
 from .module import Classifier
 
 LAST = "last.ckpt"
@@ -39,8 +40,8 @@ class ModelCheckpoint(LightningModelCheckpoint):
         return self._state_key
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        every = self._every_n_train_steps
-        if self._train_time_interval is None and (every < 1 or trainer.global_step % every):
+        every, interval = step_interval(self)
+        if interval is None and (every < 1 or trainer.global_step % every):
             return  # what Lightning's decides when no time interval is set and the step is not a multiple
         super().on_train_batch_end(trainer, pl_module, *args)
 
@@ -75,17 +76,16 @@ class ResumeCheckpoint(ModelCheckpoint):
         # keeps this callback from writing the checkpoint it resumed from once more, in place) and counts one more
         # step for the loggers, which would log every later step one too far. The count is put back below.
         if trainer.fit_loop.restarted_on_epoch_end:
-            self._logged_steps = trainer.fit_loop.epoch_loop._batches_that_stepped
+            self._logged_steps = batches_that_stepped(trainer)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._logged_steps is not None:
-            trainer.fit_loop.epoch_loop._batches_that_stepped = self._logged_steps
+            set_batches_that_stepped(trainer, self._logged_steps)
             self._logged_steps = None
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # ModelCheckpoint saves either every N steps or every N epochs; this one does both.
-        if not self._should_skip_saving_checkpoint(trainer):  # skips a step saved already
-            self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
+        save_now(self, trainer)  # unless this step was saved already
 
     def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
         super()._save_checkpoint(trainer, filepath)  # returns once every rank has written its part
@@ -102,7 +102,7 @@ class ResumeCheckpoint(ModelCheckpoint):
         checkpoint["rng_states"] = states
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        self._last_global_step_saved = checkpoint["global_step"]  # saved already: the checkpoint resumed from
+        mark_saved(self, checkpoint["global_step"])  # saved already: the checkpoint resumed from
         states = checkpoint.get("rng_states", [])
         if len(states) == trainer.world_size:
             set_random_state(states[trainer.global_rank])

@@ -7,14 +7,17 @@ from typing import Any
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 
+from ..tracking.metrics_file import MetricsFile
 from ..tracking.wandb_files import logged_steps, not_logged_yet
 from ..tracking.wandb_run import keep_wandb_run_id, resumed_wandb_run
+from .lightning_private import wandb_run_id, wandb_started
 
 
 class ResumingWandbLogger(WandbLogger):
     """Every start of the training in `run_dir` logs to the same wandb run (its id is kept in the run folder; see
-    tracking.resumed_wandb_run), each step once: a restart does not log again what an earlier start logged. Other
-    arguments go to WandbLogger (and from there to wandb.init)."""
+    tracking.resumed_wandb_run), each step once: a restart does not log again what an earlier start logged, and logs
+    what a hard kill kept from the run files (tracking/metrics_file.py). Other arguments go to WandbLogger (and from
+    there to wandb.init)."""
 
     def __init__(self, run_dir: str, **kwargs: Any) -> None:
         self.run_dir = Path(run_dir)
@@ -23,18 +26,23 @@ class ResumingWandbLogger(WandbLogger):
 
     @property
     def experiment(self) -> Any:
-        starting = self._experiment is None and rank_zero_only.rank == 0
+        starting = not wandb_started(self) and rank_zero_only.rank == 0
         if starting:  # before this start writes its own run file
-            self.logged = logged_steps(self.run_dir, self._wandb_init["id"])
+            self.logged = logged_steps(self.run_dir, wandb_run_id(self))
         experiment = super().experiment  # started on first use, on rank 0 only
         if starting:
             keep_wandb_run_id(self.run_dir, experiment.id)
+            self.metrics_file = MetricsFile(self.run_dir)
+            for step, metrics in self.metrics_file.missing_from(self.logged):  # lost by a hard kill of a start
+                super().log_metrics(metrics, step)
+                self.logged.update(dict.fromkeys(metrics, step))
         return experiment
 
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         self.experiment  # noqa: B018 (started first: it reads what the earlier starts logged)
         if step is not None:
+            self.metrics_file.append(dict(metrics), step)
             metrics = not_logged_yet(dict(metrics), step, self.logged)
         if metrics:
             super().log_metrics(metrics, step)

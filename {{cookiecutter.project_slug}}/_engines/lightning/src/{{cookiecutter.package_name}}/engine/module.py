@@ -21,6 +21,7 @@ from ..runtime.optimization import (
     total_steps,
 )
 from ..runtime.precision import use_tensor_cores
+from .lightning_private import batches_that_stepped, has_trainer, only_accumulates
 
 
 class Classifier(L.LightningModule):
@@ -78,7 +79,7 @@ class Classifier(L.LightningModule):
         if "loss" not in outputs:
             return
         self._step_loss = self._step_loss + outputs["loss"]
-        if self.automatic_optimization and self.trainer.fit_loop._should_accumulate():
+        if self.automatic_optimization and only_accumulates(self.trainer):
             return
         # sync_dist: the mean over all processes, i.e. the loss of the global batch (the tensor-parallel ranks
         # of a model_parallel replica hold the same loss). It is an all-reduce, so only on steps the loggers see.
@@ -108,7 +109,7 @@ class Classifier(L.LightningModule):
     def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> torch.Tensor | None:
         x, y = batch
         logits = self(x)
-        if self._trainer is None or self.trainer.world_size == 1:  # one process (dp too): Lightning's mean is exact
+        if not has_trainer(self) or self.trainer.world_size == 1:  # one process (dp too): Lightning's mean is exact
             loss = self.loss(logits, y)
             self.log(f"{split}/loss", loss)
             self.log(f"{split}/acc", (logits.argmax(dim=-1) == y).float().mean())
@@ -183,11 +184,10 @@ def writes_step_metrics(trainer: L.Trainer) -> bool:
     """Whether Lightning sends this training batch's `on_step` metrics to the loggers; ask in
     on_train_batch_end. The same test as Lightning 2.5-2.6 (`_LoggerConnector.update_train_step_metrics`),
     which reads loop counters that have no public name; the cheapest part first, as most steps are not logged."""
-    loop = trainer.fit_loop
     # Batches that took an optimizer step, this one included (the counter moves after this hook): every
     # log_every_n_steps-th is logged, and the last one when training is told to stop.
-    every, step = trainer.log_every_n_steps, loop.epoch_loop._batches_that_stepped + 1
+    every, step = trainer.log_every_n_steps, batches_that_stepped(trainer) + 1
     if not (trainer.fast_dev_run or (every and (step % every == 0 or trainer.should_stop))):
         return False
     # A batch that only accumulates gradients is never logged.
-    return not (trainer.lightning_module.automatic_optimization and loop._should_accumulate())
+    return not (trainer.lightning_module.automatic_optimization and only_accumulates(trainer))

@@ -5,6 +5,7 @@ command, `python -m {{ cookiecutter.package_name }}.train`, calls train() and re
 """
 
 import functools
+import os
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,8 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
     # Before the logger: resume=false forgets the run (but check_only writes nothing, deletes nothing).
     ckpt_path = None if cfg.check_only else resume_from(run_dir, cfg.ckpt_path, cfg.resume)
     trainer, model, datamodule = prepare(cfg)
+    if hasattr(trainer.strategy, "check_resume"):  # model_parallel: its shards' mesh
+        trainer.strategy.check_resume(ckpt_path if not cfg.check_only else planned_start(run_dir, cfg))
     if synchronised_batchnorm(cfg, model, trainer):
         rank_zero_info(synchronised_message(trainer.world_size))  # converted when fit starts (BatchNormSync)
     if cfg.check_only:
@@ -114,9 +117,15 @@ def prepare(cfg: DictConfig, with_logger: bool = True) -> tuple[L.Trainer, L.Lig
         model = build(cfg.model, scheduler=build(cfg.scheduler), compile=cfg.compile, tf32=cfg.tf32)
     synchronised = synchronised_batchnorm(cfg, model, trainer)
     check_layout(preset(), trainer, cfg.data.batch_size, model, synchronised)  # now, not inside a worker process
-    datamodule.data.check_layout(data_parallel_size(trainer), trainer.world_size)
+    datamodule.data.check_replicas(data_parallel_size(trainer), trainer.world_size)
     check_input(model.net, datamodule.data)  # e.g. model=gpt with data that is not token ids, or uint8 images
     return trainer, model, datamodule
+
+
+def planned_start(run_dir: Path, cfg: DictConfig) -> str | None:
+    """The checkpoint a training would start from (check_only: resume_from, which may delete, is not run)."""
+    last = run_dir / "checkpoints" / LAST
+    return cfg.ckpt_path or (os.path.realpath(last) if cfg.resume and last.exists() else None)
 
 
 def synchronised_batchnorm(cfg: DictConfig, model: L.LightningModule, trainer: L.Trainer) -> bool:

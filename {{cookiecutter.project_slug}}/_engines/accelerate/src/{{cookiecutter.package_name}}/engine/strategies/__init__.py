@@ -8,6 +8,7 @@ how one batch is trained (`train_step`). configs/strategy/<name>.yaml points at 
 
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -39,6 +40,9 @@ class Strategy:
     def processes(self, launched: int, devices: int) -> int:
         """How many processes the run will have: the launcher's (accelerate launch, torchrun) by default."""
         return launched
+
+    def check_resume(self, checkpoint: Path | None) -> None:
+        """Refuse, before training, a checkpoint this layout cannot continue (model_parallel: another mesh)."""
 
     def check_layout(self, processes: int, net: nn.Module, cfg: DictConfig) -> None:
         """Refuse, before anything is written, a layout this preset cannot run."""

@@ -38,6 +38,7 @@ from ...parallel.sharding import (
     place_layer_groups,
 )
 from ...parallel.split import find_split
+from ...runtime.resuming import check_same_mesh, write_mesh
 from . import Strategy
 
 
@@ -122,7 +123,12 @@ class ModelParallel(Strategy):
         return [WholeState(model, optimizer)] if self.mode == "layers" else []  # one process holds it all
 
     def sharded_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> "ShardedState | None":
-        return ShardedState(model, optimizer) if self.mode == "tensor" else None
+        return ShardedState(model, optimizer, self.sizes) if self.mode == "tensor" else None
+
+    def check_resume(self, checkpoint: Path | None) -> None:
+        """Refuse shards saved on another mesh (runtime/resuming.check_same_mesh), before training."""
+        if self.mode == "tensor" and checkpoint is not None:
+            check_same_mesh(checkpoint / "sharded", *self.sizes)
 
     def describe(self) -> dict[str, Any]:
         if self.mode == "layers":
@@ -137,8 +143,8 @@ class ShardedState:
 
     options = StateDictOptions()
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        self.model, self.optimizer = model, optimizer
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, mesh: tuple[int, int] | None = None) -> None:
+        self.model, self.optimizer, self.mesh = model, optimizer, mesh  # mesh: (data, tensor) parallel sizes
 
     def _state(self) -> dict[str, Any]:
         # Creates Adam's state if no step ran yet.
@@ -147,6 +153,8 @@ class ShardedState:
 
     def save(self, folder: Path) -> None:
         dcp.save(self._state(), checkpoint_id=folder)
+        if self.mesh is not None:
+            write_mesh(folder, *self.mesh)
 
     def load(self, folder: Path) -> None:
         state = self._state()

@@ -14,7 +14,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
-from ...data.loading import per_device_batch_size
+from ...data.loading import batch_parts, global_batch_size, per_device_batch_size
 from ...errors import ConfigError
 from ...parallel.batchnorm import oom_handling_problem
 from ...runtime.memory import changed_batch_message, free_memory, is_oom_error, search
@@ -62,7 +62,7 @@ class BatchSizeFinder(L.Callback):
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
         self.global_batch_size = state_dict.get("global_batch_size")
 
-    def check_layout(self, trainer: L.Trainer, module: L.LightningModule, synchronised_batchnorm: bool) -> None:
+    def check_compatible(self, trainer: L.Trainer, module: L.LightningModule, synchronised_batchnorm: bool) -> None:
         """Refuse, before training, a run this callback cannot serve (strategies.check_layout calls it)."""
         if synchronised_batchnorm:
             raise ConfigError(
@@ -77,7 +77,7 @@ class BatchSizeFinder(L.Callback):
             rank_zero_info(f"BatchSizeFinder: global batch {self.global_batch_size}, found before the restart")
             return
         replicas, accumulation = data_parallel_size(trainer), trainer.accumulate_grad_batches
-        parts = replicas * accumulation  # a trial's batch is one micro-batch of one replica: a part of the global batch
+        parts = batch_parts(replicas, accumulation)  # a trial's batch is one micro-batch of one replica
         dataset = datamodule.train_dataloader().dataset
         old_global = datamodule.batch_size
         saved = _snapshot(pl_module, trainer.optimizers)
@@ -96,12 +96,12 @@ class BatchSizeFinder(L.Callback):
         # training will run it, and shrinks until it fits.
         while per_device > 1 and not self._fits_from_the_start(trainer, pl_module, dataset, per_device, saved):
             per_device = max(1, int(per_device * (1 - max(self.margin, 0.05))))
-        datamodule.batch_size = self.global_batch_size = per_device * parts
-        lr_factor = self._scale_learning_rate(trainer, per_device * parts / old_global)
+        datamodule.batch_size = self.global_batch_size = global_batch_size(per_device, replicas, accumulation)
+        lr_factor = self._scale_learning_rate(trainer, self.global_batch_size / old_global)
         found = {
             "batch_size_finder/largest_fitting": largest,
             "batch_size_finder/per_device_batch_size": per_device,
-            "batch_size_finder/global_batch_size": per_device * parts,
+            "batch_size_finder/global_batch_size": self.global_batch_size,
             "batch_size_finder/trials": trials,
             "batch_size_finder/seconds": time.perf_counter() - start,
             "batch_size_finder/lr_factor": lr_factor,
@@ -109,7 +109,7 @@ class BatchSizeFinder(L.Callback):
         rank_zero_info(
             f"BatchSizeFinder: largest per-device batch that fits {largest}; using {per_device} per device after "
             f"{trials} trials in {found['batch_size_finder/seconds']:.1f}s: "
-            + changed_batch_message(old_global, per_device * parts, len(dataset))
+            + changed_batch_message(old_global, self.global_batch_size, len(dataset))
             + f" (lr x{lr_factor:.3g})"
         )
         for logger in trainer.loggers:

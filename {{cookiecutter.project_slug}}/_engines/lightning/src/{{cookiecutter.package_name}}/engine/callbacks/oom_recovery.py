@@ -65,7 +65,7 @@ class OOMRecovery(L.Callback):
         self.micro_batch_size = 0  # samples per micro-batch on each device, the last that fitted; 0: the whole batch
         self._keep_grads = self._skipping = False
 
-    def check_layout(self, trainer: L.Trainer, module: L.LightningModule, synchronised_batchnorm: bool) -> None:
+    def check_compatible(self, trainer: L.Trainer, module: L.LightningModule, synchronised_batchnorm: bool) -> None:
         """Refuse, before training, a run this callback cannot serve (strategies.check_layout calls it)."""
         if trainer.accumulate_grad_batches != 1:
             raise ConfigError(

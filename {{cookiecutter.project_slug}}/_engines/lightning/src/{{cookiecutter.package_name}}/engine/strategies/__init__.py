@@ -39,7 +39,7 @@ def check_layout(
     """Refuse, before any process starts, a layout the preset cannot run.
 
     A strategy with limits of its own declares them in a `check_layout(trainer, module, global_batch_size)` method,
-    a callback in a `check_layout(trainer, module, synchronised_batchnorm)` method.
+    a callback in a `check_compatible(trainer, module, synchronised_batchnorm)` method.
     """
     if preset == "single" and trainer.world_size > 1:
         raise ConfigError(
@@ -57,8 +57,8 @@ def check_layout(
                 + (f" ({reason})" if reason else "")
                 + "; drop it with ~callbacks.<its name>"
             )
-        if hasattr(callback, "check_layout"):
-            callback.check_layout(trainer, module, synchronised_batchnorm)
+        if hasattr(callback, "check_compatible"):
+            callback.check_compatible(trainer, module, synchronised_batchnorm)
     if hasattr(trainer.strategy, "check_layout"):
         trainer.strategy.check_layout(trainer, module, global_batch_size)
 

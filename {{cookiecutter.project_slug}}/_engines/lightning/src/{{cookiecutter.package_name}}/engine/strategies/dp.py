@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from ...errors import ConfigError
 from ...models.compilation import DP_REFUSAL
 from ...parallel.batchnorm import data_parallel_problem
+from ..lightning_private import set_device
 
 STEP_CONTEXTS = {
     "training_step": "train_step_context",
@@ -107,7 +108,7 @@ class ReplicaSteps(nn.Module):
         apply_to_collection((args, kwargs), Tensor, tensors.append)
         samples = len(tensors[0]) if tensors and tensors[0].dim() else 1
         if tensors:
-            module._device = tensors[0].device  # a replica copies the root's device; self.device must be its own
+            set_device(module, tensors[0].device)  # a replica copies the root's device; self.device must be its own
         module.log = logs.recorder(samples)  # shadows LightningModule.log on this object only
         try:
             with context():  # autocast is per thread: enter the precision context again inside the replica

@@ -14,7 +14,8 @@ Two modes, chosen by `strategy.mode`:
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 import lightning as L
 import torch
@@ -33,6 +34,7 @@ from ...parallel.sharding import (
     parallelize,
     place_layer_groups,
 )
+from ...runtime.resuming import check_same_mesh, write_mesh
 
 
 def model_parallel(
@@ -103,6 +105,15 @@ class TensorParallelStrategy(ModelParallelStrategy):
         check_tensor_parallel(model, tp)
         if trainer.precision == "16-mixed":  # fp16's gradient scaler does not work on DTensor shards
             raise ConfigError("strategy=model_parallel supports trainer.precision=32-true or bf16-mixed, not 16-mixed")
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        super().save_checkpoint(checkpoint, filepath, storage_options)
+        if Path(filepath).is_dir():  # the folder of every rank's shards
+            write_mesh(Path(filepath), *self._sizes())
+
+    def check_resume(self, checkpoint: str | None) -> None:
+        """Refuse shards saved on another mesh (runtime/resuming.check_same_mesh), before training."""
+        check_same_mesh(Path(checkpoint) if checkpoint else None, *self._sizes())
 
     def parallelize(self, net: nn.Module) -> None:
         """Shard `net` in place and allocate this rank's shards (called from LightningModule.configure_model);

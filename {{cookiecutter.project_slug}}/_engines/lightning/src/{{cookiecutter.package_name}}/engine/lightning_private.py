@@ -1,0 +1,82 @@
+"""Every private member of Lightning's classes this engine uses, in one place, each with why: Lightning (pinned
+<2.7) has no public way to do these. tests/test_lightning_private.py fails loudly when a release renames one.
+
+Overriding `ModelCheckpoint._save_checkpoint` (engine/checkpoints.py: the `last` link moves once every rank has
+written) is the one use outside this module; it is listed in PRIVATE_MEMBERS and checked too.
+"""
+
+from datetime import timedelta
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.loops.fit_loop import _FitLoop
+from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+
+PRIVATE_MEMBERS = {  # what the test checks is still there, and where it is used
+    _FitLoop: ("_should_accumulate",),
+    _TrainingEpochLoop: ("_batches_that_stepped",),
+    ModelCheckpoint: (
+        "_every_n_train_steps",
+        "_train_time_interval",
+        "_should_skip_saving_checkpoint",
+        "_save_topk_checkpoint",
+        "_monitor_candidates",
+        "_last_global_step_saved",
+        "_save_checkpoint",
+    ),
+    WandbLogger: ("_experiment", "_wandb_init"),
+    L.LightningModule: ("_trainer", "_device"),
+}
+
+
+def only_accumulates(trainer: L.Trainer) -> bool:
+    """Whether this training batch only accumulates gradients (no optimizer step): the fit loop's own test."""
+    return trainer.fit_loop._should_accumulate()
+
+
+def batches_that_stepped(trainer: L.Trainer) -> int:
+    """The step counter the loggers' `step` is (optimizer steps, not trainer.global_step, which counts every
+    optimizer of every step): no public name."""
+    return trainer.fit_loop.epoch_loop._batches_that_stepped
+
+
+def set_batches_that_stepped(trainer: L.Trainer, value: int) -> None:
+    trainer.fit_loop.epoch_loop._batches_that_stepped = value
+
+
+def step_interval(callback: ModelCheckpoint) -> tuple[int, timedelta | None]:
+    """(every_n_train_steps, train_time_interval) as the callback was built: no public getter."""
+    return callback._every_n_train_steps, callback._train_time_interval
+
+
+def save_now(callback: ModelCheckpoint, trainer: L.Trainer) -> None:
+    """Save as ModelCheckpoint does on a step it saves on, unless this step was saved already: Lightning saves
+    either every N steps or every N epochs, and has no public call for one more save."""
+    if not callback._should_skip_saving_checkpoint(trainer):
+        callback._save_topk_checkpoint(trainer, callback._monitor_candidates(trainer))
+
+
+def mark_saved(callback: ModelCheckpoint, global_step: int) -> None:
+    """Tell the callback this step is saved already (the checkpoint a training resumed from)."""
+    callback._last_global_step_saved = global_step
+
+
+def wandb_started(logger: WandbLogger) -> bool:
+    """Whether the logger's wandb run has started: asking `logger.experiment` would start it."""
+    return logger._experiment is not None
+
+
+def wandb_run_id(logger: WandbLogger) -> str:
+    """The id the logger will start its wandb run with: before it starts, no public getter."""
+    return logger._wandb_init["id"]
+
+
+def has_trainer(module: L.LightningModule) -> bool:
+    """Whether the module is attached to a trainer: `module.trainer` raises when it is not."""
+    return module._trainer is not None
+
+
+def set_device(module: L.LightningModule, device) -> None:
+    """`module.device` of a DataParallel replica (a shallow copy of the root's module, which copies its device)."""
+    module._device = device
