@@ -2,14 +2,23 @@
 
 import pytest
 import torch
+from own_models import PositionSummed
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.models.gpt import GPT
 from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
 from {{ cookiecutter.package_name }}.parallel.pipelining import check_pipeline
 from {{ cookiecutter.package_name }}.parallel.sharding import check_layer_split, check_tensor_parallel
-from {{ cookiecutter.package_name }}.parallel.split import Split, find_split, layer_groups, pipeline_stage, register_split
+from {{ cookiecutter.package_name }}.parallel.split import (
+    Split,
+    check_chain,
+    find_split,
+    layer_groups,
+    pipeline_stage,
+    register_split,
+)
 
 
 class Attention(nn.Module):
@@ -102,3 +111,14 @@ def test_presets_that_split_the_model_refuse_batchnorm_they_would_not_train_like
     layer_norm = ResidualMLP(in_features=8, num_classes=3, hidden=16, depth=2, norm="layer")
     check_pipeline(2, 2, 64, layer_norm, None)
     check_tensor_parallel(layer_norm, tensor_parallel_size=2)
+
+
+def test_a_forward_that_is_not_its_splits_chain_is_refused_and_a_chain_passes():
+    """A pipeline runs the Split's parts one after another: a forward that adds a position vector after the embedding
+    would be another model. The check names the first part whose input differs; the template's models pass."""
+    torch.manual_seed(0)
+    with pytest.raises(ConfigError, match="forward gives it something else than embed's output for blocks.0"):
+        check_chain(PositionSummed(in_features=8, num_classes=3), torch.randn(1, 8))
+    check_chain(ResidualMLP(in_features=8, num_classes=3, hidden=16, depth=2), torch.randn(1, 8))
+    gpt = GPT(vocab_size=32, max_seq_len=8, dim=16, depth=2, num_heads=2)
+    check_chain(gpt, torch.randint(0, 32, (1, 8)))

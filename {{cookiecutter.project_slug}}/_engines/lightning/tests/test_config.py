@@ -129,6 +129,11 @@ BAD_INPUT = [
         ["trainer.accumulate_grad_batches=2", "trainer.val_check_interval=3", "data.batch_size=64"],
         "trainer.val_check_interval=3 counts micro-batches: give a multiple of trainer.accumulate_grad_batches=2",
     ),
+    (  # a forward that adds a position vector after `embed`: the pipeline's chain would train another model
+        ["strategy=pipeline", "trainer.accelerator=cpu", "model.net._target_=own_models.PositionSummed"],
+        "runs PositionSummed's Split as a chain (first, blocks, last, each on the one before's output), but its "
+        "forward gives it something else than embed's output for blocks.0: it would train another model",
+    ),
 ]
 BAD_INPUT_IDS = [
     "unknown-strategy",
@@ -152,6 +157,7 @@ BAD_INPUT_IDS = [
     "recovery-with-accumulation",
     "dataset-that-does-not-import",
     "validation-inside-an-optimizer-step",
+    "pipeline-of-a-forward-that-is-not-its-chain",
 ]
 
 

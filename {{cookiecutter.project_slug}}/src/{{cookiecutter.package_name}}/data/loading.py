@@ -330,6 +330,16 @@ def check_input(net: nn.Module, data: Data) -> None:
             )
 
 
+def first_sample(data: Data) -> torch.Tensor | None:
+    """The training split's first sample, as a batch of one (None when it is not an array): what the checks before
+    training run the net on."""
+    data.setup()
+    try:
+        return torch.as_tensor(data.splits["train"][0][0])[None]
+    except (KeyError, TypeError, ValueError, RuntimeError):
+        return None
+
+
 # The batch arithmetic, in one place (the data, every strategy, the batch-size finders and the OOM recovery use it):
 #   global batch (data.batch_size) = micro-batch x micro-batches accumulated per step x data-parallel replicas
 

@@ -154,6 +154,61 @@ class Chain(nn.Module):
         return x
 
 
+def check_chain(model: nn.Module, example: torch.Tensor | None, preset: str = "pipeline") -> None:
+    """Refuse, before training, a Split whose chain of parts is not the net's forward: what a pipeline runs would be
+    another model, trained without a word (a forward that adds a position embedding between the embedding and the
+    first block, say). Runs the net's forward and the chain on `example` (a sample or two), in eval mode, without
+    gradients, and names the first part whose input differs. A net on the meta device is not checked."""
+    net, first, blocks, last = layers(model, preset)
+    if example is None or any(param.is_meta for param in net.parameters()):
+        return
+    names, seen = [*first, *blocks, *last], {}
+
+    def recorder(name: str):
+        def hook(module: nn.Module, args: tuple) -> None:
+            seen.setdefault(name, args[0] if len(args) == 1 else args)
+
+        return hook
+
+    handles = [net.get_submodule(name).register_forward_pre_hook(recorder(name)) for name in names]
+    training = net.training
+    net.eval()
+    try:
+        with torch.no_grad(), torch.random.fork_rng():
+            expected = net(example)
+            for handle in handles:
+                handle.remove()
+            x, previous = example, "the net's input"
+            for name in names:
+                if name not in seen or not _same(seen[name], x):
+                    how = "never calls it" if name not in seen else f"gives it something else than {previous}"
+                    raise ConfigError(
+                        f"strategy={preset} runs {type(net).__name__}'s Split as a chain (first, blocks, last, each on "
+                        f"the one before's output), but its forward {how} for {name}: it would train another model. "
+                        "Make the forward that chain (e.g. fold a position embedding into the first part's module), "
+                        "or use a preset that runs the model's own forward (ddp, model_parallel)"
+                    )
+                x, previous = net.get_submodule(name)(x), f"{name}'s output"
+            if not _same(expected, x):
+                raise ConfigError(
+                    f"strategy={preset}: {type(net).__name__}'s forward returns something else than its Split's last "
+                    f"part ({names[-1]}): it would train another model. Make the forward end with that part"
+                )
+    finally:
+        for handle in handles:
+            handle.remove()
+        net.train(training)
+
+
+def _same(a: object, b: object) -> bool:
+    return (
+        isinstance(a, torch.Tensor)
+        and isinstance(b, torch.Tensor)
+        and a.shape == b.shape
+        and bool(torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-5))
+    )
+
+
 def split_blocks(num_blocks: int, num_stages: int, split_points: Sequence[int] | None = None) -> list[range]:
     """The blocks each pipeline stage runs. Raises ValueError for a split that leaves a stage without blocks."""
     if num_stages > num_blocks:

@@ -23,12 +23,13 @@ from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
 from ..config import build_object as build
-from ..data.loading import IGNORED, Data, check_input, per_device_batch_size
+from ..data.loading import IGNORED, Data, check_input, first_sample, per_device_batch_size
 from ..errors import ConfigError
 from ..models.compilation import compile_net
 from ..parallel.batchnorm import micro_batch_split_problem, oom_handling_problem, uses_batchnorm
 from ..parallel.launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
 from ..parallel.sharding import clip_grad_norm_
+from ..parallel.split import check_chain
 from ..runtime.memory import configure_allocator
 from ..runtime.metrics import perplexity
 from ..runtime.optimization import current_lr, grouped_optimizer, respan, total_steps
@@ -129,6 +130,8 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     data = build(cfg.data)
     data.check_replicas(replicas, processes)
     check_input(net, data)  # e.g. model=gpt with data that is not token ids, or uint8 images
+    if strategy.name == "pipeline":  # the stages run the Split's chain, not the model's forward: the same model?
+        check_chain(net, first_sample(data))
     return strategy, processes, recovery
 
 

@@ -18,10 +18,11 @@ from omegaconf import DictConfig, OmegaConf
 from torch.multiprocessing.spawn import ProcessRaisedException
 
 from ..config import build_object
-from ..data.loading import check_input, per_device_batch_size
+from ..data.loading import check_input, first_sample, per_device_batch_size
 from ..errors import ConfigError, spawned_failure
 from ..parallel.batchnorm import needs_sync, synchronised_message
 from ..parallel.launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
+from ..parallel.split import check_chain
 from ..runtime.memory import configure_allocator
 from ..runtime.precision import resolve_precision
 from ..runtime.resuming import starting_point
@@ -119,6 +120,8 @@ def prepare(cfg: DictConfig, with_logger: bool = True) -> tuple[L.Trainer, L.Lig
     check_layout(preset(), trainer, cfg.data.batch_size, model, synchronised)  # now, not inside a worker process
     datamodule.data.check_replicas(data_parallel_size(trainer), trainer.world_size)
     check_input(model.net, datamodule.data)  # e.g. model=gpt with data that is not token ids, or uint8 images
+    if preset() == "pipeline":  # the stages run the Split's chain, not the model's forward: the same model?
+        check_chain(model.net, first_sample(datamodule.data))
     return trainer, model, datamodule
 
 

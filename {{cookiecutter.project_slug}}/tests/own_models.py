@@ -1,0 +1,28 @@
+"""Models as a user brings them, written the obvious way: the presets that split a model must train them as
+strategy=single does, or refuse them in one line before training."""
+
+import torch
+from torch import nn
+
+from {{ cookiecutter.package_name }}.parallel.split import Split, register_split
+
+
+class PositionSummed(nn.Module):
+    """An embedding, then a learned position vector added in the forward (as a transformer adds its position
+    embedding), blocks, a head. Its Split names the modules, but the forward is not their chain."""
+
+    def __init__(self, in_features: int, num_classes: int, hidden: int = 32, depth: int = 2, **_: object) -> None:
+        super().__init__()
+        self.embed = nn.Linear(in_features, hidden)
+        self.position = nn.Parameter(torch.randn(hidden) * 0.1)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU()) for _ in range(depth))
+        self.head = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x) + self.position
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)
+
+
+register_split(PositionSummed, Split(first=["embed"], blocks=["blocks.*"], last=["head"]))
