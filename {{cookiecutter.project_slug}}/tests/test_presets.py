@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 from conftest import QUICK, TOLERANCE, Run, make_runner
-from layouts import FIND_BATCH_SIZE, LAYOUTS, MEMORY, PRECISIONS, REFUSED, Layout, command
+from engine_specific import FIND_BATCH_SIZE, MEMORY
+from layouts import LAYOUTS, PRECISIONS, REFUSED, Layout, command
 
 pytestmark = [pytest.mark.slow, pytest.mark.gpu]
 
