@@ -148,6 +148,8 @@ def expected_files(package: str, engine: str) -> set[str]:
             "launch/multi_process.yaml",
             f"src/{package}/configs/oom/none.yaml",
             f"src/{package}/configs/oom/toolkit.yaml",
+            f"src/{package}/engine/evaluation.py",
+            f"src/{package}/engine/loop.py",
             f"src/{package}/engine/oom.py",
             f"src/{package}/engine/strategies/ddp.py",
             "tests/launchers.py",

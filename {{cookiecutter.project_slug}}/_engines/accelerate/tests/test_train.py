@@ -13,7 +13,7 @@ from {{ cookiecutter.package_name }}.data.loading import Data
 from {{ cookiecutter.package_name }}.data.synthetic import SyntheticData
 from {{ cookiecutter.package_name }}.data.tokens import TokenData
 from {{ cookiecutter.package_name }}.engine.checkpoints import load_trained
-from {{ cookiecutter.package_name }}.engine.training import evaluate
+from {{ cookiecutter.package_name }}.engine.evaluation import evaluate
 from {{ cookiecutter.package_name }}.models.gpt import GPT
 
 

@@ -14,6 +14,17 @@ PACKAGE = "{{ cookiecutter.package_name }}"
 # torchrun's arguments on each node of a multi-node training (the same --rdzv-id on every node: one run folder)
 MULTI_NODE_ARGS = ["--rdzv-backend=c10d", "--rdzv-endpoint=$HEAD_NODE:29500", "--rdzv-id=$JOB_ID"]
 
+
+def multi_node_torchrun(nodes: int, devices: int) -> list[str]:
+    """The torchrun that starts `devices` processes on each of `nodes` machines: the same line on each."""
+    return ["torchrun", f"--nnodes={nodes}", f"--nproc_per_node={devices}", *MULTI_NODE_ARGS]
+
+
+def module_command(module: str, preset: str) -> list[str]:
+    """`-m <package>.<module> strategy=<preset>`: the command a launcher or python runs."""
+    return ["-m", f"{PACKAGE}.{module}", f"strategy={preset}"]
+
+
 # Presets that start their processes themselves from one process on one machine; a launcher cannot run them.
 SINGLE_MACHINE_PRESETS = {
     "dp": "strategy=dp runs one process on one node (one thread per GPU)",

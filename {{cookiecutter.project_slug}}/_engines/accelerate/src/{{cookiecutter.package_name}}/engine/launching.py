@@ -9,7 +9,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from ..errors import ConfigError
-from ..parallel.launcher import MULTI_NODE_ARGS, PACKAGE, free_port
+from ..parallel.launcher import PACKAGE, free_port, module_command, multi_node_torchrun
 
 TRAIN = f"{PACKAGE}.train"
 # The presets that run one process per device, started by `accelerate launch` (their config's header says so).
@@ -22,9 +22,9 @@ def train_command(
     preset: str, devices: int, nodes: int = 1, overrides: Sequence[str] = (), module: str = "train"
 ) -> list[str]:
     """`python -m <pkg>.<module> strategy=<preset> ...` with the launcher the preset needs; `devices` per node."""
-    target = ["-m", f"{PACKAGE}.{module}", f"strategy={preset}"]
-    if nodes > 1:  # one torchrun per node, the same line on each
-        torchrun = ["torchrun", f"--nnodes={nodes}", f"--nproc_per_node={devices}", *MULTI_NODE_ARGS]
+    target = module_command(module, preset)
+    if nodes > 1:
+        torchrun = multi_node_torchrun(nodes, devices)
         return [*torchrun, *target, *overrides]
     if preset == "single":
         return ["python", *target, *overrides]

@@ -1,5 +1,5 @@
 """The Accelerate engine's training: strategy (checked before anything starts) -> processes -> accelerator -> data
--> model -> fit -> test. The loop below is the whole training: what a preset changes lives in strategies/.
+-> model -> fit (loop.py) -> test (evaluation.py). What a preset changes lives in strategies/.
 
 The command, `python -m {{ cookiecutter.package_name }}.train` (or `accelerate launch ... -m
 {{ cookiecutter.package_name }}.train` for the presets that say so), calls train() and reports a refusal in one line.
@@ -8,38 +8,32 @@ The command, `python -m {{ cookiecutter.package_name }}.train` (or `accelerate l
 import functools
 import logging
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import accelerate.optimizer
 import torch
-import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
-from torch import nn
-from torch.optim.lr_scheduler import LRScheduler
 
 from ..config import build_object as build
-from ..data.loading import IGNORED, Data, check_input, first_sample, per_device_batch_size
+from ..data.loading import check_input, first_sample, per_device_batch_size
 from ..errors import ConfigError
 from ..models.compilation import compile_net
 from ..parallel.batchnorm import micro_batch_split_problem, oom_handling_problem, uses_batchnorm
 from ..parallel.launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
-from ..parallel.sharding import clip_grad_norm_
 from ..parallel.split import check_chain
 from ..runtime.memory import configure_allocator
-from ..runtime.metrics import perplexity
-from ..runtime.optimization import current_lr, grouped_optimizer, respan, total_steps
+from ..runtime.optimization import grouped_optimizer, respan
 from ..runtime.precision import resolve_precision, use_tensor_cores
 from ..runtime.resuming import starting_point
-from ..tracking.epoch_metrics import append_epoch_metrics
 from ..tracking.wandb_run import finish_wandb, forget_wandb_run, write_atomically
 from .checkpoints import Checkpoints
+from .evaluation import evaluate, log, prefixed
 from .logger import ResumingWandBTracker
-from .oom import OOMRecovery, OutOfMemoryStop, find_batch_size, log_device_memory
+from .loop import Progress, accumulation, fit, loss_fn, training_steps
+from .oom import OOMRecovery, find_batch_size
 from .strategies import Strategy
 
 logging.getLogger("accelerate").setLevel(logging.WARNING)  # not one INFO line per file it saves
@@ -49,24 +43,6 @@ accelerate.optimizer.is_lomo_available = functools.cache(accelerate.optimizer.is
 
 # trainer.precision takes Lightning's names, so both engines share the flag; accelerate's names on the right.
 PRECISION = {"32-true": "no", "bf16-mixed": "bf16", "16-mixed": "fp16"}
-
-
-@dataclass
-class Progress:
-    """Where training is; saved with every checkpoint, so that a resumed run continues where it stopped."""
-
-    epoch: int = 0
-    loader: dict[str, Any] = field(default_factory=dict)  # the training loader's position mid-epoch ({}: at a start)
-    global_step: int = 0  # optimizer steps done
-    best_val_loss: float = float("inf")
-    found_batch_size: int = 0  # the global batch that oom.find_batch_size found (0: not searched yet)
-    oom_recovery: dict[str, int] = field(default_factory=dict)  # oom.recovery's state: its micro-batch size
-
-    def state_dict(self) -> dict[str, Any]:
-        return dict(vars(self))
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        vars(self).update(state)
 
 
 def train(cfg: DictConfig) -> None:
@@ -213,157 +189,6 @@ def resume_point(accelerator: Accelerator, cfg: DictConfig, checkpoints: Checkpo
     if checkpoints.last:
         accelerator.print(f"resuming from {checkpoints.last.resolve()} (resume=false starts afresh)")
     return checkpoints.last
-
-
-def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Mean loss of a batch (strategy=pipeline computes it per micro-batch on the last stage): cross-entropy over
-    every target, class logits (B, C) with labels (B,), or a language model's (B, T, V) with tokens (B, T)."""
-    return F.cross_entropy(logits.flatten(0, -2), target.flatten())
-
-
-def fit(
-    accelerator: Accelerator,
-    cfg: DictConfig,
-    strategy: Strategy,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: LRScheduler,
-    loaders: dict[str, Any],
-    progress: Progress,
-    checkpoints: Checkpoints,
-    recovery: OOMRecovery | None,
-) -> None:
-    trainer, every_n_steps = cfg.trainer, cfg.checkpoint.every_n_steps
-    step_loss = 0.0  # the sum of the optimizer step's micro-batch losses so far
-    model.train()
-    while progress.epoch < trainer.max_epochs and not done(progress, trainer.max_steps):
-        epoch, loader = progress.epoch, loaders["train"]
-        # This epoch's seeded shuffle, from the first batch not trained yet: a resumed run goes on with the
-        # next batch, and its sampler (or stream) leaves out the ones before it (nothing is read twice).
-        loader.load_state_dict(progress.loader or {"epoch": epoch, "samples_done": 0})
-        for x, y in loader:
-            x, y = to_device(accelerator, x, y)
-            logged = (progress.global_step + 1) % trainer.log_every_n_steps == 0
-            with accelerator.accumulate(model):
-                if recovery:  # None: an out-of-memory error made it skip the batch (recovery refuses accumulation)
-                    try:
-                        loss = recovery.train_step(accelerator, model, x, y, loss_fn, progress.global_step)
-                    except OutOfMemoryStop as stop:  # every process stops here together: save, then stop
-                        progress.loader, progress.oom_recovery = loader.state_dict(), recovery.state_dict()
-                        checkpoints.save(progress.global_step)
-                        stop.checkpoint = checkpoints.last.resolve()
-                        raise
-                    progress.oom_recovery = recovery.state_dict()  # saved with the next checkpoint
-                else:
-                    loss = strategy.train_step(accelerator, model, x, y, loss_fn, logged=logged)
-                if loss is not None:
-                    step_loss = step_loss + loss
-                if accelerator.sync_gradients:
-                    if trainer.gradient_clip_val:
-                        # The norm of the whole gradient, tensor-parallel shards too (the shared clip, as in the
-                        # Lightning engine: accelerator.clip_grad_norm_ handles shards only in accelerate releases
-                        # newer than this project's minimum, 1.10), of the 16-mixed gradients once unscaled.
-                        accelerator.unscale_gradients()
-                        clip_grad_norm_(model.parameters(), trainer.gradient_clip_val)
-                    lr = current_lr(optimizer)
-                    if loss is not None or not recovery:  # a skipped batch left no gradient: no step (16-mixed's
-                        optimizer.step()  # gradient scaler refuses a step without its inf checks), as in Lightning
-                    scheduler.step()  # once per optimizer step (not accelerate's prepared scheduler, which steps
-                    optimizer.zero_grad()  # once per process unless the batch is split: not the global-batch meaning)
-            if not accelerator.sync_gradients:
-                continue
-            if loss is not None and logged:
-                # The only host sync of the step, and only on logging steps: the mean over the micro-batches and
-                # all processes is the global batch's loss (processes that share a batch hold the same loss).
-                loss = accelerator.reduce(step_loss / accumulation(cfg), "mean").item()
-                metrics = {"train/loss": loss, "train/lr": lr, **strategy.step_metrics()}
-                log(accelerator, {**metrics, "epoch": epoch}, progress.global_step)
-            step_loss = 0.0
-            progress.global_step += 1
-            if done(progress, trainer.max_steps):
-                break
-            if every_n_steps and progress.global_step % every_n_steps == 0 and loader.batches_done < len(loader):
-                progress.loader = loader.state_dict()
-                checkpoints.save(progress.global_step)  # (the epoch's last batch: its end saves just after)
-        else:  # a whole epoch: validate (as Lightning does, not after stopping at max_steps mid-epoch)
-            progress.epoch, progress.loader = progress.epoch + 1, {}
-            validate(accelerator, cfg, strategy, model, loaders["val"], progress, epoch, checkpoints)
-            continue
-        progress.loader = loader.state_dict()
-        checkpoints.save(progress.global_step)  # stopped at trainer.max_steps
-
-
-def training_steps(cfg: DictConfig, data: Data, replicas: int, rank: int) -> int:
-    """Optimizer steps of the whole training, which the schedule spans (as Lightning's estimated_stepping_batches):
-    trainer.max_steps, or the epochs' steps if fewer."""
-    steps_per_epoch = len(data.loader("train", replicas, rank, accumulate=accumulation(cfg))) // accumulation(cfg)
-    return total_steps(cfg.trainer.max_steps, cfg.trainer.max_epochs, steps_per_epoch)
-
-
-def accumulation(cfg: DictConfig) -> int:
-    """Micro-batches per optimizer step: data.batch_size stays the global batch, each is a part of it."""
-    return cfg.trainer.accumulate_grad_batches
-
-
-def done(progress: Progress, max_steps: int) -> bool:
-    return 0 < max_steps <= progress.global_step
-
-
-def validate(
-    accelerator: Accelerator,
-    cfg: DictConfig,
-    strategy: Strategy,
-    model: nn.Module,
-    loader: Any,
-    progress: Progress,
-    epoch: int,
-    checkpoints: Checkpoints,
-) -> None:
-    """Evaluate on the validation split, log, and checkpoint: the latest state, and the best by val/loss."""
-    metrics = evaluate(accelerator, model, loader)
-    log(accelerator, {**prefixed("val", metrics), "epoch": epoch}, progress.global_step)
-    if cfg.epoch_metrics and accelerator.is_main_process:  # the search reads it to prune a trial
-        append_epoch_metrics(cfg.epoch_metrics, epoch, prefixed("val", metrics))
-    if cfg.oom.log_memory:
-        log_device_memory(accelerator, strategy, progress.global_step)
-    best = metrics["loss"] < progress.best_val_loss
-    progress.best_val_loss = min(progress.best_val_loss, metrics["loss"])
-    checkpoints.save(progress.global_step, best=best)
-
-
-@torch.no_grad()
-def evaluate(accelerator: Accelerator, model: nn.Module, loader: Any) -> dict[str, float]:
-    """Loss, accuracy and perplexity (exp of the loss) over the whole split, exact: per-target sums are reduced over
-    the processes, then divided by the number of targets (every sample is evaluated once: the eval sampler does
-    not repeat any)."""
-    model.eval()
-    totals = torch.zeros(3, dtype=torch.float64, device=accelerator.device)
-    for x, y in loader:
-        x, y = to_device(accelerator, x, y)
-        with accelerator.autocast():
-            logits = model(x)
-        logits, y = logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1)  # one row per target (token)
-        totals[0] += F.cross_entropy(logits, y, reduction="sum")
-        totals[1] += (logits.argmax(dim=-1) == y).sum()
-        totals[2] += (y != IGNORED).sum()  # not the targets the eval sampler padded with (see data.EvalSampler)
-    loss_sum, correct, count = accelerator.reduce(totals, "sum").tolist()
-    model.train()
-    return {"loss": loss_sum / count, "acc": correct / count, "perplexity": perplexity(loss_sum / count)}
-
-
-def to_device(accelerator: Accelerator, *tensors: torch.Tensor) -> list[torch.Tensor]:
-    """Host-to-device copies that overlap with compute on a GPU (the loaders pin their memory there)."""
-    return [tensor.to(accelerator.device, non_blocking=True) for tensor in tensors]
-
-
-def prefixed(split: str, metrics: dict[str, float]) -> dict[str, float]:
-    return {f"{split}/{name}": value for name, value in metrics.items()}
-
-
-def log(accelerator: Accelerator, metrics: dict[str, float], step: int) -> None:
-    """One wandb row (main process only). The step is a metric, as Lightning's WandbLogger logs it, so runs
-    of both engines chart alike."""
-    accelerator.log({**metrics, "trainer/global_step": step})
 
 
 def start_wandb(accelerator: Accelerator, cfg: DictConfig, strategy: Strategy, replicas: int, batch: int) -> None:

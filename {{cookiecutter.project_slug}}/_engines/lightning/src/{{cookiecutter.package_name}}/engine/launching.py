@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 from omegaconf import DictConfig
 
-from ..parallel.launcher import MULTI_NODE_ARGS, PACKAGE
+from ..parallel.launcher import PACKAGE, module_command, multi_node_torchrun
 
 TRAIN = f"{PACKAGE}.train"
 DP_GATHERS_OUTPUTS = False  # strategy=dp: the loss is computed on each replica, device 0 gathers no outputs
@@ -19,9 +19,9 @@ def train_command(
     preset: str, devices: int, nodes: int = 1, overrides: Sequence[str] = (), module: str = "train"
 ) -> list[str]:
     """`python -m <pkg>.<module> strategy=<preset> ...` with the launcher the preset needs; `devices` per node."""
-    target = ["-m", f"{PACKAGE}.{module}", f"strategy={preset}"]
-    if nodes > 1:  # one torchrun per node, the same line on each
-        torchrun = ["torchrun", f"--nnodes={nodes}", f"--nproc_per_node={devices}", *MULTI_NODE_ARGS]
+    target = module_command(module, preset)
+    if nodes > 1:
+        torchrun = multi_node_torchrun(nodes, devices)
         return [*torchrun, *target, f"trainer.devices={devices}", f"trainer.num_nodes={nodes}", *overrides]
     if preset == "single":
         return ["python", *target, *overrides]

@@ -1,0 +1,156 @@
+"""The Accelerate engine's training loop: epochs of optimizer steps (gradient accumulation, clipping, the OOM
+recovery's steps), the checkpoints every checkpoint.every_n_steps steps and after each epoch's validation, and where
+the loop stands (Progress), which every checkpoint saves so that a resumed run continues with the next batch."""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from omegaconf import DictConfig
+from torch import nn
+from torch.optim.lr_scheduler import LRScheduler
+
+from ..data.loading import Data
+from ..parallel.sharding import clip_grad_norm_
+from ..runtime.optimization import current_lr, total_steps
+from ..tracking.epoch_metrics import append_epoch_metrics
+from .checkpoints import Checkpoints
+from .evaluation import evaluate, log, prefixed, to_device
+from .oom import OOMRecovery, OutOfMemoryStop, log_device_memory
+from .strategies import Strategy
+
+
+@dataclass
+class Progress:
+    """Where training is; saved with every checkpoint, so that a resumed run continues where it stopped."""
+
+    epoch: int = 0
+    loader: dict[str, Any] = field(default_factory=dict)  # the training loader's position mid-epoch ({}: at a start)
+    global_step: int = 0  # optimizer steps done
+    best_val_loss: float = float("inf")
+    found_batch_size: int = 0  # the global batch that oom.find_batch_size found (0: not searched yet)
+    oom_recovery: dict[str, int] = field(default_factory=dict)  # oom.recovery's state: its micro-batch size
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        vars(self).update(state)
+
+
+def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean loss of a batch (strategy=pipeline computes it per micro-batch on the last stage): cross-entropy over
+    every target, class logits (B, C) with labels (B,), or a language model's (B, T, V) with tokens (B, T)."""
+    return F.cross_entropy(logits.flatten(0, -2), target.flatten())
+
+
+def fit(
+    accelerator: Accelerator,
+    cfg: DictConfig,
+    strategy: Strategy,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler,
+    loaders: dict[str, Any],
+    progress: Progress,
+    checkpoints: Checkpoints,
+    recovery: OOMRecovery | None,
+) -> None:
+    trainer, every_n_steps = cfg.trainer, cfg.checkpoint.every_n_steps
+    step_loss = 0.0  # the sum of the optimizer step's micro-batch losses so far
+    model.train()
+    while progress.epoch < trainer.max_epochs and not done(progress, trainer.max_steps):
+        epoch, loader = progress.epoch, loaders["train"]
+        # This epoch's seeded shuffle, from the first batch not trained yet: a resumed run goes on with the
+        # next batch, and its sampler (or stream) leaves out the ones before it (nothing is read twice).
+        loader.load_state_dict(progress.loader or {"epoch": epoch, "samples_done": 0})
+        for x, y in loader:
+            x, y = to_device(accelerator, x, y)
+            logged = (progress.global_step + 1) % trainer.log_every_n_steps == 0
+            with accelerator.accumulate(model):
+                if recovery:  # None: an out-of-memory error made it skip the batch (recovery refuses accumulation)
+                    try:
+                        loss = recovery.train_step(accelerator, model, x, y, loss_fn, progress.global_step)
+                    except OutOfMemoryStop as stop:  # every process stops here together: save, then stop
+                        progress.loader, progress.oom_recovery = loader.state_dict(), recovery.state_dict()
+                        checkpoints.save(progress.global_step)
+                        stop.checkpoint = checkpoints.last.resolve()
+                        raise
+                    progress.oom_recovery = recovery.state_dict()  # saved with the next checkpoint
+                else:
+                    loss = strategy.train_step(accelerator, model, x, y, loss_fn, logged=logged)
+                if loss is not None:
+                    step_loss = step_loss + loss
+                if accelerator.sync_gradients:
+                    if trainer.gradient_clip_val:
+                        # The norm of the whole gradient, tensor-parallel shards too (the shared clip, as in the
+                        # Lightning engine: accelerator.clip_grad_norm_ handles shards only in accelerate releases
+                        # newer than this project's minimum, 1.10), of the 16-mixed gradients once unscaled.
+                        accelerator.unscale_gradients()
+                        clip_grad_norm_(model.parameters(), trainer.gradient_clip_val)
+                    lr = current_lr(optimizer)
+                    if loss is not None or not recovery:  # a skipped batch left no gradient: no step (16-mixed's
+                        optimizer.step()  # gradient scaler refuses a step without its inf checks), as in Lightning
+                    scheduler.step()  # once per optimizer step (not accelerate's prepared scheduler, which steps
+                    optimizer.zero_grad()  # once per process unless the batch is split: not the global-batch meaning)
+            if not accelerator.sync_gradients:
+                continue
+            if loss is not None and logged:
+                # The only host sync of the step, and only on logging steps: the mean over the micro-batches and
+                # all processes is the global batch's loss (processes that share a batch hold the same loss).
+                loss = accelerator.reduce(step_loss / accumulation(cfg), "mean").item()
+                metrics = {"train/loss": loss, "train/lr": lr, **strategy.step_metrics()}
+                log(accelerator, {**metrics, "epoch": epoch}, progress.global_step)
+            step_loss = 0.0
+            progress.global_step += 1
+            if done(progress, trainer.max_steps):
+                break
+            if every_n_steps and progress.global_step % every_n_steps == 0 and loader.batches_done < len(loader):
+                progress.loader = loader.state_dict()
+                checkpoints.save(progress.global_step)  # (the epoch's last batch: its end saves just after)
+        else:  # a whole epoch: validate (as Lightning does, not after stopping at max_steps mid-epoch)
+            progress.epoch, progress.loader = progress.epoch + 1, {}
+            validate(accelerator, cfg, strategy, model, loaders["val"], progress, epoch, checkpoints)
+            continue
+        progress.loader = loader.state_dict()
+        checkpoints.save(progress.global_step)  # stopped at trainer.max_steps
+
+
+def training_steps(cfg: DictConfig, data: Data, replicas: int, rank: int) -> int:
+    """Optimizer steps of the whole training, which the schedule spans (as Lightning's estimated_stepping_batches):
+    trainer.max_steps, or the epochs' steps if fewer."""
+    steps_per_epoch = len(data.loader("train", replicas, rank, accumulate=accumulation(cfg))) // accumulation(cfg)
+    return total_steps(cfg.trainer.max_steps, cfg.trainer.max_epochs, steps_per_epoch)
+
+
+def accumulation(cfg: DictConfig) -> int:
+    """Micro-batches per optimizer step: data.batch_size stays the global batch, each is a part of it."""
+    return cfg.trainer.accumulate_grad_batches
+
+
+def done(progress: Progress, max_steps: int) -> bool:
+    return 0 < max_steps <= progress.global_step
+
+
+def validate(
+    accelerator: Accelerator,
+    cfg: DictConfig,
+    strategy: Strategy,
+    model: nn.Module,
+    loader: Any,
+    progress: Progress,
+    epoch: int,
+    checkpoints: Checkpoints,
+) -> None:
+    """Evaluate on the validation split, log, and checkpoint: the latest state, and the best by val/loss."""
+    metrics = evaluate(accelerator, model, loader)
+    log(accelerator, {**prefixed("val", metrics), "epoch": epoch}, progress.global_step)
+    if cfg.epoch_metrics and accelerator.is_main_process:  # the search reads it to prune a trial
+        append_epoch_metrics(cfg.epoch_metrics, epoch, prefixed("val", metrics))
+    if cfg.oom.log_memory:
+        log_device_memory(accelerator, strategy, progress.global_step)
+    best = metrics["loss"] < progress.best_val_loss
+    progress.best_val_loss = min(progress.best_val_loss, metrics["loss"])
+    checkpoints.save(progress.global_step, best=best)
