@@ -110,6 +110,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         "tests/forked.py",
         "tests/hard_kill.py",
         "tests/layouts.py",
+        "tests/own_models.py",
         "tests/old_layout_run/config.yaml",
         "tests/refusals.py",
         "tests/simulated_oom.py",
