@@ -32,6 +32,7 @@ test: install
 
 check: install  ## lint + the fast tests (no training processes) of both engines' projects, two files at a time
 	rm -rf build/check
+	$(PYTHON) scripts/lint_template.py
 	set -e; for engine in lightning accelerate; do \
 	  cookiecutter --no-input --output-dir build/check/$$engine . engine=$$engine; \
 	  cd build/check/$$engine/scaled-trainer; \
