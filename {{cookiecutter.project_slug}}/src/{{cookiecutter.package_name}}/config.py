@@ -14,6 +14,7 @@ from .data.files import resolve as data_files
 from .data.streaming_shapes import streamed_shapes
 from .errors import ConfigError, fail, not_importable
 from .parallel.launcher import check_run_id, default_run_id
+from .runtime.interrupt import continue_last
 from .tracking.wandb_run import wandb_mode
 
 CONFIG_DIR = Path(__file__).parent / "configs"
@@ -37,10 +38,11 @@ def check_group_choices(overrides: list[str]) -> None:
 
 def run_cli(run: Callable[[], None]) -> None:
     """The command line: an unknown config group choice, or a multi-node launch without a run id, is refused in
-    one line, then Hydra runs `run`."""
+    one line; run_id=last becomes the id of the run to continue; then Hydra runs `run`."""
     try:
         check_group_choices(sys.argv[1:])
         check_run_id(sys.argv[1:])
+        sys.argv[1:] = continue_last(sys.argv[1:])
     except ConfigError as err:
         fail(err)
     run()

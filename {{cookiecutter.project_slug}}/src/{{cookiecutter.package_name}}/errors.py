@@ -13,6 +13,7 @@ from omegaconf.errors import InterpolationResolutionError, InterpolationToMissin
 
 EXIT_REFUSED = 2  # a predictable mistake: nothing was trained
 EXIT_STOPPED = 1  # a crash, or a training that stopped itself: its checkpoints are kept
+EXIT_INTERRUPTED = 130  # Ctrl-C: stopped with a checkpoint, to be continued (as shells count SIGINT: 128 + 2)
 
 
 class ConfigError(ValueError):
@@ -33,6 +34,10 @@ class TrainingStopped(RuntimeError):
     prints it as one line and exits 1, keeping what the run wrote (its checkpoints)."""
 
 
+class Interrupted(TrainingStopped):
+    """Ctrl-C: the training saved a checkpoint at a step's end and stopped; the message says how to continue."""
+
+
 def spawned_failure(rank: int, traceback: str, config_errors: tuple[type, ...] = ()) -> Exception:
     """What a process this command spawned (strategy=ddp_spawn) died of, from its traceback's text, as this command
     reports it: a stop or a refusal (TrainingStopped, ConfigError or one of `config_errors`) as the one line it
@@ -40,6 +45,8 @@ def spawned_failure(rank: int, traceback: str, config_errors: tuple[type, ...] =
     lines = traceback.strip().splitlines()
     name, _, message = (lines[-1] if lines else "").partition(": ")  # "package.module.Class: message"
     raised = pydoc.locate(name) if name.replace(".", "").replace("_", "").isalnum() else None
+    if isinstance(raised, type) and issubclass(raised, Interrupted):
+        return Interrupted(message)
     if isinstance(raised, type) and issubclass(raised, TrainingStopped):
         return TrainingStopped(message)
     if isinstance(raised, type) and issubclass(raised, (ConfigError, *config_errors)):
@@ -83,6 +90,10 @@ def unresolved(error: Exception) -> ConfigError:
 def fail(error: Exception, run_dir: Path | None = None) -> None:
     """Report a predictable mistake in one line, remove the run folder if nothing was written, exit EXIT_REFUSED (2).
     A crashed process, or a training that stopped itself, exits EXIT_STOPPED (1) instead, keeping what the run wrote."""
+    if isinstance(error, Interrupted):
+        if str(error):  # the first process says how to continue; the others stop quietly
+            print(error, file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
     print(f"error: {error}", file=sys.stderr)
     if isinstance(error, ProcessCrashed | TrainingStopped):
         sys.exit(EXIT_STOPPED)

@@ -14,6 +14,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from ..data.loading import Data
 from ..parallel.sharding import clip_grad_norm_
+from ..runtime.interrupt import Interrupt
 from ..runtime.optimization import current_lr, total_steps
 from ..tracking.epoch_metrics import append_epoch_metrics
 from .checkpoints import Checkpoints
@@ -57,7 +58,30 @@ def fit(
     progress: Progress,
     checkpoints: Checkpoints,
     recovery: OOMRecovery | None,
-) -> None:
+) -> int | None:
+    """Train to trainer.max_epochs or trainer.max_steps; returns the step a Ctrl-C stopped it after (saved), or None."""
+    interrupt = Interrupt()
+    interrupt.install()
+    try:
+        return train_epochs(accelerator, cfg, strategy, model, optimizer, scheduler, loaders, progress, checkpoints,
+                            recovery, interrupt)  # fmt: skip
+    finally:
+        interrupt.restore()
+
+
+def train_epochs(
+    accelerator: Accelerator,
+    cfg: DictConfig,
+    strategy: Strategy,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler,
+    loaders: dict[str, Any],
+    progress: Progress,
+    checkpoints: Checkpoints,
+    recovery: OOMRecovery | None,
+    interrupt: Interrupt,
+) -> int | None:
     trainer, every_n_steps = cfg.trainer, cfg.checkpoint.every_n_steps
     step_loss = 0.0  # the sum of the optimizer step's micro-batch losses so far
     model.train()
@@ -107,15 +131,33 @@ def fit(
             progress.global_step += 1
             if done(progress, trainer.max_steps):
                 break
-            if every_n_steps and progress.global_step % every_n_steps == 0 and loader.batches_done < len(loader):
+            saved = every_n_steps and progress.global_step % every_n_steps == 0
+            if saved and loader.batches_done < len(loader):
                 progress.loader = loader.state_dict()
                 checkpoints.save(progress.global_step)  # (the epoch's last batch: its end saves just after)
+            if stop_now(accelerator, interrupt, progress.global_step, trainer.log_every_n_steps):
+                if not saved or loader.batches_done == len(loader):  # Ctrl-C: save this step, then stop
+                    progress.loader = loader.state_dict()
+                    checkpoints.save(progress.global_step)
+                return progress.global_step
         else:  # a whole epoch: validate (as Lightning does, not after stopping at max_steps mid-epoch)
             progress.epoch, progress.loader = progress.epoch + 1, {}
             validate(accelerator, cfg, strategy, model, loaders["val"], progress, epoch, checkpoints)
             continue
         progress.loader = loader.state_dict()
         checkpoints.save(progress.global_step)  # stopped at trainer.max_steps
+    return None
+
+
+def stop_now(accelerator: Accelerator, interrupt: Interrupt, step: int, log_every_n_steps: int) -> bool:
+    """Whether a Ctrl-C asks to stop after this step: every process must stop after the same one, so several
+    agree on logging steps (which sync anyway); one process answers at once."""
+    if accelerator.num_processes == 1:
+        return interrupt.requested
+    if step % (log_every_n_steps or 1):
+        return False
+    flag = torch.tensor(float(interrupt.requested), device=accelerator.device)
+    return bool(accelerator.reduce(flag, "max").item())
 
 
 def training_steps(cfg: DictConfig, data: Data, replicas: int, rank: int) -> int:

@@ -19,11 +19,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..config import build_object as build
 from ..data.loading import check_input, first_sample, per_device_batch_size
-from ..errors import ConfigError
+from ..errors import ConfigError, Interrupted
 from ..models.compilation import compile_net
 from ..parallel.batchnorm import micro_batch_split_problem, oom_handling_problem, uses_batchnorm
 from ..parallel.launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
 from ..parallel.split import check_chain
+from ..runtime.interrupt import interrupted, mark_finished
 from ..runtime.memory import configure_allocator
 from ..runtime.optimization import grouped_optimizer, respan
 from ..runtime.precision import resolve_precision, use_tensor_cores
@@ -147,6 +148,7 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
     try:
         if accelerator.is_main_process:
             write_atomically(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))  # others may read it
+            mark_finished(run_dir, False)
             start_wandb(accelerator, cfg, strategy, replicas, data.batch_size)
         if cfg.oom.find_batch_size and progress.found_batch_size:  # searched before this run was restarted
             data.batch_size = progress.found_batch_size
@@ -161,7 +163,10 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
         loaders = {
             split: data.loader(split, replicas, rank, on_gpu, per_node, accumulate) for split in data.split_names
         }
-        fit(accelerator, cfg, strategy, model, optimizer, scheduler, loaders, progress, checkpoints, recovery)
+        stopped = fit(accelerator, cfg, strategy, model, optimizer, scheduler, loaders, progress, checkpoints, recovery)
+        if stopped is not None:  # Ctrl-C: saved, stopped; say how to continue
+            failed = False
+            raise interrupted(stopped, checkpoints.last) if accelerator.is_main_process else Interrupted("")
         if cfg.test_after_fit and "test" in loaders:  # data=files: the test split is optional
             step, best = progress.global_step, checkpoints.folder / "best"
             accelerator.wait_for_everyone()  # the main process writes the checkpoints; the others read them
@@ -169,6 +174,8 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
                 checkpoints.load(best)
             log(accelerator, prefixed("test", evaluate(accelerator, model, loaders["test"])), step)
         failed = False
+        if accelerator.is_main_process:
+            mark_finished(run_dir, True)  # run_id=last continues unfinished runs only
     finally:
         finish_wandb(failed)
 

@@ -17,9 +17,17 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from ..runtime.interrupt import Interrupt
 from ..runtime.resuming import load_saved_config
 from ..tracking.wandb_run import forget_wandb_run, is_first_process
-from .lightning_private import batches_that_stepped, mark_saved, save_now, set_batches_that_stepped, step_interval
+from .lightning_private import (
+    batches_that_stepped,
+    mark_saved,
+    only_accumulates,
+    save_now,
+    set_batches_that_stepped,
+    step_interval,
+)
 from .module import Classifier
 
 LAST = "last.ckpt"
@@ -69,14 +77,41 @@ class ResumeCheckpoint(ModelCheckpoint):
             enable_version_counter=False,
         )
         self._logged_steps: int | None = None
+        self.interrupt = Interrupt()
+        self.interrupted_at: int | None = None  # the step a Ctrl-C stopped the training after
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.interrupt.install()
         # Resumed from a checkpoint of an epoch's end with trainer.max_steps set, Lightning (2.6) first goes through
         # the end of that epoch again, training nothing; it calls on_train_epoch_end again (on_load_checkpoint
         # keeps this callback from writing the checkpoint it resumed from once more, in place) and counts one more
         # step for the loggers, which would log every later step one too far. The count is put back below.
         if trainer.fit_loop.restarted_on_epoch_end:
             self._logged_steps = batches_that_stepped(trainer)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        super().on_train_batch_end(trainer, pl_module, *args)  # the checkpoint every N steps
+        if self.interrupted_at is None and self._stop_now(trainer):  # Ctrl-C: save this step, then stop
+            save_now(self, trainer)
+            trainer.should_stop, self.interrupted_at = True, trainer.global_step
+            self.interrupt.restore()
+
+    def _stop_now(self, trainer: L.Trainer) -> bool:
+        if only_accumulates(trainer):  # not an optimizer step's end
+            return False
+        if trainer.world_size == 1:
+            return self.interrupt.requested
+        # Every process must stop after the same step: they agree on logging steps, which sync anyway.
+        every = trainer.log_every_n_steps or 1
+        if batches_that_stepped(trainer) % every:
+            return False
+        return trainer.strategy.reduce_boolean_decision(self.interrupt.requested, all=False)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.interrupt.restore()
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self.interrupt.restore()
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._logged_steps is not None:

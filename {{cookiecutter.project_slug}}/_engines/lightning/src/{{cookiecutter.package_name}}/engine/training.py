@@ -19,16 +19,17 @@ from torch.multiprocessing.spawn import ProcessRaisedException
 
 from ..config import build_object
 from ..data.loading import check_input, first_sample, per_device_batch_size
-from ..errors import ConfigError, spawned_failure
+from ..errors import ConfigError, Interrupted, spawned_failure
 from ..parallel.batchnorm import needs_sync, synchronised_message
 from ..parallel.launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
 from ..parallel.split import check_chain
+from ..runtime.interrupt import interrupted, mark_finished
 from ..runtime.memory import configure_allocator
 from ..runtime.precision import resolve_precision
 from ..runtime.resuming import starting_point
 from ..tracking.wandb_run import finish_wandb, write_atomically
 from .callbacks.epoch_metrics import EpochMetricsFile
-from .checkpoints import LAST, resume_from
+from .checkpoints import LAST, ResumeCheckpoint, resume_from
 from .profiler import NoProfiler
 from .strategies import BatchNormSync, check_layout, data_parallel_size, model_init_context
 
@@ -67,13 +68,21 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
     try:
         if trainer.is_global_zero:
             write_atomically(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))  # others may read it
+            mark_finished(run_dir, False)
             for logger in trainer.loggers:  # the resolved config and the run's layout, rank 0 only
                 logger.log_hyperparams(run_summary(cfg, trainer))
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+        resume = next((callback for callback in trainer.callbacks if isinstance(callback, ResumeCheckpoint)), None)
+        if resume and resume.interrupted_at is not None:  # Ctrl-C: saved, stopped; say how to continue
+            failed = False
+            last = run_dir / "checkpoints" / LAST
+            raise interrupted(resume.interrupted_at, last) if trainer.is_global_zero else Interrupted("")
         if cfg.test_after_fit and "test" in datamodule.data.split_names:  # data=files: test is optional
             best = trainer.checkpoint_callback and trainer.checkpoint_callback.best_model_path
             trainer.test(model, datamodule=datamodule, ckpt_path="best" if best else None)
         failed = False
+        if trainer.is_global_zero:
+            mark_finished(run_dir, True)  # run_id=last continues unfinished runs only
     finally:
         finish_wandb(failed)
     return {name: float(value) for name, value in trainer.callback_metrics.items()}

@@ -1,0 +1,90 @@
+"""Ctrl-C during training: finish the optimizer step under way, save a checkpoint there, stop, and say how to
+continue. Written here because neither engine does it: Lightning's Ctrl-C ends the run where it is, saving nothing,
+and accelerate's loop is ours. A second Ctrl-C stops at once.
+
+SIGTERM is handled the same way when no launcher started the training (a `kill PID`); under torchrun, SLURM or
+accelerate launch, SIGTERM is the launcher's (stopping the other workers after one died, a requeue) and keeps its
+meaning: stop now.
+"""
+
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from ..errors import ConfigError, Interrupted
+from ..parallel.launcher import detect_launcher
+
+FINISHED_FILE = "finished"  # in a run folder whose training ended normally: run_id=last does not continue it
+
+
+class Interrupt:
+    """Turns Ctrl-C into a request the training loop answers at the end of a step (`requested`)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.previous: dict[int, object] = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers live in the main thread only
+        signals = [signal.SIGINT] if detect_launcher() else [signal.SIGINT, signal.SIGTERM]
+        for signum in signals:
+            self.previous[signum] = signal.signal(signum, self._handle)
+
+    def restore(self) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+        self.previous = {}
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.requested:  # the second one: stop now
+            self.restore()
+            raise KeyboardInterrupt
+        self.requested = True
+        print(
+            f"\n{signal.Signals(signum).name}: stopping after this step with a checkpoint (again: stop at once)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def agreed(self, every_process_agrees: Callable[[bool], bool]) -> bool:
+        """Whether to stop now; `every_process_agrees` turns this process's answer into every process's (any)."""
+        return every_process_agrees(self.requested)
+
+
+def interrupted(step: int, checkpoint: Path | str) -> Interrupted:
+    return Interrupted(
+        f"interrupted after step {step}, saved in {checkpoint}: continue with the same command plus "
+        f"run_id={Path(checkpoint).resolve().parents[1].name} (or run_id=last)"
+    )
+
+
+def mark_finished(run_dir: Path, finished: bool) -> None:
+    """Record whether the training in `run_dir` ended normally (first process only)."""
+    marker = Path(run_dir) / FINISHED_FILE
+    if finished:
+        marker.touch()
+    else:
+        marker.unlink(missing_ok=True)
+
+
+def continue_last(argv: list[str]) -> list[str]:
+    """The command line with `run_id=last` replaced by the id of the experiment's newest run, if it has a checkpoint
+    and did not finish (outputs/<experiment>/<run id>/, the default run folders). Raises ConfigError otherwise."""
+    if "run_id=last" not in argv:
+        return argv
+    experiment = next((arg.partition("=")[2] for arg in argv if arg.startswith("experiment=")), "default")
+    folder = Path("outputs") / experiment
+    runs = [run for run in folder.glob("*") if (run / "checkpoints").is_dir()]
+    if not runs:
+        raise ConfigError(f"run_id=last: {folder}/ holds no run with a checkpoint to continue; leave run_id out")
+    newest = max(runs, key=lambda run: (run / "checkpoints").stat().st_mtime)
+    if (newest / FINISHED_FILE).exists():
+        raise ConfigError(
+            f"run_id=last: the newest run of experiment={experiment}, {newest.name}, finished; to train it further "
+            f"give run_id={newest.name} (with more trainer.max_epochs), or leave run_id out for a new run"
+        )
+    print(f"run_id=last: continuing {newest}", file=sys.stderr)
+    return [f"run_id={newest.name}" if arg == "run_id=last" else arg for arg in argv]

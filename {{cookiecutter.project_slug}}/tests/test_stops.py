@@ -1,0 +1,89 @@
+"""A training stopped before its end continues exactly, in one wandb run: killed at once with every process (wandb's
+too), it logs again from the run's metrics file the steps wandb lost; stopped with Ctrl-C, it finishes the step under
+way, saves a checkpoint there and says in one line how to continue (exit 130), and the same command with
+run_id=last continues it (a finished run is not continued)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import PACKAGE, QUICK, make_runner
+from engine_specific import LAST
+from forked import ForkedCommand, can_fork
+from wandb_records import offline_runs
+
+pytestmark = pytest.mark.slow
+
+# Shuffled, 8 steps an epoch, 16 in all; a checkpoint every 3 steps.
+SETTINGS = [
+    *("trainer.accelerator=cpu", "data.shuffle=true", "data.train_size=512", "data.batch_size=64"),
+    *(*QUICK, "trainer.max_epochs=2", "checkpoint.every_n_steps=3"),
+]
+STEPS = 16
+
+
+def losses(run_dir) -> dict[int, float]:
+    (run,) = offline_runs(run_dir)
+    steps = run.steps("train/loss")
+    assert len(steps) == len(set(steps)), f"a step logged twice: {steps}"
+    return dict(zip(steps, run.metric("train/loss"), strict=True))
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory, train_env) -> dict[int, float]:
+    """train/loss by step of the training run once, uninterrupted."""
+    losses_by_step = losses(make_runner(tmp_path_factory.mktemp("whole"), train_env)(*SETTINGS).run_dir)
+    assert list(losses_by_step) == list(range(STEPS))
+    return losses_by_step
+
+
+def test_a_hard_kill_of_the_whole_job_loses_no_step(tmp_path, train_env, whole):
+    train = make_runner(tmp_path, train_env)
+
+    run_dir = tmp_path / "killed"
+    net = ["model.net._target_=hard_kill.HardKilledOnce", f"+model.net.marker={tmp_path / 'killed-once'}"]
+    killed = train(*SETTINGS, *net, run_dir=run_dir, check=False)
+    assert killed.returncode == -9, killed.output[-3000:]
+    lost = set(range(6)) - set(losses(run_dir))
+    assert lost, "the frozen wandb process wrote every step: the kill lost nothing to recover"
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert {row["trainer/global_step"] for row in rows if "train/loss" in row} >= set(range(6))
+
+    train(*SETTINGS, *net, run_dir=run_dir)  # the same command again: resumes from the checkpoint of 6 steps
+    assert losses(run_dir) == whole, f"steps {sorted(lost)} are logged again, each once, with the same values"
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    in_file = [(row["trainer/global_step"], row["train/loss"]) for row in rows if "train/loss" in row]
+    assert in_file == list(whole.items()), "metrics.jsonl: every step once, in order, with the same values"
+
+
+def train_in(cwd, env, *overrides: str) -> tuple[int, str]:
+    """The training command run in `cwd` as a user runs it: its run folder is outputs/<experiment>/<run id>/."""
+    if can_fork():
+        proc = ForkedCommand(f"{PACKAGE}.train", list(overrides), env, cwd, cwd / f"log{len(list(cwd.glob('log*')))}")
+        return proc.wait(300), proc.output()
+    done = subprocess.run([sys.executable, "-m", f"{PACKAGE}.train", *overrides], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_ctrl_c_saves_then_run_id_last_continues_exactly(tmp_path, train_env, whole):
+    net = ["model.net._target_=own_models.InterruptedOnce", f"+model.net.marker={tmp_path / 'once'}"]
+    command = ["experiment=ctrl-c", *SETTINGS, *net]
+
+    code, output = train_in(tmp_path, train_env, *command)  # Ctrl-C in the forward of step 5 (index 4)
+    [run_dir] = (tmp_path / "outputs" / "ctrl-c").iterdir()
+    assert code == 130, output[-3000:]
+    assert output.strip().splitlines()[-1] == (
+        f"interrupted after step 5, saved in {run_dir / LAST}: continue with the same command "
+        f"plus run_id={run_dir.name} (or run_id=last)"
+    )
+    assert "Traceback" not in output
+
+    code, output = train_in(tmp_path, train_env, *command, "run_id=last")
+    assert code == 0, output[-3000:]
+    assert f"run_id=last: continuing {run_dir.relative_to(tmp_path)}" in output
+    assert losses(run_dir) == whole, "the continued run's steps equal the uninterrupted run's, in one wandb run"
+
+    code, output = train_in(tmp_path, train_env, *command, "run_id=last")
+    assert code == 2 and f"error: run_id=last: the newest run of experiment=ctrl-c, {run_dir.name}, finished" in output
