@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from conftest import QUICK, TOLERANCE, K
+from conftest import QUICK, TOLERANCE, K, unsplit_net
 from engine_specific import OOM_RECOVERY, OOM_TOOLKIT, OPTIMIZATION_REFUSALS, optimizer_of
 from hydra import compose, initialize_config_dir
 from torch.distributed.device_mesh import init_device_mesh
@@ -129,12 +129,24 @@ BAD_INPUT = [
         ["strategy=single", "trainer.accelerator=cpu", "model.net.norm=batch", OOM_TOOLKIT],
         f"{OOM_RECOVERY}.policy=split cannot keep the optimisation with BatchNorm",
     ),
+    (
+        ["strategy=dp", "trainer.devices=2", "activation_checkpointing=full"],
+        "strategy=dp does not support activation_checkpointing: nn.DataParallel copies the net",
+    ),
+    (["activation_checkpointing=some"], "activation_checkpointing=some is unknown; valid: none, full, selective"),
+    (
+        ["activation_checkpointing=full", *unsplit_net()],
+        "activation_checkpointing=full recomputes each block of the model's Split, and Sequential has none",
+    ),
     *OPTIMIZATION_REFUSALS,
 ]
 CASE_NAMES = [
     "indivisible-accumulation",
     "oom-recovery-with-synchronised-batchnorm",
     "oom-split-with-batchnorm",
+    "activation-checkpointing-under-dp",
+    "unknown-activation-checkpointing",
+    "activation-checkpointing-without-split",
     "batchnorm-under-pipeline",
 ]
 

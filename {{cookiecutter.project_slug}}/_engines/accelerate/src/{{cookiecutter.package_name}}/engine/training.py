@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..config import build_object as build
 from ..data.loading import check_input, first_sample, per_device_batch_size
 from ..errors import ConfigError, Interrupted
+from ..models.activation_checkpointing import check_activation_checkpointing, checkpoint_blocks
 from ..models.compilation import compile_net
 from ..parallel.batchnorm import micro_batch_split_problem, oom_handling_problem, uses_batchnorm
 from ..parallel.launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
@@ -107,6 +108,7 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     data = build(cfg.data)
     data.check_replicas(replicas, processes)
     check_input(net, data)  # e.g. model=gpt with data that is not token ids, or uint8 images
+    check_activation_checkpointing(net, cfg.activation_checkpointing)
     if strategy.name == "pipeline":  # the stages run the Split's chain, not the model's forward: the same model?
         check_chain(net, first_sample(data))
     return strategy, processes, recovery
@@ -130,6 +132,7 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
         grouped_optimizer, build(cfg.model.optimizer), no_decay_norms_and_biases=cfg.model.no_decay_norms_and_biases
     )
     model, optimizer = strategy.prepare(accelerator, net, optimizer_factory)
+    checkpoint_blocks(net, cfg.activation_checkpointing)  # in place, after sharding, before compiling
     if cfg.compile:  # the net in place, inside ddp's wrapper, after sharding; compiled at its first call
         compile_net(net, per_block=strategy.compiles_per_block)
     replicas, rank = strategy.data_parallel(accelerator.process_index, accelerator.num_processes)

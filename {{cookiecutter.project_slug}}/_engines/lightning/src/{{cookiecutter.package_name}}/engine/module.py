@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data.loading import IGNORED
+from ..models.activation_checkpointing import checkpoint_blocks
 from ..models.compilation import compile_net
 from ..parallel.sharding import clip_grad_norm_, clip_grad_value_
 from ..runtime.metrics import perplexity
@@ -33,12 +34,14 @@ class Classifier(L.LightningModule):
         scheduler: SchedulerFactory | None = None,
         compile: bool = False,
         tf32: bool = True,
+        activation_checkpointing: str = "none",
     ) -> None:
         super().__init__()
         self.net = net
         self.optimizer_factory, self.no_decay_norms_and_biases = optimizer, no_decay_norms_and_biases
         self.scheduler_factory = scheduler  # configs/scheduler/, given by train.py
-        self.compile_net, self.tf32 = compile, tf32  # the top-level config keys, given by train.py
+        self.compile_net, self.tf32 = compile, tf32  # the top-level config keys, given by engine/training.py
+        self.activation_checkpointing = activation_checkpointing
         self._totals: dict[str, torch.Tensor] = {}  # per split: loss sum, correct, targets (several processes)
         self._batch_losses: dict[str, torch.Tensor] = {}  # per split: loss sum, targets (one process)
         self._step_loss: torch.Tensor | float = 0.0  # of the optimizer step's accumulated batches so far
@@ -52,6 +55,7 @@ class Classifier(L.LightningModule):
         # mesh; it shards the net by the plan the net declares (see strategies/model_parallel.py).
         if self.device_mesh is not None:
             self.trainer.strategy.parallelize(self.net)
+        checkpoint_blocks(self.net, self.activation_checkpointing)  # in place, after sharding, before compiling
         if self.compile_net:  # in place, before ddp wraps it; compiled at its first call (compilation.py)
             compile_net(self.net, per_block=getattr(self.trainer.strategy, "compiles_per_block", False))
 

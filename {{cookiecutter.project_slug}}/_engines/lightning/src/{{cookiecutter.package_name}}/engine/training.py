@@ -20,6 +20,7 @@ from torch.multiprocessing.spawn import ProcessRaisedException
 from ..config import build_object
 from ..data.loading import check_input, first_sample, per_device_batch_size
 from ..errors import ConfigError, Interrupted, spawned_failure
+from ..models.activation_checkpointing import check_activation_checkpointing
 from ..parallel.batchnorm import needs_sync, synchronised_message
 from ..parallel.launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
 from ..parallel.split import check_chain
@@ -124,7 +125,14 @@ def prepare(cfg: DictConfig, with_logger: bool = True) -> tuple[L.Trainer, L.Lig
         profiler=cfg.trainer.profiler or NoProfiler(),
     )
     with model_init_context(trainer):  # model_parallel: on the meta device, each rank allocates its shards
-        model = build(cfg.model, scheduler=build(cfg.scheduler), compile=cfg.compile, tf32=cfg.tf32)
+        model = build(
+            cfg.model,
+            scheduler=build(cfg.scheduler),
+            compile=cfg.compile,
+            tf32=cfg.tf32,
+            activation_checkpointing=cfg.activation_checkpointing,
+        )
+    check_activation_checkpointing(model.net, cfg.activation_checkpointing)
     synchronised = synchronised_batchnorm(cfg, model, trainer)
     check_layout(preset(), trainer, cfg.data.batch_size, model, synchronised)  # now, not inside a worker process
     datamodule.data.check_replicas(data_parallel_size(trainer), trainer.world_size)

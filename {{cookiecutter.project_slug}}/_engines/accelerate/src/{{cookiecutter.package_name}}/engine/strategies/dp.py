@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from ...errors import ConfigError
+from ...models.activation_checkpointing import DP_REFUSAL as CHECKPOINTING_DP_REFUSAL
 from ...models.compilation import DP_REFUSAL
 from ...parallel.batchnorm import data_parallel_problem
 from . import Strategy
@@ -42,6 +43,8 @@ class DataParallel(Strategy):
             raise ConfigError(f"strategy=dp {problem}")
         if cfg.compile:
             raise ConfigError(DP_REFUSAL)
+        if cfg.activation_checkpointing != "none":
+            raise ConfigError(CHECKPOINTING_DP_REFUSAL)
 
     def data_parallel(self, process_index: int, processes: int) -> tuple[int, int]:
         return 1, 0  # one process reads the whole global batch; the scatter splits it

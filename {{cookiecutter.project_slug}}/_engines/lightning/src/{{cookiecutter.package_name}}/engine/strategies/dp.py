@@ -21,6 +21,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor, nn
 
 from ...errors import ConfigError
+from ...models.activation_checkpointing import DP_REFUSAL as CHECKPOINTING_DP_REFUSAL
 from ...models.compilation import DP_REFUSAL
 from ...parallel.batchnorm import data_parallel_problem
 from ..lightning_private import set_device
@@ -192,6 +193,8 @@ class DataParallelStrategy(ParallelStrategy):
             problems.append(problem)
         if getattr(model, "compile_net", False):
             problems.append(DP_REFUSAL.removeprefix("strategy=dp "))
+        if getattr(model, "activation_checkpointing", "none") != "none":
+            problems.append(CHECKPOINTING_DP_REFUSAL.removeprefix("strategy=dp "))
         if not model.automatic_optimization:
             problems.append("needs automatic optimization: manual backward and steps would run in every replica")
         if self.num_nodes > 1:

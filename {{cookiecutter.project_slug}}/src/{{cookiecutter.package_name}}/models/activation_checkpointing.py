@@ -1,0 +1,77 @@
+"""activation_checkpointing=full|selective: keep less of each block's activations for the backward, recompute the
+rest there (torch.utils.checkpoint, non-reentrant): less memory per sample, so a bigger batch or model fits, for more
+compute per step. Per block of the model's Split, as torchtitan does, in both engines and every preset but dp.
+
+- full: each block keeps only its input; its whole forward runs again in the backward (about one more forward).
+- selective: each block keeps the outputs of its matrix multiplications and attention (the costly ops) and
+  recomputes the cheap rest (norms, activations, dropout), torch's selective checkpointing.
+
+In place, like compile=true (compilation.py): each block's `forward` is wrapped, the net keeps its class and
+parameter names (checkpoints are the same with it on or off), and the preset shards, wraps or cuts the net as
+before; with compile=true the compiler sees the wrapped blocks. Random numbers (dropout) are replayed in the
+recomputation, so the losses equal activation_checkpointing=none.
+"""
+
+import functools
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+from ..errors import ConfigError
+from ..parallel.split import has_split, layers
+
+MODES = ("none", "full", "selective")
+# What selective keeps: the outputs of the costly ops; everything else is recomputed.
+SAVED_OPS = {
+    torch.ops.aten.mm.default,
+    torch.ops.aten.addmm.default,
+    torch.ops.aten.bmm.default,
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+}
+DP_REFUSAL = (
+    "strategy=dp does not support activation_checkpointing: nn.DataParallel copies the net into a thread per GPU at "
+    "every step, and the copies would recompute with the original's weights; use strategy=ddp"
+)
+
+
+def check_activation_checkpointing(net: nn.Module, mode: str) -> None:
+    """Refuse, before training, an unknown mode, or a net without a Split (whose blocks are what is recomputed)."""
+    if mode not in MODES:
+        raise ConfigError(f"activation_checkpointing={mode} is unknown; valid: {', '.join(MODES)}")
+    if mode != "none" and not has_split(net):
+        name = type(net).__name__
+        raise ConfigError(
+            f"activation_checkpointing={mode} recomputes each block of the model's Split, and {name} has none: add "
+            f"register_split({name}, Split(blocks=...)) next to the class (README, 'Bring your own model')"
+        )
+
+
+def checkpoint_blocks(net: nn.Module, mode: str) -> None:
+    """Wrap the forward of each block of `net`'s Split (in place; a no-op for "none" and the second time)."""
+    check_activation_checkpointing(net, mode)
+    if mode == "none" or getattr(net, "_activation_checkpointing", None):
+        return
+    split_net, _, blocks, _ = layers(net, f"activation_checkpointing={mode}")
+    context = _selective_context if mode == "selective" else None
+    for name in blocks:
+        block = split_net.get_submodule(name)
+        block.forward = functools.partial(_recomputed, block.forward, context)
+    net._activation_checkpointing = mode
+
+
+def _recomputed(forward: Callable, context: Callable | None, *args, **kwargs):
+    extra = {"context_fn": context} if context else {}
+    return checkpoint(forward, *args, use_reentrant=False, **extra, **kwargs)
+
+
+def _keep_costly_ops(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _selective_context():
+    return create_selective_checkpoint_contexts(_keep_costly_ops)
