@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
 from {{ cookiecutter.package_name }}.parallel.split import Split, register_split
@@ -48,3 +49,44 @@ class InterruptedOnce(ResidualMLP):
                 os.kill(os.getpid(), signal.SIGINT)
             self.calls += 1
         return super().forward(x)
+
+
+class Conv1D(nn.Module):
+    """A model library's linear layer with its weight stored transposed (in_features, out_features)."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(in_features, out_features) * 0.02)
+        self.bias = nn.Parameter(torch.zeros(out_features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight + self.bias
+
+
+class Conv1DBlocks(nn.Module):
+    """Blocks of Conv1D layers, with a tensor-parallel plan written as for nn.Linear."""
+
+    def __init__(self, in_features: int, num_classes: int, hidden: int = 32, depth: int = 2, **_: object) -> None:
+        super().__init__()
+        self.embed = nn.Linear(in_features, hidden)
+        self.blocks = nn.ModuleList(
+            nn.ModuleDict({"up": Conv1D(hidden, 4 * hidden), "down": Conv1D(4 * hidden, hidden)}) for _ in range(depth)
+        )
+        self.head = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        for block in self.blocks:
+            h = h + block["down"](torch.relu(block["up"](h)))
+        return self.head(h)
+
+
+register_split(
+    Conv1DBlocks,
+    Split(
+        first=["embed"],
+        blocks=["blocks.*"],
+        last=["head"],
+        tensor_parallel={"blocks.*.up": ColwiseParallel(), "blocks.*.down": RowwiseParallel()},
+    ),
+)

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from own_models import PositionSummed
+from own_models import Conv1DBlocks, PositionSummed
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
@@ -122,3 +122,10 @@ def test_a_forward_that_is_not_its_splits_chain_is_refused_and_a_chain_passes():
     check_chain(ResidualMLP(in_features=8, num_classes=3, hidden=16, depth=2), torch.randn(1, 8))
     gpt = GPT(vocab_size=32, max_seq_len=8, dim=16, depth=2, num_heads=2)
     check_chain(gpt, torch.randint(0, 32, (1, 8)))
+
+
+def test_a_tensor_parallel_plan_over_layers_torch_cannot_shard_is_refused():
+    """torch's ColwiseParallel and RowwiseParallel shard nn.Linear and nn.Embedding only: a plan over a model
+    library's Conv1D would end in a traceback from every process after start. Refused before, naming the layer."""
+    with pytest.raises(ConfigError, match=r"shards blocks.0.up \(Conv1D\) with ColwiseParallel, which torch applies"):
+        check_tensor_parallel(Conv1DBlocks(in_features=8, num_classes=3), 2)

@@ -3,7 +3,6 @@ from the last complete checkpoint, and every step's loss is the uninterrupted tr
 restarts, real torchrun agents and a real SLURM (skipped with the reason where none can be used)."""
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,8 @@ from conftest import PACKAGE, TOLERANCE, Run, kill_with_descendants, make_runner
 from kill_switch import WANDB_FLUSH_SECONDS
 from slurm_jobs import ENDED, job_state, wait_for
 from wandb_records import offline_runs, sync_dry_run
+
+from {{ cookiecutter.package_name }}.parallel.launcher import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -125,12 +126,6 @@ def test_a_finished_training_run_again_resumes_unless_resume_is_false(train, uni
     runs = offline_runs(afresh.run_dir)
     assert len(runs) == 2, "a new wandb run for the new training"
     assert runs[-1].metric("train/loss") == uninterrupted.metric("train/loss")[: STEPS // 2]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def torchrun(*args: str) -> list[str]:

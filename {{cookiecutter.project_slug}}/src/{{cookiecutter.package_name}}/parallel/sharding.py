@@ -19,7 +19,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
-from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.utils.hooks import RemovableHandle
 
 from ..errors import ConfigError
@@ -62,6 +62,13 @@ def check_tensor_parallel(model: nn.Module, tensor_parallel_size: int) -> None:
         if not layers:
             raise ConfigError(f"the Split of {type(net).__name__} names {pattern!r}, which matches no submodule")
         for name, layer in layers:
+            if isinstance(style, ColwiseParallel | RowwiseParallel) and not isinstance(layer, nn.Linear | nn.Embedding):
+                raise ConfigError(
+                    f"the Split of {type(net).__name__} shards {name} ({type(layer).__name__}) with "
+                    f"{type(style).__name__}, which torch applies to nn.Linear and nn.Embedding only: make it an "
+                    "nn.Linear (a model library's Conv1D is one with its weight transposed), or leave it out of "
+                    "the tensor_parallel plan"
+                )
             for what, count in _sharded_sizes(layer, isinstance(style, ColwiseParallel)):
                 if count % tp:
                     raise ConfigError(

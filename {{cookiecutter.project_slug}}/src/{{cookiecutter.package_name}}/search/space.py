@@ -88,7 +88,7 @@ def parse_param(key: str, spec: Any, cfg: DictConfig, groups: dict[str, str]) ->
             if not choices:
                 raise ValueError("give a non-empty list of choices")
             if key in groups:
-                check_group_choices(key, choices)
+                check_searched_choices(key, choices)
             return Param(key, optuna.distributions.CategoricalDistribution(choices), choices)
         number = float if kind == "float" else int
         low, high = (number(spec[bound]) for bound in ("low", "high"))
@@ -136,7 +136,8 @@ def check_key(key: str, cfg: DictConfig, groups: dict[str, str]) -> None:
     raise ConfigError(f"unknown config key {key} in the search space; valid{where}: {', '.join(map(str, valid))}")
 
 
-def check_group_choices(group: str, choices: list[Any]) -> None:
+def check_searched_choices(group: str, choices: list[Any]) -> None:
+    """The choices a search space gives a config group (strategy: [ddp, pipeline]) exist under configs/<group>/."""
     valid = sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml"))
     unknown = [choice for choice in choices if choice not in valid]
     if unknown:
