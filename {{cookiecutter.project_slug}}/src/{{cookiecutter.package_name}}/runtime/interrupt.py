@@ -10,7 +10,8 @@ meaning: stop now.
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import ConfigError, Interrupted
@@ -52,6 +53,17 @@ class Interrupt:
     def agreed(self, every_process_agrees: Callable[[bool], bool]) -> bool:
         """Whether to stop now; `every_process_agrees` turns this process's answer into every process's (any)."""
         return every_process_agrees(self.requested)
+
+
+@contextmanager
+def ctrl_c() -> Iterator[Interrupt]:
+    """An Interrupt answering Ctrl-C while the block runs; the previous handlers afterwards."""
+    interrupt = Interrupt()
+    interrupt.install()
+    try:
+        yield interrupt
+    finally:
+        interrupt.restore()
 
 
 def interrupted(step: int, checkpoint: Path | str) -> Interrupted:

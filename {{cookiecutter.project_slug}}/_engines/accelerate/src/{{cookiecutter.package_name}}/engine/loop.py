@@ -58,30 +58,10 @@ def fit(
     progress: Progress,
     checkpoints: Checkpoints,
     recovery: OOMRecovery | None,
-) -> int | None:
-    """Train to trainer.max_epochs or trainer.max_steps; returns the step a Ctrl-C stopped it after (saved), or None."""
-    interrupt = Interrupt()
-    interrupt.install()
-    try:
-        return train_epochs(accelerator, cfg, strategy, model, optimizer, scheduler, loaders, progress, checkpoints,
-                            recovery, interrupt)  # fmt: skip
-    finally:
-        interrupt.restore()
-
-
-def train_epochs(
-    accelerator: Accelerator,
-    cfg: DictConfig,
-    strategy: Strategy,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: LRScheduler,
-    loaders: dict[str, Any],
-    progress: Progress,
-    checkpoints: Checkpoints,
-    recovery: OOMRecovery | None,
     interrupt: Interrupt,
 ) -> int | None:
+    """Train to trainer.max_epochs or trainer.max_steps; returns the step a Ctrl-C (`interrupt`) stopped it after,
+    saved, or None."""
     trainer, every_n_steps = cfg.trainer, cfg.checkpoint.every_n_steps
     step_loss = 0.0  # the sum of the optimizer step's micro-batch losses so far
     model.train()

@@ -25,7 +25,7 @@ from ..models.compilation import compile_net
 from ..parallel.batchnorm import micro_batch_split_problem, oom_handling_problem, uses_batchnorm
 from ..parallel.launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
 from ..parallel.split import check_chain
-from ..runtime.interrupt import interrupted, mark_finished
+from ..runtime.interrupt import ctrl_c, interrupted, mark_finished
 from ..runtime.memory import configure_allocator
 from ..runtime.optimization import grouped_optimizer, respan
 from ..runtime.precision import resolve_precision, use_tensor_cores
@@ -166,7 +166,9 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
         loaders = {
             split: data.loader(split, replicas, rank, on_gpu, per_node, accumulate) for split in data.split_names
         }
-        stopped = fit(accelerator, cfg, strategy, model, optimizer, scheduler, loaders, progress, checkpoints, recovery)
+        with ctrl_c() as interrupt:  # Ctrl-C: stop after the step under way, with a checkpoint
+            state = (model, optimizer, scheduler, loaders, progress, checkpoints)
+            stopped = fit(accelerator, cfg, strategy, *state, recovery, interrupt)
         if stopped is not None:  # Ctrl-C: saved, stopped; say how to continue
             failed = False
             raise interrupted(stopped, checkpoints.last) if accelerator.is_main_process else Interrupted("")
