@@ -10,7 +10,7 @@ meaning: stop now.
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -50,16 +50,13 @@ class Interrupt:
             flush=True,
         )
 
-    def agreed(self, every_process_agrees: Callable[[bool], bool]) -> bool:
-        """Whether to stop now; `every_process_agrees` turns this process's answer into every process's (any)."""
-        return every_process_agrees(self.requested)
-
 
 @contextmanager
-def ctrl_c() -> Iterator[Interrupt]:
-    """An Interrupt answering Ctrl-C while the block runs; the previous handlers afterwards."""
+def ctrl_c(enabled: bool = True) -> Iterator[Interrupt]:
+    """An Interrupt answering Ctrl-C while the block runs (if `enabled`); the previous handlers afterwards."""
     interrupt = Interrupt()
-    interrupt.install()
+    if enabled:
+        interrupt.install()
     try:
         yield interrupt
     finally:

@@ -130,14 +130,8 @@ def fit(
 
 
 def stop_now(accelerator: Accelerator, interrupt: Interrupt, step: int, log_every_n_steps: int) -> bool:
-    """Whether a Ctrl-C asks to stop after this step: every process must stop after the same one, so several
-    agree on logging steps (which sync anyway); one process answers at once."""
-    if accelerator.num_processes == 1:
-        return interrupt.requested
-    if step % (log_every_n_steps or 1):
-        return False
-    flag = torch.tensor(float(interrupt.requested), device=accelerator.device)
-    return bool(accelerator.reduce(flag, "max").item())
+    """Whether a Ctrl-C asks to stop after this step (one process; several stop at once, as before)."""
+    return accelerator.num_processes == 1 and interrupt.requested
 
 
 def training_steps(cfg: DictConfig, data: Data, replicas: int, rank: int) -> int:

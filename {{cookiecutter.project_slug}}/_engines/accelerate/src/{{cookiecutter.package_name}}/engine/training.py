@@ -166,7 +166,7 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
         loaders = {
             split: data.loader(split, replicas, rank, on_gpu, per_node, accumulate) for split in data.split_names
         }
-        with ctrl_c() as interrupt:  # Ctrl-C: stop after the step under way, with a checkpoint
+        with ctrl_c(accelerator.num_processes == 1) as interrupt:  # Ctrl-C: stop after this step, with a checkpoint
             state = (model, optimizer, scheduler, loaders, progress, checkpoints)
             stopped = fit(accelerator, cfg, strategy, *state, recovery, interrupt)
         if stopped is not None:  # Ctrl-C: saved, stopped; say how to continue

@@ -81,7 +81,8 @@ class ResumeCheckpoint(ModelCheckpoint):
         self.interrupted_at: int | None = None  # the step a Ctrl-C stopped the training after
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.interrupt.install()
+        if trainer.world_size == 1:  # several processes: Lightning's own Ctrl-C (stop at once)
+            self.interrupt.install()
         # Resumed from a checkpoint of an epoch's end with trainer.max_steps set, Lightning (2.6) first goes through
         # the end of that epoch again, training nothing; it calls on_train_epoch_end again (on_load_checkpoint
         # keeps this callback from writing the checkpoint it resumed from once more, in place) and counts one more
@@ -97,15 +98,7 @@ class ResumeCheckpoint(ModelCheckpoint):
             self.interrupt.restore()
 
     def _stop_now(self, trainer: L.Trainer) -> bool:
-        if only_accumulates(trainer):  # not an optimizer step's end
-            return False
-        if trainer.world_size == 1:
-            return self.interrupt.requested
-        # Every process must stop after the same step: they agree on logging steps, which sync anyway.
-        every = trainer.log_every_n_steps or 1
-        if batches_that_stepped(trainer) % every:
-            return False
-        return trainer.strategy.reduce_boolean_decision(self.interrupt.requested, all=False)
+        return self.interrupt.requested and not only_accumulates(trainer)  # at an optimizer step's end
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.interrupt.restore()
