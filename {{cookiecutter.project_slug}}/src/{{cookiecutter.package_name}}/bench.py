@@ -288,7 +288,7 @@ def main() -> None:
         )
         sys.exit(2)
     del sys.argv[1]  # the rest are Hydra overrides
-    run_cli(run)
+    run_cli(run, "bench")
 
 
 if __name__ == "__main__":

@@ -1,12 +1,16 @@
 """Hydra glue shared by every command: the config folder, the command-line pre-checks, the resolvers the YAML
 files use and building objects from configs with one-line errors."""
 
+import difflib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from hydra.errors import InstantiationException
+from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override, OverrideType
+from hydra.errors import HydraException, InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -36,11 +40,70 @@ def check_group_choices(overrides: list[str]) -> None:
                 raise ConfigError(f"unknown {group} {choice!r}; valid: {', '.join(choices)}")
 
 
-def run_cli(run: Callable[[], None]) -> None:
-    """The command line: an unknown config group choice, or a multi-node launch without a run id, is refused in
-    one line; run_id=last becomes the id of the run to continue; then Hydra runs `run`."""
+# Settings whose default is a number but which also take text (Lightning's devices: "auto", "0,1").
+TEXT_ALSO = {"trainer.devices"}
+
+
+def check_overrides(overrides: list[str], config_name: str) -> None:
+    """Refuse, before Hydra makes a run folder, a `key=value` whose key the config lacks (naming the nearest key)
+    or whose value is text where the default is a number or true/false (`model.optimizer.lr=abc`).
+
+    Hydra checks keys too, but after several lines of its own, with no suggestion; it does not check types at all
+    (the YAML files are untyped), so `lr=abc` reached the optimizer after a wandb run was created. One compose of
+    the config with the command line's presets (~0.1 s), and only when a key is set: Hydra composes again to run.
+    """
+    if any(arg.startswith("-") for arg in overrides):  # --multirun, --config-dir, --cfg ...: Hydra's to check
+        return
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException:
+        return  # Hydra reports a line it cannot parse in one line of its own
+    values = [o for o in parsed if o.type == OverrideType.CHANGE and o.package is None and _is_key(o)]
+    if not values or any(o.is_sweep_override() for o in parsed):
+        return
+    presets = [arg for arg, o in zip(overrides, parsed, strict=True) if o not in values]
+    try:
+        with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR), job_name=config_name):
+            config = compose(config_name, overrides=presets)
+    except HydraException:
+        return  # e.g. a + or ~ of a key that is not there: Hydra's own one-line message says so
+    keys = dict(_leaves(config))
+    for override in values:
+        key, value = override.key_or_group, override.value()
+        if not key.startswith("hydra.") and key not in keys:
+            near = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+            hint = f"did you mean {near[0]}? " if near else ""
+            raise ConfigError(f"unknown setting {key}; {hint}(to add a new key: +{key}=...)")
+        default = keys.get(key)
+        if isinstance(value, str) and "${" not in value and key not in TEXT_ALSO:
+            if isinstance(default, bool):
+                raise ConfigError(f"{key}={value} is not true or false (the default is {str(default).lower()})")
+            if isinstance(default, int | float):
+                raise ConfigError(f"{key}={value} is not a number (the default is {default})")
+
+
+def _is_key(override: Override) -> bool:
+    """A setting (trainer.max_epochs=2), not a preset choice (strategy=ddp): config groups are folders."""
+    return not (CONFIG_DIR / override.key_or_group).is_dir()
+
+
+def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of every setting, unresolved (${...} stays text)."""
+    container = OmegaConf.to_container(node, resolve=False) if isinstance(node, DictConfig) else node
+    for key, value in container.items():
+        name = f"{prefix}{key}"
+        yield name, value
+        if isinstance(value, dict):
+            yield from _leaves(value, f"{name}.")
+
+
+def run_cli(run: Callable[[], None], config_name: str = "train") -> None:
+    """The command line: an unknown config group choice or setting, a value of the wrong type, or a multi-node
+    launch without a run id, is refused in one line; run_id=last becomes the id of the run to continue; then Hydra
+    runs `run`."""
     try:
         check_group_choices(sys.argv[1:])
+        check_overrides(sys.argv[1:], config_name)
         check_run_id(sys.argv[1:])
         sys.argv[1:] = continue_last(sys.argv[1:])
     except ConfigError as err:

@@ -421,7 +421,7 @@ def run(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    run_cli(run)
+    run_cli(run, "doctor")
 
 
 if __name__ == "__main__":

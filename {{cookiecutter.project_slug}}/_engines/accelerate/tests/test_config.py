@@ -67,6 +67,12 @@ BAD_INPUT = [
         "data.dataset._target_=nope.Nope cannot be imported (No module named 'nope'); give the full import path",
     ),
     (["strategy=dp", "compile=true"], "strategy=dp does not support compile=true: nn.DataParallel copies the net"),
+    (["model.optimizer.lr=abc"], "model.optimizer.lr=abc is not a number (the default is 0.001)"),
+    (
+        ["trainer.max_epoch=2"],
+        "unknown setting trainer.max_epoch; did you mean trainer.max_epochs? (to add a new key: +trainer.max_epoch=",
+    ),
+    (["data.shuffle=sometimes"], "data.shuffle=sometimes is not true or false (the default is true)"),
 ]
 BAD_INPUT_IDS = [
     "unknown-strategy",
@@ -87,6 +93,9 @@ BAD_INPUT_IDS = [
     "model-parallel-without-split",
     "dataset-that-does-not-import",
     "compile-under-dp",
+    "value-of-the-wrong-type",
+    "unknown-setting",
+    "not-true-or-false",
 ]
 
 

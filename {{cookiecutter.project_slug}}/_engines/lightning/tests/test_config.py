@@ -134,6 +134,12 @@ BAD_INPUT = [
         "runs PositionSummed's Split as a chain (first, blocks, last, each on the one before's output), but its "
         "forward gives it something else than embed's output for blocks.0: it would train another model",
     ),
+    (["model.optimizer.lr=abc"], "model.optimizer.lr=abc is not a number (the default is 0.001)"),
+    (
+        ["trainer.max_epoch=2"],
+        "unknown setting trainer.max_epoch; did you mean trainer.max_epochs? (to add a new key: +trainer.max_epoch=",
+    ),
+    (["data.shuffle=sometimes"], "data.shuffle=sometimes is not true or false (the default is true)"),
 ]
 BAD_INPUT_IDS = [
     "unknown-strategy",
@@ -158,6 +164,9 @@ BAD_INPUT_IDS = [
     "dataset-that-does-not-import",
     "validation-inside-an-optimizer-step",
     "pipeline-of-a-forward-that-is-not-its-chain",
+    "value-of-the-wrong-type",
+    "unknown-setting",
+    "not-true-or-false",
 ]
 
 

@@ -25,6 +25,8 @@ def test_default_training_learns_and_logs_offline_to_wandb(train, tmp_path):
     assert wandb.group == "default"
     assert wandb.config["data"]["batch_size"] == 256 and "batch_size" not in wandb.config
     assert wandb.config["run"]["strategy_preset"] == "{{ cookiecutter.default_strategy }}"
+    if wandb.config["run"]["strategy_preset"] in ("ddp", "ddp_spawn"):  # a project baked with one as its default
+        assert "note: strategy=ddp" in run.output and "runs 1 process here" in run.output  # CPU: devices=auto is 1
     assert wandb.exit_code == 0
     assert "wandb sync" in run.output
     assert (run.run_dir / "config.yaml").is_file()

@@ -4,6 +4,7 @@ Lightning ships ddp and ddp_spawn (configs/strategy/*.yaml point straight at its
 the modules here add what it lacks.
 """
 
+import sys
 from contextlib import AbstractContextManager, nullcontext
 
 import lightning as L
@@ -45,6 +46,15 @@ def check_layout(
         raise ConfigError(
             f"strategy=single runs one device but trainer.devices={trainer.num_devices} x "
             f"trainer.num_nodes={trainer.num_nodes} asks for {trainer.world_size}; use strategy=ddp for several"
+        )
+    if preset in ("ddp", "ddp_spawn") and trainer.world_size == 1 and trainer.global_rank == 0:
+        # Not refused: Lightning runs it, and devices=auto on a one-GPU machine is a fair choice. Said, because on
+        # the CPU devices=auto means one process, which a user asking for ddp rarely means.
+        print(
+            f"note: strategy={preset} runs 1 process here (trainer.devices={trainer.num_devices} x "
+            f"trainer.num_nodes={trainer.num_nodes}): it trains as strategy=single does; for N processes pass "
+            "trainer.devices=N",
+            file=sys.stderr,
         )
     per_device_batch_size(global_batch_size, data_parallel_size(trainer), trainer.accumulate_grad_batches)
     check_validation_interval(trainer.val_check_interval, trainer.accumulate_grad_batches)
