@@ -109,6 +109,27 @@ def test_readme_install_keeps_the_installed_torch(bake, engine, tmp_path):
     assert would_install == "Would install scaled-trainer-0.1.0"
 
 
+@pytest.mark.parametrize("engine", CHOICES["engine"])
+def test_the_streaming_install_keeps_the_installed_torch(bake, engine, tmp_path):
+    """The README's two commands for data=streaming: the extra (litdata's dependencies) and litdata without its
+    own, whose torchvision would pull another torch build. Neither installs anything but the project and litdata."""
+    project = bake(engine=engine)
+    readme = (project / "README.md").read_text()
+    extra, no_deps = "pip install -e '.[streaming]'", "pip install --no-deps 'litdata>=0.2.70,<0.3'"
+    assert f"{extra} && {no_deps}" in readme
+    dry_run = [sys.executable, "-m", "pip", "install", "--dry-run"]
+    result = run([*dry_run, "--no-build-isolation", "-e", ".[streaming]"], project, tmp_path, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert [line for line in result.stdout.splitlines() if line.startswith("Would install")] == [
+        "Would install scaled-trainer-0.1.0"
+    ]
+    # --ignore-installed: the line pip would print on a machine without litdata (CI installs it, see Makefile)
+    result = run([*dry_run, "--ignore-installed", "--no-deps", "litdata>=0.2.70,<0.3"], project, tmp_path, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    [would_install] = [line for line in result.stdout.splitlines() if line.startswith("Would install")]
+    assert would_install.startswith("Would install litdata-") and len(would_install.split()) == 3, would_install
+
+
 @pytest.mark.parametrize("strategy", [s for s in CHOICES["default_strategy"] if s != CHOICES["default_strategy"][0]])
 def test_other_default_strategies_compose(bake, tmp_path, strategy):
     """The answer changes one line (configs/train.yaml): the project's default training, with no strategy given,

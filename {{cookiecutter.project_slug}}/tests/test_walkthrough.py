@@ -39,7 +39,7 @@ def saved_as(code: str) -> str | None:
 
 @pytest.mark.slow
 def test_bring_your_own_data_as_the_readme_says(tmp_path, train_env):
-    pytest.importorskip("litdata", reason="data=streaming needs litdata: pip install -e '.[streaming]'")
+    pytest.importorskip("litdata", reason="data=streaming needs litdata (README: Streaming)")
     blocks = section_blocks("Bring your own data")
     assert [language for language, _ in blocks] == ["python", "bash", "python", "bash", "bash"], (
         "the files, a Dataset class, then the streaming steps"

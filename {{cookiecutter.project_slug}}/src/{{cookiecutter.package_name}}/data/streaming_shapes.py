@@ -18,7 +18,10 @@ def streamed_shapes(dir: str | None, key: str) -> object:
     Also where a missing litdata (an optional dependency) is reported, before anything is built."""
     convert = "python -m {{ cookiecutter.package_name }}.data.streaming FILES_DIR DIR"
     if importlib.util.find_spec("litdata") is None:
-        raise ConfigError("data=streaming needs litdata: pip install 'litdata>=0.2.70,<0.3' (the [streaming] extra)")
+        raise ConfigError(
+            "data=streaming needs litdata: pip install -e '.[streaming]' && pip install --no-deps "
+            "'litdata>=0.2.70,<0.3' (with its dependencies it would pull torchvision and another torch build)"
+        )
     if not dir:
         raise ConfigError(f"data.dir is not set: data=streaming data.dir=DIR, DIR written by {convert}")
     if "://" in dir:
