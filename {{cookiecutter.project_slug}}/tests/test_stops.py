@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from conftest import PACKAGE, QUICK, make_runner
-from engine_specific import LAST
+from engine_specific import LAST, kept_checkpoints
 from forked import ForkedCommand, can_fork
 from wandb_records import offline_runs
 
@@ -32,9 +32,13 @@ def losses(run_dir) -> dict[int, float]:
 
 @pytest.fixture(scope="module")
 def whole(tmp_path_factory, train_env) -> dict[int, float]:
-    """train/loss by step of the training run once, uninterrupted."""
-    losses_by_step = losses(make_runner(tmp_path_factory.mktemp("whole"), train_env)(*SETTINGS).run_dir)
+    """train/loss by step of the training run once, uninterrupted (keeping its 2 newest checkpoints: the losses
+    are the same whatever it keeps)."""
+    run_dir = make_runner(tmp_path_factory.mktemp("whole"), train_env)(*SETTINGS, "checkpoint.keep_last=2").run_dir
+    losses_by_step = losses(run_dir)
     assert list(losses_by_step) == list(range(STEPS))
+    kept, best = kept_checkpoints(run_dir)  # saved after steps 3, 6, 8 (the epoch's end), 9, 12, 15 and 16
+    assert kept[-2:] == [15, 16] and set(kept) - {15, 16} <= {best}, (kept, best)
     return losses_by_step
 
 

@@ -25,6 +25,17 @@ def test_run_id_is_the_slurm_job_then_the_torchrun_rendezvous_then_the_time(monk
     assert default_run_id() == "70_3"
 
 
+def test_a_run_id_resolved_again_later_in_the_same_process_is_the_same(monkeypatch):
+    """Lightning's launcher resolves the run folder again when it starts ddp's other processes: a second later, a
+    timestamp of the call's moment named another (empty) folder."""
+    for name in LAUNCHER_VARS:
+        monkeypatch.delenv(name, raising=False)
+    first = default_run_id()
+    now, later = time.localtime, time.time() + 5  # the clock 5 s on
+    monkeypatch.setattr(time, "localtime", lambda seconds=None: now(later if seconds is None else seconds))
+    assert default_run_id() == first
+
+
 def test_processes_of_one_accelerate_launch_share_a_run_folder(monkeypatch):
     """accelerate launch sets no run id; its processes may start in different seconds."""
     for name in LAUNCHER_VARS:

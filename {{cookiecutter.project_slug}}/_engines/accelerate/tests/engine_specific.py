@@ -1,5 +1,7 @@
 """What the shared tests need to know about the engine, the Accelerate side (the Lightning project has its own)."""
 
+from pathlib import Path
+
 from hydra.utils import instantiate
 from launchers import accelerate_launch
 from torch import nn
@@ -50,6 +52,14 @@ OLD_RUN_LINKS = {"checkpoints/last": "step-0000003"}
 # Each device's peak memory logged (the GPU table's last column), and the batch-size search (tests/layouts.py)
 MEMORY = ["oom.log_memory=true"]
 FIND_BATCH_SIZE = ["oom.log_memory=true", "oom.find_batch_size=true"]
+
+
+def kept_checkpoints(run_dir: Path) -> tuple[list[int], int | None]:
+    """The steps of the run's step checkpoints, and the one `best` points at (kept besides the newest)."""
+    folder = run_dir / "checkpoints"
+    steps = sorted(int(path.name.removeprefix("step-")) for path in folder.glob("step-*"))
+    best = folder / "best"
+    return steps, int(best.readlink().name.removeprefix("step-")) if best.is_symlink() else None
 
 
 def launcher_of(preset: str, processes: int) -> list[str] | None:

@@ -1,5 +1,7 @@
 """What the shared tests need to know about the engine, the Lightning side (the Accelerate project has its own)."""
 
+from pathlib import Path
+
 from hydra.utils import instantiate
 from torch import nn
 
@@ -43,6 +45,13 @@ OLD_RUN_LINKS: dict[str, str] = {}
 # Each device's peak memory logged (the GPU table's last column), and the batch-size search (tests/layouts.py)
 MEMORY = ["callbacks=[default,device_memory]"]
 FIND_BATCH_SIZE = ["callbacks=[default,device_memory,batch_size_finder]"]
+
+
+def kept_checkpoints(run_dir: Path) -> tuple[list[int], int | None]:
+    """The steps of the run's step checkpoints, and the one of its best checkpoint when that is one of them (in
+    Lightning it is a file of its own: None)."""
+    steps = [int(path.stem.removeprefix("step")) for path in (run_dir / "checkpoints").glob("step*.ckpt")]
+    return sorted(steps), None
 
 
 def launcher_of(preset: str, processes: int) -> list[str] | None:

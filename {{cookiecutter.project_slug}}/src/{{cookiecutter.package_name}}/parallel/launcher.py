@@ -112,10 +112,11 @@ def default_run_id() -> str:
 
     A SLURM job keeps its id when requeued, and torchrun keeps its rendezvous id (--rdzv-id; a random one with
     --standalone) across restarts: the training's folder, hence its checkpoints, survive both. Otherwise a
-    timestamp: Lightning's own launcher passes rank 0's run folder to the processes it starts; under a launcher
-    without an id (accelerate launch, torchrun without --rdzv-id) the processes are named after the moment their
-    launcher, the parent of all of them on this machine, started, which is the same on every one of them and
-    across restarts. That cannot work across machines: check_run_id refuses several nodes without an id.
+    timestamp: under a launcher without an id (accelerate launch, torchrun without --rdzv-id) the processes are
+    named after the moment their launcher, the parent of all of them on this machine, started, which is the same on
+    every one of them and across restarts. That cannot work across machines: check_run_id refuses several nodes
+    without an id. Without a launcher, the moment this process started: Lightning's own launcher resolves the run
+    folder again when it starts the other processes (at the time of that call, it named a second, empty, folder).
     """
     env = os.environ
     if "SLURM_JOB_ID" in env:
@@ -125,8 +126,7 @@ def default_run_id() -> str:
     run_id = env.get("TORCHELASTIC_RUN_ID")
     if run_id and run_id != "none":
         return run_id
-    launcher = detect_launcher()
-    started = launcher_start_time() if launcher else None
+    started = start_time(os.getppid() if detect_launcher() else os.getpid())
     return time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(started))
 
 
@@ -142,10 +142,10 @@ def check_run_id(overrides: Iterable[str]) -> None:
         )
 
 
-def launcher_start_time() -> float | None:
-    """When this process's parent started, in seconds since the epoch (Linux /proc); None elsewhere."""
+def start_time(pid: int) -> float | None:
+    """When process `pid` started, in seconds since the epoch (Linux /proc); None elsewhere (then: now)."""
     try:
-        with open(f"/proc/{os.getppid()}/stat") as stat:
+        with open(f"/proc/{pid}/stat") as stat:
             ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime, in clock ticks after boot
         with open("/proc/stat") as stat:
             boot = next(int(line.split()[1]) for line in stat if line.startswith("btime"))

@@ -89,6 +89,11 @@ def check_same_training(run_dir: Path, cfg: DictConfig) -> None:
 MESH_FILE = "mesh.json"  # in the folder of a model_parallel checkpoint's shards: the mesh they were saved on
 
 
+def check_keep_last(keep_last: Any) -> None:
+    if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
+        raise ConfigError(f"checkpoint.keep_last={keep_last} keeps no checkpoint to continue from; give 1 or more")
+
+
 def write_mesh(folder: Path, data_parallel: int, tensor_parallel: int) -> None:
     """Record the model_parallel mesh a checkpoint's shards were saved on (first process only)."""
     if is_first_process():

@@ -26,17 +26,19 @@ from hydra.utils import instantiate
 from safetensors.torch import load_model
 from torch import nn
 
-from ..runtime.resuming import load_saved_config
+from ..runtime.resuming import check_keep_last, load_saved_config
 
 
 class Checkpoints:
     """`<run dir>/checkpoints/`: complete `step-<N>/` folders, `last` and `best` pointing at them.
 
-    Only the folders that `last` and `best` point at are kept: each save removes the ones they left.
+    Kept: the `keep_last` newest folders (`last` points at the newest) and the one `best` points at; each save
+    removes the others.
     """
 
-    def __init__(self, accelerator: Accelerator, folder: Path, sharded: Any | None = None) -> None:
-        self.accelerator, self.folder = accelerator, folder
+    def __init__(self, accelerator: Accelerator, folder: Path, sharded: Any | None = None, keep_last: int = 1) -> None:
+        check_keep_last(keep_last)
+        self.accelerator, self.folder, self.keep_last = accelerator, folder, keep_last
         self.sharded = sharded  # the strategy's sharded state (model_parallel, pipeline), written by every process
 
     def load(self, checkpoint: Path) -> None:
@@ -96,6 +98,7 @@ class Checkpoints:
 
     def _remove_unreferenced(self) -> None:
         kept = {os.readlink(self.folder / link) for link in ("last", "best") if (self.folder / link).is_symlink()}
+        kept |= {path.name for path in sorted(self.folder.glob("step-*"))[-self.keep_last :]}  # zero-padded: by step
         for path in self.folder.iterdir():
             if path.is_dir() and not path.is_symlink() and path.name not in kept:
                 shutil.rmtree(path)

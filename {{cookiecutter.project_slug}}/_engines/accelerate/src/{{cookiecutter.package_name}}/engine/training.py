@@ -140,7 +140,8 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
     progress = Progress()
     # The strategy's objects come right after the progress: load_trained reads the first of them.
     accelerator.register_for_checkpointing(progress, *strategy.checkpoint_objects(model, optimizer), scheduler)
-    checkpoints = Checkpoints(accelerator, run_dir / "checkpoints", strategy.sharded_state(model, optimizer))
+    sharded = strategy.sharded_state(model, optimizer)
+    checkpoints = Checkpoints(accelerator, run_dir / "checkpoints", sharded, cfg.checkpoint.keep_last)
     start = resume_point(accelerator, cfg, checkpoints)
     if start:
         checkpoints.load(start)

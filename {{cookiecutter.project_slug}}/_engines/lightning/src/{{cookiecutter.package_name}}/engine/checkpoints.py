@@ -18,7 +18,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpo
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from ..runtime.interrupt import Interrupt
-from ..runtime.resuming import load_saved_config
+from ..runtime.resuming import check_keep_last, load_saved_config
 from ..tracking.wandb_run import forget_wandb_run, is_first_process
 from .lightning_private import (
     batches_that_stepped,
@@ -67,7 +67,8 @@ class ResumeCheckpoint(ModelCheckpoint):
     random number generators: this adds every rank's.
     """
 
-    def __init__(self, dirpath: str, every_n_steps: int) -> None:
+    def __init__(self, dirpath: str, every_n_steps: int, keep_last: int = 1) -> None:
+        check_keep_last(keep_last)
         super().__init__(
             dirpath=dirpath,
             filename="step{step:06d}",
@@ -76,6 +77,7 @@ class ResumeCheckpoint(ModelCheckpoint):
             save_top_k=1,  # monitor=None: the latest only; the previous is deleted after the link moved on
             enable_version_counter=False,
         )
+        self.keep_last = keep_last
         self._logged_steps: int | None = None
         self.interrupt = Interrupt()
         self.interrupted_at: int | None = None  # the step a Ctrl-C stopped the training after
@@ -121,6 +123,15 @@ class ResumeCheckpoint(ModelCheckpoint):
             point_last_at(Path(filepath))
         trainer.strategy.barrier("ResumeCheckpoint")
 
+    def _remove_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        # Lightning keeps one checkpoint when none is monitored and names the previous one for removal once the new
+        # one is saved; Lightning has no "keep the last K", so: the keep_last newest step checkpoints of the folder
+        # stay (also those of an earlier start of the run), the older ones go; never the one last.ckpt points at.
+        folder = Path(self.dirpath)
+        for old in step_checkpoints(folder)[: -self.keep_last]:
+            if old.name != os.path.basename(os.path.realpath(folder / LAST)):
+                super()._remove_checkpoint(trainer, str(old))
+
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         # Every rank calls this while the checkpoint is assembled; rank 0 writes the list.
         state = random_state()
@@ -160,6 +171,11 @@ def set_random_state(state: dict[str, Any]) -> None:
     name, keys, position, has_gauss, gauss = state["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), position, has_gauss, gauss))
     random.setstate(state["python"])
+
+
+def step_checkpoints(folder: Path) -> list[Path]:
+    """The folder's step<N>.ckpt checkpoints (files, or sharded folders), oldest first."""
+    return sorted(folder.glob("step*.ckpt"), key=lambda path: int(path.stem.removeprefix("step")))
 
 
 def point_last_at(checkpoint: Path) -> None:

@@ -2,7 +2,8 @@
 <2.7) has no public way to do these. tests/test_lightning_private.py fails loudly when a release renames one.
 
 Overriding `ModelCheckpoint._save_checkpoint` (engine/checkpoints.py: the `last` link moves once every rank has
-written) is the one use outside this module; it is listed in PRIVATE_MEMBERS and checked too.
+written) and `ModelCheckpoint._remove_checkpoint` (the keep_last newest stay) are the uses outside this module; they
+are listed in PRIVATE_MEMBERS and checked too.
 """
 
 from datetime import timedelta
@@ -24,6 +25,7 @@ PRIVATE_MEMBERS = {  # what the test checks is still there, and where it is used
         "_monitor_candidates",
         "_last_global_step_saved",
         "_save_checkpoint",
+        "_remove_checkpoint",
     ),
     WandbLogger: ("_experiment", "_wandb_init"),
     L.LightningModule: ("_trainer", "_device"),
