@@ -21,6 +21,7 @@ from wandb_records import offline_runs
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.search.__main__ import main as search_main
 from {{ cookiecutter.package_name }}.search.__main__ import make_pruner, requeue_interrupted
+from {{ cookiecutter.package_name }}.search.report import parallel_coordinate
 from {{ cookiecutter.package_name }}.search.settings import Settings
 from {{ cookiecutter.package_name }}.search.slurm import gpus_per_trial
 from {{ cookiecutter.package_name }}.search.trials import run_trial
@@ -299,7 +300,7 @@ class ScriptedTraining:
 
 
 @pytest.mark.engine_neutral
-def test_a_grid_continued_after_a_kill_trains_the_interrupted_point():
+def test_a_grid_continued_after_a_kill_trains_the_interrupted_point(tmp_path):
     """A grid search killed during a trial: on restart the trial is marked failed and its point queued again. Optuna's
     GridSampler counts a failed point as visited: without the queue the point was never trained and another point
     ran twice. Real Optuna study, objective standing in for the trainings."""
@@ -312,10 +313,66 @@ def test_a_grid_continued_after_a_kill_trains_the_interrupted_point():
     study.optimize(objective, n_trials=1)
     killed = study.ask()  # the search was killed while this point trained
     killed.suggest_float("lr", 1e-4, 1), killed.suggest_float("wd", 1e-5, 1)
-    requeue_interrupted(study)
+    requeue_interrupted(study, tmp_path, "val/loss")  # its run folder: no trace of a finished training
     study.optimize(objective, n_trials=3)
     trained = [(trial.params["lr"], trial.params["wd"]) for trial in study.get_trials(states=(TrialState.COMPLETE,))]
     assert sorted(trained) == sorted((lr, wd) for lr in grid["lr"] for wd in grid["wd"]), "each point once"
+
+
+@pytest.mark.engine_neutral
+def test_a_trial_whose_training_finished_before_the_kill_is_recorded_not_run_again(tmp_path):
+    """Killed in the instant after a trial's training finished, before the search recorded it: on restart the trial
+    gets its value from its run folder (the training's `finished` marker and its epochs' metrics); a trial killed
+    while training is failed and queued again. A real Optuna journal, reopened as a restarted search does."""
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(tmp_path / "journal.log")))
+    study = optuna.create_study(study_name="s", storage=storage)
+    done, training = study.ask(), study.ask()
+    for trial in (done, training):
+        trial.suggest_float("lr", 1e-4, 1)
+    done_dir, training_dir = tmp_path / "trials" / str(done.number), tmp_path / "trials" / str(training.number)
+    for run_dir, epochs in ((done_dir, [0.9, 0.7]), (training_dir, [0.8])):
+        run_dir.mkdir(parents=True)
+        for epoch, loss in enumerate(epochs):
+            append_epoch_metrics(run_dir / "epochs.jsonl", epoch, {"val/loss": loss})
+    (done_dir / "finished").touch()  # written by the training at its normal end
+
+    restarted = optuna.load_study(study_name="s", storage=storage)
+    requeue_interrupted(restarted, tmp_path / "trials", "val/loss")
+    recorded, failed = restarted.trials[done.number], restarted.trials[training.number]
+    assert recorded.state == TrialState.COMPLETE and recorded.value == 0.7
+    assert failed.state == TrialState.FAIL
+    queued = restarted.get_trials(states=(TrialState.WAITING,))
+    assert [trial.system_attrs["fixed_params"] for trial in queued] == [failed.params], "only the interrupted one"
+
+
+@pytest.mark.engine_neutral
+def test_the_plot_shows_every_trial_and_names_every_axis_in_full():
+    """parallel_coordinate.png: every trial's line stands out from the white background (Optuna's colours drew the
+    worst almost white), and the axes carry the parameters' full names, side by side (Optuna cut long ones)."""
+    study = optuna.create_study()
+    for lr, weight_decay in [(1e-4, 1e-5), (3e-4, 1e-4), (1e-3, 1e-3), (3e-3, 1e-2), (1e-2, 1e-1)]:
+        study.enqueue_trial({"model.optimizer.lr": lr, "model.optimizer.weight_decay": weight_decay})
+    study.optimize(
+        lambda trial: (
+            trial.suggest_float("model.optimizer.lr", 1e-4, 1e-2, log=True) * 100
+            + trial.suggest_float("model.optimizer.weight_decay", 1e-5, 1e-1, log=True)
+        ),
+        n_trials=5,
+    )
+    figure = parallel_coordinate(study, "val/loss")
+    figure.canvas.draw()
+    [lines] = [c for c in figure.axes[0].collections if c.get_array() is not None]
+    assert len(lines.get_edgecolor()) == 5
+    for red, green, blue, _ in lines.get_edgecolor():
+        assert 0.2126 * red + 0.7152 * green + 0.0722 * blue < 0.8, "a line almost as light as the background"
+    labels = figure.axes[0].get_xticklabels()
+    assert [label.get_text() for label in labels] == [
+        "val/loss",
+        "model.optimizer\nlr",
+        "model.optimizer\nweight_decay",
+    ]
+    boxes = [label.get_window_extent() for label in labels]
+    assert all(left.x1 < right.x0 for left, right in zip(boxes, boxes[1:])), "labels overlap"
 
 
 @pytest.mark.parametrize("pruner, pruned", [("none", False), ("median", True), ("hyperband", True)])

@@ -32,6 +32,8 @@ from ..config import CONFIG_DIR, check_group_choices, register_resolvers
 from ..engine.launching import processes_per_trial, slurm_tasks, trial_command
 from ..errors import ConfigError, fail
 from ..parallel.launcher import free_port
+from ..runtime.interrupt import FINISHED_FILE
+from ..tracking.epoch_metrics import read_epoch_metrics
 from .report import summarize
 from .settings import Settings, parse_command_line
 from .slurm import SlurmTrial, gpus_per_trial, slurm_executor
@@ -78,7 +80,7 @@ def main() -> None:
     except ConfigError as err:
         fail(err)
 
-    requeue_interrupted(study)
+    requeue_interrupted(study, settings.study_dir / "trials", settings.metric)
     total = min(settings.n_trials, math.prod(map(len, grid.values()))) if grid else settings.n_trials
     failures = FailureLimit(settings.max_failures)
 
@@ -236,10 +238,18 @@ def make_pruner(settings: Settings, cfg: DictConfig) -> optuna.pruners.BasePrune
     return optuna.pruners.NopPruner()
 
 
-def requeue_interrupted(study: optuna.Study) -> None:
-    """Trials left running by a search that was killed: failed now, and their parameters queued to run again.
-    Also for a grid: Optuna's GridSampler counts a failed point as visited and would never train it again."""
+def requeue_interrupted(study: optuna.Study, trials_dir: Path, metric: str) -> None:
+    """Trials left running by a search that was killed. One whose training had finished (the search was killed
+    before it recorded the result) is recorded from its run folder: its last epoch's `metric`. The others are
+    failed now, and their parameters queued to run again. Also for a grid: Optuna's GridSampler counts a failed
+    point as visited and would never train it again."""
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        run_dir = trials_dir / str(trial.number)
+        epochs = read_epoch_metrics(run_dir / "epochs.jsonl")
+        if (run_dir / FINISHED_FILE).is_file() and epochs and metric in epochs[-1]:
+            study.tell(trial.number, epochs[-1][metric])
+            print(f"trial {trial.number} had finished: recorded from {run_dir} ({metric}={epochs[-1][metric]:.4g})")
+            continue
         study.tell(trial.number, state=TrialState.FAIL)
         study.enqueue_trial(trial.params)
         print(f"trial {trial.number} was interrupted: marked failed, its parameters queued again")
