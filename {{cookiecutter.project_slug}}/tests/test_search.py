@@ -372,7 +372,7 @@ def test_the_plot_shows_every_trial_and_names_every_axis_in_full():
         "model.optimizer\nweight_decay",
     ]
     boxes = [label.get_window_extent() for label in labels]
-    assert all(left.x1 < right.x0 for left, right in zip(boxes, boxes[1:])), "labels overlap"
+    assert all(left.x1 < right.x0 for left, right in zip(boxes, boxes[1:], strict=False)), "labels overlap"
 
 
 @pytest.mark.parametrize("pruner, pruned", [("none", False), ("median", True), ("hyperband", True)])

@@ -69,6 +69,13 @@ def wandb_started(logger: WandbLogger) -> bool:
     return logger._experiment is not None
 
 
+def drop_anonymous(logger: WandbLogger) -> None:
+    """Lightning passes anonymous=None to wandb.init when it is not given, which this wandb warns about (the setting
+    has no effect): not passed at all."""
+    if logger._wandb_init.get("anonymous") is None:
+        logger._wandb_init.pop("anonymous", None)
+
+
 def wandb_run_id(logger: WandbLogger) -> str:
     """The id the logger will start its wandb run with: before it starts, no public getter."""
     return logger._wandb_init["id"]

@@ -10,7 +10,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from ..tracking.metrics_file import MetricsFile
 from ..tracking.wandb_files import logged_steps, not_logged_yet
 from ..tracking.wandb_run import keep_wandb_run_id, resumed_wandb_run
-from .lightning_private import wandb_run_id, wandb_started
+from .lightning_private import drop_anonymous, wandb_run_id, wandb_started
 
 
 class ResumingWandbLogger(WandbLogger):
@@ -23,6 +23,18 @@ class ResumingWandbLogger(WandbLogger):
         self.run_dir = Path(run_dir)
         self.logged: dict[str, int] = {}  # by the earlier starts: metric -> last step
         super().__init__(save_dir=run_dir, **resumed_wandb_run(self.run_dir), **kwargs)
+        drop_anonymous(self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # ddp_spawn pickles the logger; Lightning's __getstate__ first calls wandb.require("service"), a no-op in
+        # this wandb that prints a warning in every process. Lightning's, without that call.
+        import wandb
+
+        require, wandb.require = wandb.require, lambda *features: None
+        try:
+            return super().__getstate__()
+        finally:
+            wandb.require = require
 
     @property
     def experiment(self) -> Any:

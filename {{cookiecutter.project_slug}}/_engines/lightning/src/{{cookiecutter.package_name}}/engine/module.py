@@ -136,9 +136,12 @@ class Classifier(L.LightningModule):
         if split not in self._totals:
             return
         loss_sum, correct, count = self.trainer.strategy.reduce(self._totals.pop(split), reduce_op="sum").tolist()
-        self.log(f"{split}/loss", loss_sum / count)
-        self.log(f"{split}/acc", correct / count)
-        self.log(f"{split}/perplexity", perplexity(loss_sum / count))
+        # Global values already, the same on every process: sync_dist's max of equal values changes nothing (a mean
+        # over 3 could round), and Lightning no longer recommends syncing them.
+        synced = {"sync_dist": True, "reduce_fx": "max"}
+        self.log(f"{split}/loss", loss_sum / count, **synced)
+        self.log(f"{split}/acc", correct / count, **synced)
+        self.log(f"{split}/perplexity", perplexity(loss_sum / count), **synced)
 
     def _add_batch_loss(self, loss: torch.Tensor | None, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> None:
         """One process: add up the batch's mean loss x its targets, for {split}/perplexity = exp(the split's mean

@@ -80,7 +80,7 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
             raise interrupted(resume.interrupted_at, last) if trainer.is_global_zero else Interrupted("")
         if cfg.test_after_fit and "test" in datamodule.data.split_names:  # data=files: test is optional
             best = trainer.checkpoint_callback and trainer.checkpoint_callback.best_model_path
-            trainer.test(model, datamodule=datamodule, ckpt_path="best" if best else None)
+            trainer.test(model, datamodule=datamodule, ckpt_path=best or None)  # "best" warns: 2 ModelCheckpoints
         failed = False
         if trainer.is_global_zero:
             mark_finished(run_dir, True)  # run_id=last continues unfinished runs only

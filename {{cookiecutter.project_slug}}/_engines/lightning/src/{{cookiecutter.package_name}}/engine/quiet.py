@@ -1,0 +1,33 @@
+"""Upstream messages known to be harmless, silenced one by one, by exact message and module (never a whole category),
+so that a training's console holds what the user needs. What the template itself caused is fixed where it was
+caused instead (the wandb logger's arguments, the checkpoints' settings, the test's checkpoint, the metrics' sync).
+Imported by engine/training.py: every process of a training imports it, spawned ones too."""
+
+import logging
+import warnings
+
+HARMLESS_WARNINGS = [  # (message regex, the module that warns)
+    # Lightning 2.6 calls a torch.utils._pytree API that torch 2.10+ deprecates; no effect on what is trained.
+    (r"`isinstance\(treespec, LeafSpec\)` is deprecated", r"lightning\.pytorch\.utilities\._pytree"),
+    # A run that continues in its own folder (restart, run_id=...) finds its checkpoints there: by design.
+    (r"Checkpoint directory .* exists and is not empty\.", r"lightning\.pytorch\.callbacks\.model_checkpoint"),
+    # On any machine with SLURM installed, a training started without srun (on purpose: the template's sbatch
+    # scripts use srun themselves, a run started with python is a local one).
+    (
+        r"The `srun` command is available on your system but is not used",
+        r"lightning\.fabric\.plugins\.environments\.slurm",
+    ),
+]
+# Lightning's advertisement for another logger, on every start (logged, not warned).
+LIGHTNING_TIP = "💡 Tip: For seamless cloud logging and experiment tracking"
+
+
+class _WithoutTip(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(LIGHTNING_TIP)
+
+
+def silence_harmless_messages() -> None:
+    for message, module in HARMLESS_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, module=module)
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_WithoutTip())

@@ -1,0 +1,49 @@
+"""A training's console holds what the user needs: no warning and no tip, from the template or the libraries below it,
+in the default training (with its test after fit), a resumed run, ddp (started as the README says), ddp_spawn, the
+GPT, pipeline and a torchrun launch. wandb speaks (WANDB_SILENT unset) and each run starts a new interpreter, as a
+user's does (a forked one would not repeat a warning its parent gave once)."""
+
+import re
+
+import pytest
+from conftest import QUICK
+from engine_specific import DDP, launcher_of
+from layouts import torchrun
+
+pytestmark = pytest.mark.slow
+
+# A warning from Python's warnings (file.py:12: SomeWarning: ..., and the source line after it), a logger's or wandb's
+# WARNING, a tip, a deprecation.
+WARNING_LINE = re.compile(r"\.py:\d+: \w*Warning\b|^\s*warnings\.warn\(|\bWARNING\b|\bTip:|[Dd]eprecat", re.MULTILINE)
+SMALL = ["data.train_size=512", "data.val_size=256", "data.test_size=256", "trainer.accelerator=cpu"]
+AS_A_USER = {"WANDB_SILENT": None, "STARTS_NEW_INTERPRETER": "1"}
+
+
+def assert_quiet(output: str) -> None:
+    lines = [line for line in output.splitlines() if WARNING_LINE.search(line)]
+    assert not lines, "\n".join(lines)
+
+
+def test_the_default_training_and_its_resumption_print_no_warning(train, tmp_path):
+    run_dir = tmp_path / "default"
+    first = train(*SMALL, "trainer.max_epochs=1", run_dir=run_dir, env=AS_A_USER)  # tested after fit, as by default
+    assert "test/acc" in first.output
+    assert_quiet(first.output)
+    resumed = train(*SMALL, "trainer.max_epochs=2", run_dir=run_dir, env=AS_A_USER)  # its checkpoints are there
+    assert "resuming from" in resumed.output
+    assert_quiet(resumed.output)
+
+
+@pytest.mark.parametrize(
+    "name, overrides, launcher",
+    [
+        ("ddp", DDP, launcher_of("ddp", 2)),
+        ("ddp_spawn-gpt", ["strategy=ddp_spawn", "trainer.devices=2", "model=gpt", "data=tokens"], None),
+        ("pipeline", ["strategy=pipeline", "trainer.devices=2"], launcher_of("pipeline", 2)),
+        ("ddp-torchrun", DDP, torchrun(2)),
+    ],
+    ids=lambda value: value if isinstance(value, str) else "",
+)
+def test_multi_process_trainings_print_no_warning(train, name, overrides, launcher):
+    run = train(*SMALL, *QUICK, "trainer.max_steps=3", *overrides, launcher=launcher, env=AS_A_USER)
+    assert_quiet(run.output)
