@@ -111,12 +111,12 @@ def test_readme_install_keeps_the_installed_torch(bake, engine, tmp_path):
 
 @pytest.mark.parametrize("engine", CHOICES["engine"])
 def test_the_streaming_install_keeps_the_installed_torch(bake, engine, tmp_path):
-    """The README's two commands for data=streaming: the extra (litdata's dependencies) and litdata without its
+    """The docs' two commands for data=streaming (docs/your-data.md): the extra (litdata's dependencies) and litdata without its
     own, whose torchvision would pull another torch build. Neither installs anything but the project and litdata."""
     project = bake(engine=engine)
-    readme = (project / "README.md").read_text()
+    page = (project / "docs" / "your-data.md").read_text()
     extra, no_deps = "pip install -e '.[streaming]'", "pip install --no-deps 'litdata>=0.2.70,<0.3'"
-    assert f"{extra} && {no_deps}" in readme
+    assert f"{extra} && {no_deps}" in page
     dry_run = [sys.executable, "-m", "pip", "install", "--dry-run"]
     result = run([*dry_run, "--no-build-isolation", "-e", ".[streaming]"], project, tmp_path, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

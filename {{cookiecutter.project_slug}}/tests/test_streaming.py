@@ -17,7 +17,7 @@ from layouts import command, layout
 from {{ cookiecutter.package_name }}.data.loading import Data
 from {{ cookiecutter.package_name }}.errors import ConfigError
 
-pytest.importorskip("litdata", reason="data=streaming needs litdata (README: Streaming)")
+pytest.importorskip("litdata", reason="data=streaming needs litdata (docs/your-data.md)")
 from {{ cookiecutter.package_name }}.data.streaming import StreamedSplit  # noqa: E402
 
 TRAIN_SIZE, BATCH = 320, 32  # 10 steps per epoch

@@ -1,4 +1,4 @@
-"""The README's "Bring your own data" and "Bringing your own model and data" sections, followed step by step: their
+"""The docs pages "Bring your own data" (docs/your-data.md) and "Bringing your own model and data" (your-model.md), followed step by step: their
 code blocks as written, in order, in a fresh folder. A Python block that starts with `# <name>.py` is a module the
 reader saves under that name; any other one is run."""
 
@@ -19,15 +19,13 @@ from {{ cookiecutter.package_name }}.config import CONFIG_DIR
 from {{ cookiecutter.package_name }}.parallel.sharding import check_tensor_parallel
 from {{ cookiecutter.package_name }}.parallel.split import find_split, pipeline_stage
 
-README = Path(__file__).parents[1] / "README.md"
+DOCS = Path(__file__).parents[1] / "docs"
 
 
-def section_blocks(title: str) -> list[tuple[str, str]]:
-    """(language, code) of each fenced block of the README section `title`, in order (a list item's dedented)."""
-    text = README.read_text()
-    start = text.index(f"\n## {title}\n")
-    end = text.find("\n## ", start + 1)
-    blocks = re.findall(r"^( *)```(\w+)\n(.*?)^ *```", text[start:end], flags=re.DOTALL | re.MULTILINE)
+def section_blocks(page: str) -> list[tuple[str, str]]:
+    """(language, code) of each fenced block of the docs page, in order (a list item's dedented)."""
+    text = (DOCS / page).read_text()
+    blocks = re.findall(r"^( *)```(\w+)\n(.*?)^ *```", text, flags=re.DOTALL | re.MULTILINE)
     return [(language, textwrap.dedent(code)) for _, language, code in blocks]
 
 
@@ -38,9 +36,9 @@ def saved_as(code: str) -> str | None:
 
 
 @pytest.mark.slow
-def test_bring_your_own_data_as_the_readme_says(tmp_path, train_env):
-    pytest.importorskip("litdata", reason="data=streaming needs litdata (README: Streaming)")
-    blocks = section_blocks("Bring your own data")
+def test_bring_your_own_data_as_the_docs_say(tmp_path, train_env):
+    pytest.importorskip("litdata", reason="data=streaming needs litdata (docs/your-data.md)")
+    blocks = section_blocks("your-data.md")
     assert [language for language, _ in blocks] == ["python", "bash", "python", "bash", "bash"], (
         "the files, a Dataset class, then the streaming steps"
     )
@@ -63,10 +61,10 @@ def test_bring_your_own_data_as_the_readme_says(tmp_path, train_env):
     assert (tmp_path / "data-streamed" / "shapes.json").is_file()
 
 
-def test_bring_your_own_model_as_the_readme_says(tmp_path, monkeypatch):
+def test_bring_your_own_model_as_the_docs_say(tmp_path, monkeypatch):
     """The model of your own, saved as the README says, and its command's overrides: they build it, and its Split
     passes what model_parallel and pipeline check before training (in this process: no training)."""
-    [(_, module), (_, command)] = section_blocks("Bringing your own model and data")
+    [(_, module), (_, command)] = section_blocks("your-model.md")
     (tmp_path / saved_as(module)).write_text(module)
     monkeypatch.syspath_prepend(str(tmp_path))
     overrides = shlex.split(command.replace("\\\n", " ").split(".train", 1)[1])
