@@ -138,6 +138,17 @@ BAD_INPUT = [
         ["activation_checkpointing=full", *unsplit_net()],
         "activation_checkpointing=full recomputes each block of the model's Split, and Sequential has none",
     ),
+    (["float8=fp4"], "float8=fp4 is unknown; valid: none, tensorwise, rowwise"),
+    (
+        ["trainer.accelerator=cpu", "float8=rowwise"],
+        "float8=rowwise needs GPUs with float8 tensor cores (compute capability 8.9+: H100, H200, L40S); this run "
+        "has no GPU: leave float8=none",
+    ),
+    (
+        ["strategy=dp", "float8=tensorwise"],
+        "float8=tensorwise runs under strategy=single|ddp|ddp_spawn|model_parallel (model_parallel with "
+        "tensor_parallel_size=1, FSDP2), not strategy=dp",
+    ),
     *OPTIMIZATION_REFUSALS,
 ]
 CASE_NAMES = [
@@ -147,6 +158,9 @@ CASE_NAMES = [
     "activation-checkpointing-under-dp",
     "unknown-activation-checkpointing",
     "activation-checkpointing-without-split",
+    "unknown-float8",
+    "float8-without-a-float8-gpu",
+    "float8-under-dp",
     "batchnorm-under-pipeline",
 ]
 

@@ -1,6 +1,6 @@
-"""The docs pages "Bring your own data" (docs/your-data.md) and "Bringing your own model and data" (your-model.md), followed step by step: their
-code blocks as written, in order, in a fresh folder. A Python block that starts with `# <name>.py` is a module the
-reader saves under that name; any other one is run."""
+"""The docs pages "Bring your own data" (docs/your-data.md) and "Bringing your own model and data"
+(docs/your-model.md), followed step by step: their code blocks as written, in order, in a fresh folder. A Python
+block that starts with `# <name>.py` is a module the reader saves under that name; any other one is run."""
 
 import re
 import shlex

@@ -16,12 +16,14 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
+from torch import nn
 
 from ..config import build_object as build
 from ..data.loading import check_input, first_sample, per_device_batch_size
 from ..errors import ConfigError, Interrupted
 from ..models.activation_checkpointing import check_activation_checkpointing, checkpoint_blocks
 from ..models.compilation import compile_net
+from ..models.float8 import check_float8, check_float8_layers, convert_float8
 from ..parallel.batchnorm import micro_batch_split_problem, oom_handling_problem, uses_batchnorm
 from ..parallel.launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
 from ..parallel.split import check_chain
@@ -109,9 +111,20 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     data.check_replicas(replicas, processes)
     check_input(net, data)  # e.g. model=gpt with data that is not token ids, or uint8 images
     check_activation_checkpointing(net, cfg.activation_checkpointing)
+    tensor_parallel = strategy.sizes[1] if strategy.name == "model_parallel" else 1
+    check_float8(cfg.float8, strategy.name, cfg.trainer.accelerator, tensor_parallel)
+    check_float8_layers(net, cfg.float8)
     if strategy.name == "pipeline":  # the stages run the Split's chain, not the model's forward: the same model?
         check_chain(net, first_sample(data))
     return strategy, processes, recovery
+
+
+def float8_net(net: nn.Module, recipe: str, accelerator: Accelerator) -> nn.Module:
+    """The net with its blocks' big Linear layers in float8 (models/float8.py), before the preset shards or wraps it."""
+    converted = convert_float8(net, recipe)
+    if converted:
+        accelerator.print(f"float8={recipe}: {len(converted)} Linear layers of the blocks compute in float8")
+    return net
 
 
 def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: OOMRecovery | None) -> None:
@@ -127,7 +140,7 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
     )
     set_seed(cfg.seed)
     data = build(cfg.data)
-    net = strategy.build_net(lambda: build(cfg.model.net))
+    net = strategy.build_net(lambda: float8_net(build(cfg.model.net), cfg.float8, accelerator))
     optimizer_factory = functools.partial(
         grouped_optimizer, build(cfg.model.optimizer), no_decay_norms_and_biases=cfg.model.no_decay_norms_and_biases
     )

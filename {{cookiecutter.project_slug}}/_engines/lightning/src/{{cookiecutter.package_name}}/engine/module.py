@@ -5,11 +5,13 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from ..data.loading import IGNORED
 from ..models.activation_checkpointing import checkpoint_blocks
 from ..models.compilation import compile_net
+from ..models.float8 import convert_float8
 from ..parallel.sharding import clip_grad_norm_, clip_grad_value_
 from ..runtime.metrics import perplexity
 from ..runtime.optimization import (
@@ -35,13 +37,14 @@ class Classifier(L.LightningModule):
         compile: bool = False,
         tf32: bool = True,
         activation_checkpointing: str = "none",
+        float8: str = "none",
     ) -> None:
         super().__init__()
         self.net = net
         self.optimizer_factory, self.no_decay_norms_and_biases = optimizer, no_decay_norms_and_biases
         self.scheduler_factory = scheduler  # configs/scheduler/, given by train.py
         self.compile_net, self.tf32 = compile, tf32  # the top-level config keys, given by engine/training.py
-        self.activation_checkpointing = activation_checkpointing
+        self.activation_checkpointing, self.float8 = activation_checkpointing, float8
         self._totals: dict[str, torch.Tensor] = {}  # per split: loss sum, correct, targets (several processes)
         self._batch_losses: dict[str, torch.Tensor] = {}  # per split: loss sum, targets (one process)
         self._step_loss: torch.Tensor | float = 0.0  # of the optimizer step's accumulated batches so far
@@ -53,6 +56,9 @@ class Classifier(L.LightningModule):
     def configure_model(self) -> None:
         # Lightning calls this once the processes exist. Only model_parallel's tensor mode has a device
         # mesh; it shards the net by the plan the net declares (see strategies/model_parallel.py).
+        converted = convert_float8(self.net, self.float8)  # before sharding and wrapping (models/float8.py)
+        if converted:
+            rank_zero_info(f"float8={self.float8}: {len(converted)} Linear layers of the blocks compute in float8")
         if self.device_mesh is not None:
             self.trainer.strategy.parallelize(self.net)
         checkpoint_blocks(self.net, self.activation_checkpointing)  # in place, after sharding, before compiling

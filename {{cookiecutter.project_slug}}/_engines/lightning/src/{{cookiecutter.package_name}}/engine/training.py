@@ -21,6 +21,7 @@ from ..config import build_object
 from ..data.loading import check_input, first_sample, per_device_batch_size
 from ..errors import ConfigError, Interrupted, spawned_failure
 from ..models.activation_checkpointing import check_activation_checkpointing
+from ..models.float8 import check_float8, check_float8_layers
 from ..parallel.batchnorm import needs_sync, synchronised_message
 from ..parallel.launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
 from ..parallel.split import check_chain
@@ -131,8 +132,12 @@ def prepare(cfg: DictConfig, with_logger: bool = True) -> tuple[L.Trainer, L.Lig
             compile=cfg.compile,
             tf32=cfg.tf32,
             activation_checkpointing=cfg.activation_checkpointing,
+            float8=cfg.float8,
         )
     check_activation_checkpointing(model.net, cfg.activation_checkpointing)
+    tensor_parallel = getattr(trainer.strategy, "tensor_parallel_size", 1)
+    check_float8(cfg.float8, preset(), cfg.trainer.accelerator, tensor_parallel)
+    check_float8_layers(model.net, cfg.float8)
     synchronised = synchronised_batchnorm(cfg, model, trainer)
     check_layout(preset(), trainer, cfg.data.batch_size, model, synchronised)  # now, not inside a worker process
     datamodule.data.check_replicas(data_parallel_size(trainer), trainer.world_size)
