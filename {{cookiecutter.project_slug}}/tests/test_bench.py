@@ -14,7 +14,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from wandb_records import offline_runs
 
-from {{ cookiecutter.package_name }}.bench import peak_flops
+from {{ cookiecutter.package_name }}.bench import peak_bf16_flops, peak_flops, phase
 from {{ cookiecutter.package_name }}.config import CONFIG_DIR, register_resolvers
 from {{ cookiecutter.package_name }}.runtime import hardware
 
@@ -99,3 +99,35 @@ def test_mfu_uses_the_precision_training_resolves(monkeypatch):
         assert peak_flops(config("bench", "trainer.accelerator=cpu")) is None
     finally:
         hardware.nvml_ready.cache_clear()
+
+
+@pytest.mark.parametrize(
+    "name, tflops",
+    [
+        ("NVIDIA H100 80GB HBM3", 989),
+        ("NVIDIA H100 PCIe", 756),
+        ("NVIDIA H100 NVL", 835),
+        ("NVIDIA H200", 989),
+        ("NVIDIA A100-SXM4-80GB", 312),
+        ("NVIDIA GeForce RTX 4090", None),
+    ],
+)
+def test_the_peak_of_each_gpu_is_its_own(name, tflops):
+    assert peak_bf16_flops(name) == (tflops * 1e12 if tflops else None)
+
+
+def test_a_point_past_its_limit_says_where_it_was(tmp_path, train_env):
+    """The step count the clock keeps tells start-up (or a first step compiling), warm-up and timed steps apart."""
+    progress = tmp_path / "1.progress"
+    assert phase(progress, 5, 25).startswith("before its first step ended")
+    progress.write_text("3")
+    assert phase(progress, 5, 25) == "in its warm-up steps (3 of 5 done)"
+    progress.write_text("12")
+    assert phase(progress, 5, 25) == "in its timed steps (7 of 20 done)"
+
+    run_dir = tmp_path / "bench"
+    command = [sys.executable, "-m", f"{PACKAGE}.bench", "scaling", f"hydra.run.dir={run_dir}", *QUICK, *TINY]
+    slow = ["bench.devices=[1]", "bench.timeout_s=1", "logger=none"]  # 1 s: the training is still importing torch
+    proc = subprocess.run([*command, *slow], env=train_env, capture_output=True, text=True, timeout=120, cwd=PROJECT)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "ran past bench.timeout_s=1 s before its first step ended (start-up, or the first step" in proc.stderr

@@ -18,6 +18,7 @@ Writes scaling.csv and scaling.png into its run folder and logs both (a table, a
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -38,7 +39,7 @@ from .errors import ConfigError, fail
 from .parallel.pipelining import bubble_fraction
 from .runtime.precision import resolve_precision
 from .tools.estimate import count_parameters, example_input, tokens_per_sample
-from .tools.steptimes import ENV, STEPS_ENV
+from .tools.steptimes import ENV, STEPS_ENV, progress_file
 from .tracking.wandb_run import finish_wandb, wandb_mode
 
 register_resolvers()
@@ -47,7 +48,18 @@ DATA_PARALLEL = ("ddp", "ddp_spawn", "dp")
 # Set by the bench for every point; the user's values of these are not passed on.
 OWN_KEYS = ("strategy=", "trainer.devices=", "trainer.max_steps=", "data.batch_size=", "data.train_size=", "logger=")
 # Dense bf16 tensor-core peaks (TFLOPS) of common GPUs, for MFU when bench.peak_tflops is not set.
-PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
+# Dense bf16 peak TFLOP/s of one GPU, from NVIDIA's data sheets, by the name torch reports; the most specific name
+# first: an "H100 PCIe" (756) or "H100 NVL" (835) is not an H100 SXM ("NVIDIA H100 80GB HBM3", 989).
+PEAK_BF16_TFLOPS = [
+    ("H100 PCIe", 756.0),
+    ("H100 NVL", 835.0),
+    ("H200 NVL", 835.0),
+    ("GH200", 989.0),
+    ("H200", 989.0),
+    ("H100", 989.0),
+    ("A100", 312.0),
+    ("L40S", 362.0),
+]
 
 
 class PointFailed(RuntimeError):
@@ -121,15 +133,36 @@ def run_point(
         command = [sys.executable, "-m", "accelerate.commands.launch", *command[2:]]
     else:
         command = [sys.executable, *command[1:]]
-    proc = subprocess.run(
-        command, env={**os.environ, ENV: str(times_file), STEPS_ENV: str(steps)}, capture_output=True, text=True,
-        timeout=cfg.bench.timeout_s, check=False,
+    # Its own session: a point past its limit is stopped with every process its launcher started.
+    proc = subprocess.Popen(
+        command, env={**os.environ, ENV: str(times_file), STEPS_ENV: str(steps)}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
+    try:
+        stdout, stderr = proc.communicate(timeout=cfg.bench.timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        where = phase(progress_file(times_file), cfg.bench.warmup_steps, steps)
+        raise PointFailed(
+            f"the point with {n} process(es) ran past bench.timeout_s={cfg.bench.timeout_s} s {where}: "
+            f"{' '.join(command)}"
+        ) from None
     if proc.returncode != 0 or not times_file.exists():
-        print(proc.stdout[-4000:] + proc.stderr[-4000:], file=sys.stderr)
+        print(stdout[-4000:] + stderr[-4000:], file=sys.stderr)
         early = "" if proc.returncode else f" (its training ended before {steps} steps)"
         raise PointFailed(f"the point with {n} process(es) failed{early}: {' '.join(command)}")
     return json.loads(times_file.read_text())
+
+
+def phase(progress: Path, warmup: int, steps: int) -> str:
+    """Where a point that ran past its limit was, from the steps its clock had counted."""
+    done = int(progress.read_text() or 0) if progress.is_file() else 0
+    if done == 0:
+        return "before its first step ended (start-up, or the first step, where compile=true compiles)"
+    if done < warmup:
+        return f"in its warm-up steps ({done} of {warmup} done)"
+    return f"in its timed steps ({done - warmup} of {steps - warmup} done)"
 
 
 def dropped(override: str, preset: str, schedule: str | None) -> bool:
@@ -180,8 +213,12 @@ def peak_flops(cfg: DictConfig) -> float | None:
     on_gpu = cfg.trainer.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
     if not on_gpu or resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator) != "bf16-mixed":
         return None
-    name = torch.cuda.get_device_name(0)
-    return next((tflops * 1e12 for gpu, tflops in PEAK_BF16_TFLOPS.items() if gpu in name), None)
+    return peak_bf16_flops(torch.cuda.get_device_name(0))
+
+
+def peak_bf16_flops(name: str) -> float | None:
+    """The table's peak for the GPU torch calls `name`, or None for one it does not know (give bench.peak_tflops)."""
+    return next((tflops * 1e12 for gpu, tflops in PEAK_BF16_TFLOPS if gpu.lower() in name.lower()), None)
 
 
 COLUMNS = [

@@ -28,9 +28,15 @@ ENV = "STEP_TIMES_FILE"
 STEPS_ENV = "STEP_TIMES_STEPS"
 
 
+def progress_file(times_file: Path) -> Path:
+    """Where the clock counts the steps that have ended, step by step."""
+    return times_file.with_suffix(".progress")
+
+
 class StepClock:
     def __init__(self, path: Path, steps: int) -> None:
         self.path, self.steps = path, steps
+        self.progress = progress_file(path)
         self.step_ends: list[float] = []
         self.idle_fractions: list[list[float]] = []
         self.rank: int | None = None
@@ -40,6 +46,8 @@ class StepClock:
         if self.rank is None:  # the process group exists by the first step
             self.rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         self.step_ends.append(now)  # the models here have one optimizer: one call per training step
+        if self.rank == 0:  # how far it got, should the bench stop it for running too long (a few µs a step)
+            self.progress.write_text(str(len(self.step_ends)))
         if len(self.step_ends) == self.steps and self.rank == 0:  # after the last timed moment
             record = {"step_ends": self.step_ends, "idle_fractions": self.idle_fractions}
             self.path.write_text(json.dumps(record))
