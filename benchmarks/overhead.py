@@ -4,6 +4,7 @@
     python benchmarks/overhead.py --ddp     # adds strategy=ddp (2 gloo processes) vs a plain DDP loop
     python benchmarks/overhead.py --engine accelerate   # one engine only (default: both, one after the other)
     python benchmarks/overhead.py --smoke   # a few steps only: checks that it runs and prints ratios (CI)
+    python benchmarks/overhead.py --gpu [--size 350m|1b] [--float8 tensorwise]   # the GPT on one GPU: gpu_overhead.py
 
 It bakes the project, then runs each variant as its own process, interleaved, --repeats times: the
 template's default training (Lightning: default callbacks, wandb offline, progress bar; Accelerate: wandb
@@ -30,6 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import gpu_overhead
 from cookiecutter.main import cookiecutter
 
 HERE = Path(__file__).resolve().parent
@@ -135,10 +137,17 @@ def main() -> None:
     parser.add_argument("--ddp", action="store_true", help="also benchmark strategy=ddp on 2 CPU processes")
     parser.add_argument("--engine", choices=["lightning", "accelerate", "both"], default="both")
     parser.add_argument("--smoke", action="store_true", help="tiny run for CI, small steps only: checks that it works")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=None, help="default: 3 (CPU), 1 (--gpu)")
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--gpu", action="store_true", help="the GPT on one GPU against gpu_loop.py (gpu_overhead.py)")
+    gpu_overhead.arguments(parser)
     args = parser.parse_args()
-    repeats, epochs, train_size = (1, 2, 1024) if args.smoke else (args.repeats, args.epochs, 8192)
+    if args.gpu:
+        engines = ["lightning", "accelerate"] if args.engine == "both" else [args.engine]
+        args.repeats = args.repeats or 1  # GPU time is scarce: one run of each variant unless asked for more
+        gpu_overhead.compare(engines, args, bake)
+        return
+    repeats, epochs, train_size = (1, 2, 1024) if args.smoke else (args.repeats or 3, args.epochs, 8192)
     settings = ["small-step"] if args.smoke else list(SETTINGS)
     engines = ["lightning", "accelerate"] if args.engine == "both" else [args.engine]
     layouts = [("single", False)] + ([("ddp x2", True)] if args.ddp else [])

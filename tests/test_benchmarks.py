@@ -40,3 +40,21 @@ def test_overhead_benchmark_smoke(tmp_path, engine):
     over_loop, over_lightning, same = targets[:2], targets[2], targets[3:]
     assert all(float(value) > 0 for value in (*over_loop, *same))
     assert (over_lightning == "-") == (engine == "accelerate")
+
+
+def test_the_gpu_comparison_runs_on_the_cpu_as_a_dry_run(tmp_path):
+    """`overhead.py --gpu` (the GPT through the template's bench against benchmarks/gpu_loop.py), dry-run on the CPU
+    with a tiny GPT: both variants train and report, and the ratio is theirs. Its GPU figures: the README."""
+    command = [sys.executable, str(TEMPLATE / "benchmarks" / "overhead.py"), "--gpu", "--cpu", "--size", "tiny"]
+    command += ["--engine", "accelerate", "--warmup", "2", "--steps", "3"]
+    result = subprocess.run(command, check=False, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    number = r"([\d.]+)"
+    [(template_ms, template_tokens, ratio)] = re.findall(
+        rf"^accelerate\s+template\s+{number}\s+{number}\s+[\d.]+%\s+{number}$", result.stdout, re.MULTILINE
+    )
+    [(loop_ms, loop_tokens)] = re.findall(
+        rf"^accelerate\s+loop\s+{number}\s+{number}\s+[\d.]+%\s*$", result.stdout, re.MULTILINE
+    )
+    assert float(ratio) == pytest.approx(float(template_ms) / float(loop_ms), rel=0.02)
+    assert float(template_tokens) > 0 and float(loop_tokens) > 0
