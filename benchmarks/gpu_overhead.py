@@ -81,7 +81,8 @@ def compare(engines: list[str], args: argparse.Namespace, bake) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             workdir = Path(tmp)
             project = bake(engine, workdir)
-            env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(project / "src"), str(HERE)]), WANDB_MODE="offline")
+            paths = [str(project / "src"), str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths), WANDB_MODE="offline")
             env.update(WANDB_DIR=tmp, WANDB_SILENT="true")
             runs: dict[str, list[dict]] = {"template": [], "loop": []}
             for _ in range(args.repeats):  # interleaved: whatever else the GPU does hits both alike
@@ -105,12 +106,21 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpu", action="store_true", help="a dry run of the script on the CPU")
 
 
-if __name__ == "__main__":
-    from overhead import bake
+def baked(folder: Path):
+    """A bake function that returns the project baked beforehand into folder/<engine>/ (a GPU machine without
+    cookiecutter)."""
+    return lambda engine, workdir: folder.resolve() / engine / "scaled-trainer"
 
+
+if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", choices=["lightning", "accelerate", "both"], default="both")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--baked", type=Path, help="projects baked beforehand, as <folder>/<engine>/scaled-trainer")
     arguments(parser)
     options = parser.parse_args()
+    if options.baked:
+        bake = baked(options.baked)
+    else:
+        from overhead import bake
     compare(["lightning", "accelerate"] if options.engine == "both" else [options.engine], options, bake)
