@@ -4,7 +4,8 @@ with page-locked memory and non-blocking copies. No logging, no checkpoints, no 
 
     python benchmarks/gpu_loop.py <package> --dim 1024 --depth 24 --heads 16 --seq 1024 --vocab 32768 --batch 16
 
-Prints one JSON line: step_ms (the mean over the timed steps, between CUDA-synchronised ends), tokens_per_s,
+Prints one JSON line: step_ms (the mean over the timed steps: the window's two ends wait for the GPU, the steps
+between do not, as in a training and the template's bench), tokens_per_s,
 parameters and mfu (6 x parameters x tokens/s over --peak-tflops: the dense-network estimate the template's bench
 uses). --float8 tensorwise|rowwise converts the blocks' Linear layers as the template does (models/float8.py);
 --cpu runs it on the CPU, small, without bf16 (a dry run of the script, no figure to report).
@@ -53,7 +54,7 @@ def main(args: argparse.Namespace) -> None:
         net.compile()
     optimizer = torch.optim.AdamW(net.parameters(), lr=3e-4, weight_decay=0.01, fused=True)
     autocast = functools.partial(torch.autocast, device.type, dtype=torch.bfloat16, enabled=not args.cpu)
-    ends = []
+    ends = []  # the timed window's two ends, each after the GPU's queued work (the steps between do not wait)
     for step, (x, y) in enumerate(loader):
         if step == steps:
             break
@@ -63,11 +64,11 @@ def main(args: argparse.Namespace) -> None:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if step >= args.warmup - 1:  # the end of the last warm-up step starts the clock
+        if step in (args.warmup - 1, steps - 1):  # the end of the last warm-up step starts the clock
             if not args.cpu:
                 torch.cuda.synchronize()
             ends.append(time.perf_counter())
-    seconds = (ends[-1] - ends[0]) / (len(ends) - 1)
+    seconds = (ends[-1] - ends[0]) / args.steps
     tokens_per_s = args.batch * args.seq / seconds
     mfu = 6 * parameters * tokens_per_s / (args.peak_tflops * 1e12)
     print(json.dumps({"step_ms": seconds * 1e3, "tokens_per_s": tokens_per_s, "parameters": parameters, "mfu": mfu}))

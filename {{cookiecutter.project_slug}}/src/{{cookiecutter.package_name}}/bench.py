@@ -39,7 +39,7 @@ from .errors import ConfigError, fail
 from .parallel.pipelining import bubble_fraction
 from .runtime.precision import resolve_precision
 from .tools.estimate import count_parameters, example_input, tokens_per_sample
-from .tools.steptimes import ENV, STEPS_ENV, progress_file
+from .tools.steptimes import ENV, STEPS_ENV, WARMUP_ENV, progress_file
 from .tracking.wandb_run import finish_wandb, wandb_mode
 
 register_resolvers()
@@ -135,7 +135,8 @@ def run_point(
         command = [sys.executable, *command[1:]]
     # Its own session: a point past its limit is stopped with every process its launcher started.
     proc = subprocess.Popen(
-        command, env={**os.environ, ENV: str(times_file), STEPS_ENV: str(steps)}, stdout=subprocess.PIPE,
+        command, stdout=subprocess.PIPE,
+        env={**os.environ, ENV: str(times_file), STEPS_ENV: str(steps), WARMUP_ENV: str(cfg.bench.warmup_steps)},
         stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
     try:

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -26,6 +27,7 @@ from ..parallel.launcher import PACKAGE
 
 ENV = "STEP_TIMES_FILE"
 STEPS_ENV = "STEP_TIMES_STEPS"
+WARMUP_ENV = "STEP_TIMES_WARMUP"
 
 
 def progress_file(times_file: Path) -> Path:
@@ -34,14 +36,19 @@ def progress_file(times_file: Path) -> Path:
 
 
 class StepClock:
-    def __init__(self, path: Path, steps: int) -> None:
+    def __init__(self, path: Path, steps: int, warmup: int = 0) -> None:
         self.path, self.steps = path, steps
+        # The timed window's two ends wait for the GPU's queued work (a step's end on the host is only its launch);
+        # the steps between do not, as a training does not.
+        self.synchronised = {warmup, steps}
         self.progress = progress_file(path)
         self.step_ends: list[float] = []
         self.idle_fractions: list[list[float]] = []
         self.rank: int | None = None
 
     def on_step(self, *_: Any) -> None:
+        if len(self.step_ends) + 1 in self.synchronised and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
         now = time.perf_counter()
         if self.rank is None:  # the process group exists by the first step
             self.rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
@@ -55,7 +62,7 @@ class StepClock:
 
 def install() -> StepClock:
     """The clock, on every optimizer step of this process and of the processes it forks."""
-    clock = StepClock(Path(os.environ[ENV]), int(os.environ[STEPS_ENV]))
+    clock = StepClock(Path(os.environ[ENV]), int(os.environ[STEPS_ENV]), int(os.environ.get(WARMUP_ENV, 0)))
     register_optimizer_step_post_hook(clock.on_step)
     pipeline_step = pipelining.Pipeline.train_step
 
