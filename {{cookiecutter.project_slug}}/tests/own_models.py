@@ -90,3 +90,47 @@ register_split(
         tensor_parallel={"blocks.*.up": ColwiseParallel(), "blocks.*.down": RowwiseParallel()},
     ),
 )
+
+
+class FusedAttention(nn.Module):
+    """Self-attention with one Linear for q, k and v together (as many model libraries write it), named `fused`."""
+
+    def __init__(self, dim: int, num_heads: int, fused: str) -> None:
+        super().__init__()
+        self.num_heads, self.fused = num_heads, fused
+        setattr(self, fused, nn.Linear(dim, 3 * dim))
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = getattr(self, self.fused)(x).chunk(3, dim=-1)  # after a colwise split: not its heads' q, k, v
+        split = [t.unflatten(-1, (self.num_heads, -1)).transpose(1, 2) for t in (q, k, v)]
+        return self.out(nn.functional.scaled_dot_product_attention(*split).transpose(1, 2).flatten(-2))
+
+
+class FusedQKV(nn.Module):
+    """Sequences of tokens through blocks of fused-q/k/v attention, with the plan one writes for separate q, k, v."""
+
+    FUSED = "qkv"
+
+    def __init__(self, vocab_size: int = 32, dim: int = 16, depth: int = 2, num_heads: int = 2, **_: object) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, dim)
+        self.blocks = nn.ModuleList(FusedAttention(dim, num_heads, self.FUSED) for _ in range(depth))
+        self.head = nn.Linear(dim, vocab_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        for block in self.blocks:
+            h = h + block(h)
+        return self.head(h)
+
+
+class FusedProj(FusedQKV):
+    """The same, its fused layer under a name that says nothing (`proj`)."""
+
+    FUSED = "proj"
+
+
+for fused_model in (FusedQKV, FusedProj):
+    plan = {f"blocks.*.{fused_model.FUSED}": ColwiseParallel(), "blocks.*.out": RowwiseParallel()}
+    register_split(fused_model, Split(first=["embed"], blocks=["blocks.*"], last=["head"], tensor_parallel=plan))

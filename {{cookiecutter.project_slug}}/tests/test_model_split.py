@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from own_models import Conv1DBlocks, PositionSummed
+from own_models import Conv1DBlocks, FusedProj, FusedQKV, PositionSummed
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
@@ -129,3 +129,14 @@ def test_a_tensor_parallel_plan_over_layers_torch_cannot_shard_is_refused():
     library's Conv1D would end in a traceback from every process after start. Refused before, naming the layer."""
     with pytest.raises(ConfigError, match=r"shards blocks.0.up \(Conv1D\) with ColwiseParallel, which torch applies"):
         check_tensor_parallel(Conv1DBlocks(in_features=8, num_classes=3), 2)
+
+
+def test_a_fused_projection_sharded_by_columns_is_refused():
+    """A fused q/k/v Linear sharded column-wise gives rank 0 all of q and half of k instead of its heads' q, k and v:
+    a silently different model. Refused by its name (qkv, c_attn, gate_up, ...) or, in attention, its 3 x dim
+    outputs; the GPT's separate q, k and v pass."""
+    with pytest.raises(ConfigError, match=r"blocks.0.qkv looks like a fused projection \(its name, qkv\)"):
+        check_tensor_parallel(FusedQKV(), 2)
+    with pytest.raises(ConfigError, match=r"blocks.0.proj looks like a fused projection \(3 x 16 outputs in an"):
+        check_tensor_parallel(FusedProj(), 2)
+    check_tensor_parallel(GPT(vocab_size=32, max_seq_len=8, dim=16, depth=2, num_heads=2), 2)

@@ -12,6 +12,7 @@ draws, so training matches strategy=single. `clip_grad_norm_` clips by the norm 
 `clip_grad_value_` every element, over shards and plain tensors alike.
 """
 
+import re
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -69,6 +70,13 @@ def check_tensor_parallel(model: nn.Module, tensor_parallel_size: int) -> None:
                     "nn.Linear (a model library's Conv1D is one with its weight transposed), or leave it out of "
                     "the tensor_parallel plan"
                 )
+            if isinstance(style, ColwiseParallel) and (fused := _fused_parts(net, name, layer)):
+                raise ConfigError(
+                    f"{name} looks like a fused projection ({fused}): ColwiseParallel gives each rank a contiguous "
+                    f"block of its {layer.out_features} outputs, across the fused parts instead of its share of each "
+                    "(with q, k and v: rank 0 would get all of q); split it into one nn.Linear per part in the "
+                    "model, or leave it out of the tensor_parallel plan"
+                )
             for what, count in _sharded_sizes(layer, isinstance(style, ColwiseParallel)):
                 if count % tp:
                     raise ConfigError(
@@ -85,6 +93,21 @@ def check_tensor_parallel(model: nn.Module, tensor_parallel_size: int) -> None:
 
 
 HEAD_ATTRIBUTES = ("num_heads", "n_heads", "n_head")  # how attention modules commonly name their head count
+# How model libraries name a Linear that computes several projections at once (q/k/v, k/v, gate/up).
+FUSED_NAMES = re.compile(r"(^|_)(qkv|wqkv|c_attn|in_proj|query_key_value|kv|kv_proj|gate_up|gate_up_proj|w12)$")
+
+
+def _fused_parts(net: nn.Module, name: str, layer: nn.Module) -> str:
+    """Why `layer` looks like several projections in one (by its name, or in attention by its 3 x dim outputs); ""
+    if it does not."""
+    if not isinstance(layer, nn.Linear):
+        return ""
+    if FUSED_NAMES.search(name.rsplit(".", 1)[-1]):
+        return f"its name, {name.rsplit('.', 1)[-1]}"
+    parent = net.get_submodule(name.rsplit(".", 1)[0]) if "." in name else net
+    if _head_count(parent) and layer.out_features == 3 * layer.in_features:
+        return f"3 x {layer.in_features} outputs in an attention module: q, k and v"
+    return ""
 
 
 def _head_count(module: nn.Module) -> int:
