@@ -13,7 +13,8 @@ from {{ cookiecutter.package_name }}.data.loading import Data
 from {{ cookiecutter.package_name }}.data.synthetic import SyntheticData
 from {{ cookiecutter.package_name }}.data.tokens import TokenData
 from {{ cookiecutter.package_name }}.engine.checkpoints import load_trained
-from {{ cookiecutter.package_name }}.engine.evaluation import evaluate
+from {{ cookiecutter.package_name }}.engine.evaluation import batches, check_limit, evaluate
+from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.models.gpt import GPT
 
 
@@ -32,6 +33,23 @@ def test_evaluation_of_a_language_model_is_the_mean_loss_per_token():
         logits = net(x)
     assert metrics["loss"] == pytest.approx(F.cross_entropy(logits.flatten(0, 1), y.flatten()).item(), abs=1e-6)
     assert metrics["acc"] == pytest.approx((logits.argmax(dim=-1) == y).float().mean().item(), abs=1e-6)
+
+
+def test_limit_val_batches_evaluates_that_many_batches_as_lightning_counts_them():
+    """trainer.limit_val_batches / limit_test_batches, Lightning's meaning: an int counts batches, a float is a share
+    (at least one batch), 0 none, null all. The first batch's metrics are the first batch's alone."""
+    assert [batches(limit, 10) for limit in (None, 3, 30, 0.25, 0.01, 0.0, 0)] == [10, 3, 10, 2, 1, 0, 0]
+    for bad in (-1, 1.5, "all", True):
+        with pytest.raises(ConfigError, match="must be a number of batches"):
+            check_limit("limit_val_batches", bad)
+    torch.manual_seed(0)
+    net = GPT(vocab_size=32, max_seq_len=16, dim=32, depth=2, num_heads=2).eval()
+    data = Data(partial(TokenData, vocab_size=32, seq_len=16, val_size=12), batch_size=4)
+    metrics = evaluate(Accelerator(cpu=True), net, data.loader("val", replicas=1, rank=0), limit=1)
+    x, y = data.splits["val"][:4]
+    with torch.no_grad():
+        first = F.cross_entropy(net(x).flatten(0, 1), y.flatten()).item()
+    assert metrics["loss"] == pytest.approx(first, abs=1e-6)
 
 
 @pytest.mark.slow

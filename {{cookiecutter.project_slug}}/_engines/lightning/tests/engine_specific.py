@@ -5,6 +5,8 @@ from pathlib import Path
 from hydra.utils import instantiate
 from torch import nn
 
+from {{ cookiecutter.package_name }}.engine.module import Classifier
+
 QUIET = ["trainer.enable_progress_bar=false"]  # no progress bar in a test's log
 OOM_TOOLKIT = "callbacks=oom"
 OOM_RECOVERY = "callbacks.oom_recovery"  # where the OOM recovery's settings are
@@ -32,7 +34,7 @@ SEARCH_REFUSALS = []
 
 def optimizer_of(cfg, net: nn.Module):
     """The optimizer the training builds for `net` from this config (no scheduler given: the optimizer alone)."""
-    return instantiate(cfg.model, net=net).configure_optimizers()
+    return Classifier(net, instantiate(cfg.model.optimizer), cfg.model.no_decay_norms_and_biases).configure_optimizers()
 
 
 def reset_engine_state() -> None:

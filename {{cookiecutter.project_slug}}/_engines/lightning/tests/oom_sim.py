@@ -1,6 +1,6 @@
 """Simulated out-of-memory errors for the OOM toolkit tests: deterministic, on CPU.
 
-Used inside training subprocesses (`model._target_=oom_sim.OOMClassifier`), so the tests folder is put
+Used inside training subprocesses (`+model._target_=oom_sim.OOMClassifier`), so the tests folder is put
 on their PYTHONPATH.
 """
 

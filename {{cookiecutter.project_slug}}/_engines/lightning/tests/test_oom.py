@@ -36,7 +36,7 @@ BASE = [
     "trainer.accelerator=cpu",
     "data.shuffle=false",
     "data.batch_size=64",
-    "model._target_=oom_sim.OOMClassifier",
+    "+model._target_=oom_sim.OOMClassifier",
 ]
 LAYOUTS = {"single": ["strategy=single"], "ddp": ["strategy=ddp", "trainer.devices=2"]}
 

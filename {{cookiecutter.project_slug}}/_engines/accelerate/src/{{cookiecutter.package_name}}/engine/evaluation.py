@@ -1,5 +1,6 @@
 """Evaluating a split over every process (each sample counted once) and logging a row to wandb."""
 
+import itertools
 from typing import Any
 
 import torch
@@ -8,17 +9,21 @@ from accelerate import Accelerator
 from torch import nn
 
 from ..data.loading import IGNORED
+from ..errors import ConfigError
 from ..runtime.metrics import perplexity
 
 
 @torch.no_grad()
-def evaluate(accelerator: Accelerator, model: nn.Module, loader: Any) -> dict[str, float]:
-    """Loss, accuracy and perplexity (exp of the loss) over the whole split, exact: per-target sums are reduced over
-    the processes, then divided by the number of targets (every sample is evaluated once: the eval sampler does
-    not repeat any)."""
+def evaluate(
+    accelerator: Accelerator, model: nn.Module, loader: Any, limit: int | float | None = None
+) -> dict[str, float]:
+    """Loss, accuracy and perplexity (exp of the loss) over the split, exact: per-target sums are reduced over the
+    processes, then divided by the number of targets (every sample is evaluated once: the eval sampler does not
+    repeat any). `limit`: Lightning's limit_val_batches/limit_test_batches, batches per process (an int) or a share
+    of them (a float); None: all."""
     model.eval()
     totals = torch.zeros(3, dtype=torch.float64, device=accelerator.device)
-    for x, y in loader:
+    for x, y in itertools.islice(loader, batches(limit, len(loader))):
         x, y = to_device(accelerator, x, y)
         with accelerator.autocast():
             logits = model(x)
@@ -29,6 +34,24 @@ def evaluate(accelerator: Accelerator, model: nn.Module, loader: Any) -> dict[st
     loss_sum, correct, count = accelerator.reduce(totals, "sum").tolist()
     model.train()
     return {"loss": loss_sum / count, "acc": correct / count, "perplexity": perplexity(loss_sum / count)}
+
+
+def batches(limit: int | float | None, available: int) -> int:
+    """How many of a loader's batches a limit lets through, as Lightning counts them: a float is a share (at least
+    one batch if it is above 0), an int a count."""
+    if limit is None:
+        return available
+    if isinstance(limit, float):
+        return max(int(available * limit), 1 if limit > 0 else 0)
+    return min(limit, available)
+
+
+def check_limit(name: str, limit: Any) -> None:
+    """Refuse, before training, a limit Lightning would refuse too (negative, a share above 1, not a number)."""
+    valid = limit is None or (isinstance(limit, int) and not isinstance(limit, bool) and limit >= 0)
+    valid = valid or (isinstance(limit, float) and 0.0 <= limit <= 1.0)
+    if not valid:
+        raise ConfigError(f"trainer.{name}={limit} must be a number of batches (0 or more) or a share from 0.0 to 1.0")
 
 
 def to_device(accelerator: Accelerator, *tensors: torch.Tensor) -> list[torch.Tensor]:

@@ -18,7 +18,7 @@ from ..runtime.interrupt import Interrupt
 from ..runtime.optimization import current_lr, total_steps
 from ..tracking.epoch_metrics import append_epoch_metrics
 from .checkpoints import Checkpoints
-from .evaluation import evaluate, log, prefixed, to_device
+from .evaluation import batches, evaluate, log, prefixed, to_device
 from .oom import OOMRecovery, OutOfMemoryStop, log_device_memory
 from .strategies import Strategy
 
@@ -161,7 +161,10 @@ def validate(
     checkpoints: Checkpoints,
 ) -> None:
     """Evaluate on the validation split, log, and checkpoint: the latest state, and the best by val/loss."""
-    metrics = evaluate(accelerator, model, loader)
+    if batches(cfg.trainer.limit_val_batches, len(loader)) == 0:  # validation turned off: the latest state only
+        checkpoints.save(progress.global_step)
+        return
+    metrics = evaluate(accelerator, model, loader, cfg.trainer.limit_val_batches)
     log(accelerator, {**prefixed("val", metrics), "epoch": epoch}, progress.global_step)
     if cfg.epoch_metrics and accelerator.is_main_process:  # the search reads it to prune a trial
         append_epoch_metrics(cfg.epoch_metrics, epoch, prefixed("val", metrics))

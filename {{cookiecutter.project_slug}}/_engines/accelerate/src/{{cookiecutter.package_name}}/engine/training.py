@@ -34,7 +34,7 @@ from ..runtime.precision import resolve_precision, use_tensor_cores
 from ..runtime.resuming import starting_point
 from ..tracking.wandb_run import finish_wandb, forget_wandb_run, write_atomically
 from .checkpoints import Checkpoints
-from .evaluation import evaluate, log, prefixed
+from .evaluation import batches, check_limit, evaluate, log, prefixed
 from .logger import ResumingWandBTracker
 from .loop import Progress, accumulation, fit, loss_fn, training_steps
 from .oom import OOMRecovery, find_batch_size
@@ -111,6 +111,8 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     data.check_replicas(replicas, processes)
     check_input(net, data)  # e.g. model=gpt with data that is not token ids, or uint8 images
     check_activation_checkpointing(net, cfg.activation_checkpointing)
+    for limit in ("limit_val_batches", "limit_test_batches"):
+        check_limit(limit, cfg.trainer[limit])
     tensor_parallel = strategy.sizes[1] if strategy.name == "model_parallel" else 1
     check_float8(cfg.float8, strategy.name, cfg.trainer.accelerator, tensor_parallel)
     check_float8_layers(net, cfg.float8)
@@ -186,12 +188,14 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
         if stopped is not None:  # Ctrl-C: saved, stopped; say how to continue
             failed = False
             raise interrupted(stopped, checkpoints.last) if accelerator.is_main_process else Interrupted("")
-        if cfg.test_after_fit and "test" in loaders:  # data=files: the test split is optional
+        test_batches = batches(cfg.trainer.limit_test_batches, len(loaders["test"])) if "test" in loaders else 0
+        if cfg.test_after_fit and test_batches:  # data=files: the test split is optional
             step, best = progress.global_step, checkpoints.folder / "best"
             accelerator.wait_for_everyone()  # the main process writes the checkpoints; the others read them
             if best.is_dir():  # else no validation ran: test the weights as they are
                 checkpoints.load(best)
-            log(accelerator, prefixed("test", evaluate(accelerator, model, loaders["test"])), step)
+            metrics = evaluate(accelerator, model, loaders["test"], cfg.trainer.limit_test_batches)
+            log(accelerator, prefixed("test", metrics), step)
         failed = False
         if accelerator.is_main_process:
             mark_finished(run_dir, True)  # run_id=last continues unfinished runs only

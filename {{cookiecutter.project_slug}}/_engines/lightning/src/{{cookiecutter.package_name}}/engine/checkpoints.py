@@ -13,7 +13,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
@@ -28,7 +27,7 @@ from .lightning_private import (
     set_batches_that_stepped,
     step_interval,
 )
-from .module import Classifier
+from .module import Classifier, build_module
 
 LAST = "last.ckpt"
 
@@ -215,7 +214,7 @@ def load_trained(checkpoint: str | Path, config: str | Path | None = None) -> Cl
     """
     checkpoint = Path(checkpoint)
     config = Path(config) if config else checkpoint.parent.parent / "config.yaml"
-    model = instantiate(load_saved_config(config).model)
+    model = build_module(load_saved_config(config).model)
     if checkpoint.is_dir():
         state = {"state_dict": model.state_dict()}
         with warnings.catch_warnings():  # that it reads in one process: what no_dist asks for

@@ -5,9 +5,12 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
+from hydra.utils import get_class
 from lightning.pytorch.utilities import rank_zero_info
+from omegaconf import DictConfig
 from torch import nn
 
+from ..config import build_object
 from ..data.loading import IGNORED
 from ..models.activation_checkpointing import checkpoint_blocks
 from ..models.compilation import compile_net
@@ -204,3 +207,16 @@ def writes_step_metrics(trainer: L.Trainer) -> bool:
         return False
     # A batch that only accumulates gradients is never logged.
     return not (trainer.lightning_module.automatic_optimization and only_accumulates(trainer))
+
+
+def build_module(model: DictConfig, **settings: Any) -> Classifier:
+    """The LightningModule for a model config (model.net, model.optimizer, model.no_decay_norms_and_biases: the keys
+    both engines read) and the run's settings. `+model._target_=my_module.MyClassifier` trains another subclass of
+    Classifier (a run saved by an earlier version has it in its config.yaml: engine.module.Classifier)."""
+    module = get_class(model._target_) if "_target_" in model else Classifier
+    return module(
+        net=build_object(model.net),
+        optimizer=build_object(model.optimizer),
+        no_decay_norms_and_biases=model.get("no_decay_norms_and_biases", True),
+        **settings,
+    )

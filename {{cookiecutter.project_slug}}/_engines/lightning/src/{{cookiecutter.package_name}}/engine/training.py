@@ -32,6 +32,7 @@ from ..runtime.resuming import starting_point
 from ..tracking.wandb_run import finish_wandb, write_atomically
 from .callbacks.epoch_metrics import EpochMetricsFile
 from .checkpoints import LAST, ResumeCheckpoint, resume_from
+from .module import build_module
 from .profiler import NoProfiler
 from .strategies import BatchNormSync, check_layout, data_parallel_size, model_init_context
 
@@ -126,7 +127,7 @@ def prepare(cfg: DictConfig, with_logger: bool = True) -> tuple[L.Trainer, L.Lig
         profiler=cfg.trainer.profiler or NoProfiler(),
     )
     with model_init_context(trainer):  # model_parallel: on the meta device, each rank allocates its shards
-        model = build(
+        model = build_module(
             cfg.model,
             scheduler=build(cfg.scheduler),
             compile=cfg.compile,
