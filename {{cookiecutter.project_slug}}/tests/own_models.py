@@ -134,3 +134,52 @@ class FusedProj(FusedQKV):
 for fused_model in (FusedQKV, FusedProj):
     plan = {f"blocks.*.{fused_model.FUSED}": ColwiseParallel(), "blocks.*.out": RowwiseParallel()}
     register_split(fused_model, Split(first=["embed"], blocks=["blocks.*"], last=["head"], tensor_parallel=plan))
+
+
+class Scale(nn.Module):
+    """A learned per-feature scale, with no reset_parameters() (as many hand-written modules)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(1 + 0.1 * torch.randn(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.weight
+
+
+class CustomInit(nn.Module):
+    """Blocks whose weights the model's own __init__ draws again (as model libraries' init functions do), with a
+    module that has no reset_parameters(): model_parallel's module-by-module init (strategy.init=meta) cannot
+    reproduce its weights, the whole build on the CPU (init=full) does."""
+
+    def __init__(self, in_features: int, num_classes: int, hidden: int = 32, depth: int = 2, **_: object) -> None:
+        super().__init__()
+        self.embed = nn.Linear(in_features, hidden)
+        self.blocks = nn.ModuleList(
+            nn.ModuleDict(
+                {"up": nn.Linear(hidden, 2 * hidden), "down": nn.Linear(2 * hidden, hidden), "scale": Scale(hidden)}
+            )
+            for _ in range(depth)
+        )
+        self.head = nn.Linear(hidden, num_classes)
+        for module in self.modules():  # the model's own init, not each Linear's reset_parameters
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=0.05)
+                nn.init.zeros_(module.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        for block in self.blocks:
+            h = h + block["scale"](block["down"](torch.relu(block["up"](h))))
+        return self.head(h)
+
+
+register_split(
+    CustomInit,
+    Split(
+        first=["embed"],
+        blocks=["blocks.*"],
+        last=["head"],
+        tensor_parallel={"blocks.*.up": ColwiseParallel(), "blocks.*.down": RowwiseParallel()},
+    ),
+)

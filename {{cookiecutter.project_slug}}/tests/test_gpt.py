@@ -59,13 +59,14 @@ def test_tied_weights_survive_meta_init_and_fsdp_units():
     leaves the tied pair to the root unit (each parameter sharded once); pipeline stages know they share it."""
     torch.manual_seed(0)
     whole = small_gpt()
-    torch.manual_seed(0)
-    with OnMeta() as init:
-        net = small_gpt()
-    materialize(net, torch.device("cpu"), init.rng_state)
-    assert net.head.weight is net.embed.tokens.weight
-    for name, value in whole.state_dict().items():
-        assert torch.equal(net.state_dict()[name], value), name
+    for build in (None, small_gpt):  # strategy.init=meta (each module's reset_parameters), init=full
+        torch.manual_seed(0)
+        with OnMeta() as init:
+            net = small_gpt()
+        materialize(net, torch.device("cpu"), init.rng_state, build)
+        assert net.head.weight is net.embed.tokens.weight
+        for name, value in whole.state_dict().items():
+            assert torch.equal(net.state_dict()[name], value), name
     assert net.embed not in fsdp_units(net) and net.head not in fsdp_units(net) and net.blocks[0] in fsdp_units(net)
     assert tied_across_stages(net, 2) == [([0, 1], {0: "embed.tokens.weight", 1: "head.weight"})]
     assert tied_across_stages(small_gpt(tie_weights=False), 2) == []

@@ -1,8 +1,12 @@
 """How a model describes its split (model_split.py): any chain of layers, checked before training."""
 
+from functools import partial
+
 import pytest
 import torch
-from own_models import Conv1DBlocks, FusedProj, FusedQKV, PositionSummed
+from conftest import QUICK, TOLERANCE
+from layouts import command, layout
+from own_models import Conv1DBlocks, CustomInit, FusedProj, FusedQKV, PositionSummed
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
@@ -10,7 +14,12 @@ from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.models.gpt import GPT
 from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
 from {{ cookiecutter.package_name }}.parallel.pipelining import check_pipeline
-from {{ cookiecutter.package_name }}.parallel.sharding import check_layer_split, check_tensor_parallel
+from {{ cookiecutter.package_name }}.parallel.sharding import (
+    OnMeta,
+    check_layer_split,
+    check_tensor_parallel,
+    materialize,
+)
 from {{ cookiecutter.package_name }}.parallel.split import (
     Split,
     check_chain,
@@ -22,16 +31,16 @@ from {{ cookiecutter.package_name }}.parallel.split import (
 
 
 class Attention(nn.Module):
-    """Self-attention whose heads tensor parallelism would split: qkv colwise, out rowwise."""
+    """Self-attention whose heads tensor parallelism would split: q, k and v colwise, out rowwise."""
 
     def __init__(self, width: int, num_heads: int) -> None:
         super().__init__()
         self.num_heads = num_heads
-        self.qkv = nn.Linear(width, 3 * width)
+        self.q, self.k, self.v = (nn.Linear(width, width) for _ in range(3))
         self.out = nn.Linear(width, width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv(x).unflatten(-1, (3, self.num_heads, -1)).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, d)
+        q, k, v = (proj(x).unflatten(-1, (self.num_heads, -1)).transpose(1, 2) for proj in (self.q, self.k, self.v))
         return x + self.out(nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(-2))
 
 
@@ -55,7 +64,7 @@ register_split(
         first=["stem"],
         blocks=["layers.*"],
         last=["pool", "classifier"],
-        tensor_parallel={"layers.*.qkv": ColwiseParallel(), "layers.*.out": RowwiseParallel()},
+        tensor_parallel={f"layers.*.{proj}": ColwiseParallel() for proj in "qkv"} | {"layers.*.out": RowwiseParallel()},
     ),
 )
 
@@ -83,10 +92,10 @@ def test_the_split_is_found_inside_a_wrapper_and_its_absence_named():
 
 def test_tensor_parallel_plan_is_checked_against_heads_and_layers():
     check_tensor_parallel(TinyViT(), tensor_parallel_size=2)  # 6 heads, 48 features: both divide by 2
-    # 144 qkv features divide by 4, but the 6 heads do not: the module holding them is named.
+    # 48 features per projection divide by 4, but the 6 heads do not: the module holding them is named.
     with pytest.raises(ConfigError, match="layers.0 has 6 attention heads, which strategy.tensor_parallel_size=4"):
         check_tensor_parallel(TinyViT(), tensor_parallel_size=4)
-    with pytest.raises(ConfigError, match="layers.0.qkv has 150 output features, which strategy.tensor_parallel_size"):
+    with pytest.raises(ConfigError, match="layers.0.q has 50 output features, which strategy.tensor_parallel_size"):
         check_tensor_parallel(TinyViT(width=50, num_heads=2), tensor_parallel_size=4)
 
 
@@ -140,3 +149,31 @@ def test_a_fused_projection_sharded_by_columns_is_refused():
     with pytest.raises(ConfigError, match=r"blocks.0.proj looks like a fused projection \(3 x 16 outputs in an"):
         check_tensor_parallel(FusedProj(), 2)
     check_tensor_parallel(GPT(vocab_size=32, max_seq_len=8, dim=16, depth=2, num_heads=2), 2)
+
+
+def test_a_model_that_draws_its_own_weights_starts_sharded_from_singles_weights():
+    """strategy.init=full (the default) copies each shard from a whole build on the CPU: the weights one device
+    starts from, whatever the model's __init__ draws; init=meta, module by module, refuses a module without
+    reset_parameters() in one line (and could not reproduce the model's own draws)."""
+    torch.manual_seed(3)
+    whole = CustomInit(in_features=8, num_classes=3)
+    torch.manual_seed(3)
+    with OnMeta() as init:
+        net = CustomInit(in_features=8, num_classes=3)
+    materialize(net, torch.device("cpu"), init.rng_state, partial(CustomInit, in_features=8, num_classes=3))
+    for name, value in whole.state_dict().items():
+        assert torch.equal(net.state_dict()[name], value), name
+    with OnMeta() as init:
+        net = CustomInit(in_features=8, num_classes=3)
+    with pytest.raises(ConfigError, match="strategy.init=meta draws each module's weights with its reset_parameters"):
+        materialize(net, torch.device("cpu"), init.rng_state)
+
+
+@pytest.mark.slow
+def test_such_a_model_trains_under_tensor_parallel_as_on_one_device(train):
+    parity = [*QUICK, "trainer.max_steps=3", "data.shuffle=false", "trainer.accelerator=cpu", "data.batch_size=64"]
+    parity.append("model.net._target_=own_models.CustomInit")
+    single = train(*parity, "strategy=single")
+    overrides, launcher = command(layout("model_parallel-tp2"))
+    sharded = train(*parity, *overrides, launcher=launcher)
+    assert sharded.losses(3) == pytest.approx(single.losses(3), abs=TOLERANCE)

@@ -6,14 +6,15 @@
 - layers: `place_layer_groups` puts the net's consecutive layer groups on consecutive devices of one process
   and moves activations along.
 
-A model that only fits sharded must never exist whole on a rank: it is built on the meta device (`OnMeta`),
-sharded, then `materialize` allocates only this rank's shards and fills them with the values a normal build
-draws, so training matches strategy=single. `clip_grad_norm_` clips by the norm of the whole gradient and
-`clip_grad_value_` every element, over shards and plain tensors alike.
+The net is built on the meta device (`OnMeta`), sharded, then `materialize` allocates only this rank's shards and
+fills them with the values a normal build draws, so training matches strategy=single: copied from the whole model
+built once on the CPU from the same random state (strategy.init=full, any model), or, for a model too big for host
+memory, drawn module by module by each one's reset_parameters() (strategy.init=meta). `clip_grad_norm_` clips by
+the norm of the whole gradient and `clip_grad_value_` every element, over shards and plain tensors alike.
 """
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import nn
@@ -169,11 +170,24 @@ def is_on_meta(net: nn.Module) -> bool:
     return any(tensor.is_meta for tensor in [*net.parameters(), *net.buffers()])
 
 
+INIT_MODES = ("full", "meta")
+
+
+def check_init(mode: str) -> None:
+    if mode not in INIT_MODES:
+        raise ConfigError(f"strategy.init={mode} is unknown; valid: {', '.join(INIT_MODES)}")
+
+
 @torch.no_grad()
-def materialize(net: nn.Module, device: torch.device, rng_state: torch.Tensor) -> None:
+def materialize(
+    net: nn.Module, device: torch.device, rng_state: torch.Tensor, build: Callable[[], nn.Module] | None = None
+) -> None:
     """Allocate this rank's shards of a net built on meta (and sharded), with the values a normal build draws.
 
-    Modules are initialised in registration order (their `reset_parameters()`) from `rng_state`, each on the
+    `build` given (strategy.init=full): the whole net is built once more on the CPU from `rng_state`, as
+    strategy=single builds it, and each parameter and buffer keeps its slice of that build's, by name: any model,
+    whatever its initialisation does, for the host memory of one whole model per process. Otherwise (init=meta)
+    modules are initialised in registration order (their `reset_parameters()`) from `rng_state`, each on the
     CPU at full size one module at a time; only this rank's slice is kept. So the whole model never exists on
     a rank, and the weights equal strategy=single's (for models that register modules in the order they
     create them, as most do). Lightning's and torchtitan's meta init draw per shard instead, which differs.
@@ -190,6 +204,9 @@ def materialize(net: nn.Module, device: torch.device, rng_state: torch.Tensor) -
     for (owner, name), *others in (places for places in uses.values() if len(places) > 1):
         for module, other in others:  # to_empty gave each use a parameter of its own: tie them again
             module._parameters[other] = owner._parameters[name]
+    if build is not None:
+        _copy_from_full_build(net, build, rng_state)
+        return
     filled: set[torch.Tensor] = set()  # a tied parameter keeps its first module's values, as in a normal build
     with torch.random.fork_rng(devices=[]):
         torch.random.set_rng_state(rng_state)
@@ -199,8 +216,9 @@ def materialize(net: nn.Module, device: torch.device, rng_state: torch.Tensor) -
                 continue
             if not callable(getattr(module, "reset_parameters", None)):
                 raise ConfigError(
-                    f"strategy=model_parallel builds the model on the meta device and needs reset_parameters() on "
-                    f"{type(module).__name__} to initialise it"
+                    f"strategy.init=meta draws each module's weights with its reset_parameters(), which "
+                    f"{type(module).__name__} lacks: use strategy.init=full (the default: the whole model built once "
+                    "on each process's CPU)"
                 )
             for name, full in _initialised_full_size(module).items():  # drawn even if not kept: the same draws
                 tensor = own[name]
@@ -210,6 +228,24 @@ def materialize(net: nn.Module, device: torch.device, rng_state: torch.Tensor) -
                 if isinstance(tensor, DTensor):  # keep this rank's slice only
                     full = distribute_tensor(full, tensor.device_mesh, tensor.placements, src_data_rank=None)
                 tensor.copy_(full)
+
+
+def _copy_from_full_build(net: nn.Module, build: Callable[[], nn.Module], rng_state: torch.Tensor) -> None:
+    """Fill `net`'s tensors (this rank's shards) from a whole build of it on the CPU from `rng_state`."""
+    with torch.random.fork_rng(devices=[]), torch.device("cpu"):
+        torch.random.set_rng_state(rng_state)
+        full = build()
+    values = {**dict(full.named_parameters(remove_duplicate=False)), **dict(full.named_buffers())}
+    for name, tensor in [*net.named_parameters(remove_duplicate=False), *net.named_buffers()]:
+        if name not in values or values[name].shape != tensor.shape:
+            raise ConfigError(
+                f"strategy.init=full: the model built again on the CPU has no {name} of shape {tuple(tensor.shape)} "
+                "(does its build depend on more than its config and the seed?); try strategy.init=meta"
+            )
+        value = values[name].to(tensor.dtype)
+        if isinstance(tensor, DTensor):  # keep this rank's slice only
+            value = distribute_tensor(value, tensor.device_mesh, tensor.placements, src_data_rank=None)
+        tensor.copy_(value)
 
 
 def _initialised_full_size(module: nn.Module) -> dict[str, torch.Tensor]:

@@ -1,5 +1,7 @@
 """The LightningModule: owns the loss, the metrics, the optimizer and its schedule; the network is injected."""
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -48,6 +50,7 @@ class Classifier(L.LightningModule):
         self.scheduler_factory = scheduler  # configs/scheduler/, given by train.py
         self.compile_net, self.tf32 = compile, tf32  # the top-level config keys, given by engine/training.py
         self.activation_checkpointing, self.float8 = activation_checkpointing, float8
+        self.build_net: Callable[[], nn.Module] | None = None  # the net's build again (model_parallel's init=full)
         self._totals: dict[str, torch.Tensor] = {}  # per split: loss sum, correct, targets (several processes)
         self._batch_losses: dict[str, torch.Tensor] = {}  # per split: loss sum, targets (one process)
         self._step_loss: torch.Tensor | float = 0.0  # of the optimizer step's accumulated batches so far
@@ -63,7 +66,7 @@ class Classifier(L.LightningModule):
         if converted:
             rank_zero_info(f"float8={self.float8}: {len(converted)} Linear layers of the blocks compute in float8")
         if self.device_mesh is not None:
-            self.trainer.strategy.parallelize(self.net)
+            self.trainer.strategy.parallelize(self.net, self.build_net)
         checkpoint_blocks(self.net, self.activation_checkpointing)  # in place, after sharding, before compiling
         if self.compile_net:  # in place, before ddp wraps it; compiled at its first call (compilation.py)
             compile_net(self.net, per_block=getattr(self.trainer.strategy, "compiles_per_block", False))
@@ -214,9 +217,11 @@ def build_module(model: DictConfig, **settings: Any) -> Classifier:
     both engines read) and the run's settings. `+model._target_=my_module.MyClassifier` trains another subclass of
     Classifier (a run saved by an earlier version has it in its config.yaml: engine.module.Classifier)."""
     module = get_class(model._target_) if "_target_" in model else Classifier
-    return module(
+    classifier = module(
         net=build_object(model.net),
         optimizer=build_object(model.optimizer),
         no_decay_norms_and_biases=model.get("no_decay_norms_and_biases", True),
         **settings,
     )
+    classifier.build_net = functools.partial(build_object, model.net)  # picklable (ddp_spawn), unlike a lambda
+    return classifier

@@ -28,6 +28,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from ...errors import ConfigError
 from ...parallel.sharding import (
     OnMeta,
+    check_init,
     check_layer_split,
     check_mode,
     check_tensor_parallel,
@@ -53,15 +54,18 @@ class ModelParallel(Strategy):
         tensor_parallel_size: int | str = "auto",
         data_parallel_size: int | str = "auto",
         devices: list[str] | None = None,
+        init: str = "full",
         **kwargs: Any,
     ) -> None:
         check_mode(mode)
+        check_init(init)
         super().__init__(**kwargs)
-        self.mode = mode
+        self.mode, self.init_mode = mode, init  # init: full or meta (sharding.materialize)
         self.requested = (data_parallel_size, tensor_parallel_size)
         self.layer_devices = [torch.device(device) for device in devices or default_layer_devices()]
         self.sizes = (1, 1)
-        self.init: OnMeta | None = None
+        self.on_meta: OnMeta | None = None
+        self.build: Callable[[], nn.Module] | None = None  # the net's build, again for init=full
         self.precision = "32-true"
 
     def processes(self, launched: int, devices: int) -> int:
@@ -100,7 +104,8 @@ class ModelParallel(Strategy):
     def build_net(self, build: Callable[[], nn.Module]) -> nn.Module:
         if self.mode == "layers":
             return build()
-        with OnMeta() as self.init:  # no memory: each process allocates only its shards, in prepare
+        self.build = build
+        with OnMeta() as self.on_meta:  # no memory: each process allocates only its shards, in prepare
             return build()
 
     def prepare(
@@ -113,7 +118,8 @@ class ModelParallel(Strategy):
             names = ("data_parallel", "tensor_parallel")
             mesh = init_device_mesh(accelerator.device.type, self.sizes, mesh_dim_names=names)
             parallelize(net, mesh, self.precision)
-            materialize(net, accelerator.device, self.init.rng_state)  # the values strategy=single draws
+            full_build = self.build if self.init_mode == "full" else None  # the values strategy=single draws:
+            materialize(net, accelerator.device, self.on_meta.rng_state, full_build)
         return net, optimizer(net.parameters())
 
     def devices_in_use(self) -> list[torch.device]:

@@ -11,7 +11,7 @@ Two modes, chosen by `strategy.mode`:
   at a time (the pipeline preset overlaps them).
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -25,6 +25,7 @@ from torch.utils.hooks import RemovableHandle
 
 from ...errors import ConfigError
 from ...parallel.sharding import (
+    check_init,
     check_layer_split,
     check_mode,
     check_tensor_parallel,
@@ -44,11 +45,14 @@ def model_parallel(
     save_distributed_checkpoint: bool = True,
     devices: list[str] | None = None,
     timeout: timedelta = timedelta(minutes=10),
+    init: str = "full",
 ) -> "TensorParallelStrategy | LayerSplitStrategy":
     """The preset's `_target_`: one strategy per mode. Settings of the other mode are ignored."""
     check_mode(mode)
+    check_init(init)
     if mode == "tensor":
         return TensorParallelStrategy(
+            init=init,
             data_parallel_size=data_parallel_size,
             tensor_parallel_size=tensor_parallel_size,
             save_distributed_checkpoint=save_distributed_checkpoint,
@@ -65,6 +69,12 @@ class TensorParallelStrategy(ModelParallelStrategy):
     builds_on_meta = True
     compiles_per_block = True  # compile=true (compilation.py)
     _init_rng_state: torch.Tensor | None = None
+
+    def __init__(self, *args: Any, init: str = "full", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.init_mode = (
+            init  # full: values copied from a whole build on the CPU; meta: each module's reset_parameters()
+        )
 
     @contextmanager
     def tensor_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
@@ -115,12 +125,12 @@ class TensorParallelStrategy(ModelParallelStrategy):
         """Refuse shards saved on another mesh (runtime/resuming.check_same_mesh), before training."""
         check_same_mesh(Path(checkpoint) if checkpoint else None, *self._sizes())
 
-    def parallelize(self, net: nn.Module) -> None:
-        """Shard `net` in place and allocate this rank's shards (called from LightningModule.configure_model);
-        a no-op the second time."""
+    def parallelize(self, net: nn.Module, build: Callable[[], nn.Module] | None = None) -> None:
+        """Shard `net` in place and allocate this rank's shards (called from LightningModule.configure_model, with
+        the net's own build for strategy.init=full); a no-op the second time."""
         parallelize(net, self.device_mesh, self.precision_plugin.precision)
         if self._init_rng_state is not None:
-            materialize(net, self.root_device, self._init_rng_state)
+            materialize(net, self.root_device, self._init_rng_state, build if self.init_mode == "full" else None)
 
 
 class LayerSplitStrategy(SingleDeviceStrategy):
