@@ -97,9 +97,16 @@ TRAIN = [
 
 @pytest.mark.slow
 def test_a_stopped_streamed_training_continues_exactly(streamed, train, tmp_path):
-    """Two replicas, each with a loader worker: litdata's position is per replica and per worker."""
+    """Two replicas, each with a loader worker: litdata's position is per replica and per worker.
+
+    Each training in a new interpreter, not forked from the tests' helper process (tests/forked.py): in three of
+    about twelve CI runs under load, a run of this test hung until its 300 s limit (ddp, litdata, a loader worker
+    forked from a forked training process; it never hung alone or in 8 runs beside a CPU load here). The cause is
+    not found; a fork of a fork is the one thing no other test does.
+    """
     ddp, launcher = command(layout("ddp"))
-    train = functools.partial(train, *TRAIN, *ddp, f"data.dir={streamed}", launcher=launcher)
+    fresh = {"STARTS_NEW_INTERPRETER": "1"}
+    train = functools.partial(train, *TRAIN, *ddp, f"data.dir={streamed}", launcher=launcher, env=fresh)
     uninterrupted = train()
     wandb = uninterrupted.wandb
     assert wandb.steps("train/loss") == list(range(20)) and len(wandb.metric("val/loss")) == 2
