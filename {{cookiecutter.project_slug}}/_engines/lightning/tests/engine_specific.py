@@ -5,8 +5,6 @@ from pathlib import Path
 from hydra.utils import instantiate
 from torch import nn
 
-from {{ cookiecutter.package_name }}.engine.module import Classifier
-
 QUIET = ["trainer.enable_progress_bar=false"]  # no progress bar in a test's log
 OOM_TOOLKIT = "callbacks=oom"
 OOM_RECOVERY = "callbacks.oom_recovery"  # where the OOM recovery's settings are
@@ -34,6 +32,10 @@ SEARCH_REFUSALS = []
 
 def optimizer_of(cfg, net: nn.Module):
     """The optimizer the training builds for `net` from this config (no scheduler given: the optimizer alone)."""
+    # Imported here: conftest imports this module, and Lightning imported before pytest's logging plugin sets up the
+    # root logger's handlers stops its records at the "lightning.pytorch" logger (caplog would see none).
+    from {{ cookiecutter.package_name }}.engine.module import Classifier
+
     return Classifier(net, instantiate(cfg.model.optimizer), cfg.model.no_decay_norms_and_biases).configure_optimizers()
 
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from hydra.utils import get_class
 from lightning.pytorch.utilities import rank_zero_info
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from torch import nn
 
 from ..config import build_object
@@ -215,12 +215,17 @@ def writes_step_metrics(trainer: L.Trainer) -> bool:
 def build_module(model: DictConfig, **settings: Any) -> Classifier:
     """The LightningModule for a model config (model.net, model.optimizer, model.no_decay_norms_and_biases: the keys
     both engines read) and the run's settings. `+model._target_=my_module.MyClassifier` trains another subclass of
-    Classifier (a run saved by an earlier version has it in its config.yaml: engine.module.Classifier)."""
+    Classifier, given the config's other keys too (`+model.my_option=...`); a run saved by an earlier version names
+    engine.module.Classifier there."""
     module = get_class(model._target_) if "_target_" in model else Classifier
+    own = {"_target_", "net", "optimizer", "no_decay_norms_and_biases"}
+    extra = {key: OmegaConf.to_object(value) if isinstance(value, DictConfig | ListConfig) else value
+             for key, value in model.items() if key not in own}  # fmt: skip
     classifier = module(
         net=build_object(model.net),
         optimizer=build_object(model.optimizer),
         no_decay_norms_and_biases=model.get("no_decay_norms_and_biases", True),
+        **extra,
         **settings,
     )
     classifier.build_net = functools.partial(build_object, model.net)  # picklable (ddp_spawn), unlike a lambda
