@@ -26,7 +26,7 @@ from torch.utils.hooks import RemovableHandle
 
 from ..errors import ConfigError
 from .batchnorm import split_problem
-from .split import find_split, fsdp_units, layer_groups, matches
+from .split import RefusedStyle, find_split, fsdp_units, layer_groups, matches
 
 MODES = ("tensor", "layers")  # strategy.mode of model_parallel, in both engines
 
@@ -60,6 +60,10 @@ def check_tensor_parallel(model: nn.Module, tensor_parallel_size: int) -> None:
         raise ConfigError(problem)
     fsdp_units(net)  # every layer the split names exists
     for pattern, style in split.tensor_parallel.items():
+        if isinstance(style, RefusedStyle):
+            if tp > 1:
+                raise ConfigError(style.reason)
+            continue
         layers = [(name, layer) for name, layer in net.named_modules() if matches(name, pattern)]
         if not layers:
             raise ConfigError(f"the Split of {type(net).__name__} names {pattern!r}, which matches no submodule")
@@ -77,6 +81,12 @@ def check_tensor_parallel(model: nn.Module, tensor_parallel_size: int) -> None:
                     f"block of its {layer.out_features} outputs, across the fused parts instead of its share of each "
                     "(with q, k and v: rank 0 would get all of q); split it into one nn.Linear per part in the "
                     "model, or leave it out of the tensor_parallel plan"
+                )
+            if isinstance(style, ColwiseParallel) and (heads := _projected_heads(net, name, layer)) % tp:
+                raise ConfigError(
+                    f"{name} projects {heads} attention head{'s' * (heads > 1)} ({layer.out_features} outputs, "
+                    f"head_dim {layer.out_features // heads}), which strategy.tensor_parallel_size={tp} does not "
+                    f"divide; use a tensor_parallel_size that divides {heads}"
                 )
             for what, count in _sharded_sizes(layer, isinstance(style, ColwiseParallel)):
                 if count % tp:
@@ -109,6 +119,17 @@ def _fused_parts(net: nn.Module, name: str, layer: nn.Module) -> str:
     if _head_count(parent) and layer.out_features == 3 * layer.in_features:
         return f"3 x {layer.in_features} outputs in an attention module: q, k and v"
     return ""
+
+
+def _projected_heads(net: nn.Module, name: str, layer: nn.Module) -> int:
+    """How many heads a Linear inside an attention module with a `head_dim` projects (grouped-query attention: k
+    and v fewer than q), 0 for other layers; a colwise split must give each rank whole heads."""
+    parent = net.get_submodule(name.rsplit(".", 1)[0]) if "." in name else net
+    head_dim = getattr(parent, "head_dim", None)
+    if not isinstance(layer, nn.Linear) or not isinstance(head_dim, int) or layer.out_features % head_dim:
+        return 0
+    heads = layer.out_features // head_dim
+    return 0 if heads == _head_count(parent) else heads  # the module's own head count: checked below, by its name
 
 
 def _head_count(module: nn.Module) -> int:

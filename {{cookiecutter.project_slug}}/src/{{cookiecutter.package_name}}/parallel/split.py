@@ -10,7 +10,7 @@ presets that split the model refuse, before training, a model that has none. Fro
 """
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 
@@ -35,11 +35,24 @@ class Split:
     tensor_parallel: Mapping[str, ParallelStyle] = field(default_factory=dict)  # name pattern -> how to shard it
 
 
-_SPLITS: dict[type, Split] = {}
+class RefusedStyle(ParallelStyle):
+    """A tensor_parallel entry that tensor parallelism refuses, with the reason (e.g. a model library's style the
+    template does not map to torch's): sharding.check_tensor_parallel raises it when the plan would be applied, so
+    the presets that do not apply the plan (pipeline, layer groups, FSDP2 alone) still train the model."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def _apply(self, module: nn.Module, device_mesh: object) -> nn.Module:
+        raise ConfigError(self.reason)
 
 
-def register_split(model_class: type[nn.Module], split: Split) -> None:
-    """Say how `model_class` (and its subclasses) is split. Call it in the module that defines the class."""
+_SPLITS: dict[type, Split | Callable[[nn.Module], Split]] = {}
+
+
+def register_split(model_class: type[nn.Module], split: Split | Callable[[nn.Module], Split]) -> None:
+    """Say how `model_class` (and its subclasses) is split. Call it in the module that defines the class. A function
+    of the net instead of a Split: for a class whose layer names depend on how it was built (models/causal_lm.py)."""
     _SPLITS[model_class] = split
 
 
@@ -49,7 +62,8 @@ def find_split(model: nn.Module, preset: str) -> tuple[nn.Module, Split]:
     for module in model.modules():
         for cls in type(module).__mro__:
             if cls in _SPLITS:
-                return module, _SPLITS[cls]
+                split = _SPLITS[cls]
+                return module, split if isinstance(split, Split) else split(module)
     net = type(getattr(model, "net", model)).__name__
     raise ConfigError(
         f"strategy={preset} needs to know how to split {net}: add register_split({net}, Split(first=..., "
