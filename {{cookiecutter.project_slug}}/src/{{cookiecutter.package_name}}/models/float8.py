@@ -20,7 +20,13 @@ from ..runtime.precision import gpu_capabilities
 
 RECIPES = ("none", "tensorwise", "rowwise")
 FLOAT8_CAPABILITY = (8, 9)
-PRESETS = ("single", "ddp", "ddp_spawn", "model_parallel")  # model_parallel: FSDP2 only (tensor_parallel_size=1)
+PRESETS = (
+    "single",
+    "ddp",
+    "ddp_spawn",
+    "fsdp",
+    "model_parallel",
+)  # model_parallel: FSDP2 only (tensor_parallel_size=1)
 
 
 def check_float8(recipe: str, preset: str, accelerator: str, tensor_parallel_size: int = 1) -> None:

@@ -129,6 +129,8 @@ def split_problem(net: nn.Module, preset: str) -> str | None:
         return None
     if preset == "pipeline":
         why = "computes BatchNorm statistics per micro-batch, not over the batch as one device does"
+    elif preset == "fsdp":
+        why = "does not synchronise BatchNorm statistics over its processes"
     else:
         why = "does not synchronise BatchNorm statistics over its replicas nor shard them over tensor-parallel ranks"
     return f"strategy={preset} {why}; use a model without BatchNorm (model.net.norm=layer) or strategy=ddp"

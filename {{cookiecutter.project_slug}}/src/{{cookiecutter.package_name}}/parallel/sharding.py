@@ -15,18 +15,19 @@ the norm of the whole gradient and `clip_grad_value_` every element, over shards
 
 import re
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.utils.hooks import RemovableHandle
 
 from ..errors import ConfigError
 from .batchnorm import split_problem
-from .split import RefusedStyle, find_split, fsdp_units, layer_groups, matches
+from .split import RefusedStyle, find_split, fsdp_units, has_split, layer_groups, matches
 
 MODES = ("tensor", "layers")  # strategy.mode of model_parallel, in both engines
 
@@ -145,7 +146,55 @@ def _sharded_sizes(layer: nn.Module, colwise: bool) -> list[tuple[str, int]]:
     return []
 
 
-def parallelize(net: nn.Module, mesh: DeviceMesh, precision: str = "32-true") -> None:
+@dataclass(frozen=True)
+class FsdpSettings:
+    """strategy=fsdp's options (configs/strategy/fsdp.yaml); model_parallel uses the defaults."""
+
+    replicas: int = 1  # > 1: HSDP, shards within groups of processes, the groups replicas of each other
+    reshard_after_forward: bool = True  # false: a layer's gathered weights stay from its forward to its backward
+    offload: bool = False  # parameters, gradients and optimizer state in host memory, the step on the CPU
+
+    def check(self, processes: int) -> None:
+        """Refuse, before training, replicas that do not divide the processes, naming each factor."""
+        if self.replicas < 1 or processes % self.replicas:
+            raise ConfigError(
+                f"strategy.replicas={self.replicas} must divide the {processes} processes: HSDP shards the model "
+                f"within {processes} / replicas processes and replicates across the replicas; valid: "
+                + ", ".join(str(r) for r in range(1, processes + 1) if processes % r == 0)
+            )
+
+    def offload_policy(self) -> OffloadPolicy:
+        # Pinned host memory copies to a GPU asynchronously; without one (CPU processes) there is nothing to pin.
+        return CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if self.offload else OffloadPolicy()
+
+
+def check_fsdp(model: nn.Module, processes: int, settings: FsdpSettings) -> None:
+    """Refuse, before training, what strategy=fsdp cannot train as one device does."""
+    net = next((module for module in model.modules() if has_split(module)), getattr(model, "net", model))
+    if problem := split_problem(net, "fsdp"):
+        raise ConfigError(problem)
+    if has_split(net):
+        fsdp_units(net)  # every layer the split names exists
+    settings.check(processes)
+
+
+def check_precision(preset: str, precision: str) -> None:
+    if precision == "16-mixed":  # fp16's gradient scaler does not work on DTensor shards
+        raise ConfigError(f"strategy={preset} supports trainer.precision=32-true or bf16-mixed, not 16-mixed")
+
+
+def move_buffers(net: nn.Module, device: torch.device) -> None:
+    """Buffers to the compute device, parameters left where they are (FSDP2's CPU offload keeps them in host
+    memory)."""
+    for module in net.modules():
+        for name, buffer in module._buffers.items():
+            if buffer is not None:
+                module._buffers[name] = buffer.to(device)
+
+
+def parallelize(
+    net: nn.Module, mesh: DeviceMesh, precision: str = "32-true", fsdp: FsdpSettings = FsdpSettings()
+) -> None:
     """Shard `net` in place over a ("data_parallel", "tensor_parallel") mesh; a no-op the second time."""
     if getattr(net, "_parallelized", False):
         return
@@ -154,13 +203,22 @@ def parallelize(net: nn.Module, mesh: DeviceMesh, precision: str = "32-true") ->
         parallelize_module(net, tp_mesh, dict(find_split(net, "model_parallel")[1].tensor_parallel))
     if dp_mesh.size() > 1 or tp_mesh.size() == 1:
         # FSDP2 over the data-parallel replicas: it shards weights, gradients and optimizer state, and
-        # averages the gradients. One unit per layer, so only one layer's weights are gathered at a time.
+        # averages the gradients. One unit per layer, so only one layer's weights are gathered at a time
+        # (a net without a Split, under strategy=fsdp: one unit, the whole net).
         # On a 1 x 1 mesh (one process) too: its parameters are then DTensors like on any other mesh, which
         # the sharded checkpoints need (Lightning refuses to load one into a model without DTensors).
-        policy = fsdp_mixed_precision(precision)
-        for layer in fsdp_units(net):
-            fully_shard(layer, mesh=dp_mesh, mp_policy=policy)
-        fully_shard(net, mesh=dp_mesh, mp_policy=policy)
+        if fsdp.replicas > 1:  # HSDP: FSDP2 replicates over a 2-D mesh's first dimension, shards over its second
+            shape = (fsdp.replicas, dp_mesh.size() // fsdp.replicas)
+            dp_mesh = init_device_mesh(dp_mesh.device_type, shape, mesh_dim_names=("replicate", "shard"))
+        options = dict(
+            mesh=dp_mesh,
+            mp_policy=fsdp_mixed_precision(precision),
+            reshard_after_forward=fsdp.reshard_after_forward,
+            offload_policy=fsdp.offload_policy(),
+        )
+        for layer in fsdp_units(net) if has_split(net) else []:
+            fully_shard(layer, **options)
+        fully_shard(net, **options)
     net._parallelized = True
 
 

@@ -16,7 +16,7 @@ from ..tracking.wandb_run import is_first_process
 # lays it out) or not continued where it stopped (its position in the epoch counts global batches and
 # micro-batches). Anything else may change between starts: more epochs, another learning rate, more processes.
 MUST_MATCH = ("model.net", "data.batch_size", "trainer.accumulate_grad_batches")
-SPLITTING_PRESETS = ("model_parallel", "pipeline")  # each saves its own layout; the others the same whole model
+SPLITTING_PRESETS = ("fsdp", "model_parallel", "pipeline")  # each saves its own layout; the others the same whole model
 PACKAGE = __package__.partition(".")[0]
 # Where a `_target_` of a run folder saved before the package was laid out in folders (its config.yaml) lives now.
 # The old module names are not kept as aliases: `data` and `tracking` are packages now, so aliases would collide.

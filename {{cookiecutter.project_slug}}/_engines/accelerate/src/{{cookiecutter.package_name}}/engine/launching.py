@@ -13,7 +13,7 @@ from ..parallel.launcher import PACKAGE, free_port, module_command, multi_node_t
 
 TRAIN = f"{PACKAGE}.train"
 # The presets that run one process per device, started by `accelerate launch` (their config's header says so).
-LAUNCHED_PRESETS = ("ddp", "model_parallel", "pipeline")
+LAUNCHED_PRESETS = ("ddp", "fsdp", "model_parallel", "pipeline")
 LAUNCH_CONFIG = Path("launch/multi_process.yaml")
 DP_GATHERS_OUTPUTS = True  # strategy=dp: the replicas' outputs are gathered on device 0, where the loss is computed
 

@@ -41,7 +41,7 @@ def typed_command(preset: str, processes: int) -> list[str]:
 def slurm_tasks(preset: str, processes: int) -> int:
     """SLURM tasks of a trial's job: Lightning under SLURM runs one task per process of a multi-process preset (as
     `srun python -m ...` does) and starts none itself."""
-    return processes if preset in ("ddp", "model_parallel", "pipeline") else 1
+    return processes if preset in ("ddp", "fsdp", "model_parallel", "pipeline") else 1
 
 
 def processes_per_trial(devices: object, preset: str) -> int | None:

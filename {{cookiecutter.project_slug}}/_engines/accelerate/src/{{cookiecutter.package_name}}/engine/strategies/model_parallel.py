@@ -27,14 +27,17 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from ...errors import ConfigError
 from ...parallel.sharding import (
+    FsdpSettings,
     OnMeta,
     check_init,
     check_layer_split,
     check_mode,
+    check_precision,
     check_tensor_parallel,
     default_layer_devices,
     materialize,
     mesh_sizes,
+    move_buffers,
     parallelize,
     place_layer_groups,
 )
@@ -67,6 +70,7 @@ class ModelParallel(Strategy):
         self.on_meta: OnMeta | None = None
         self.build: Callable[[], nn.Module] | None = None  # the net's build, again for init=full
         self.precision = "32-true"
+        self.fsdp = FsdpSettings()  # strategy=fsdp's HSDP, resharding and offload (fsdp.py); here the defaults
 
     def processes(self, launched: int, devices: int) -> int:
         if self.mode == "layers" and launched > 1:
@@ -76,8 +80,7 @@ class ModelParallel(Strategy):
         return launched
 
     def check_layout(self, processes: int, net: nn.Module, cfg: DictConfig) -> None:
-        if cfg.trainer.precision == "16-mixed":
-            raise ConfigError("strategy=model_parallel supports trainer.precision=32-true or bf16-mixed, not 16-mixed")
+        check_precision(self.name, cfg.trainer.precision)
         self.precision = cfg.trainer.precision
         find_split(net, "model_parallel")  # first: a model without a split cannot be split whatever the layout
         if self.mode == "layers":
@@ -117,9 +120,12 @@ class ModelParallel(Strategy):
         else:
             names = ("data_parallel", "tensor_parallel")
             mesh = init_device_mesh(accelerator.device.type, self.sizes, mesh_dim_names=names)
-            parallelize(net, mesh, self.precision)
+            parallelize(net, mesh, self.precision, self.fsdp)
             full_build = self.build if self.init_mode == "full" else None  # the values strategy=single draws:
-            materialize(net, accelerator.device, self.on_meta.rng_state, full_build)
+            device = torch.device("cpu") if self.fsdp.offload else accelerator.device  # offload: in host memory
+            materialize(net, device, self.on_meta.rng_state, full_build)
+            if self.fsdp.offload:
+                move_buffers(net, accelerator.device)
         return net, optimizer(net.parameters())
 
     def devices_in_use(self) -> list[torch.device]:

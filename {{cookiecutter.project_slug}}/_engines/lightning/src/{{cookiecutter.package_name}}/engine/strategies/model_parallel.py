@@ -25,13 +25,16 @@ from torch.utils.hooks import RemovableHandle
 
 from ...errors import ConfigError
 from ...parallel.sharding import (
+    FsdpSettings,
     check_init,
     check_layer_split,
     check_mode,
+    check_precision,
     check_tensor_parallel,
     default_layer_devices,
     materialize,
     mesh_sizes,
+    move_buffers,
     parallelize,
     place_layer_groups,
 )
@@ -68,6 +71,8 @@ class TensorParallelStrategy(ModelParallelStrategy):
 
     builds_on_meta = True
     compiles_per_block = True  # compile=true (compilation.py)
+    preset = "model_parallel"
+    fsdp = FsdpSettings()  # strategy=fsdp's HSDP, resharding and offload (fsdp.py); model_parallel: the defaults
     _init_rng_state: torch.Tensor | None = None
 
     def __init__(self, *args: Any, init: str = "full", **kwargs: Any) -> None:
@@ -113,8 +118,7 @@ class TensorParallelStrategy(ModelParallelStrategy):
                 f"trainer.devices={self.num_processes} x trainer.num_nodes={self.num_nodes} = {self.world_size}"
             )
         check_tensor_parallel(model, tp)
-        if trainer.precision == "16-mixed":  # fp16's gradient scaler does not work on DTensor shards
-            raise ConfigError("strategy=model_parallel supports trainer.precision=32-true or bf16-mixed, not 16-mixed")
+        check_precision(self.preset, trainer.precision)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
         super().save_checkpoint(checkpoint, filepath, storage_options)
@@ -128,9 +132,16 @@ class TensorParallelStrategy(ModelParallelStrategy):
     def parallelize(self, net: nn.Module, build: Callable[[], nn.Module] | None = None) -> None:
         """Shard `net` in place and allocate this rank's shards (called from LightningModule.configure_model, with
         the net's own build for strategy.init=full); a no-op the second time."""
-        parallelize(net, self.device_mesh, self.precision_plugin.precision)
+        parallelize(net, self.device_mesh, self.precision_plugin.precision, self.fsdp)
         if self._init_rng_state is not None:
-            materialize(net, self.root_device, self._init_rng_state, build if self.init_mode == "full" else None)
+            device = torch.device("cpu") if self.fsdp.offload else self.root_device  # offload: shards in host memory
+            materialize(net, device, self._init_rng_state, build if self.init_mode == "full" else None)
+
+    def model_to_device(self) -> None:
+        if self.fsdp.offload:  # the shards stay in host memory (FSDP2 copies each layer's in for its compute)
+            move_buffers(self.model, self.root_device)
+        else:
+            super().model_to_device()
 
 
 class LayerSplitStrategy(SingleDeviceStrategy):
