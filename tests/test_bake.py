@@ -8,7 +8,7 @@ from conftest import CHOICES, TEMPLATE, every_choice
 COMBINATIONS = list(every_choice())
 
 
-PRESETS = ("ddp", "ddp_spawn", "dp", "model_parallel", "pipeline", "single")
+PRESETS = ("ddp", "ddp_spawn", "dp", "fsdp", "model_parallel", "pipeline", "single")
 
 
 def expected_files(package: str, engine: str) -> set[str]:
@@ -59,6 +59,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         f"src/{package}/configs/strategy/ddp.yaml",
         f"src/{package}/configs/strategy/ddp_spawn.yaml",
         f"src/{package}/configs/strategy/dp.yaml",
+        f"src/{package}/configs/strategy/fsdp.yaml",
         f"src/{package}/configs/strategy/model_parallel.yaml",
         f"src/{package}/configs/strategy/pipeline.yaml",
         f"src/{package}/configs/strategy/single.yaml",
@@ -79,6 +80,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         f"src/{package}/engine/quiet.py",
         f"src/{package}/engine/strategies/__init__.py",
         f"src/{package}/engine/strategies/dp.py",
+        f"src/{package}/engine/strategies/fsdp.py",
         f"src/{package}/engine/strategies/model_parallel.py",
         f"src/{package}/engine/strategies/pipeline.py",
         f"src/{package}/engine/training.py",
@@ -143,6 +145,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         "tests/test_dp.py",
         "tests/test_files_data.py",
         "tests/test_float8.py",
+        "tests/test_fsdp.py",
         "tests/test_causal_lm.py",
         "tests/test_gpt.py",
         "tests/test_gpu_paths.py",

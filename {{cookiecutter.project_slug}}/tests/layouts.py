@@ -42,6 +42,21 @@ LAYOUTS = [
         processes=4,
         gpus=4,
     ),
+    # FSDP2 over every process: its CPU parity and resume are tests/test_fsdp.py's; HSDP (2 replicas of 2 shards)
+    # with CPU offload and the gathered weights kept for the backward, every option at once.
+    Layout("fsdp", ("strategy=fsdp", "trainer.devices=2"), processes=2, gpus=2, on_cpu=()),
+    Layout(
+        "fsdp-hsdp",
+        (
+            "strategy=fsdp",
+            "trainer.devices=4",
+            "strategy.replicas=2",
+            "strategy.offload=true",
+            "strategy.reshard_after_forward=false",
+        ),
+        processes=4,
+        gpus=4,
+    ),
     # One process, layer groups on every visible GPU (two CPU "devices" without GPUs).
     Layout(
         "model_parallel-layers", (*MODEL_PARALLEL, "strategy.mode=layers", "trainer.devices=1"), gpus=2, on_cpu=BF16

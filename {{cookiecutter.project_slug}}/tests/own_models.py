@@ -36,17 +36,20 @@ register_split(PositionSummed, Split(first=["embed"], blocks=["blocks.*"], last=
 
 class InterruptedOnce(ResidualMLP):
     """Ctrl-C from within: SIGINT to its own process in the forward of training step `at` (0-based), as a terminal
-    sends it to every process of the training. Only once: it leaves `marker`, so the continued run trains through."""
+    sends it to every process of the training (`signal_name=SIGKILL`: a crash of every process instead). Only once:
+    it leaves `marker` (one per process), so the continued run trains through."""
 
-    def __init__(self, *args, marker: str, at: int = 4, **kwargs) -> None:
+    def __init__(self, *args, marker: str, at: int = 4, signal_name: str = "SIGINT", **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.marker, self.at, self.calls = Path(marker), at, 0
+        rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or 0  # Lightning's own workers: LOCAL_RANK
+        self.marker, self.at, self.calls = Path(f"{marker}.{rank}"), at, 0
+        self.signal = getattr(signal, signal_name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training and not self.marker.exists():
             if self.calls == self.at:
                 self.marker.touch()
-                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), self.signal)
             self.calls += 1
         return super().forward(x)
 

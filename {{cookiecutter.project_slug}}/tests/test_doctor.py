@@ -111,9 +111,11 @@ def test_doctor_splits_a_model_too_big_for_pretend_devices(tmp_path, train_env):
     single = next(row for row in result["memory"] if row["preset"] == "single" and row["devices"] == 1)
     assert single["bytes"] > usable
     advice = result["recommendation"]
-    assert advice["preset"] in ("model_parallel", "pipeline") and advice["nodes"] == 1
+    assert advice["preset"] in ("fsdp", "model_parallel", "pipeline") and advice["nodes"] == 1
     assert advice["bytes_per_device"] <= usable
     assert f"strategy={advice['preset']}" in advice["command"]
+    fsdp = next(row for row in result["memory"] if row["preset"] == "fsdp" and row["devices"] == 4)
+    assert fsdp["bytes"] < single["bytes"] / 3  # weights, gradients, optimizer state and activations: 1/4 each
     if advice["preset"] == "model_parallel":  # every device of the node, in a mesh of dp x tp = 4
         sizes = dict(arg.split("=") for arg in advice["command"].split() if arg.startswith("strategy.") and "=" in arg)
         assert int(sizes["strategy.data_parallel_size"]) * int(sizes["strategy.tensor_parallel_size"]) == 4
@@ -179,12 +181,14 @@ class TestRecommendation:
     pipe = OmegaConf.create({"microbatches": 4, "schedule": "1f1b"})
     fast = Speed(step_seconds=0.4, busbw_gbs=100.0)  # all-reduce of ~2 MB of gradients: ~0.03 ms
 
-    def need(self, preset: str, devices: int, per_node: int = 4) -> float:
-        return memory_per_device(default_model(), preset, devices, per_node, 256, 4, "1f1b")[0]
+    def need(self, preset: str, devices: int, per_node: int = 4, batch: int = 256) -> float:
+        return memory_per_device(default_model(), preset, devices, per_node, batch, 4, "1f1b")[0]
 
-    def advise(self, usable: float, per_node: int, speed: Speed = fast, pcie_only: bool | None = False) -> dict:
+    def advise(
+        self, usable: float, per_node: int, speed: Speed = fast, pcie_only: bool | None = False, batch: int = 256
+    ) -> dict:
         plan = OmegaConf.create({"min_speedup": 1.2, "max_nodes": 4})
-        return recommend(default_model(), usable, per_node, plan, 256, self.pipe, speed, pcie_only, ["seed=1"])
+        return recommend(default_model(), usable, per_node, plan, batch, self.pipe, speed, pcie_only, ["seed=1"])
 
     def test_one_device(self):
         advice = self.advise(usable=1e12, per_node=1)
@@ -211,14 +215,22 @@ class TestRecommendation:
         assert unpriced(step=0.4, busbw=None, elsewhere=False, per_node=8, memory_gb=80).endswith("sizes_mb=[])")
         assert unpriced(step=0.4, busbw=100.0, elsewhere=False, per_node=8, memory_gb=80) is None
 
-    def test_model_parallel_when_a_replica_does_not_fit(self):
-        usable = 1.05 * self.need("model_parallel", 2)
+    def test_fsdp_when_a_replica_does_not_fit(self):
+        usable = 1.05 * self.need("fsdp", 2)
         assert self.need("single", 1) > usable and self.need("ddp", 4) > usable
         advice = self.advise(usable, per_node=4)
+        assert advice["preset"] == "fsdp" and advice["devices_per_node"] == 4 and advice["nodes"] == 1
+        assert advice["bytes_per_device"] <= usable < self.need("fsdp", 2) * 1.1
+        assert "strategy=fsdp" in advice["command"]
+
+    def test_model_parallel_when_fsdp_over_the_node_does_not_fit(self):
+        """A tensor-parallel group reads one batch: a batch of 2 does not split over 4 FSDP2 processes, it does over
+        a 2 x 2 mesh (the smallest tensor-parallel group that fits)."""
+        usable = 1.05 * self.need("model_parallel", 2, batch=2)
+        advice = self.advise(usable, per_node=4, batch=2)
         assert advice["preset"] == "model_parallel" and advice["devices_per_node"] == 4 and advice["nodes"] == 1
-        assert advice["bytes_per_device"] <= usable
-        assert "strategy.tensor_parallel_size=1 strategy.data_parallel_size=4" in advice["command"]
-        assert "assumes NVLink" in self.advise(usable, per_node=4, pcie_only=None)["why"]  # links not seen
+        assert "strategy.tensor_parallel_size=2 strategy.data_parallel_size=2" in advice["command"]
+        assert "assumes NVLink" in self.advise(usable, per_node=4, pcie_only=None, batch=2)["why"]  # links not seen
 
     def test_pipeline_over_pcie_only(self):
         usable = 1.05 * self.need("model_parallel", 2)

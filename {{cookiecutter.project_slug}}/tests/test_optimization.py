@@ -146,7 +146,7 @@ BAD_INPUT = [
     ),
     (
         ["strategy=dp", "float8=tensorwise"],
-        "float8=tensorwise runs under strategy=single|ddp|ddp_spawn|model_parallel (model_parallel with "
+        "float8=tensorwise runs under strategy=single|ddp|ddp_spawn|fsdp|model_parallel (model_parallel with "
         "tensor_parallel_size=1, FSDP2), not strategy=dp",
     ),
     *OPTIMIZATION_REFUSALS,

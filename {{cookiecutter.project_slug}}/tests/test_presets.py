@@ -67,7 +67,8 @@ def why_not_here(layout: Layout, precision: str) -> str | None:
     if precision == "16-mixed":
         return "16-mixed (autocast with a gradient scaler) needs a CUDA GPU"
     if not layout.on_cpu:
-        return f"{layout.name} runs on GPU machines (on the CPU, compile=true is tests/test_compile.py's)"
+        elsewhere = "compile=true is tests/test_compile.py's" if "compile" in layout.name else "tests/test_fsdp.py"
+        return f"{layout.name} runs on GPU machines (on the CPU: {elsewhere})"
     if precision not in layout.on_cpu:
         return f"on the CPU (CI time) {precision} runs in one layout per preset, not in {layout.name}"
     return None

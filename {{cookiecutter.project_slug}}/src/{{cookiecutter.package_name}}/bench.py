@@ -3,7 +3,7 @@
 Each point is the real training command (the one the doctor prints) with a few steps, run through `steptimes`,
 which records when every optimizer step ends. Throughput is the timed steps' samples over their time, after
 bench.warmup_steps. One process is `strategy=single` (the baseline every point is compared with).
-- ddp, ddp_spawn, dp: WEAK scaling, the convention for data parallelism: each device keeps data.batch_size
+- ddp, ddp_spawn, dp, fsdp: WEAK scaling, the convention for data parallelism: each device keeps data.batch_size
   samples, so the global batch grows with the processes (N x data.batch_size). Linear = N x one device.
 - model_parallel, pipeline: STRONG scaling: one model replica, the global batch stays data.batch_size.
   pipeline runs both schedules and puts the measured idle share (pipeline/idle_fraction) next to the
@@ -44,7 +44,7 @@ from .tracking.wandb_run import finish_wandb, wandb_mode
 
 register_resolvers()
 
-DATA_PARALLEL = ("ddp", "ddp_spawn", "dp")
+DATA_PARALLEL = ("ddp", "ddp_spawn", "dp", "fsdp")
 # Set by the bench for every point; the user's values of these are not passed on.
 OWN_KEYS = ("strategy=", "trainer.devices=", "trainer.max_steps=", "data.batch_size=", "data.train_size=", "logger=")
 # Dense bf16 tensor-core peaks (TFLOPS) of common GPUs, for MFU when bench.peak_tflops is not set.

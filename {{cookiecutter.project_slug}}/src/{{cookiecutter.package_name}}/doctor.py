@@ -44,7 +44,7 @@ from .tools.estimate import (
 
 register_resolvers()
 
-PRESETS = ("single", "ddp", "dp", "model_parallel", "pipeline")
+PRESETS = ("single", "ddp", "dp", "fsdp", "model_parallel", "pipeline")
 GB = 1e9
 
 
@@ -243,6 +243,15 @@ def recommend(
     )
     for n in range(2, per_node + 1):
         split_fits = fits("pipeline", n)
+        if fits("fsdp", per_node) and not (pcie_only and split_fits):
+            # Data parallel still, over every device of the node, each holding 1/N of the model: no tensor-parallel
+            # collective in every block, for any model (model_parallel needs a tensor-parallel plan).
+            return advice(
+                "fsdp",
+                per_node,
+                1,
+                f"a replica does not fit on one device; sharded over all {per_node} by FSDP2 it does",
+            )
         if fits("model_parallel", n) and not (pcie_only and split_fits):
             # Every device of the node: the smallest tensor-parallel group that fits (the least communication per
             # block), FSDP2 over the rest, which shards weights and optimizer state further.

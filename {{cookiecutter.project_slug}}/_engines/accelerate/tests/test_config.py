@@ -11,7 +11,7 @@ PRESETS = sorted(path.stem for path in (CONFIG_DIR / "strategy").glob("*.yaml"))
 
 
 def test_every_preset_is_documented_and_builds():
-    assert PRESETS == sorted(["single", "ddp", "ddp_spawn", "dp", "model_parallel", "pipeline"])
+    assert PRESETS == sorted(["single", "ddp", "ddp_spawn", "dp", "fsdp", "model_parallel", "pipeline"])
     register_resolvers()
     for preset in PRESETS:
         header = (CONFIG_DIR / "strategy" / f"{preset}.yaml").read_text()
@@ -35,6 +35,7 @@ BAD_INPUT = [
     (["trainer.precision=16"], "trainer.precision=16 is unknown; valid: auto, 32-true, bf16-mixed, 16-mixed"),
     (["strategy=pipeline"], "strategy=pipeline runs one stage per process; 1 process given, use 2+"),
     (["strategy=model_parallel"], "strategy=model_parallel (mode=tensor) needs 2+ processes"),
+    (["strategy=fsdp"], "strategy=fsdp needs 2+ processes but this is 1; launch it with `accelerate launch"),
     (["strategy=model_parallel", "strategy.mode=pipes"], "strategy.mode='pipes' is unknown; valid: tensor, layers"),
     (["strategy=pipeline", "oom.find_batch_size=true"], "oom.find_batch_size works with single, ddp"),
     (
@@ -83,6 +84,7 @@ BAD_INPUT_IDS = [
     "unknown-precision",
     "pipeline-one-stage",
     "tensor-parallel-one-process",
+    "fsdp-one-process",
     "unknown-mode",
     "batch-search-on-pipeline",
     "pipeline-fp16",

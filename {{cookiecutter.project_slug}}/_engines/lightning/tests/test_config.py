@@ -140,6 +140,14 @@ BAD_INPUT = [
         "unknown setting trainer.max_epoch; did you mean trainer.max_epochs? (to add a new key: +trainer.max_epoch=",
     ),
     (["data.shuffle=sometimes"], "data.shuffle=sometimes is not true or false (the default is true)"),
+    (
+        ["strategy=fsdp", "trainer.accelerator=cpu", "trainer.devices=2", "strategy.replicas=3"],
+        "strategy.replicas=3 must divide the 2 processes: HSDP shards the model within 2 / replicas processes",
+    ),
+    (
+        ["strategy=fsdp", "trainer.accelerator=cpu", "trainer.devices=2", "callbacks=oom"],
+        "OOMRecovery works under strategy=single|ddp|ddp_spawn, not strategy=fsdp (each layer's forward gathers",
+    ),
 ]
 BAD_INPUT_IDS = [
     "unknown-strategy",
@@ -167,6 +175,8 @@ BAD_INPUT_IDS = [
     "value-of-the-wrong-type",
     "unknown-setting",
     "not-true-or-false",
+    "fsdp-replicas-not-dividing",
+    "recovery-under-fsdp",
 ]
 
 

@@ -51,6 +51,7 @@ class OutOfMemoryStop(TrainingStopped):
 # The presets the OOM recovery refuses, and why (said in the one-line refusal of either engine).
 RECOVERY_REFUSED = {
     "dp": "its replicas run in threads of one process, which cannot redo a step on one of them",
+    "fsdp": "each layer's forward gathers weights from every process: one out of memory would leave the rest waiting",
     "model_parallel": "its forward is a collective: a process out of memory mid-step would leave the others waiting",
     "pipeline": "its schedule already runs each batch as strategy.microbatches micro-batches; raise that instead",
 }

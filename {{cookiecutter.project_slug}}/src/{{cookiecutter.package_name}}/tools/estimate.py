@@ -171,6 +171,13 @@ def memory_per_device(
         return state + grads + act * batch / devices, "full replica + gradient buckets + batch/N activations"
     if preset == "dp":
         return dp_memory(facts, devices, batch)[0], f"device 0, the fullest: {DP_DEVICE_0}"
+    if preset == "fsdp":
+        if batch % devices:
+            return None, f"batch {batch} does not split over {devices}"
+        return (
+            state / devices + act * batch / devices,
+            "1/N of weights, gradients, optimizer state + batch/N activations",
+        )
     if preset == "model_parallel":
         if not facts.tensor_parallel_parameters:
             return None, "the model has no tensor-parallel plan (model_split.py)"
