@@ -49,10 +49,12 @@ def passed_count(output: str) -> int:
     return int(match.group(1))
 
 
-# The two suites one after the other on one pytest-xdist worker (each runs two test files at a time itself), while
-# the other worker runs the rest of the template's tests in the gaps (CI time).
-@pytest.mark.xdist_group("baked-suites")
-@pytest.mark.parametrize("engine", CHOICES["engine"])
+# Each suite on a pytest-xdist worker of its own (conftest.py hands them out first), the two side by side, each
+# running two test files at a time itself: their tests mostly wait on training processes, which the 2 cores overlap;
+# one after the other they took 22 minutes (CI time). The worker that finishes first runs the rest.
+@pytest.mark.parametrize(
+    "engine", [pytest.param(engine, marks=pytest.mark.xdist_group(f"suite-{engine}")) for engine in CHOICES["engine"]]
+)
 def test_generated_project_passes_its_own_test_suite(bake, engine, tmp_path):
     project = bake(engine=engine)
     # Two test files at a time (pytest-xdist): most tests wait on process start-up and on one or two training

@@ -20,7 +20,10 @@ class Layout:
     processes: int = 1  # training processes (run.world_size)
     gpus: int = 1  # CUDA GPUs it needs on a GPU machine
     torchrun: bool = False  # started by torchrun instead of the engine's usual way
-    on_cpu: tuple[str, ...] = FP32  # precisions run on the CPU: bf16 once per preset, where it is cheap (CI time)
+    # Precisions run on the CPU (CI time): bf16 where autocast meets the preset's own code (single's reference,
+    # dp's replicas, FSDP2's mixed-precision policy, the pipeline's stages); ddp, ddp_spawn and the layer split run
+    # the forward as single does, and all of them in bf16 on GPU machines.
+    on_cpu: tuple[str, ...] = FP32
 
     @property
     def preset(self) -> str:
@@ -30,9 +33,9 @@ class Layout:
 MODEL_PARALLEL, PIPELINE = ("strategy=model_parallel",), ("strategy=pipeline", "trainer.devices=2")
 LAYOUTS = [
     Layout("single", ("strategy=single",), on_cpu=BF16),
-    Layout("ddp", ("strategy=ddp", "trainer.devices=2"), processes=2, gpus=2, on_cpu=BF16),
+    Layout("ddp", ("strategy=ddp", "trainer.devices=2"), processes=2, gpus=2),
     Layout("ddp-torchrun", ("strategy=ddp", "trainer.devices=2"), processes=2, gpus=2, torchrun=True),
-    Layout("ddp_spawn", ("strategy=ddp_spawn", "trainer.devices=2"), processes=2, gpus=2, on_cpu=BF16),
+    Layout("ddp_spawn", ("strategy=ddp_spawn", "trainer.devices=2"), processes=2, gpus=2),
     # One process; on the CPU one device, through the same replica code.
     Layout("dp", ("strategy=dp", "trainer.devices=2"), gpus=2, on_cpu=BF16),
     Layout("model_parallel-tp2", (*MODEL_PARALLEL, "trainer.devices=2"), processes=2, gpus=2, on_cpu=BF16),
@@ -58,11 +61,16 @@ LAYOUTS = [
         gpus=4,
     ),
     # One process, layer groups on every visible GPU (two CPU "devices" without GPUs).
-    Layout(
-        "model_parallel-layers", (*MODEL_PARALLEL, "strategy.mode=layers", "trainer.devices=1"), gpus=2, on_cpu=BF16
-    ),
+    Layout("model_parallel-layers", (*MODEL_PARALLEL, "strategy.mode=layers", "trainer.devices=1"), gpus=2),
     Layout("pipeline-gpipe", (*PIPELINE, "strategy.schedule=gpipe"), processes=2, gpus=2, on_cpu=BF16),
     Layout("pipeline-1f1b-torchrun", (*PIPELINE, "strategy.schedule=1f1b"), processes=2, gpus=2, torchrun=True),
+    # Two pipelines of two stages side by side, each on half of the global batch.
+    Layout(
+        "pipeline-dp2",
+        ("strategy=pipeline", "trainer.devices=4", "strategy.data_parallel_size=2"),
+        processes=4,
+        gpus=4,
+    ),
     # compile=true (the whole net; each block of the split presets), on GPU machines only: compiling C++ for each
     # row would cost CI minutes (tests/test_compile.py compiles single and ddp on the CPU).
     Layout("single-compile", ("strategy=single", "compile=true"), on_cpu=()),

@@ -70,7 +70,7 @@ def why_not_here(layout: Layout, precision: str) -> str | None:
         elsewhere = "compile=true is tests/test_compile.py's" if "compile" in layout.name else "tests/test_fsdp.py"
         return f"{layout.name} runs on GPU machines (on the CPU: {elsewhere})"
     if precision not in layout.on_cpu:
-        return f"on the CPU (CI time) {precision} runs in one layout per preset, not in {layout.name}"
+        return f"on the CPU (CI time) {precision} runs where autocast meets the preset's own code, not in {layout.name}"
     return None
 
 

@@ -148,6 +148,14 @@ BAD_INPUT = [
         ["strategy=fsdp", "trainer.accelerator=cpu", "trainer.devices=2", "callbacks=oom"],
         "OOMRecovery works under strategy=single|ddp|ddp_spawn, not strategy=fsdp (each layer's forward gathers",
     ),
+    (
+        [
+            *("strategy=pipeline", "trainer.accelerator=cpu", "trainer.devices=2"),
+            "strategy.data_parallel_size=3",
+            "data.batch_size=192",
+        ],  # fmt: skip
+        "strategy.data_parallel_size=3 must divide the 2 processes (pipelines x stages); valid: 1, 2",
+    ),
 ]
 BAD_INPUT_IDS = [
     "unknown-strategy",
@@ -177,6 +185,7 @@ BAD_INPUT_IDS = [
     "not-true-or-false",
     "fsdp-replicas-not-dividing",
     "recovery-under-fsdp",
+    "pipelines-not-dividing-the-processes",
 ]
 
 

@@ -117,6 +117,7 @@ def test_pipeline_checkpoints_round_trip_through_one_device(train):
     stages = [pipeline_stage(module().net, stage, 2) for stage in range(2)]
     assert wandb.config["pipeline"] == {
         "stages": 2,
+        "pipelines": 1,
         "microbatches": 4,
         "schedule": "1f1b",
         "parameters_per_stage": [sum(p.numel() for p in stage.parameters()) for stage in stages],

@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from ..errors import ConfigError
-from ..parallel.split import has_split, layers
+from ..parallel.split import layers, require_split
 
 MODES = ("none", "full", "selective")
 # What selective keeps: the outputs of the costly ops; everything else is recomputed.
@@ -43,12 +43,8 @@ def check_activation_checkpointing(net: nn.Module, mode: str) -> None:
     """Refuse, before training, an unknown mode, or a net without a Split (whose blocks are what is recomputed)."""
     if mode not in MODES:
         raise ConfigError(f"activation_checkpointing={mode} is unknown; valid: {', '.join(MODES)}")
-    if mode != "none" and not has_split(net):
-        name = type(net).__name__
-        raise ConfigError(
-            f"activation_checkpointing={mode} recomputes each block of the model's Split, and {name} has none: add "
-            f"register_split({name}, Split(blocks=...)) next to the class (README, 'Bring your own model')"
-        )
+    if mode != "none":
+        require_split(net, f"activation_checkpointing={mode}", "recomputes each block of")
 
 
 def checkpoint_blocks(net: nn.Module, mode: str) -> None:

@@ -15,7 +15,7 @@ weights stay float32 parameters with the same names: checkpoints are the same wi
 from torch import nn
 
 from ..errors import ConfigError
-from ..parallel.split import has_split, layers
+from ..parallel.split import layers, require_split
 from ..runtime.precision import gpu_capabilities
 
 RECIPES = ("none", "tensorwise", "rowwise")
@@ -58,12 +58,7 @@ def check_float8(recipe: str, preset: str, accelerator: str, tensor_parallel_siz
 def float8_layers(net: nn.Module, recipe: str) -> list[str]:
     """The names of the Linear layers of the Split's blocks that gain from float8 under `recipe` (torchao's filter:
     both sizes multiples of 16 and above the thresholds it measured on H100s)."""
-    if not has_split(net):
-        name = type(net).__name__
-        raise ConfigError(
-            f"float8={recipe} converts the Linear layers of the blocks of the model's Split, and {name} has none: add "
-            f"register_split({name}, Split(blocks=...)) next to the class (docs/your-model.md)"
-        )
+    require_split(net, f"float8={recipe}", "converts the Linear layers of the blocks of")
     from torchao.float8 import _auto_filter_for_recipe
 
     gains = _auto_filter_for_recipe(recipe, filter_fqns=[])

@@ -3,7 +3,10 @@ pieces that make a pipeline look like one model (evaluation through all stages, 
 
 Each process keeps only its stage of the net (cut as its `Split` says, model_split.py) and trains it with a
 torch.distributed.pipelining schedule, which cuts the batch into micro-batches so the stages overlap.
-Every stage reads the same batch: the pipeline is one data-parallel replica (pp x dp is not supported).
+Every stage of a pipeline reads the same batch. With `strategy.data_parallel_size=D` the processes form D pipelines
+side by side (process r: stage r % stages of pipeline r // stages), each on its slice of the global batch; each
+stage's gradients are averaged over the pipelines by DDP around the stage (torch's schedules defer its all-reduce
+to the last micro-batch's backward).
 """
 
 import math
@@ -17,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import ConfigError
 from .batchnorm import split_problem
@@ -30,11 +34,25 @@ def bubble_fraction(stages: int, microbatches: int) -> float:
     return (stages - 1) / (microbatches + stages - 1)
 
 
-def check_pipeline(stages: int, microbatches: int, global_batch_size: int, net: nn.Module, split_points: Any) -> None:
-    """Refuse, before any process starts, a pipeline that cannot run."""
+def check_pipeline(
+    processes: int, microbatches: int, global_batch_size: int, net: nn.Module, split_points: Any, replicas: int = 1
+) -> None:
+    """Refuse, before any process starts, a pipeline that cannot run: `replicas` pipelines over `processes`."""
     find_split(net, "pipeline")  # first: a model without a split cannot be pipelined whatever the layout
     if problem := split_problem(net, "pipeline"):
         raise ConfigError(problem)
+    if replicas < 1 or processes % replicas:
+        valid = ", ".join(str(d) for d in range(1, processes + 1) if processes % d == 0)
+        raise ConfigError(
+            f"strategy.data_parallel_size={replicas} must divide the {processes} processes (pipelines x stages); "
+            f"valid: {valid}"
+        )
+    stages = processes // replicas
+    if stages < 2 and replicas > 1:
+        raise ConfigError(
+            f"strategy=pipeline with strategy.data_parallel_size={replicas} over {processes} processes leaves "
+            f"{stages} stage per pipeline; use 2+ processes per pipeline"
+        )
     if stages < 2:
         raise ConfigError(f"strategy=pipeline runs one stage per process; {stages} process given, use 2+")
     if microbatches < stages:
@@ -42,10 +60,11 @@ def check_pipeline(stages: int, microbatches: int, global_batch_size: int, net: 
             f"strategy.microbatches={microbatches} is fewer than the {stages} pipeline stages, so stages would only "
             f"take turns; use at least {stages} (more micro-batches, smaller bubble)"
         )
-    if global_batch_size % microbatches:
+    if global_batch_size % (microbatches * replicas):
+        pipelines = f" for each of {replicas} pipelines" if replicas > 1 else ""
         raise ConfigError(
             f"data.batch_size={global_batch_size} does not split into strategy.microbatches={microbatches} equal "
-            f"micro-batches; use a multiple of {microbatches}"
+            f"micro-batches{pipelines}; use a multiple of {microbatches * replicas}"
         )
     try:
         pipeline_stage(net, 0, stages, split_points)
@@ -56,7 +75,7 @@ def check_pipeline(stages: int, microbatches: int, global_batch_size: int, net: 
 
 
 class Pipeline:
-    """Trains this process's stage (a PipelinedNet) with a schedule; stage i = global rank i."""
+    """Trains this process's stage (a PipelinedNet) with a schedule."""
 
     def __init__(
         self,
@@ -69,22 +88,27 @@ class Pipeline:
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule={schedule!r} is unknown; valid: {', '.join(SCHEDULES)}")
         self.net, self.device = net, device
-        self.rank, self.stages = net.index, net.last + 1
-        self.stage = TimedStage(net.stage, self.rank, self.stages, device)
+        self.rank, self.stages, self.replicas = net.index, net.last + 1, net.replicas
+        submodule = net.stage
+        if net.replicas > 1:  # the same stage of every pipeline: DDP averages its gradients over them
+            device_ids = [device] if device.type == "cuda" else None
+            submodule = DistributedDataParallel(net.stage, device_ids=device_ids, process_group=net.replica_group)
+        self.stage = TimedStage(submodule, self.rank, self.stages, device, group=net.group)
         self.schedule = SCHEDULES[schedule](self.stage, microbatches, loss_fn=loss_fn)
-        # Tied weights held by several stages: a process group per set of stages (every process creates each,
-        # in the same order), and the copies this stage holds.
+        # Tied weights held by several stages: a process group per set of stages of each pipeline (every process
+        # creates each, in the same order), and the copies this stage holds.
         self.tied = []
         for stages, names in net.tied:
-            group = dist.new_group(stages)
-            if self.rank in stages:
-                self.tied.append((net.stage.get_parameter(names[self.rank]), group))
+            for pipeline in range(net.replicas):
+                group = dist.new_group([pipeline * self.stages + stage for stage in stages])
+                if pipeline == net.replica and self.rank in stages:
+                    self.tied.append((net.stage.get_parameter(names[self.rank]), group))
 
     def parameter_counts(self) -> list[int]:
         """Parameters held by each stage (is the split balanced?), on every process."""
-        counts = [None] * self.stages
+        counts = [None] * dist.get_world_size()
         dist.all_gather_object(counts, sum(p.numel() for p in self.net.stage.parameters()))
-        return counts
+        return counts[: self.stages]
 
     def train_step(
         self, x: torch.Tensor, y: torch.Tensor, measure: bool = True
@@ -111,9 +135,18 @@ class Pipeline:
         busy = stage.take_busy_seconds()  # on a GPU: after this stage's kernels of the step have run
         idle = 1.0 - busy / (time.perf_counter() - start)
         mine = torch.stack([loss, torch.tensor(idle, device=self.device)])
-        stats = [torch.empty_like(mine) for _ in range(self.stages)]
+        stats = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
         dist.all_gather(stats, mine)
-        return stats[-1][0], [float(stage_stats[1]) for stage_stats in stats]
+        by_stage = torch.stack(stats).view(self.replicas, self.stages, 2).mean(dim=0)  # means over the pipelines
+        return by_stage[-1][0], [float(stage_stats[1]) for stage_stats in by_stage]
+
+    def mean_over_pipelines(self, values: torch.Tensor) -> torch.Tensor:
+        """`values` of the last stages (the others' are NaN: they have no loss), averaged over the pipelines, on
+        every process: the mean over the global batch."""
+        last = self.rank == self.stages - 1
+        values = values.clone() if last else torch.zeros_like(values)
+        dist.all_reduce(values)
+        return values / self.replicas
 
 
 # A stage's optimizer state keyed by parameter name and flattened ("state.<name>.exp_avg", ...) in checkpoints,
@@ -187,28 +220,54 @@ class PipelinedNet(nn.Module):
     """
 
     def __init__(
-        self, stage: nn.Module, index: int, num_stages: int, tied: list[tuple[list[int], dict[int, str]]] = ()
+        self,
+        stage: nn.Module,
+        index: int,
+        num_stages: int,
+        tied: list[tuple[list[int], dict[int, str]]] = (),
+        replica: int = 0,
+        replicas: int = 1,
     ) -> None:
         super().__init__()
         self.stage = stage
         self.index = index
         self.last = num_stages - 1
         self.tied = list(tied)  # parameters several stages hold: (those stages, each one's name for it)
+        self.replica, self.replicas = replica, replicas  # which of the pipelines side by side, and how many
+        self.ranks = [replica * num_stages + i for i in range(num_stages)]  # the processes of this pipeline's stages
+        self.group = self.replica_group = None  # this pipeline's processes, this stage's in every pipeline
+        if replicas > 1:  # every process creates every group, in the same order
+            for pipeline in range(replicas):
+                group = dist.new_group([pipeline * num_stages + i for i in range(num_stages)])
+                self.group = group if pipeline == replica else self.group
+            for i in range(num_stages):
+                group = dist.new_group([pipeline * num_stages + i for pipeline in range(replicas)])
+                self.replica_group = group if i == index else self.replica_group
 
     @classmethod
-    def of(cls, net: nn.Module, rank: int, stages: int, split_points: Sequence[int] | None = None) -> "PipelinedNet":
-        """Stage `rank` of `net`, cut as its Split says; the rest of the net is not kept. Each stage holds its own
-        copy of a tied parameter (every process built the whole net from the same seed: equal copies)."""
+    def of(
+        cls,
+        net: nn.Module,
+        rank: int,
+        processes: int,
+        split_points: Sequence[int] | None = None,
+        replicas: int = 1,
+    ) -> "PipelinedNet":
+        """Process `rank`'s stage of `net` (of `replicas` pipelines over `processes`), cut as its Split says; the
+        rest of the net is not kept. Each stage holds its own copy of a tied parameter (every process built the
+        whole net from the same seed: equal copies)."""
+        stages = processes // replicas
         tied = tied_across_stages(net, stages, split_points)
-        return cls(pipeline_stage(net, rank, stages, split_points), rank, stages, tied)
+        index = rank % stages
+        return cls(pipeline_stage(net, index, stages, split_points), index, stages, tied, rank // stages, replicas)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.index > 0:
-            x = _recv(self.index - 1, x.device)
+            x = _recv(self.ranks[self.index - 1], x.device)
         out = self.stage(x)
         if self.index < self.last:
-            _send(out, self.index + 1)
-        return _broadcast(out if self.index == self.last else None, self.last, x.device)
+            _send(out, self.ranks[self.index + 1])
+        return _broadcast(out if self.index == self.last else None, self.ranks[-1], x.device, self.group)
 
 
 # Evaluation batches can have any size, so each tensor is preceded by a header: dtype, rank, shape.
@@ -239,10 +298,10 @@ def _recv(src: int, device: torch.device) -> torch.Tensor:
     return tensor
 
 
-def _broadcast(tensor: torch.Tensor | None, src: int, device: torch.device) -> torch.Tensor:
+def _broadcast(tensor: torch.Tensor | None, src: int, device: torch.device, group: Any = None) -> torch.Tensor:
     header = _header(tensor) if tensor is not None else torch.zeros(2 + _MAX_DIMS, dtype=torch.long, device=device)
-    dist.broadcast(header, src)
+    dist.broadcast(header, src, group=group)
     if tensor is None:
         tensor = _empty_like_header(header, device)
-    dist.broadcast(tensor, src)
+    dist.broadcast(tensor, src, group=group)
     return tensor

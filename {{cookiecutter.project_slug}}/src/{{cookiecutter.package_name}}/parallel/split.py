@@ -75,6 +75,17 @@ def has_split(net: nn.Module) -> bool:
     return any(cls in _SPLITS for cls in type(net).__mro__)
 
 
+def require_split(net: nn.Module, setting: str, does: str) -> None:
+    """Refuse a `setting` that works on the blocks of the model's Split (`does`: what it does with them) for a net
+    that has none, naming what to add."""
+    if not has_split(net):
+        name = type(net).__name__
+        raise ConfigError(
+            f"{setting} {does} the model's Split, and {name} has none: add register_split({name}, Split(blocks=...)) "
+            "next to the class (docs/your-model.md)"
+        )
+
+
 def matches(name: str, pattern: str) -> bool:
     parts, wanted = name.split("."), pattern.split(".")
     return len(parts) == len(wanted) and all(w == "*" or w == p for p, w in zip(parts, wanted, strict=True))

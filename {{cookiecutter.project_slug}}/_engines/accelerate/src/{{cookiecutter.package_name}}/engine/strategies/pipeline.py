@@ -1,6 +1,7 @@
 """pipeline: one process per pipeline stage, trained with the schedule in pipelining.py (shared with the
-Lightning engine). Each process keeps only its stage; every stage reads the whole global batch, which the
-schedule cuts into micro-batches so the stages overlap."""
+Lightning engine). Each process keeps only its stage; every stage of a pipeline reads the same batch, which the
+schedule cuts into micro-batches so the stages overlap. `strategy.data_parallel_size=D`: D pipelines side by side,
+each on its slice of the global batch."""
 
 from collections.abc import Callable
 from pathlib import Path
@@ -32,20 +33,25 @@ class PipelineParallel(Strategy):
     compiles_per_block = True
 
     def __init__(
-        self, microbatches: int = 4, schedule: str = "1f1b", split_points: list[int] | None = None, **kwargs: Any
+        self,
+        microbatches: int = 4,
+        schedule: str = "1f1b",
+        split_points: list[int] | None = None,
+        data_parallel_size: int = 1,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.microbatches, self.schedule = microbatches, schedule
         self.split_points = list(split_points) if split_points is not None else None
-        self.stages = 1
+        self.replicas, self.stages = data_parallel_size, 1
         self.pipeline: Pipeline | None = None
         self.idle: list[float] = []
 
     def check_layout(self, processes: int, net: nn.Module, cfg: DictConfig) -> None:
         if cfg.trainer.precision == "16-mixed":  # one gradient scaler per stage would skip steps out of step
             raise ConfigError("strategy=pipeline supports trainer.precision=32-true or bf16-mixed, not 16-mixed")
-        self.stages = processes
-        check_pipeline(processes, self.microbatches, cfg.data.batch_size, net, self.split_points)
+        check_pipeline(processes, self.microbatches, cfg.data.batch_size, net, self.split_points, self.replicas)
+        self.stages = processes // self.replicas
         if cfg.trainer.accumulate_grad_batches != 1 or cfg.trainer.gradient_clip_val:
             raise ConfigError(
                 "strategy=pipeline does not support trainer.accumulate_grad_batches or trainer.gradient_clip_val; "
@@ -53,12 +59,15 @@ class PipelineParallel(Strategy):
             )
 
     def data_parallel(self, process_index: int, processes: int) -> tuple[int, int]:
-        return 1, 0  # every stage reads the whole batch
+        # Every stage of a pipeline reads its pipeline's slice of the batch.
+        return self.replicas, process_index // max(processes // self.replicas, 1)
 
     def prepare(
         self, accelerator: Accelerator, net: nn.Module, optimizer: Callable[..., torch.optim.Optimizer]
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
-        stage = PipelinedNet.of(net, accelerator.process_index, accelerator.num_processes, self.split_points)
+        stage = PipelinedNet.of(
+            net, accelerator.process_index, accelerator.num_processes, self.split_points, self.replicas
+        )
         stage = stage.to(accelerator.device)
         return stage, optimizer(stage.parameters())
 
@@ -89,6 +98,7 @@ class PipelineParallel(Strategy):
     def describe(self) -> dict[str, Any]:
         return {
             "stages": self.stages,
+            "pipelines": self.replicas,
             "microbatches": self.microbatches,
             "schedule": self.schedule,
             "bubble_fraction": round(bubble_fraction(self.stages, self.microbatches), 4),

@@ -5,7 +5,8 @@ torch.distributed.pipelining schedule, which cuts the batch into micro-batches s
 The schedule runs forward and backward in one call, so the strategy owns the training step (manual
 optimization); validation, test, logging and checkpoints go through the usual Lightning paths. Checkpoints are
 folders that each stage writes its part of (torch.distributed.checkpoint), as model_parallel's.
-Every stage reads the same batch: the pipeline is one data-parallel replica (pp x dp is not supported).
+Every stage of a pipeline reads the same batch; `strategy.data_parallel_size=D` runs D pipelines side by side, each
+on its slice of the global batch (pipelining.py).
 """
 
 from pathlib import Path
@@ -34,14 +35,13 @@ META = "meta.pt"  # what Lightning's ModelParallelStrategy names the non-tensor 
 
 
 class PipelineStrategy(DDPStrategy):
-    """Pipeline-parallel training over all processes (stage i = global rank i).
+    """Pipeline-parallel training over all processes: `data_parallel_size` pipelines of world_size /
+    data_parallel_size stages (process r: stage r % stages of pipeline r // stages).
 
-    Launching, the process group (and its timeout) and devices come from DDPStrategy; nothing is wrapped
-    in DistributedDataParallel because no two processes hold the same parameters.
+    Launching, the process group (and its timeout) and devices come from DDPStrategy; Lightning wraps nothing
+    in DistributedDataParallel (pipelining.Pipeline wraps each stage when there are several pipelines).
     """
 
-    data_parallel_size = 1  # read by the data module: every stage loads the whole batch
-    data_parallel_rank = 0
     compiles_per_block = True  # compile=true: each block, in place, before the net is cut (compilation.py)
 
     def __init__(
@@ -49,6 +49,7 @@ class PipelineStrategy(DDPStrategy):
         microbatches: int = 4,
         schedule: str = "1f1b",
         split_points: list[int] | None = None,
+        data_parallel_size: int = 1,
         **kwargs: Any,
     ) -> None:
         if schedule not in SCHEDULES:
@@ -57,7 +58,20 @@ class PipelineStrategy(DDPStrategy):
         self.microbatches = microbatches
         self.schedule = schedule
         self.split_points = list(split_points) if split_points is not None else None
+        self.replicas = data_parallel_size
         self._pipeline: Pipeline | None = None
+
+    @property
+    def data_parallel_size(self) -> int:  # read by the data module: the pipelines split the global batch
+        return self.replicas
+
+    @property
+    def data_parallel_rank(self) -> int:  # every stage of a pipeline loads the same slice
+        return self.global_rank // self.stages
+
+    @property
+    def stages(self) -> int:
+        return max(self.world_size // self.replicas, 1)
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, int]:
@@ -69,7 +83,9 @@ class PipelineStrategy(DDPStrategy):
 
     def check_layout(self, trainer: L.Trainer, module: L.LightningModule, global_batch_size: int) -> None:
         """Refuse, before any process starts, a pipeline that cannot run."""
-        check_pipeline(self.world_size, self.microbatches, global_batch_size, module.net, self.split_points)
+        check_pipeline(
+            self.world_size, self.microbatches, global_batch_size, module.net, self.split_points, self.replicas
+        )
         if trainer.accumulate_grad_batches != 1 or trainer.gradient_clip_val:
             raise ConfigError(
                 "strategy=pipeline does not support trainer.accumulate_grad_batches or trainer.gradient_clip_val; "
@@ -82,7 +98,9 @@ class PipelineStrategy(DDPStrategy):
         self.accelerator.setup(trainer)
         module = self.lightning_module
         if not isinstance(module.net, PipelinedNet):  # setup runs again for trainer.test
-            module.net = PipelinedNet.of(module.net, self.global_rank, self.world_size, self.split_points)
+            module.net = PipelinedNet.of(
+                module.net, self.global_rank, self.world_size, self.split_points, self.replicas
+            )
         module.automatic_optimization = False  # training_step below runs forward, backward and the step
         self.precision_plugin.convert_module(module)
         self.model_to_device()
@@ -95,11 +113,12 @@ class PipelineStrategy(DDPStrategy):
     def _log_layout(self, trainer: L.Trainer) -> None:
         """Record the split (parameters per stage: is it balanced?) and the theoretical bubble."""
         layout = {
-            "stages": self.world_size,
+            "stages": self.stages,
+            "pipelines": self.replicas,
             "microbatches": self.microbatches,
             "schedule": self.schedule,
             "parameters_per_stage": self._pipeline.parameter_counts(),
-            "bubble_fraction": round(bubble_fraction(self.world_size, self.microbatches), 4),
+            "bubble_fraction": round(bubble_fraction(self.stages, self.microbatches), 4),
         }
         for logger in trainer.loggers:
             logger.log_hyperparams({"pipeline": layout})
@@ -124,10 +143,9 @@ class PipelineStrategy(DDPStrategy):
         return loss
 
     def mean_of_step_metrics(self, means: torch.Tensor) -> torch.Tensor:
-        """The step metrics' means over the steps since the last log (callbacks/item_logger.py): the last stage's.
-        The other stages have no loss on the steps that are not logged (NaN), so no mean over the processes."""
-        torch.distributed.broadcast(means, src=self.world_size - 1)
-        return means
+        """The step metrics' means over the steps since the last log (callbacks/item_logger.py): the last stages',
+        averaged over the pipelines. The other stages have no loss on the steps that are not logged (NaN)."""
+        return self._pipeline.mean_over_pipelines(means)
 
     def lightning_module_state_dict(self) -> dict[str, Any]:
         """This stage's part of the model, under the single-device names (net.blocks.2..., not net.stage...)."""
