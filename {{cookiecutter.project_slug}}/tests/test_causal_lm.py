@@ -14,10 +14,6 @@ from {{ cookiecutter.package_name }}.models.causal_lm import CausalLM
 from {{ cookiecutter.package_name }}.parallel.sharding import check_tensor_parallel
 from {{ cookiecutter.package_name }}.parallel.split import check_chain, find_split, pipeline_stage, tied_across_stages
 
-# The adapter is code both engines share, each preset's engine code has its own parity tests: the template's CI runs
-# this file in one engine's project (both engines' losses were checked equal when it was written).
-pytestmark = pytest.mark.engine_neutral
-
 SMALL = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2)
 STEPS = 3
 PARITY = [*QUICK, "model=causal_lm", f"trainer.max_steps={STEPS}", "data.shuffle=false", "data.batch_size=16",
