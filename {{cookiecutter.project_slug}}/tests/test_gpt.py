@@ -28,8 +28,10 @@ TINY = ["model=gpt", "data.vocab_size=32", "data.seq_len=16", "model.net.dim=32"
 # differences too: the weights after K steps differ by up to 2e-5 (measured, dp2xtp2) where the losses agree to 1e-7.
 WEIGHT_TOLERANCE = 1e-4
 # One launch of each preset and mesh mode (test_presets.py runs the other launchers and schedules on the MLP).
-GPT_LAYOUTS = ["ddp", "ddp_spawn", "dp", "model_parallel-tp2", "model_parallel-dp2xtp2", "model_parallel-layers",
-               "pipeline-1f1b-torchrun"]  # fmt: skip
+# The presets that shard or cut the GPT (its heads, its tied embedding and head). The data-parallel ones run the
+# model's own forward whatever the model: test_presets.py runs them with the classifier, test_causal_lm.py with a
+# tied transformers LM.
+GPT_LAYOUTS = ["model_parallel-tp2", "model_parallel-dp2xtp2", "model_parallel-layers", "pipeline-1f1b-torchrun"]
 
 
 def small_gpt(**sizes) -> GPT:

@@ -10,9 +10,9 @@ embeddings and positions the model's forward would give it (`_positions_for_a_la
 is the model's forward (checked before training by split.check_chain). Tied embeddings (`tie_word_embeddings`)
 stay one parameter as the GPT's do.
 
-Model types whose forward is not that chain are refused by the presets that split the model, in one line:
-GPT-2-style models (`model_type=gpt2`: a learned position embedding added in the forward, Conv1D layers) and
-models that scale the embedding in the forward (Gemma) train under single, ddp, ddp_spawn and dp.
+Model types whose forward is not that chain are refused by the presets that split the model, in one line, and
+train under single, ddp, ddp_spawn and dp: GPT-2-style models (`model_type=gpt2`: a learned position embedding
+added in the forward, Conv1D layers), and any whose forward does more between the parts (the chain check).
 """
 
 from difflib import get_close_matches
