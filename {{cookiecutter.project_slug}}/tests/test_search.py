@@ -194,12 +194,17 @@ def test_ddp_trials_with_two_processes_and_a_huge_lr_pruned(search):
     ddp = DDP
     space = {"model.optimizer.lr": {"type": "float", "low": 30.0, "high": 100.0, "log": True}}
     settings = ["search.pruner=median", "search.n_trials=2", "search.baseline=true", "search.startup_trials=1"]
-    result = search(*settings, "search.sampler=random", *ddp, *TINY, "trainer.max_epochs=8", space=space, study="ddp")
+    # 40 epochs of ~0.1 s (several times that on a loaded CI machine): the search reads a trial's epochs every
+    # 0.2 s, so a pruned trial stops within an epoch or two; with 8 epochs, a search process stalled by the load for
+    # a second or two saw the pruned trial's first epoch only once it had run them all (a CI failure).
+    epochs_to_run = 40
+    args = [*settings, "search.sampler=random", *ddp, *TINY, f"trainer.max_epochs={epochs_to_run}"]
+    result = search(*args, space=space, study="ddp")
     baseline, huge = result.trials()
     assert baseline.params["model.optimizer.lr"] == 1e-3 and baseline.state == TrialState.COMPLETE
     assert huge.state == TrialState.PRUNED and huge.params["model.optimizer.lr"] >= 30
-    assert len(epochs(result.trial_dir(baseline))) == 8
-    assert len(epochs(result.trial_dir(huge))) < 8, "a pruned trial stops early"
+    assert len(epochs(result.trial_dir(baseline))) == epochs_to_run
+    assert len(epochs(result.trial_dir(huge))) < epochs_to_run / 2, "a pruned trial stops early"
     for trial in (baseline, huge):
         (run,) = offline_runs(result.trial_dir(trial))  # one wandb run per trial, not per process
         assert run.config["run"]["world_size"] == 2
