@@ -162,6 +162,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         "tests/test_presets.py",
         "tests/test_quiet_console.py",
         "tests/test_resume.py",
+        "tests/test_resume_layouts.py",
         "tests/test_resuming.py",
         "tests/test_search.py",
         "tests/test_streaming.py",

@@ -7,6 +7,7 @@ from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
 from {{ cookiecutter.package_name }}.parallel.pipelining import (
     PipelinedNet,
+    PipelineLayout,
     bubble_fraction,
     check_pipeline,
     single_device_name,
@@ -39,3 +40,14 @@ def test_pipelines_side_by_side_are_checked_before_training():
         check_pipeline(4, 4, 36, net, None, replicas=2)
     stage = PipelinedNet.of(net, 3, 4)  # one pipeline of 4 stages: process 3 holds the last
     assert (stage.index, stage.replica, stage.ranks) == (3, 0, [0, 1, 2, 3])
+
+
+def test_the_layout_maps_every_rank_to_one_stage_of_one_pipeline():
+    """2 pipelines of 3 stages over 6 processes: a pipeline's stages are neighbouring ranks, each stage's copies
+    one per pipeline; every rank is exactly one (pipeline, stage)."""
+    layout = PipelineLayout.over(6, replicas=2)
+    assert (layout.stages, layout.replicas) == (3, 2)
+    assert [layout.pipeline_ranks(pipeline) for pipeline in range(2)] == [[0, 1, 2], [3, 4, 5]]
+    assert [layout.stage_ranks(stage) for stage in range(3)] == [[0, 3], [1, 4], [2, 5]]
+    assert layout.pipeline_ranks(1, stages=[0, 2]) == [3, 5]  # a tied weight's holders in pipeline 1
+    assert all(layout.rank(layout.pipeline_of(r), layout.stage_of(r)) == r for r in range(6))

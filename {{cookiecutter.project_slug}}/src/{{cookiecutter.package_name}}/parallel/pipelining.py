@@ -13,6 +13,7 @@ import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,6 +35,35 @@ def bubble_fraction(stages: int, microbatches: int) -> float:
     return (stages - 1) / (microbatches + stages - 1)
 
 
+@dataclass(frozen=True)
+class PipelineLayout:
+    """`replicas` pipelines of `stages` stages side by side: process r runs stage r % stages of pipeline r // stages
+    (a pipeline's stages on neighbouring ranks, so on one machine first). The one place that maps ranks to stages
+    and pipelines: the checks, the process groups, the data slices and the means over pipelines all read it."""
+
+    stages: int
+    replicas: int = 1
+
+    @classmethod
+    def over(cls, processes: int, replicas: int = 1) -> "PipelineLayout":
+        return cls(max(processes // max(replicas, 1), 1), replicas)
+
+    def stage_of(self, rank: int) -> int:
+        return rank % self.stages
+
+    def pipeline_of(self, rank: int) -> int:  # also the slice of the global batch the rank's pipeline reads
+        return rank // self.stages
+
+    def rank(self, pipeline: int, stage: int) -> int:
+        return pipeline * self.stages + stage
+
+    def pipeline_ranks(self, pipeline: int, stages: Sequence[int] | None = None) -> list[int]:
+        return [self.rank(pipeline, stage) for stage in (range(self.stages) if stages is None else stages)]
+
+    def stage_ranks(self, stage: int) -> list[int]:
+        return [self.rank(pipeline, stage) for pipeline in range(self.replicas)]
+
+
 def check_pipeline(
     processes: int, microbatches: int, global_batch_size: int, net: nn.Module, split_points: Any, replicas: int = 1
 ) -> None:
@@ -47,7 +77,7 @@ def check_pipeline(
             f"strategy.data_parallel_size={replicas} must divide the {processes} processes (pipelines x stages); "
             f"valid: {valid}"
         )
-    stages = processes // replicas
+    stages = PipelineLayout.over(processes, replicas).stages
     if stages < 2 and replicas > 1:
         raise ConfigError(
             f"strategy=pipeline with strategy.data_parallel_size={replicas} over {processes} processes leaves "
@@ -87,10 +117,10 @@ class Pipeline:
     ) -> None:
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule={schedule!r} is unknown; valid: {', '.join(SCHEDULES)}")
-        self.net, self.device = net, device
-        self.rank, self.stages, self.replicas = net.index, net.last + 1, net.replicas
+        self.net, self.device, self.layout = net, device, net.layout
+        self.rank, self.stages, self.replicas = net.index, net.layout.stages, net.layout.replicas
         submodule = net.stage
-        if net.replicas > 1:  # the same stage of every pipeline: DDP averages its gradients over them
+        if self.replicas > 1:  # the same stage of every pipeline: DDP averages its gradients over them
             device_ids = [device] if device.type == "cuda" else None
             submodule = DistributedDataParallel(net.stage, device_ids=device_ids, process_group=net.replica_group)
         self.stage = TimedStage(submodule, self.rank, self.stages, device, group=net.group)
@@ -99,8 +129,8 @@ class Pipeline:
         # creates each, in the same order), and the copies this stage holds.
         self.tied = []
         for stages, names in net.tied:
-            for pipeline in range(net.replicas):
-                group = dist.new_group([pipeline * self.stages + stage for stage in stages])
+            for pipeline in range(self.replicas):
+                group = dist.new_group(self.layout.pipeline_ranks(pipeline, stages))
                 if pipeline == net.replica and self.rank in stages:
                     self.tied.append((net.stage.get_parameter(names[self.rank]), group))
 
@@ -223,26 +253,20 @@ class PipelinedNet(nn.Module):
         self,
         stage: nn.Module,
         index: int,
-        num_stages: int,
-        tied: list[tuple[list[int], dict[int, str]]] = (),
+        layout: PipelineLayout,
+        tied: Sequence[tuple[list[int], dict[int, str]]] = (),
         replica: int = 0,
-        replicas: int = 1,
+        groups: tuple[Any, Any] = (None, None),
     ) -> None:
+        """`groups`: this pipeline's processes and this stage's in every pipeline (pipeline_groups), None for the
+        whole world and for no other pipeline."""
         super().__init__()
         self.stage = stage
-        self.index = index
-        self.last = num_stages - 1
+        self.index, self.layout, self.replica = index, layout, replica
+        self.last = layout.stages - 1
         self.tied = list(tied)  # parameters several stages hold: (those stages, each one's name for it)
-        self.replica, self.replicas = replica, replicas  # which of the pipelines side by side, and how many
-        self.ranks = [replica * num_stages + i for i in range(num_stages)]  # the processes of this pipeline's stages
-        self.group = self.replica_group = None  # this pipeline's processes, this stage's in every pipeline
-        if replicas > 1:  # every process creates every group, in the same order
-            for pipeline in range(replicas):
-                group = dist.new_group([pipeline * num_stages + i for i in range(num_stages)])
-                self.group = group if pipeline == replica else self.group
-            for i in range(num_stages):
-                group = dist.new_group([pipeline * num_stages + i for pipeline in range(replicas)])
-                self.replica_group = group if i == index else self.replica_group
+        self.ranks = layout.pipeline_ranks(replica)  # the processes of this pipeline's stages
+        self.group, self.replica_group = groups
 
     @classmethod
     def of(
@@ -256,10 +280,11 @@ class PipelinedNet(nn.Module):
         """Process `rank`'s stage of `net` (of `replicas` pipelines over `processes`), cut as its Split says; the
         rest of the net is not kept. Each stage holds its own copy of a tied parameter (every process built the
         whole net from the same seed: equal copies)."""
-        stages = processes // replicas
-        tied = tied_across_stages(net, stages, split_points)
-        index = rank % stages
-        return cls(pipeline_stage(net, index, stages, split_points), index, stages, tied, rank // stages, replicas)
+        layout = PipelineLayout.over(processes, replicas)
+        tied = tied_across_stages(net, layout.stages, split_points)
+        index, replica = layout.stage_of(rank), layout.pipeline_of(rank)
+        stage = pipeline_stage(net, index, layout.stages, split_points)
+        return cls(stage, index, layout, tied, replica, pipeline_groups(layout, rank))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.index > 0:
@@ -268,6 +293,16 @@ class PipelinedNet(nn.Module):
         if self.index < self.last:
             _send(out, self.ranks[self.index + 1])
         return _broadcast(out if self.index == self.last else None, self.ranks[-1], x.device, self.group)
+
+
+def pipeline_groups(layout: PipelineLayout, rank: int) -> tuple[Any, Any]:
+    """The process groups of `rank` with several pipelines: its pipeline's stages, and its stage in every pipeline.
+    Every process creates every group, in the same order (torch.distributed's rule); one pipeline needs none."""
+    if layout.replicas == 1:
+        return None, None
+    pipelines = [dist.new_group(layout.pipeline_ranks(pipeline)) for pipeline in range(layout.replicas)]
+    stages = [dist.new_group(layout.stage_ranks(stage)) for stage in range(layout.stages)]
+    return pipelines[layout.pipeline_of(rank)], stages[layout.stage_of(rank)]
 
 
 # Evaluation batches can have any size, so each tensor is preceded by a header: dtype, rank, shape.

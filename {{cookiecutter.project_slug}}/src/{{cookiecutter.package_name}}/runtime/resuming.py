@@ -106,13 +106,15 @@ def check_same_mesh(folder: Path | None, data_parallel: int, tensor_parallel: in
     """Refuse, before training, to resume shards saved on another model_parallel mesh (tensor parallel 2 -> FSDP on
     2 processes, say). The optimizer's parameter groups follow the mesh (runtime/optimization.by_placement: one per
     kind of shard), so its saved state would load into the wrong groups and the first step fail (KeyError 'betas').
-    The weights alone load on any layout (load_trained). A checkpoint that did not record its mesh is not checked."""
+    Shards of data parallelism alone (strategy=fsdp, HSDP included: tensor parallel size 1 then and now) are one
+    group on any number of processes, which DCP reshards: they resume on another one. The weights alone load on any
+    layout (load_trained). A checkpoint that did not record its mesh is not checked."""
     path = folder / MESH_FILE if folder is not None else None
     if path is None or not path.is_file():
         return
     saved = json.loads(path.read_text())
     then, now = (saved["data_parallel"], saved["tensor_parallel"]), (data_parallel, tensor_parallel)
-    if then != now:
+    if then != now and not then[1] == now[1] == 1:
         raise ConfigError(
             f"{folder} was saved by strategy=model_parallel on a mesh of {then[0]} data-parallel x {then[1]} "
             f"tensor-parallel processes, this run's is {now[0]} x {now[1]}: its optimizer state fits that mesh only; "

@@ -19,6 +19,7 @@ from ...parallel.pipelining import (
     STAGE_OPTIMIZER_STATE,
     Pipeline,
     PipelinedNet,
+    PipelineLayout,
     bubble_fraction,
     check_pipeline,
     single_device_name,
@@ -51,7 +52,7 @@ class PipelineParallel(Strategy):
         if cfg.trainer.precision == "16-mixed":  # one gradient scaler per stage would skip steps out of step
             raise ConfigError("strategy=pipeline supports trainer.precision=32-true or bf16-mixed, not 16-mixed")
         check_pipeline(processes, self.microbatches, cfg.data.batch_size, net, self.split_points, self.replicas)
-        self.stages = processes // self.replicas
+        self.stages = PipelineLayout.over(processes, self.replicas).stages
         if cfg.trainer.accumulate_grad_batches != 1 or cfg.trainer.gradient_clip_val:
             raise ConfigError(
                 "strategy=pipeline does not support trainer.accumulate_grad_batches or trainer.gradient_clip_val; "
@@ -60,7 +61,7 @@ class PipelineParallel(Strategy):
 
     def data_parallel(self, process_index: int, processes: int) -> tuple[int, int]:
         # Every stage of a pipeline reads its pipeline's slice of the batch.
-        return self.replicas, process_index // max(processes // self.replicas, 1)
+        return self.replicas, PipelineLayout.over(processes, self.replicas).pipeline_of(process_index)
 
     def prepare(
         self, accelerator: Accelerator, net: nn.Module, optimizer: Callable[..., torch.optim.Optimizer]

@@ -25,6 +25,7 @@ from ...parallel.pipelining import (
     STAGE_OPTIMIZER_STATE,
     Pipeline,
     PipelinedNet,
+    PipelineLayout,
     bubble_fraction,
     check_pipeline,
     single_device_name,
@@ -66,12 +67,16 @@ class PipelineStrategy(DDPStrategy):
         return self.replicas
 
     @property
-    def data_parallel_rank(self) -> int:  # every stage of a pipeline loads the same slice
-        return self.global_rank // self.stages
+    def data_parallel_rank(self) -> int:  # every stage of a pipeline loads the same slice: its pipeline's
+        return self.layout.pipeline_of(self.global_rank)
+
+    @property
+    def layout(self) -> PipelineLayout:
+        return PipelineLayout.over(self.world_size, self.replicas)
 
     @property
     def stages(self) -> int:
-        return max(self.world_size // self.replicas, 1)
+        return self.layout.stages
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, int]:
