@@ -27,7 +27,7 @@ from torch.utils.hooks import RemovableHandle
 
 from ..errors import ConfigError
 from .batchnorm import split_problem
-from .split import RefusedStyle, find_split, fsdp_units, has_split, layer_groups, matches
+from .split import RefusedStyle, find_split, fsdp_units, has_split, layer_groups, matches, split_net
 
 MODES = ("tensor", "layers")  # strategy.mode of model_parallel, in both engines
 
@@ -163,6 +163,10 @@ class FsdpSettings:
                 + ", ".join(str(r) for r in range(1, processes + 1) if processes % r == 0)
             )
 
+    def shards_device(self, compute: torch.device) -> torch.device:
+        """Where the shards live: host memory under offload (FSDP2 copies each layer's in for its compute)."""
+        return torch.device("cpu") if self.offload else compute
+
     def offload_policy(self) -> OffloadPolicy:
         # Pinned host memory copies to a GPU asynchronously; without one (CPU processes) there is nothing to pin.
         return CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if self.offload else OffloadPolicy()
@@ -170,7 +174,8 @@ class FsdpSettings:
 
 def check_fsdp(model: nn.Module, processes: int, settings: FsdpSettings) -> None:
     """Refuse, before training, what strategy=fsdp cannot train as one device does."""
-    net = next((module for module in model.modules() if has_split(module)), getattr(model, "net", model))
+    net = split_net(model)
+    net = getattr(model, "net", model) if net is None else net  # (not `or`: a Sequential of no layers is falsy)
     if problem := split_problem(net, "fsdp"):
         raise ConfigError(problem)
     if has_split(net):

@@ -59,16 +59,19 @@ def register_split(model_class: type[nn.Module], split: Split | Callable[[nn.Mod
 def find_split(model: nn.Module, preset: str) -> tuple[nn.Module, Split]:
     """(the net, its Split): the first submodule of `model` (a LightningModule, or the net itself) whose class
     has a registered split. Raises ConfigError naming what to implement when there is none."""
-    for module in model.modules():
-        for cls in type(module).__mro__:
-            if cls in _SPLITS:
-                split = _SPLITS[cls]
-                return module, split if isinstance(split, Split) else split(module)
+    if (module := split_net(model)) is not None:
+        split = next(_SPLITS[cls] for cls in type(module).__mro__ if cls in _SPLITS)
+        return module, split if isinstance(split, Split) else split(module)
     net = type(getattr(model, "net", model)).__name__
     raise ConfigError(
         f"strategy={preset} needs to know how to split {net}: add register_split({net}, Split(first=..., "
         f"blocks=..., last=..., tensor_parallel=...)) next to the class (see the README, 'Bring your own model')"
     )
+
+
+def split_net(model: nn.Module) -> nn.Module | None:
+    """The first submodule of `model` (a LightningModule, or the net itself) whose class has a registered split."""
+    return next((module for module in model.modules() if has_split(module)), None)
 
 
 def has_split(net: nn.Module) -> bool:

@@ -122,8 +122,7 @@ class ModelParallel(Strategy):
             mesh = init_device_mesh(accelerator.device.type, self.sizes, mesh_dim_names=names)
             parallelize(net, mesh, self.precision, self.fsdp)
             full_build = self.build if self.init_mode == "full" else None  # the values strategy=single draws:
-            device = torch.device("cpu") if self.fsdp.offload else accelerator.device  # offload: in host memory
-            materialize(net, device, self.on_meta.rng_state, full_build)
+            materialize(net, self.fsdp.shards_device(accelerator.device), self.on_meta.rng_state, full_build)
             if self.fsdp.offload:
                 move_buffers(net, accelerator.device)
         return net, optimizer(net.parameters())

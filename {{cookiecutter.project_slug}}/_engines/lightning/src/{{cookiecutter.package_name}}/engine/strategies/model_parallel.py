@@ -134,7 +134,7 @@ class TensorParallelStrategy(ModelParallelStrategy):
         the net's own build for strategy.init=full); a no-op the second time."""
         parallelize(net, self.device_mesh, self.precision_plugin.precision, self.fsdp)
         if self._init_rng_state is not None:
-            device = torch.device("cpu") if self.fsdp.offload else self.root_device  # offload: shards in host memory
+            device = self.fsdp.shards_device(self.root_device)
             materialize(net, device, self._init_rng_state, build if self.init_mode == "full" else None)
 
     def model_to_device(self) -> None:
