@@ -164,19 +164,21 @@ class Pipeline:
             return loss, None
         busy = stage.take_busy_seconds()  # on a GPU: after this stage's kernels of the step have run
         idle = 1.0 - busy / (time.perf_counter() - start)
-        mine = torch.stack([loss, torch.tensor(idle, device=self.device)])
-        stats = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-        dist.all_gather(stats, mine)
-        by_stage = torch.stack(stats).view(self.replicas, self.stages, 2).mean(dim=0)  # means over the pipelines
+        by_stage = self.means_by_stage(torch.stack([loss, torch.tensor(idle, device=self.device)]))
         return by_stage[-1][0], [float(stage_stats[1]) for stage_stats in by_stage]
 
     def mean_over_pipelines(self, values: torch.Tensor) -> torch.Tensor:
         """`values` of the last stages (the others' are NaN: they have no loss), averaged over the pipelines, on
         every process: the mean over the global batch."""
-        last = self.rank == self.stages - 1
-        values = values.clone() if last else torch.zeros_like(values)
-        dist.all_reduce(values)
-        return values / self.replicas
+        return self.means_by_stage(values)[-1]
+
+    def means_by_stage(self, mine: torch.Tensor) -> torch.Tensor:
+        """Every process's `mine` (same shape everywhere), averaged over the pipelines: one row per stage, on every
+        process (one all_gather). The last stage's row holds the loss: each pipeline's is the mean over its slice of
+        the global batch, and the slices are equal, so their mean is the mean over the global batch."""
+        gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, mine.contiguous())
+        return torch.stack(gathered).view(self.replicas, self.stages, *mine.shape).mean(dim=0)
 
 
 # A stage's optimizer state keyed by parameter name and flattened ("state.<name>.exp_avg", ...) in checkpoints,
