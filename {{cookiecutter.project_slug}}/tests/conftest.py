@@ -4,9 +4,9 @@ Trainings run in subprocesses because Lightning's ddp launcher re-executes sys.a
 other ranks; inside pytest that would re-run pytest.
 """
 
+import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from engine_specific import QUIET
-from forked import ForkedCommand, can_fork
+from forked import ForkedCommand, NotForked, can_fork, kill_with_descendants
 from omegaconf import OmegaConf
 from slurm_jobs import node_to_myself, slurm_missing
 from torch.distributed.checkpoint import FileSystemReader
@@ -94,35 +94,6 @@ def slurm(tmp_path, tmp_path_factory):
         yield
 
 
-def kill_with_descendants(proc: subprocess.Popen | ForkedCommand) -> None:
-    """SIGKILL a training that ran past its timeout and every process it started (read from /proc: launchers
-    put their workers in sessions of their own), so none lives on, holding the output pipes and the CPU."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue  # gone meanwhile
-        children.setdefault(parent, []).append(int(stat.parent.name))
-    doomed, todo = [], [proc.pid]
-    while todo:
-        pid = todo.pop()
-        doomed.append(pid)
-        todo.extend(children.get(pid, []))
-    for pid in doomed:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.wait()
-    for pipe in (getattr(proc, "stdout", None), getattr(proc, "stderr", None)):
-        if pipe:
-            pipe.close()
-
-
-READ_ON_IMPORT = ("TORCH_", "PYTORCH_", "OMP_", "MKL_", "CUDA_")  # e.g. TORCH_LOGS: a forked run would miss them
-
-
 def make_runner(base_dir: Path, base_env: dict[str, str]):
     """runner(*overrides, launcher=None, check=True, env=None, run_dir=None) -> Run, each run in a new folder of
     base_dir, or in `run_dir` (a restart of the training there).
@@ -143,11 +114,16 @@ def make_runner(base_dir: Path, base_env: dict[str, str]):
         command = (launcher or [sys.executable, "-m"]) + [f"{PACKAGE}.train", f"hydra.run.dir={run_dir}", *overrides]
         run_env = {**base_env, **(env or {})}
         run_env = {name: value for name, value in run_env.items() if value is not None}
-        # CI time: no new interpreter importing everything again, unless the run sets what torch reads on import
-        if launcher is None and can_fork() and not any(name.startswith(READ_ON_IMPORT) for name in env or {}):
-            outputs = base_dir.with_name(f"{base_dir.name}-output")  # beside base_dir: tests list what is in it
+        # CI time: no new interpreter importing everything again (the training's, or its launcher's and each of
+        # the processes it starts) where a fork is the same process (forked.py)
+        outputs = base_dir.with_name(f"{base_dir.name}-output")  # beside base_dir: tests list what is in it
+        proc = None
+        if command[:2] == [sys.executable, "-m"] and can_fork():
             outputs.mkdir(exist_ok=True)
-            proc = ForkedCommand(f"{PACKAGE}.train", command[3:], run_env, base_dir, outputs / f"{run_dir.name}.log")
+            output_file = outputs / f"{run_dir.name}.log"
+            with contextlib.suppress(NotForked):  # the run sets what torch reads on import (TORCH_LOGS, say)
+                proc = ForkedCommand(command[2], command[3:], run_env, base_dir, output_file, f"{PACKAGE}.train")
+        if proc is not None:
             try:
                 proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:

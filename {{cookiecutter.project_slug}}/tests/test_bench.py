@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from fake_nvml import FakeGPU, FakeNVML
+from forked import run_module
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
@@ -27,8 +28,8 @@ TINY_GPT = ["model=gpt", "model.net.dim=16", "model.net.depth=1", "model.net.num
 
 def bench(tmp_path: Path, env: dict[str, str], *overrides: str) -> tuple[Path, list[dict[str, str]]]:
     run_dir = tmp_path / "bench"
-    command = [sys.executable, "-m", f"{PACKAGE}.bench", "scaling", f"hydra.run.dir={run_dir}", *QUICK, *overrides]
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=PROJECT)
+    args = ["scaling", f"hydra.run.dir={run_dir}", *QUICK, *overrides]
+    proc = run_module(f"{PACKAGE}.bench", args, env, PROJECT, 600, preload=f"{PACKAGE}.train")  # CI time: forked
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"bench: wrote {run_dir / 'scaling.csv'} and {run_dir / 'scaling.png'}" in proc.stdout
     with (run_dir / "scaling.csv").open() as file:

@@ -4,19 +4,19 @@ parts in-process: the sizes at each precision, the decision tree, and NVML's ans
 import functools
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from fake_nvml import FakeGPU, FakeNVML
+from forked import run_module
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from {{ cookiecutter.package_name }}.config import CONFIG_DIR, register_resolvers
 from {{ cookiecutter.package_name }}.doctor import Speed, recommend, step_seconds, unpriced
-from {{ cookiecutter.package_name }}.engine.launching import DP_GATHERS_OUTPUTS
+from {{ cookiecutter.package_name }}.engine.launching import DP_GATHERS_OUTPUTS, train_command
 from {{ cookiecutter.package_name }}.runtime import hardware
 from {{ cookiecutter.package_name }}.runtime.precision import resolve_precision
 from {{ cookiecutter.package_name }}.tools.estimate import FP32, ModelFacts, dp_memory, memory_per_device, model_facts
@@ -27,8 +27,8 @@ NO_BANDWIDTH = "doctor.allreduce.sizes_mb=[]"  # the plans below do not need the
 
 def doctor(tmp_path: Path, env: dict[str, str], *overrides: str) -> tuple[subprocess.CompletedProcess, Path]:
     run_dir = tmp_path / "doctor"
-    command = [sys.executable, "-m", f"{PACKAGE}.doctor", f"hydra.run.dir={run_dir}", *overrides]
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    args = [f"hydra.run.dir={run_dir}", *overrides]
+    proc = run_module(f"{PACKAGE}.doctor", args, env, tmp_path, 300, preload=f"{PACKAGE}.train")  # CI time: forked
     return proc, run_dir
 
 
@@ -233,12 +233,22 @@ class TestRecommendation:
         assert "assumes NVLink" in self.advise(usable, per_node=4, pcie_only=None, batch=2)["why"]  # links not seen
 
     def test_pipeline_over_pcie_only(self):
+        """A pipeline of 2 stages fits; the node's other 2 devices run a second one beside it (pipeline x data
+        parallel), each pipeline with half the batch: less memory per device than one pipeline of 2."""
         usable = 1.05 * self.need("model_parallel", 2)
         assert self.need("pipeline", 2) <= usable
         advice = self.advise(usable, per_node=4, pcie_only=True)
-        assert advice["preset"] == "pipeline" and advice["devices_per_node"] == 2
+        assert advice["preset"] == "pipeline" and advice["devices_per_node"] == 4
         assert advice["why"].startswith("GPUs linked by PCIe only: cut into 2 stages (stage 0: blocks 0-1, stage 1")
-        assert "strategy.split_points=[2]" in advice["command"]
+        assert advice["why"].endswith("; 2 such pipelines side by side use all 4 devices")
+        extra = ["strategy.split_points=[2]", "strategy.data_parallel_size=2", "seed=1"]
+        assert advice["command"] == " ".join(train_command("pipeline", 4, 1, extra))
+        two_pipelines = memory_per_device(default_model(), "pipeline", 4, 4, 256, 4, "1f1b", pipelines=2)
+        assert advice["bytes_per_device"] == two_pipelines[0] < self.need("pipeline", 2)
+        assert two_pipelines[1].startswith("2 pipelines of 2 stages, 1f1b, 4 micro-batches")
+        # A batch that does not split over 2 pipelines' micro-batches: one pipeline, 2 devices
+        advice = self.advise(usable, per_node=4, pcie_only=True, batch=4)
+        assert advice["devices_per_node"] == 2 and "data_parallel_size" not in advice["command"]
 
     def test_several_nodes(self):
         usable = 0.95 * min(self.need("model_parallel", 2, per_node=2), self.need("pipeline", 2, per_node=2))

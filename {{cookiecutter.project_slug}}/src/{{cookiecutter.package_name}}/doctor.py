@@ -193,22 +193,29 @@ def recommend(
     `usable`: bytes per device a plan may fill; `pipe`: the pipeline's microbatches and schedule; `pcie_only`:
     whether the GPUs are linked by PCIe only (None: not known)."""
 
-    def need(preset: str, n: int, tensor: int | None = None) -> float | None:
-        return memory_per_device(facts, preset, n, per_node, batch, pipe.microbatches, pipe.schedule, tensor)[0]
+    def need(preset: str, n: int, tensor: int | None = None, pipelines: int = 1) -> float | None:
+        micro, schedule = pipe.microbatches, pipe.schedule
+        return memory_per_device(facts, preset, n, per_node, batch, micro, schedule, tensor, pipelines)[0]
 
     def fits(preset: str, n: int, tensor: int | None = None) -> bool:
         nbytes = need(preset, n, tensor)
         return nbytes is not None and nbytes <= usable
 
     def advice(
-        preset: str, devices: int, nodes: int, why: str, extra: tuple[str, ...] = (), tensor: int | None = None
+        preset: str,
+        devices: int,
+        nodes: int,
+        why: str,
+        extra: tuple[str, ...] = (),
+        tensor: int | None = None,
+        pipelines: int = 1,
     ) -> dict[str, Any]:
         command = train_command(preset, devices, nodes, [*extra, *overrides])
         return {
             "preset": preset,
             "devices_per_node": devices,
             "nodes": nodes,
-            "bytes_per_device": need(preset, devices * nodes, tensor),
+            "bytes_per_device": need(preset, devices * nodes, tensor, pipelines),
             "why": why,
             "command": " ".join(command),
         }
@@ -270,12 +277,20 @@ def recommend(
             points = [r.start for r in bounds[1:]]
             split = ", ".join(f"stage {i}: blocks {r.start}-{r.stop - 1}" for i, r in enumerate(bounds))
             link = "GPUs linked by PCIe only: " if pcie_only else ""
+            # The node's other devices run more pipelines side by side, data parallel (each a share of the batch).
+            pipelines = max(r for r in range(1, per_node // n + 1) if batch % (pipe.microbatches * r) == 0)
+            extra = (f"strategy.split_points=[{','.join(map(str, points))}]",)
+            side_by_side = ""
+            if pipelines > 1:
+                extra += (f"strategy.data_parallel_size={pipelines}",)
+                side_by_side = f"; {pipelines} such pipelines side by side use all {n * pipelines} devices"
             return advice(
                 "pipeline",
-                n,
+                n * pipelines,
                 1,
-                f"{link}cut into {n} stages ({split}), {pipe.microbatches} micro-batches, it fits",
-                (f"strategy.split_points=[{','.join(map(str, points))}]",),
+                f"{link}cut into {n} stages ({split}), {pipe.microbatches} micro-batches, it fits{side_by_side}",
+                extra,
+                pipelines=pipelines,
             )
     for nodes in range(2, plan.max_nodes + 1):
         if fits("model_parallel", nodes * per_node):

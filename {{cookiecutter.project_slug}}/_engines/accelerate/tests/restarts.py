@@ -1,11 +1,11 @@
 """Helpers for the restart tests: the same command run again in the same run folder, and the per-step losses
 of a training that took several starts, read back from its wandb run."""
 
-import subprocess
 import sys
 from pathlib import Path
 
-from conftest import PACKAGE, QUICK, kill_with_descendants
+from conftest import PACKAGE, QUICK
+from forked import run_module
 from wandb_records import offline_runs
 
 # Shuffled (so a resume that repeats or skips a sample shows), 8 steps an epoch, 16 in all, crossing an epoch
@@ -26,15 +26,8 @@ def run_in(run_dir: Path, env: dict[str, str], *overrides: str, launcher: list[s
     """One attempt of a training whose run folder is `run_dir`; the finished process. Past `timeout` seconds it is
     killed with every process it started (a launcher's workers too) and subprocess.TimeoutExpired is raised."""
     command = [*(launcher or [sys.executable, "-m"]), f"{PACKAGE}.train", f"hydra.run.dir={run_dir}", *overrides]
-    proc = subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=run_dir.parent
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_with_descendants(proc)
-        raise
-    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+    assert command[:2] == [sys.executable, "-m"], command
+    return run_module(command[2], command[3:], env, run_dir.parent, timeout, preload=f"{PACKAGE}.train")
 
 
 def losses_by_step(run_dir: Path) -> dict[int, float]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import PACKAGE, TOLERANCE, Run, kill_with_descendants, make_runner
+from forked import start_module
 from kill_switch import WANDB_FLUSH_SECONDS
 from slurm_jobs import ENDED, job_state, wait_for
 from wandb_records import offline_runs, sync_dry_run
@@ -162,13 +163,12 @@ def test_the_torchrun_script_stops_a_refused_command_before_torchrun(tmp_path, t
 def start_two_nodes(run_id: str, overrides: list[str], cwd: Path, env: dict[str, str]) -> list[str]:
     """Two torchrun agents on this machine, rendezvousing as two nodes of one process each (c10d); their output."""
     rendezvous = ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", f"--rdzv-id={run_id}"]
-    command = [*torchrun("--nnodes=2", "--nproc-per-node=1", *rendezvous), f"{PACKAGE}.train", *overrides]
-    agents = [
-        subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for _ in range(2)
-    ]
-    outputs = [agent.communicate(timeout=300)[0] for agent in agents]
-    assert all(agent.returncode == 0 for agent in agents), "\n".join(output[-3000:] for output in outputs)
+    args = [*torchrun("--nnodes=2", "--nproc-per-node=1", *rendezvous)[3:], f"{PACKAGE}.train", *overrides]
+    logs = [cwd / f"agent{node}.log" for node in range(2)]
+    agents = [start_module("torch.distributed.run", args, env, cwd, log, f"{PACKAGE}.train") for log in logs]
+    codes = [agent.wait(300) for agent in agents]
+    outputs = [log.read_text() for log in logs]
+    assert codes == [0, 0], "\n".join(output[-3000:] for output in outputs)
     return outputs
 
 

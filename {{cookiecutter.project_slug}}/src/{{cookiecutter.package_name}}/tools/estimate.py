@@ -157,10 +157,12 @@ def memory_per_device(
     microbatches: int,
     schedule: str,
     tensor: int | None = None,
+    pipelines: int = 1,
 ) -> tuple[float | None, str]:
     """Bytes the most loaded device of `preset` on `devices` needs at global batch `batch`, and what it holds.
     None (with the reason) when the layout cannot run. model_parallel: `tensor` parallel size (default: the
-    preset's "auto" mesh)."""
+    preset's "auto" mesh); pipeline: `pipelines` side by side (strategy.data_parallel_size), each with its share of
+    the batch and devices / pipelines stages."""
     state, act = facts.state_bytes, facts.activation_bytes_per_sample
     grads = facts.parameters * FP32
     if preset == "single":
@@ -192,21 +194,24 @@ def memory_per_device(
             f"mesh dp={data} x tp={tensor}",
         )
     if preset == "pipeline":
-        if devices not in facts.stage_parameters:
+        stages, share = devices // pipelines, batch // pipelines  # each pipeline reads its share of the batch
+        if devices % pipelines or stages not in facts.stage_parameters:
             return None, "the model cannot be cut into that many stages"
-        if batch % microbatches or microbatches < devices:
-            return None, f"needs {devices}+ micro-batches dividing the batch"
+        if batch % (microbatches * pipelines) or microbatches < stages:
+            return None, f"needs {stages}+ micro-batches dividing the batch of each of {pipelines} pipeline(s)"
         worst = 0.0
         for stage, (params, act_stage) in enumerate(
-            zip(facts.stage_parameters[devices], facts.stage_activation_bytes_per_sample[devices], strict=True)
+            zip(facts.stage_parameters[stages], facts.stage_activation_bytes_per_sample[stages], strict=True)
         ):
             # GPipe keeps every micro-batch's activations until backward; 1F1B at most (stages - stage) of them.
-            in_flight = microbatches if schedule == "gpipe" else min(devices - stage, microbatches)
+            in_flight = microbatches if schedule == "gpipe" else min(stages - stage, microbatches)
             total = (
-                params * (2 * FP32 + facts.optimizer_state_per_parameter) + act_stage * batch / microbatches * in_flight
+                params * (2 * FP32 + facts.optimizer_state_per_parameter) + act_stage * share / microbatches * in_flight
             )
             worst = max(worst, total)
-        return worst, f"{schedule}, {microbatches} micro-batches, bubble {bubble_fraction(devices, microbatches):.0%}"
+        side_by_side = f"{pipelines} pipelines of {stages} stages, " if pipelines > 1 else ""
+        bubble = bubble_fraction(stages, microbatches)
+        return worst, f"{side_by_side}{schedule}, {microbatches} micro-batches, bubble {bubble:.0%}"
     raise ValueError(f"unknown preset {preset}")
 
 
