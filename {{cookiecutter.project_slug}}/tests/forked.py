@@ -46,12 +46,13 @@ READ_AT_RUN_TIME = ("TORCH_NCCL_", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
 MESSAGE = 1 << 20  # the largest request (its environment) or reply, in bytes
 
 
-def can_fork() -> bool:
+def can_fork(env: dict[str, str] | None = None) -> bool:
+    """Whether a command with environment `env` (default: this process's) may be forked here."""
     import torch
 
     linux = sys.platform.startswith("linux")  # macOS's system libraries do not all survive a fork
     usable = linux and hasattr(os, "pidfd_open") and not torch.cuda.is_available()
-    return usable and os.environ.get("STARTS_NEW_INTERPRETER") != "1"
+    return usable and (os.environ if env is None else env).get("STARTS_NEW_INTERPRETER") != "1"
 
 
 _ZYGOTES: dict[tuple[str, str], tuple[subprocess.Popen, str]] = {}
@@ -153,7 +154,7 @@ def start_module(
 ) -> "ForkedCommand | subprocess.Popen":
     """`python -m module args` started, forked where it can be, writing to `output` (and stderr to `errors`)."""
     with contextlib.suppress(NotForked):
-        if can_fork():
+        if can_fork() and can_fork(env):
             return ForkedCommand(module, args, env, cwd, output, preload, errors)
     with output.open("w") as out, (errors or output).open("a") as err:
         return subprocess.Popen([sys.executable, "-m", module, *args], env=env, cwd=cwd, stdout=out, stderr=err)
@@ -264,7 +265,10 @@ def _start(
             os.close(fd)
         return
     request = json.loads(message)
-    if refusal := _differs_on_import(request["env"], before_imports):
+    refusal = _differs_on_import(request["env"], before_imports)
+    if request["env"].get("STARTS_NEW_INTERPRETER") == "1":
+        refusal = "STARTS_NEW_INTERPRETER=1"
+    if refusal:
         conn.send(json.dumps({"refused": refusal}).encode())
         selector.unregister(conn)
         conn.close()

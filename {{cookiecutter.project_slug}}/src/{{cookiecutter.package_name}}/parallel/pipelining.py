@@ -125,14 +125,8 @@ class Pipeline:
             submodule = DistributedDataParallel(net.stage, device_ids=device_ids, process_group=net.replica_group)
         self.stage = TimedStage(submodule, self.rank, self.stages, device, group=net.group)
         self.schedule = SCHEDULES[schedule](self.stage, microbatches, loss_fn=loss_fn)
-        # Tied weights held by several stages: a process group per set of stages of each pipeline (every process
-        # creates each, in the same order), and the copies this stage holds.
-        self.tied = []
-        for stages, names in net.tied:
-            for pipeline in range(self.replicas):
-                group = dist.new_group(self.layout.pipeline_ranks(pipeline, stages))
-                if pipeline == net.replica and self.rank in stages:
-                    self.tied.append((net.stage.get_parameter(names[self.rank]), group))
+        # The copies of tied weights this stage holds, each with the group of the stages holding one (PipelinedNet.of)
+        self.tied = [(net.stage.get_parameter(name), group) for name, group in net.tied]
 
     def parameter_counts(self) -> list[int]:
         """Parameters held by each stage (is the split balanced?), on every process."""
@@ -256,7 +250,7 @@ class PipelinedNet(nn.Module):
         stage: nn.Module,
         index: int,
         layout: PipelineLayout,
-        tied: Sequence[tuple[list[int], dict[int, str]]] = (),
+        tied: Sequence[tuple[str, Any]] = (),
         replica: int = 0,
         groups: tuple[Any, Any] = (None, None),
     ) -> None:
@@ -265,8 +259,7 @@ class PipelinedNet(nn.Module):
         super().__init__()
         self.stage = stage
         self.index, self.layout, self.replica = index, layout, replica
-        self.last = layout.stages - 1
-        self.tied = list(tied)  # parameters several stages hold: (those stages, each one's name for it)
+        self.tied = list(tied)  # this stage's copies of parameters several stages hold: (its name, their group)
         self.ranks = layout.pipeline_ranks(replica)  # the processes of this pipeline's stages
         self.group, self.replica_group = groups
 
@@ -283,18 +276,20 @@ class PipelinedNet(nn.Module):
         rest of the net is not kept. Each stage holds its own copy of a tied parameter (every process built the
         whole net from the same seed: equal copies)."""
         layout = PipelineLayout.over(processes, replicas)
-        tied = tied_across_stages(net, layout.stages, split_points)
         index, replica = layout.stage_of(rank), layout.pipeline_of(rank)
         stage = pipeline_stage(net, index, layout.stages, split_points)
-        return cls(stage, index, layout, tied, replica, pipeline_groups(layout, rank))
+        groups = pipeline_groups(layout, rank)
+        tied = tied_groups(layout, tied_across_stages(net, layout.stages, split_points), rank)
+        return cls(stage, index, layout, tied, replica, groups)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.index > 0:
             x = _recv(self.ranks[self.index - 1], x.device)
         out = self.stage(x)
-        if self.index < self.last:
+        last = self.layout.stages - 1
+        if self.index < last:
             _send(out, self.ranks[self.index + 1])
-        return _broadcast(out if self.index == self.last else None, self.ranks[-1], x.device, self.group)
+        return _broadcast(out if self.index == last else None, self.ranks[-1], x.device, self.group)
 
 
 def pipeline_groups(layout: PipelineLayout, rank: int) -> tuple[Any, Any]:
@@ -305,6 +300,19 @@ def pipeline_groups(layout: PipelineLayout, rank: int) -> tuple[Any, Any]:
     pipelines = [dist.new_group(layout.pipeline_ranks(pipeline)) for pipeline in range(layout.replicas)]
     stages = [dist.new_group(layout.stage_ranks(stage)) for stage in range(layout.stages)]
     return pipelines[layout.pipeline_of(rank)], stages[layout.stage_of(rank)]
+
+
+def tied_groups(layout: PipelineLayout, tied: Sequence[tuple[list[int], dict[int, str]]], rank: int) -> list:
+    """For each parameter several stages hold ((those stages, each one's name for it), tied_across_stages), a process
+    group of those stages in every pipeline, created by every process in the same order; `rank`'s copies:
+    [(its name for the parameter, the group that adds up the copies' gradients)]."""
+    mine = []
+    for stages, names in tied:
+        for pipeline in range(layout.replicas):
+            group = dist.new_group(layout.pipeline_ranks(pipeline, stages))
+            if pipeline == layout.pipeline_of(rank) and layout.stage_of(rank) in stages:
+                mine.append((names[layout.stage_of(rank)], group))
+    return mine
 
 
 # Evaluation batches can have any size, so each tensor is preceded by a header: dtype, rank, shape.

@@ -44,7 +44,8 @@ class PipelineParallel(Strategy):
         super().__init__(**kwargs)
         self.microbatches, self.schedule = microbatches, schedule
         self.split_points = list(split_points) if split_points is not None else None
-        self.replicas, self.stages = data_parallel_size, 1
+        self.replicas = data_parallel_size
+        self.layout = PipelineLayout(stages=1, replicas=data_parallel_size)  # the processes' share: check_layout
         self.pipeline: Pipeline | None = None
         self.idle: list[float] = []
 
@@ -52,7 +53,7 @@ class PipelineParallel(Strategy):
         if cfg.trainer.precision == "16-mixed":  # one gradient scaler per stage would skip steps out of step
             raise ConfigError("strategy=pipeline supports trainer.precision=32-true or bf16-mixed, not 16-mixed")
         check_pipeline(processes, self.microbatches, cfg.data.batch_size, net, self.split_points, self.replicas)
-        self.stages = PipelineLayout.over(processes, self.replicas).stages
+        self.layout = PipelineLayout.over(processes, self.replicas)
         if cfg.trainer.accumulate_grad_batches != 1 or cfg.trainer.gradient_clip_val:
             raise ConfigError(
                 "strategy=pipeline does not support trainer.accumulate_grad_batches or trainer.gradient_clip_val; "
@@ -98,11 +99,11 @@ class PipelineParallel(Strategy):
 
     def describe(self) -> dict[str, Any]:
         return {
-            "stages": self.stages,
-            "pipelines": self.replicas,
+            "stages": self.layout.stages,
+            "pipelines": self.layout.replicas,
             "microbatches": self.microbatches,
             "schedule": self.schedule,
-            "bubble_fraction": round(bubble_fraction(self.stages, self.microbatches), 4),
+            "bubble_fraction": round(bubble_fraction(self.layout.stages, self.microbatches), 4),
         }
 
 
