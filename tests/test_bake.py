@@ -99,6 +99,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         f"src/{package}/parallel/sharding.py",
         f"src/{package}/parallel/split.py",
         f"src/{package}/runtime/__init__.py",
+        f"src/{package}/runtime/async_saves.py",
         f"src/{package}/runtime/hardware.py",
         f"src/{package}/runtime/interrupt.py",
         f"src/{package}/runtime/memory.py",
@@ -137,6 +138,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         "tests/simulated_oom.py",
         "tests/slurm_jobs.py",
         "tests/test_activation_checkpointing.py",
+        "tests/test_async_checkpoints.py",
         "tests/test_bench.py",
         "tests/test_compile.py",
         "tests/test_config.py",
@@ -191,6 +193,7 @@ def expected_files(package: str, engine: str) -> set[str]:
             "tests/test_multinode.py",
         }
     return shared | {
+        f"src/{package}/engine/strategies/sharded_checkpoints.py",
         f"src/{package}/configs/callbacks/batch_size_finder.yaml",
         f"src/{package}/configs/callbacks/checkpoint.yaml",
         f"src/{package}/configs/callbacks/default.yaml",

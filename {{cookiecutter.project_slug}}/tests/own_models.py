@@ -54,6 +54,24 @@ class InterruptedOnce(ResidualMLP):
         return super().forward(x)
 
 
+class AdamWKilledOnce(torch.optim.AdamW):
+    """AdamW whose process SIGKILLs itself in optimizer step `at` (0-based), as a crash of every process does (each
+    process counts its own steps): under every preset, pipeline's schedule included, which drives the net's stages
+    without its forward. Only once: it leaves `marker` (one per process)."""
+
+    def __init__(self, *args, marker: str, at: int = 6, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or 0  # Lightning's own workers: LOCAL_RANK
+        self.marker, self.at, self.steps = Path(f"{marker}.{rank}"), at, 0
+
+    def step(self, closure=None):
+        if self.steps == self.at and not self.marker.exists():
+            self.marker.touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.steps += 1
+        return super().step(closure)
+
+
 class Conv1D(nn.Module):
     """A model library's linear layer with its weight stored transposed (in_features, out_features)."""
 

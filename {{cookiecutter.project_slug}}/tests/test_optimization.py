@@ -149,6 +149,13 @@ BAD_INPUT = [
         "float8=tensorwise runs under strategy=single|ddp|ddp_spawn|fsdp|model_parallel (model_parallel with "
         "tensor_parallel_size=1, FSDP2), not strategy=dp",
     ),
+    (
+        ["strategy=ddp", "trainer.devices=2", "checkpoint.async=true"],
+        "checkpoint.async=true writes the parts each process holds of a sharded checkpoint (strategy=fsdp, "
+        "model_parallel over several processes, pipeline); strategy=ddp here saves the whole model from one process: "
+        "give checkpoint.async=false",
+    ),
+    (["checkpoint.async=sometimes"], "checkpoint.async=sometimes is not true or false (the default is false)"),
     *OPTIMIZATION_REFUSALS,
 ]
 CASE_NAMES = [
@@ -161,6 +168,8 @@ CASE_NAMES = [
     "unknown-float8",
     "float8-without-a-float8-gpu",
     "float8-under-dp",
+    "async-checkpoints-of-a-whole-model",
+    "async-checkpoints-not-a-boolean",
     "batchnorm-under-pipeline",
 ]
 

@@ -40,6 +40,7 @@ class Checkpoints:
         check_keep_last(keep_last)
         self.accelerator, self.folder, self.keep_last = accelerator, folder, keep_last
         self.sharded = sharded  # the strategy's sharded state (model_parallel, pipeline), written by every process
+        self.unlinked: tuple[str, bool] | None = None  # checkpoint.async=true: (name, best) being written
 
     def load(self, checkpoint: Path) -> None:
         """Restore everything `checkpoint` holds. All processes call this."""
@@ -63,6 +64,7 @@ class Checkpoints:
     def save(self, step: int, best: bool = False) -> None:
         """Save the state of every process as `step-<step>/` and point `last` (and `best`) at it. All processes
         call this."""
+        self.link_written(wait=True)  # the one written in the background before: in place first
         name = f"step-{step:07d}"
         partial = self.folder / f".{name}.partial"
         if self.accelerator.is_main_process:
@@ -71,17 +73,36 @@ class Checkpoints:
         self.accelerator.save_state(partial)
         if self.sharded is not None:
             self.sharded.save(partial / "sharded")
-        self.accelerator.wait_for_everyone()  # every process's files are written
+        self.accelerator.wait_for_everyone()  # every process's files are written (or, async, its parts started)
+        if self.sharded is not None and self.sharded.writer.in_flight:  # checkpoint.async=true: in place once written
+            self.unlinked = (name, best)
+            return
+        self._put_in_place(name, best)
+        self.accelerator.wait_for_everyone()  # no process goes on (and maybe reads `last`) before it moved
+
+    def link_written(self, wait: bool = False) -> None:
+        """Put the checkpoint written in the background in place (`last`, `best`), if its write has ended (or,
+        `wait`, once it has). Every process asks its own write; the main process's ends last (async_saves.py)."""
+        if self.unlinked is not None and self.sharded.writer.finished(wait):
+            self._put_in_place(*self.unlinked)
+            self.unlinked = None
+
+    def finish(self) -> None:
+        """Before `last` or `best` is read: the checkpoint being written in place. All processes call this."""
+        self.link_written(wait=True)
+        self.accelerator.wait_for_everyone()
+
+    def _put_in_place(self, name: str, best: bool) -> None:
+        """The main process renames the complete `.<name>.partial` into place and moves the links to it."""
         if self.accelerator.is_main_process:
             target = self.folder / name
             if target.exists():  # saved before by a run resumed from an earlier checkpoint: replace it
                 target.rename(self.folder / f".{name}.replaced")
-            partial.rename(target)
+            (self.folder / f".{name}.partial").rename(target)
             self._point("last", name)
             if best:
                 self._point("best", name)
             self._remove_unreferenced()
-        self.accelerator.wait_for_everyone()  # no process goes on (and maybe reads `last`) before it moved
 
     def clear(self) -> None:
         """Remove every checkpoint of the run (resume=false). All processes call this."""

@@ -80,6 +80,7 @@ def fit(
                     except OutOfMemoryStop as stop:  # every process stops here together: save, then stop
                         progress.loader, progress.oom_recovery = loader.state_dict(), recovery.state_dict()
                         checkpoints.save(progress.global_step)
+                        checkpoints.finish()
                         stop.checkpoint = checkpoints.last.resolve()
                         raise
                     progress.oom_recovery = recovery.state_dict()  # saved with the next checkpoint
@@ -111,6 +112,7 @@ def fit(
             progress.global_step += 1
             if done(progress, trainer.max_steps):
                 break
+            checkpoints.link_written()  # a checkpoint written in the background since the last step: in place now
             saved = every_n_steps and progress.global_step % every_n_steps == 0
             if saved and loader.batches_done < len(loader):
                 progress.loader = loader.state_dict()

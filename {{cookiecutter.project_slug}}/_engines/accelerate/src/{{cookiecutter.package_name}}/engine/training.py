@@ -27,6 +27,7 @@ from ..models.float8 import check_float8, check_float8_layers, convert_float8
 from ..parallel.batchnorm import micro_batch_split_problem, oom_handling_problem, uses_batchnorm
 from ..parallel.launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
 from ..parallel.split import check_chain
+from ..runtime.async_saves import check_async
 from ..runtime.interrupt import ctrl_c, interrupted, mark_finished
 from ..runtime.memory import configure_allocator
 from ..runtime.optimization import grouped_optimizer, respan
@@ -94,6 +95,7 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     if devices in ("auto", -1):  # every visible GPU, as in Lightning (1 on CPU)
         devices = max(torch.cuda.device_count(), 1)
     processes = strategy.processes(launched, devices)
+    check_async(cfg.checkpoint.get("async", False), preset, strategy.writes_checkpoint_parts)
     with torch.device("meta"):  # shapes and hooks only: the real net is built in each process
         net = build(cfg.model.net)
         strategy.check_layout(processes, net, cfg)
@@ -156,6 +158,8 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
     # The strategy's objects come right after the progress: load_trained reads the first of them.
     accelerator.register_for_checkpointing(progress, *strategy.checkpoint_objects(model, optimizer), scheduler)
     sharded = strategy.sharded_state(model, optimizer)
+    if sharded is not None:
+        sharded.writer.background = cfg.checkpoint.get("async", False)
     checkpoints = Checkpoints(accelerator, run_dir / "checkpoints", sharded, cfg.checkpoint.keep_last)
     start = resume_point(accelerator, cfg, checkpoints)
     if start:
@@ -185,6 +189,7 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
         with ctrl_c(accelerator.num_processes == 1) as interrupt:  # Ctrl-C: stop after this step, with a checkpoint
             state = (model, optimizer, scheduler, loaders, progress, checkpoints)
             stopped = fit(accelerator, cfg, strategy, *state, recovery, interrupt)
+        checkpoints.finish()  # a checkpoint still being written (checkpoint.async=true): in place, `last` on it
         if stopped is not None:  # Ctrl-C: saved, stopped; say how to continue
             failed = False
             raise interrupted(stopped, checkpoints.last) if accelerator.is_main_process else Interrupted("")

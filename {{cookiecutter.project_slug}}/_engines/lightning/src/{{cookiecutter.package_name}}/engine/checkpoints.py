@@ -80,6 +80,7 @@ class ResumeCheckpoint(ModelCheckpoint):
         self._logged_steps: int | None = None
         self.interrupt = Interrupt()
         self.interrupted_at: int | None = None  # the step a Ctrl-C stopped the training after
+        self.unlinked: Path | None = None  # checkpoint.async=true: the checkpoint being written, `last` once it is
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.world_size == 1:  # several processes: Lightning's own Ctrl-C (stop at once)
@@ -92,6 +93,7 @@ class ResumeCheckpoint(ModelCheckpoint):
             self._logged_steps = batches_that_stepped(trainer)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        self._link_written(trainer)  # a checkpoint written in the background since the last batch: `last` now
         super().on_train_batch_end(trainer, pl_module, *args)  # the checkpoint every N steps
         if self.interrupted_at is None and self._stop_now(trainer):  # Ctrl-C: save this step, then stop
             save_now(self, trainer)
@@ -102,9 +104,12 @@ class ResumeCheckpoint(ModelCheckpoint):
         return self.interrupt.requested and not only_accumulates(trainer)  # at an optimizer step's end
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._link_written(trainer, wait=True)
         self.interrupt.restore()
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        # A checkpoint still being written is not waited for (its writer may wait on a process that failed): `last`
+        # stays on the previous one.
         self.interrupt.restore()
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -117,10 +122,23 @@ class ResumeCheckpoint(ModelCheckpoint):
         save_now(self, trainer)  # unless this step was saved already
 
     def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
-        super()._save_checkpoint(trainer, filepath)  # returns once every rank has written its part
+        super()._save_checkpoint(trainer, filepath)  # returns once every rank has written its part, or started to
+        writer = getattr(trainer.strategy, "checkpoint_writer", None)
+        if writer is not None and writer.in_flight:  # checkpoint.async=true: `last` moves once it is written
+            self.unlinked = Path(filepath)
+            return
         if trainer.is_global_zero:
             point_last_at(Path(filepath))
         trainer.strategy.barrier("ResumeCheckpoint")
+
+    def _link_written(self, trainer: L.Trainer, wait: bool = False) -> None:
+        """Point `last` at the checkpoint written in the background, if its write has ended (or, `wait`, once it
+        has). Every process asks its own write; the first process's ends last (runtime/async_saves.py)."""
+        writer = getattr(trainer.strategy, "checkpoint_writer", None)
+        if self.unlinked is not None and writer is not None and writer.finished(wait):
+            if trainer.is_global_zero:
+                point_last_at(self.unlinked)
+            self.unlinked = None
 
     def _remove_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
         # Lightning keeps one checkpoint when none is monitored and names the previous one for removal once the new

@@ -25,6 +25,7 @@ from ..models.float8 import check_float8, check_float8_layers
 from ..parallel.batchnorm import needs_sync, synchronised_message
 from ..parallel.launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
 from ..parallel.split import check_chain
+from ..runtime.async_saves import check_async
 from ..runtime.interrupt import interrupted, mark_finished
 from ..runtime.memory import configure_allocator
 from ..runtime.precision import resolve_precision
@@ -138,6 +139,10 @@ def prepare(cfg: DictConfig, with_logger: bool = True) -> tuple[L.Trainer, L.Lig
     check_activation_checkpointing(model.net, cfg.activation_checkpointing)
     tensor_parallel = getattr(trainer.strategy, "tensor_parallel_size", 1)
     check_float8(cfg.float8, preset(), cfg.trainer.accelerator, tensor_parallel)
+    writer = getattr(trainer.strategy, "checkpoint_writer", None)  # the presets whose processes each write a part
+    check_async(cfg.checkpoint.get("async", False), preset(), writer is not None)
+    if writer is not None:
+        writer.background = cfg.checkpoint.get("async", False)
     check_float8_layers(model.net, cfg.float8)
     synchronised = synchronised_batchnorm(cfg, model, trainer)
     check_layout(preset(), trainer, cfg.data.batch_size, model, synchronised)  # now, not inside a worker process

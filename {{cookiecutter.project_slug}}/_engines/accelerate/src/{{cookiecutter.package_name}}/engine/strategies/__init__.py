@@ -29,6 +29,7 @@ class Strategy:
     supports_batch_size_search = True  # False where the forward itself is a collective
     sync_batchnorm = False  # whether the net's BatchNorm layers are synchronised over the processes (ddp)
     compiles_per_block = False  # compile=true: the whole net, or (presets that split it) each block
+    writes_checkpoint_parts = False  # every process writes its own part of a checkpoint (sharded_state)
 
     def __init__(self, timeout: timedelta = timedelta(minutes=10)) -> None:
         self.timeout = timeout

@@ -42,6 +42,7 @@ from ...parallel.sharding import (
     place_layer_groups,
 )
 from ...parallel.split import find_split
+from ...runtime.async_saves import CheckpointWriter
 from ...runtime.resuming import check_same_mesh, write_mesh
 from . import Strategy
 
@@ -133,6 +134,10 @@ class ModelParallel(Strategy):
     def checkpoint_objects(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> list[Any]:
         return [WholeState(model, optimizer)] if self.mode == "layers" else []  # one process holds it all
 
+    @property
+    def writes_checkpoint_parts(self) -> bool:
+        return self.mode == "tensor"
+
     def sharded_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> "ShardedState | None":
         return ShardedState(model, optimizer, self.sizes) if self.mode == "tensor" else None
 
@@ -156,6 +161,7 @@ class ShardedState:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, mesh: tuple[int, int] | None = None) -> None:
         self.model, self.optimizer, self.mesh = model, optimizer, mesh  # mesh: (data, tensor) parallel sizes
+        self.writer = CheckpointWriter()  # checkpoint.async=true: in the background (training.py)
 
     def _state(self) -> dict[str, Any]:
         # Creates Adam's state if no step ran yet.
@@ -163,7 +169,7 @@ class ShardedState:
         return {"model": model, "optimizer": optimizer}
 
     def save(self, folder: Path) -> None:
-        dcp.save(self._state(), checkpoint_id=folder)
+        self.writer.write(self._state(), folder)
         if self.mesh is not None:
             write_mesh(folder, *self.mesh)
 

@@ -32,6 +32,7 @@ class PipelineParallel(Strategy):
     name = "pipeline"
     supports_batch_size_search = False
     compiles_per_block = True
+    writes_checkpoint_parts = True
 
     def __init__(
         self,

@@ -38,7 +38,9 @@ from ...parallel.sharding import (
     parallelize,
     place_layer_groups,
 )
+from ...runtime.async_saves import CheckpointWriter
 from ...runtime.resuming import check_same_mesh, write_mesh
+from .sharded_checkpoints import write_parts
 
 
 def model_parallel(
@@ -77,6 +79,7 @@ class TensorParallelStrategy(ModelParallelStrategy):
 
     def __init__(self, *args: Any, init: str = "full", **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.checkpoint_writer = CheckpointWriter()  # checkpoint.async=true: in the background (training.prepare)
         self.init_mode = (
             init  # full: values copied from a whole build on the CPU; meta: each module's reset_parameters()
         )
@@ -121,7 +124,11 @@ class TensorParallelStrategy(ModelParallelStrategy):
         check_precision(self.preset, trainer.precision)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
-        super().save_checkpoint(checkpoint, filepath, storage_options)
+        if self.checkpoint_writer.background:  # the folder Lightning writes (at once), written in the background
+            path = Path(self.broadcast(filepath))
+            write_parts(checkpoint, path, self.checkpoint_writer, self.is_global_zero)
+        else:
+            super().save_checkpoint(checkpoint, filepath, storage_options)
         if Path(filepath).is_dir():  # the folder of every rank's shards
             write_mesh(Path(filepath), *self._sizes())
 

@@ -30,9 +30,9 @@ from ...parallel.pipelining import (
     check_pipeline,
     single_device_name,
 )
+from ...runtime.async_saves import CheckpointWriter
 from ..module import writes_step_metrics
-
-META = "meta.pt"  # what Lightning's ModelParallelStrategy names the non-tensor part of its checkpoint folders
+from .sharded_checkpoints import META, write_parts
 
 
 class PipelineStrategy(DDPStrategy):
@@ -56,6 +56,7 @@ class PipelineStrategy(DDPStrategy):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule={schedule!r} is unknown; valid: {', '.join(SCHEDULES)}")
         super().__init__(**kwargs)
+        self.checkpoint_writer = CheckpointWriter()  # checkpoint.async=true: in the background (training.prepare)
         self.microbatches = microbatches
         self.schedule = schedule
         self.split_points = list(split_points) if split_points is not None else None
@@ -172,13 +173,7 @@ class PipelineStrategy(DDPStrategy):
         """A folder, as model_parallel's: every stage writes its own parameters and optimizer state into it with
         torch.distributed.checkpoint, and rank 0 the rest (meta.pt: loop counters, callbacks, random states).
         No process ever holds the whole model; load_trained puts it together on one device."""
-        path = Path(filepath)
-        path.mkdir(parents=True, exist_ok=True)
-        stage = {"state_dict": checkpoint.pop("state_dict")}
-        stage.update({f"optimizer_{i}": state for i, state in enumerate(checkpoint.pop("optimizer_states", []))})
-        dcp.save(stage, checkpoint_id=path)
-        if self.is_global_zero:
-            torch.save(checkpoint, path / META)
+        write_parts(checkpoint, Path(filepath), self.checkpoint_writer, self.is_global_zero)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         """This stage's part of a checkpoint folder, read in place (the entries of its own parameters only), and the
