@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import QUICK, TOLERANCE, make_runner
-from engine_specific import LAST, launcher_of
+from engine_specific import LAST, kept_checkpoints, launcher_of
 
 pytestmark = pytest.mark.slow
 
@@ -45,3 +45,4 @@ def test_a_kill_while_a_checkpoint_is_written_in_the_background_resumes_from_the
     assert "resuming from" in again.output
     assert again.losses(9) == pytest.approx(single, abs=TOLERANCE), "one wandb run, each step once"
     assert step_of(run_dir / LAST) == 8, "the end's checkpoint, written in the background, was waited for"
+    assert kept_checkpoints(run_dir)[0] == [8], "checkpoint.keep_last=1: the older ones removed once last moved on"

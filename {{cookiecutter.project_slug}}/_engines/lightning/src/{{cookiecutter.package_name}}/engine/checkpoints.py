@@ -139,6 +139,7 @@ class ResumeCheckpoint(ModelCheckpoint):
             if trainer.is_global_zero:
                 point_last_at(self.unlinked)
             self.unlinked = None
+            self._remove_checkpoint(trainer, "")  # those kept only because `last` was still on one (first process)
 
     def _remove_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
         # Lightning keeps one checkpoint when none is monitored and names the previous one for removal once the new
