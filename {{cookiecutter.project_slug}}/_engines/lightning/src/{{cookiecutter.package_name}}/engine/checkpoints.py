@@ -122,6 +122,7 @@ class ResumeCheckpoint(ModelCheckpoint):
         save_now(self, trainer)  # unless this step was saved already
 
     def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        self._link_written(trainer, wait=True)  # the one written in the background before: `last` on it first
         super()._save_checkpoint(trainer, filepath)  # returns once every rank has written its part, or started to
         writer = getattr(trainer.strategy, "checkpoint_writer", None)
         if writer is not None and writer.in_flight:  # checkpoint.async=true: `last` moves once it is written
