@@ -156,6 +156,12 @@ BAD_INPUT = [
         "give checkpoint.async=false",
     ),
     (["checkpoint.async=sometimes"], "checkpoint.async=sometimes is not true or false (the default is false)"),
+    (  # the key exists in model_parallel's config only: added with +, it must not be taken in silence
+        ["strategy=pipeline", "trainer.devices=2", "+strategy.tensor_parallel_size=2"],
+        "strategy=pipeline has no strategy.tensor_parallel_size; its settings: microbatches, schedule, split_points, "
+        "data_parallel_size (pipelines side by side); tensor parallelism is strategy=model_parallel's (not combined "
+        "with a pipeline)",
+    ),
     *OPTIMIZATION_REFUSALS,
 ]
 CASE_NAMES = [
@@ -170,6 +176,7 @@ CASE_NAMES = [
     "float8-under-dp",
     "async-checkpoints-of-a-whole-model",
     "async-checkpoints-not-a-boolean",
+    "tensor-parallel-in-a-pipeline",
     "batchnorm-under-pipeline",
 ]
 

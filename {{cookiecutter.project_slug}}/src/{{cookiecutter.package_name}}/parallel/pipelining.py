@@ -11,7 +11,7 @@ to the last micro-batch's backward).
 
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +28,19 @@ from .batchnorm import split_problem
 from .split import find_split, pipeline_stage, tied_across_stages
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+
+
+def check_pipeline_settings(unknown: Collection[str]) -> None:
+    """Refuse settings strategy=pipeline does not have (e.g. +strategy.tensor_parallel_size=2), which a launcher's
+    keyword arguments would otherwise take in silence (raises ValueError: the config builder's one line)."""
+    if unknown:
+        names = ", ".join(f"strategy.{name}" for name in sorted(unknown))
+        tensor = "tensor_parallel_size" in unknown
+        hint = "; tensor parallelism is strategy=model_parallel's (not combined with a pipeline)" if tensor else ""
+        raise ValueError(
+            f"strategy=pipeline has no {names}; its settings: microbatches, schedule, split_points, "
+            f"data_parallel_size (pipelines side by side){hint}"
+        )
 
 
 def bubble_fraction(stages: int, microbatches: int) -> float:

@@ -3,6 +3,7 @@ Lightning engine). Each process keeps only its stage; every stage of a pipeline 
 schedule cuts into micro-batches so the stages overlap. `strategy.data_parallel_size=D`: D pipelines side by side,
 each on its slice of the global batch."""
 
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from ...parallel.pipelining import (
     PipelineLayout,
     bubble_fraction,
     check_pipeline,
+    check_pipeline_settings,
     single_device_name,
 )
 from . import LossFn, Strategy
@@ -42,6 +44,7 @@ class PipelineParallel(Strategy):
         data_parallel_size: int = 1,
         **kwargs: Any,
     ) -> None:
+        check_pipeline_settings(set(kwargs) - set(inspect.signature(Strategy.__init__).parameters))
         super().__init__(**kwargs)
         self.microbatches, self.schedule = microbatches, schedule
         self.split_points = list(split_points) if split_points is not None else None

@@ -9,6 +9,7 @@ Every stage of a pipeline reads the same batch; `strategy.data_parallel_size=D` 
 on its slice of the global batch (pipelining.py).
 """
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from ...parallel.pipelining import (
     PipelineLayout,
     bubble_fraction,
     check_pipeline,
+    check_pipeline_settings,
     single_device_name,
 )
 from ...runtime.async_saves import CheckpointWriter
@@ -55,6 +57,8 @@ class PipelineStrategy(DDPStrategy):
     ) -> None:
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule={schedule!r} is unknown; valid: {', '.join(SCHEDULES)}")
+        # DDPStrategy passes what it does not know on to DistributedDataParallel, which no pipeline builds
+        check_pipeline_settings(set(kwargs) - set(inspect.signature(DDPStrategy.__init__).parameters))
         super().__init__(**kwargs)
         self.checkpoint_writer = CheckpointWriter()  # checkpoint.async=true: in the background (training.prepare)
         self.microbatches = microbatches
