@@ -140,12 +140,16 @@ class ResumeCheckpoint(ModelCheckpoint):
             if trainer.is_global_zero:
                 point_last_at(self.unlinked)
             self.unlinked = None
-            self._remove_checkpoint(trainer, "")  # those kept only because `last` was still on one (first process)
+            self._remove_old(trainer)  # those kept only because `last` was still on one (first process)
 
     def _remove_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
         # Lightning keeps one checkpoint when none is monitored and names the previous one for removal once the new
-        # one is saved; Lightning has no "keep the last K", so: the keep_last newest step checkpoints of the folder
-        # stay (also those of an earlier start of the run), the older ones go; never the one last.ckpt points at.
+        # one is saved; Lightning has no "keep the last K": _remove_old instead.
+        self._remove_old(trainer)
+
+    def _remove_old(self, trainer: L.Trainer) -> None:
+        """The keep_last newest step checkpoints of the folder stay (also those of an earlier start of the run), the
+        older ones go; never the one last.ckpt points at."""
         folder = Path(self.dirpath)
         for old in step_checkpoints(folder)[: -self.keep_last]:
             if old.name != os.path.basename(os.path.realpath(folder / LAST)):

@@ -139,7 +139,7 @@ class ModelParallel(Strategy):
         return self.mode == "tensor"
 
     def sharded_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> "ShardedState | None":
-        return ShardedState(model, optimizer, self.sizes) if self.mode == "tensor" else None
+        return ShardedState(model, optimizer, self.sizes) if self.writes_checkpoint_parts else None
 
     def check_resume(self, checkpoint: Path | None) -> None:
         """Refuse shards saved on another mesh (runtime/resuming.check_same_mesh), before training."""

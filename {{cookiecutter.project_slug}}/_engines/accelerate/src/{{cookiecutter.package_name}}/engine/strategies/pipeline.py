@@ -48,16 +48,17 @@ class PipelineParallel(Strategy):
         super().__init__(**kwargs)
         self.microbatches, self.schedule = microbatches, schedule
         self.split_points = list(split_points) if split_points is not None else None
-        self.replicas = data_parallel_size
-        self.layout = PipelineLayout(stages=1, replicas=data_parallel_size)  # the processes' share: check_layout
+        # The stages are the processes' share of the pipelines, known in check_layout; the pipelines are given.
+        self.layout = PipelineLayout(stages=1, replicas=data_parallel_size)
         self.pipeline: Pipeline | None = None
         self.idle: list[float] = []
 
     def check_layout(self, processes: int, net: nn.Module, cfg: DictConfig) -> None:
         if cfg.trainer.precision == "16-mixed":  # one gradient scaler per stage would skip steps out of step
             raise ConfigError("strategy=pipeline supports trainer.precision=32-true or bf16-mixed, not 16-mixed")
-        check_pipeline(processes, self.microbatches, cfg.data.batch_size, net, self.split_points, self.replicas)
-        self.layout = PipelineLayout.over(processes, self.replicas)
+        replicas = self.layout.replicas
+        check_pipeline(processes, self.microbatches, cfg.data.batch_size, net, self.split_points, replicas)
+        self.layout = PipelineLayout.over(processes, replicas)
         if cfg.trainer.accumulate_grad_batches != 1 or cfg.trainer.gradient_clip_val:
             raise ConfigError(
                 "strategy=pipeline does not support trainer.accumulate_grad_batches or trainer.gradient_clip_val; "
@@ -66,13 +67,14 @@ class PipelineParallel(Strategy):
 
     def data_parallel(self, process_index: int, processes: int) -> tuple[int, int]:
         # Every stage of a pipeline reads its pipeline's slice of the batch.
-        return self.replicas, PipelineLayout.over(processes, self.replicas).pipeline_of(process_index)
+        layout = PipelineLayout.over(processes, self.layout.replicas)
+        return layout.replicas, layout.pipeline_of(process_index)
 
     def prepare(
         self, accelerator: Accelerator, net: nn.Module, optimizer: Callable[..., torch.optim.Optimizer]
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
         stage = PipelinedNet.of(
-            net, accelerator.process_index, accelerator.num_processes, self.split_points, self.replicas
+            net, accelerator.process_index, accelerator.num_processes, self.split_points, self.layout.replicas
         )
         stage = stage.to(accelerator.device)
         return stage, optimizer(stage.parameters())
