@@ -1,10 +1,10 @@
-"""A training stopped under one layout of a model-splitting preset continues exactly under another layout of it:
-the per-step losses are the uninterrupted single-device run's, in one wandb run. Pipelines side by side continue as
-one pipeline, of as many stages or of others (the stages' checkpoint names each parameter and its optimizer state as
-one device does, pipelining.single_device_name, so each stage reads its own entries whatever the split); HSDP
-continues as FSDP on fewer shards (DCP reshards). The data position counts global batches, so it does not depend on
-the layout either. (Another preset altogether, ddp -> pipeline say, is refused in one line: tests/test_resuming.py;
-model_parallel on another tensor-parallel size too: test_resume.py.)"""
+"""A training stopped under one layout continues exactly under another: the per-step losses are the uninterrupted
+single-device run's, in one wandb run. Within a preset: pipelines side by side continue as one pipeline, of as many
+stages or of others; HSDP continues as FSDP on fewer shards (DCP reshards). Across presets: a pipeline's stages
+continue under ddp, FSDP's shards on one device, ddp's whole model as a pipeline's stages (runtime/checkpoint_forms.py:
+every checkpoint names each parameter and its optimizer state as one device does, whatever the layout). The data
+position counts global batches, so it does not depend on the layout either. (Another tensor-parallel size is
+refused in one line: test_resume.py.)"""
 
 import pytest
 from conftest import QUICK, TOLERANCE, make_runner
@@ -15,9 +15,10 @@ from engine_specific import launcher_of
 SETTINGS = [*QUICK, "trainer.accelerator=cpu", "data.shuffle=true", "data.train_size=512", "data.batch_size=64",
             "checkpoint.every_n_steps=2", "scheduler=constant"]  # fmt: skip
 STEPS = 8
+GPT = ["model=gpt", "data.vocab_size=32", "data.seq_len=16", "model.net.dim=16", "model.net.num_heads=2"]
 
 
-# (name, the first start's layout, the layout it continues on): the same preset, another number of processes.
+# (name, the first start's layout, the layout it continues on).
 CHANGES = [
     # 2 pipelines x 2 stages -> 1 pipeline of 2 stages.
     ("pipelines-2x2-to-1x2", ["strategy=pipeline", "trainer.devices=4", "strategy.data_parallel_size=2"],
@@ -28,22 +29,52 @@ CHANGES = [
     # HSDP, 2 replicas x 2 shards -> FSDP over 2 shards: DCP reshards the net and the optimizer state.
     ("hsdp-2x2-to-fsdp-2", ["strategy=fsdp", "trainer.devices=4", "strategy.replicas=2"],
      ["strategy=fsdp", "trainer.devices=2"]),
+    # Another preset: a pipeline's stages -> ddp's replicas of the whole model.
+    ("pipeline-2-to-ddp-2", ["strategy=pipeline", "trainer.devices=2"], ["strategy=ddp", "trainer.devices=2"]),
+    # FSDP's shards -> one device.
+    ("fsdp-2-to-single", ["strategy=fsdp", "trainer.devices=2"], ["strategy=single"]),
+    # ddp's whole model -> a pipeline's stages, each taking its part.
+    ("ddp-2-to-pipeline-2", ["strategy=ddp", "trainer.devices=2"], ["strategy=pipeline", "trainer.devices=2"]),
+    # The GPT, its head tied to the embedding: FSDP keeps the pair's optimizer state under the embedding's name alone,
+    # where the last stage looks for its head's.
+    ("gpt-fsdp-2-to-pipeline-2", [*GPT, "strategy=fsdp", "trainer.devices=2"],
+     [*GPT, "strategy=pipeline", "trainer.devices=2"]),
 ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, train_env):
+    """uninterrupted(model) -> the per-step losses of the whole training of `model` (overrides) on one device."""
+    train, losses = make_runner(tmp_path_factory.mktemp("uninterrupted"), train_env), {}
+
+    def of(model: list[str]) -> list[float]:
+        if tuple(model) not in losses:
+            losses[tuple(model)] = train(*SETTINGS, *model, f"trainer.max_steps={STEPS}", "strategy=single").losses(
+                STEPS
+            )
+            assert len(losses[tuple(model)]) == STEPS
+        return losses[tuple(model)]
+
+    return of
+
+
+def launched(layout: list[str]) -> dict[str, object]:
+    """How a layout's processes are started: the launcher its preset needs for its number of processes."""
+    preset = next(o for o in layout if o.startswith("strategy=")).removeprefix("strategy=")
+    devices = next((o for o in layout if o.startswith("trainer.devices=")), "trainer.devices=1")
+    return {"launcher": launcher_of(preset, int(devices.partition("=")[2]))}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name, before, after", CHANGES, ids=[name for name, *_ in CHANGES])
-def test_a_stopped_training_continues_exactly_on_another_layout(tmp_path, train_env, name, before, after):
-    train = make_runner(tmp_path, train_env)
-    single = train(*SETTINGS, f"trainer.max_steps={STEPS}", "strategy=single").losses(STEPS)
-    assert len(single) == STEPS
-
-    run_dir, preset = tmp_path / name, before[0].removeprefix("strategy=")
-    first = train(*SETTINGS, "trainer.max_steps=4", *before, launcher=launcher_of(preset, 4), run_dir=run_dir)
+def test_a_stopped_training_continues_exactly_on_another_layout(
+    tmp_path, train_env, uninterrupted, name, before, after
+):
+    train, run_dir = make_runner(tmp_path, train_env), tmp_path / name
+    single = uninterrupted([override for override in before if not override.startswith(("strategy", "trainer."))])
+    first = train(*SETTINGS, "trainer.max_steps=4", *before, run_dir=run_dir, **launched(before))
     assert first.losses(STEPS) == pytest.approx(single[:4], abs=TOLERANCE)
     # The same run folder: resumes from step 4, on the other layout.
-    processes = int(next(o for o in after if o.startswith("trainer.devices=")).partition("=")[2])
-    again = train(*SETTINGS, f"trainer.max_steps={STEPS}", *after, launcher=launcher_of(preset, processes),
-                  run_dir=run_dir)  # fmt: skip
+    again = train(*SETTINGS, f"trainer.max_steps={STEPS}", *after, run_dir=run_dir, **launched(after))
     assert "resuming from" in again.output
     assert again.losses(STEPS + 1) == pytest.approx(single, abs=TOLERANCE)  # one wandb run, each step once

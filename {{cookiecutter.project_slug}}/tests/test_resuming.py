@@ -1,11 +1,12 @@
 """Where a start begins (resuming.py): a launcher's restart continues from the run's own last checkpoint whatever
-the first start's ckpt_path= or resume=false, and checkpoints are resumed only by the training that wrote them."""
+the first start's ckpt_path= or resume=false, and checkpoints are resumed only by the training that wrote them (on
+any preset, but not with another tensor-parallel size)."""
 
 import pytest
 from omegaconf import OmegaConf
 
 from {{ cookiecutter.package_name }}.errors import ConfigError
-from {{ cookiecutter.package_name }}.runtime.resuming import starting_point
+from {{ cookiecutter.package_name }}.runtime.resuming import check_same_mesh, starting_point, write_mesh
 
 RESTARTS = ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
 
@@ -67,19 +68,21 @@ def test_checkpoints_of_another_training_are_refused_naming_what_differs(run_dir
     another_model = {f"model.net.{key}": 1 for key in "abcde"}
     with pytest.raises(ConfigError, match="model.net.c: None then, 1 now; 2 more: give resume=false"):
         starting_point(run_dir, training(**another_model), last)
-    for key, value in [("trainer.accumulate_grad_batches", 2), ("strategy._target_", "x.strategies.pipeline.Pipe")]:
-        with pytest.raises(ConfigError, match=key.split(".")[0]):
-            starting_point(run_dir, training(**{key: value}), last)
-    # What a checkpoint does not depend on may change; afresh, or from a given checkpoint, nothing is compared.
+    with pytest.raises(ConfigError, match="trainer.accumulate_grad_batches: 1 then, 2 now"):
+        starting_point(run_dir, training(**{"trainer.accumulate_grad_batches": 2}), last)
+    # What a checkpoint does not depend on may change, the preset too (test_resume_layouts.py); afresh, or from a
+    # given checkpoint, nothing is compared.
     allowed = {"trainer.max_epochs": 5, "model.optimizer.lr": 0.01, "data.num_workers": 2, "strategy": "auto"}
     assert starting_point(run_dir, training(**allowed), last) == (None, True)
+    pipeline = {"strategy._target_": "x.strategies.pipeline.Pipe"}
+    assert starting_point(run_dir, training(**pipeline), last) == (None, True)
     assert starting_point(run_dir, training(**{"data.batch_size": 64, "resume": False}), last) == (None, False)
     assert starting_point(run_dir, training(**{"data.batch_size": 64, "ckpt_path": "x"}), last) == ("x", True)
 
 
 def test_a_given_checkpoint_of_another_net_is_refused_before_loading(run_dir, tmp_path_factory):
-    """ckpt_path= into another run folder: its config.yaml says which net wrote the checkpoint. Another net (or
-    another model-splitting layout) would fail inside the engine's loading; another batch may be fine-tuned."""
+    """ckpt_path= into another run folder: its config.yaml says which net wrote the checkpoint. Another net would
+    fail inside the engine's loading; another batch may be fine-tuned, under another preset too."""
     checkpoint = run_dir / "checkpoints" / "step000008.ckpt"
     here = tmp_path_factory.mktemp("new_run")
     last = here / "checkpoints" / "last"
@@ -89,8 +92,25 @@ def test_a_given_checkpoint_of_another_net_is_refused_before_loading(run_dir, tm
         f"ckpt_path={checkpoint} was saved by a training that differs from this one in model.net.hidden: 128 then, "
         f"64 now: give the model settings of {run_dir / 'config.yaml'}, or another checkpoint"
     )
-    with pytest.raises(ConfigError, match="strategy: a data-parallel preset then, pipeline now"):
-        pipeline = training(ckpt_path=str(checkpoint), **{"strategy._target_": "x.strategies.pipeline.P"})
-        starting_point(here, pipeline, last)
-    fine_tuned = training(ckpt_path=str(checkpoint), **{"data.batch_size": 64, "model.optimizer.lr": 0.1})
+    changes = {"data.batch_size": 64, "model.optimizer.lr": 0.1, "strategy._target_": "x.strategies.pipeline.P"}
+    fine_tuned = training(ckpt_path=str(checkpoint), **changes)
     assert starting_point(here, fine_tuned, last) == (str(checkpoint), True)
+
+
+def test_a_checkpoint_resumes_on_any_mesh_but_not_with_another_tensor_parallel_size(tmp_path):
+    """The optimizer's parameter groups, and the schedule's state, follow the tensor-parallel size alone."""
+    whole = tmp_path / "step000004.ckpt"  # a whole-model file: no tensor parallelism, no mesh recorded
+    whole.touch()
+    check_same_mesh(whole, 4, 1)  # ddp -> FSDP over 4, say
+    with pytest.raises(ConfigError) as refused:
+        check_same_mesh(whole, 1, 2)
+    assert str(refused.value).startswith(f"{whole} was saved without tensor parallelism, this run's tensor-parallel")
+    shards = tmp_path / "step000008.ckpt"
+    shards.mkdir()
+    write_mesh(shards, 2, 2)
+    check_same_mesh(shards, 2, 2)
+    for other in [(4, 1), (1, 4)]:
+        with pytest.raises(ConfigError, match="on a mesh of 2 data-parallel x 2 tensor-parallel processes"):
+            check_same_mesh(shards, *other)
+    write_mesh(shards, 2, 1)  # FSDP over 2
+    check_same_mesh(shards, 4, 1)

@@ -273,6 +273,8 @@ class PipelinedNet(nn.Module):
         self.stage = stage
         self.index, self.layout, self.replica = index, layout, replica
         self.tied = list(tied)  # this stage's copies of parameters several stages hold: (its name, their group)
+        # Each of those copies' names at the other stages: a checkpoint may hold its state under one of those only
+        self.aliases: dict[str, list[str]] = {}
         self.ranks = layout.pipeline_ranks(replica)  # the processes of this pipeline's stages
         self.group, self.replica_group = groups
 
@@ -292,8 +294,12 @@ class PipelinedNet(nn.Module):
         index, replica = layout.stage_of(rank), layout.pipeline_of(rank)
         stage = pipeline_stage(net, index, layout.stages, split_points)
         groups = pipeline_groups(layout, rank)
-        tied = tied_groups(layout, tied_across_stages(net, layout.stages, split_points), rank)
-        return cls(stage, index, layout, tied, replica, groups)
+        across = tied_across_stages(net, layout.stages, split_points)
+        pipelined = cls(stage, index, layout, tied_groups(layout, across, rank), replica, groups)
+        for _, names in across:
+            if index in names:
+                pipelined.aliases[names[index]] = [name for holder, name in names.items() if holder != index]
+        return pipelined
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.index > 0:

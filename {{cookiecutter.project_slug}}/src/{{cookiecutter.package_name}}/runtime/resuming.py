@@ -12,11 +12,10 @@ from omegaconf import DictConfig, OmegaConf
 from ..errors import ConfigError
 from ..tracking.wandb_run import is_first_process
 
-# What a checkpoint is made of: changed, it cannot be loaded (the net's shapes; how a model-splitting preset
-# lays it out) or not continued where it stopped (its position in the epoch counts global batches and
-# micro-batches). Anything else may change between starts: more epochs, another learning rate, more processes.
+# What a checkpoint is made of: changed, it cannot be loaded (the net's shapes) or not continued where it stopped (its
+# position in the epoch counts global batches and micro-batches). Anything else may change between starts: more
+# epochs, another learning rate, more processes, another preset (checkpoint_forms.py; but see check_same_mesh).
 MUST_MATCH = ("model.net", "data.batch_size", "trainer.accumulate_grad_batches")
-SPLITTING_PRESETS = ("fsdp", "model_parallel", "pipeline")  # each saves its own layout; the others the same whole model
 PACKAGE = __package__.partition(".")[0]
 # Where a `_target_` of a run folder saved before the package was laid out in folders (its config.yaml) lives now.
 # The old module names are not kept as aliases: `data` and `tracking` are packages now, so aliases would collide.
@@ -103,30 +102,38 @@ def write_mesh(folder: Path, data_parallel: int, tensor_parallel: int) -> None:
 
 
 def check_same_mesh(folder: Path | None, data_parallel: int, tensor_parallel: int) -> None:
-    """Refuse, before training, to resume shards saved on another model_parallel mesh (tensor parallel 2 -> FSDP on
-    2 processes, say). The optimizer's parameter groups follow the mesh (runtime/optimization.by_placement: one per
-    kind of shard), so its saved state would load into the wrong groups and the first step fail (KeyError 'betas').
-    Shards of data parallelism alone (strategy=fsdp, HSDP included: tensor parallel size 1 then and now) are one
-    group on any number of processes, which DCP reshards: they resume on another one. The weights alone load on any
-    layout (load_trained). A checkpoint that did not record its mesh is not checked."""
+    """Refuse, before training, a checkpoint saved with another tensor-parallel size than this run's (tensor parallel 2
+    -> FSDP or ddp, ddp -> tensor parallel 2), or on another mesh with tensor parallelism. The optimizer's parameter
+    groups follow the mesh (runtime/optimization.by_placement: one per kind of shard), and so does the learning-rate
+    schedule's state: loaded into other groups, the first step fails (KeyError 'betas') or a group misses its schedule.
+    Without tensor parallelism (every other preset, fsdp and HSDP included) the groups are the same on any layout and
+    number of processes: a checkpoint resumes under any of them (checkpoint_forms.py; DCP reshards). The weights
+    alone load on any layout (load_trained). A checkpoint without a recorded mesh has no tensor parallelism."""
     path = folder / MESH_FILE if folder is not None else None
-    if path is None or not path.is_file():
+    if path is None or not folder.exists():
         return
-    saved = json.loads(path.read_text())
+    saved = json.loads(path.read_text()) if path.is_file() else {"data_parallel": None, "tensor_parallel": 1}
     then, now = (saved["data_parallel"], saved["tensor_parallel"]), (data_parallel, tensor_parallel)
-    if then != now and not then[1] == now[1] == 1:
+    if then[1] == now[1] == 1 or then == now:
+        return
+    if then[1] == 1:
         raise ConfigError(
-            f"{folder} was saved by strategy=model_parallel on a mesh of {then[0]} data-parallel x {then[1]} "
-            f"tensor-parallel processes, this run's is {now[0]} x {now[1]}: its optimizer state fits that mesh only; "
-            f"resume on it (strategy.data_parallel_size={then[0]} strategy.tensor_parallel_size={then[1]}, "
-            f"{then[0] * then[1]} processes), or start afresh with resume=false"
+            f"{folder} was saved without tensor parallelism, this run's tensor-parallel size is {now[1]}: its "
+            "optimizer state and schedule fit one parameter group per kind of parameter only; resume it under a "
+            "preset without (strategy.tensor_parallel_size=1), or start afresh with resume=false"
         )
+    raise ConfigError(
+        f"{folder} was saved by strategy=model_parallel on a mesh of {then[0]} data-parallel x {then[1]} "
+        f"tensor-parallel processes, this run's is {now[0]} x {now[1]}: its optimizer state fits that mesh only; "
+        f"resume on it (strategy=model_parallel strategy.data_parallel_size={then[0]} "
+        f"strategy.tensor_parallel_size={then[1]}, {then[0] * then[1]} processes), or start afresh with resume=false"
+    )
 
 
 def check_loadable(checkpoint: Path, cfg: DictConfig) -> None:
     """Refuse, in one line, an explicit `ckpt_path=` whose training (the config.yaml of the run folder it was saved
-    in, if there is one) had another net or another model-splitting layout: loading it would fail deep inside the
-    engine. The batch and the accumulation may change: a checkpoint given by hand may be fine-tuned differently."""
+    in, if there is one) had another net: loading it would fail deep inside the engine. The batch and the
+    accumulation may change: a checkpoint given by hand may be fine-tuned differently."""
     run_dir = next((folder.parent for folder in checkpoint.absolute().parents if folder.name == "checkpoints"), None)
     if run_dir is not None and (differ := differences(run_dir / "config.yaml", cfg, ("model.net",))):
         raise ConfigError(
@@ -136,8 +143,8 @@ def check_loadable(checkpoint: Path, cfg: DictConfig) -> None:
 
 
 def differences(saved: Path, cfg: DictConfig, keys: tuple[str, ...]) -> str:
-    """How `cfg` differs from the config saved at `saved` in the layout and the settings under `keys`, in a few
-    words ("" if alike, or if nothing was saved there)."""
+    """How `cfg` differs from the config saved at `saved` in the settings under `keys`, in a few words ("" if
+    alike, or if nothing was saved there)."""
     if not saved.is_file():
         return ""
     then, now = flat(load_saved_config(saved), keys), flat(cfg, keys)
@@ -149,19 +156,12 @@ def differences(saved: Path, cfg: DictConfig, keys: tuple[str, ...]) -> str:
 
 
 def flat(cfg: DictConfig, keys: tuple[str, ...]) -> dict[str, object]:
-    """The checkpoint layout of `cfg` and its settings under `keys`, resolved, by dotted key."""
-    values: dict[str, object] = {"strategy": checkpoint_layout(cfg)}
+    """The settings of `cfg` under `keys`, resolved, by dotted key."""
+    values: dict[str, object] = {}
     for key in keys:
         node = OmegaConf.select(cfg, key, default=None)
         values.update(leaves(key, OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node))
     return values
-
-
-def checkpoint_layout(cfg: DictConfig) -> str:
-    """The preset, if it splits the model (its class is in strategies/<preset>.py); the data-parallel presets
-    all save the whole model, so they resume each other's checkpoints."""
-    target = str(OmegaConf.select(cfg, "strategy._target_", default=""))
-    return next((preset for preset in SPLITTING_PRESETS if f".{preset}." in target), "a data-parallel preset")
 
 
 def leaves(prefix: str, value: object) -> dict[str, object]:

@@ -15,17 +15,23 @@ share (as a cluster's home or project space is).
 
 import os
 import shutil
+import tempfile
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
 from accelerate import Accelerator
+from accelerate.utils import OPTIMIZER_NAME, SAFE_WEIGHTS_NAME
 from hydra.utils import instantiate
-from safetensors.torch import load_model
+from safetensors.torch import load_file, load_model, save_file
 from torch import nn
 
+from ..errors import ConfigError
+from ..runtime.checkpoint_forms import is_numbered, nested, read_parts
 from ..runtime.resuming import check_keep_last, load_saved_config
 
 
@@ -51,9 +57,13 @@ class Checkpoints:
                 "numbers (dropout, augmentation) do not continue as they would have",
                 stacklevel=2,
             )
-        self.accelerator.load_state(checkpoint)
+        if self.sharded is None and (checkpoint / "sharded").is_dir():  # another preset's parts: put together
+            with as_whole(checkpoint) as whole:
+                self.accelerator.load_state(whole)
+        else:
+            self.accelerator.load_state(checkpoint)
         if self.sharded is not None:
-            self.sharded.load(checkpoint / "sharded")
+            self.sharded.load(checkpoint)
 
     @property
     def last(self) -> Path | None:
@@ -123,6 +133,44 @@ class Checkpoints:
         for path in self.folder.iterdir():
             if path.is_dir() and not path.is_symlink() and path.name not in kept:
                 shutil.rmtree(path)
+
+
+def read_whole(checkpoint: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The net and optimizer state of any preset's checkpoint as one device's: the net by name, the optimizer state
+    keyed by parameter name (runtime/checkpoint_forms.py), from the parts (`sharded/`) or the whole-model files."""
+    if (checkpoint / "sharded").is_dir():
+        parts = read_parts(checkpoint / "sharded")
+        return parts["model"], nested(parts["optimizer"])
+    optimizer = torch.load(checkpoint / f"{OPTIMIZER_NAME}.bin", map_location="cpu", weights_only=False)
+    if is_numbered(optimizer):
+        raise ConfigError(
+            f"{checkpoint} numbers its optimizer state (written before checkpoints named each parameter's): it "
+            "resumes under the preset that wrote it only"
+        )
+    return load_file(checkpoint / SAFE_WEIGHTS_NAME), nested(optimizer)
+
+
+@contextmanager
+def as_whole(checkpoint: Path) -> Iterator[Path]:
+    """A checkpoint of a preset that writes parts as a whole-model preset's, for accelerate's load_state: its files
+    linked into a temporary folder (this process's), beside the net and optimizer files put together from its parts."""
+    model, optimizer = read_whole(checkpoint)
+    with tempfile.TemporaryDirectory(prefix="whole-") as folder:
+        whole = Path(folder)
+        for path in checkpoint.iterdir():
+            if path.name != "sharded":
+                (whole / path.name).symlink_to(path.resolve())
+        save_file(model, whole / SAFE_WEIGHTS_NAME)
+        torch.save(optimizer, whole / f"{OPTIMIZER_NAME}.bin")
+        yield whole
+
+
+def saved_by_layers(checkpoint: Path) -> bool:
+    """Whether `checkpoint` was saved by model_parallel mode=layers: its net and optimizer in save_state's first custom
+    object after the progress (WholeState), where the other presets keep their learning-rate schedule."""
+    return (
+        checkpoint.is_dir() and not (checkpoint / "sharded").is_dir() and not (checkpoint / SAFE_WEIGHTS_NAME).exists()
+    )
 
 
 def load_trained(checkpoint: str | Path, config: str | Path | None = None) -> nn.Module:

@@ -61,7 +61,8 @@ def train(cfg: DictConfig) -> None:
     cfg.ckpt_path, cfg.resume = starting_point(run_dir, cfg, run_dir / "checkpoints" / "last")
     strategy, processes, recovery = check_config(cfg, launched=int(os.environ.get("WORLD_SIZE", 1)))
     last = run_dir / "checkpoints" / "last"
-    strategy.check_resume(Path(cfg.ckpt_path) if cfg.ckpt_path else last if cfg.resume and last.exists() else None)
+    start = Path(cfg.ckpt_path) if cfg.ckpt_path else last if cfg.resume and last.exists() else None
+    strategy.check_resume(start, processes)
     if cfg.check_only:
         print(f"check_only: the command passes its checks ({processes} processes); nothing was trained")
         return

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
@@ -28,6 +29,7 @@ from .lightning_private import (
     step_interval,
 )
 from .module import Classifier, build_module
+from .strategies.sharded_checkpoints import read_whole
 
 LAST = "last.ckpt"
 
@@ -173,6 +175,17 @@ class ResumeCheckpoint(ModelCheckpoint):
                 f"the checkpoint holds the random state of {len(states)} processes, this run has {trainer.world_size}:"
                 " random numbers (dropout, augmentation) continue from the seed instead"
             )
+
+
+class AnyPresetCheckpointIO(TorchCheckpointIO):
+    """How the whole-model presets (single, ddp, ddp_spawn, dp) write and read checkpoint files, Lightning's, which also
+    reads the folder a preset whose processes write parts (fsdp, model_parallel, pipeline) saved, as one device's:
+    a training resumes under another preset (the optimizer takes the state keyed by name: checkpoint_forms.py)."""
+
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+        if Path(path).is_dir():
+            return read_whole(Path(path), weights_only)
+        return super().load_checkpoint(path, map_location, weights_only)
 
 
 def random_state() -> dict[str, Any]:

@@ -18,6 +18,7 @@ from ..models.activation_checkpointing import checkpoint_blocks
 from ..models.compilation import compile_net
 from ..models.float8 import convert_float8
 from ..parallel.sharding import clip_grad_norm_, clip_grad_value_
+from ..runtime.checkpoint_forms import accept_state_by_name, by_name, parameter_names
 from ..runtime.metrics import perplexity
 from ..runtime.optimization import (
     OptimizerFactory,
@@ -177,10 +178,22 @@ class Classifier(L.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer | dict[str, Any]:
         optimizer = grouped_optimizer(self.optimizer_factory, self.parameters(), self.no_decay_norms_and_biases)
+        accept_state_by_name(optimizer, self._parameter_names)  # a checkpoint of any preset (checkpoint_forms.py)
         if self.scheduler_factory is None:
             return optimizer
         scheduler = self.scheduler_factory(optimizer, total_steps=self._total_steps())
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def _parameter_names(self) -> dict[torch.Tensor, list[str]]:
+        return parameter_names(self.named_parameters(remove_duplicate=False))
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # The whole-model presets' optimizer state keyed by parameter name: any preset reads it (checkpoint_forms.py).
+        # The presets whose processes write parts (a checkpoint_writer) keyed theirs so already.
+        if "optimizer_states" in checkpoint and getattr(self.trainer.strategy, "checkpoint_writer", None) is None:
+            names, optimizers = self._parameter_names(), self.trainer.optimizers
+            states = zip(checkpoint["optimizer_states"], optimizers, strict=True)
+            checkpoint["optimizer_states"] = [by_name(state, optimizer, names) for state, optimizer in states]
 
     def on_fit_start(self) -> None:
         # After the callbacks' on_fit_start: the batch-size finder may have changed the steps per epoch, and scaled

@@ -11,6 +11,7 @@ from typing import Any
 
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
+from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.utilities import rank_zero_info
@@ -29,10 +30,10 @@ from ..runtime.async_saves import check_async
 from ..runtime.interrupt import interrupted, mark_finished
 from ..runtime.memory import configure_allocator
 from ..runtime.precision import resolve_precision
-from ..runtime.resuming import starting_point
+from ..runtime.resuming import check_same_mesh, starting_point
 from ..tracking.wandb_run import finish_wandb, write_atomically
 from .callbacks.epoch_metrics import EpochMetricsFile
-from .checkpoints import LAST, ResumeCheckpoint, resume_from
+from .checkpoints import LAST, AnyPresetCheckpointIO, ResumeCheckpoint, resume_from
 from .module import build_module
 from .profiler import NoProfiler
 from .strategies import BatchNormSync, check_layout, data_parallel_size, model_init_context
@@ -60,8 +61,9 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
     # Before the logger: resume=false forgets the run (but check_only writes nothing, deletes nothing).
     ckpt_path = None if cfg.check_only else resume_from(run_dir, cfg.ckpt_path, cfg.resume)
     trainer, model, datamodule = prepare(cfg)
-    if hasattr(trainer.strategy, "check_resume"):  # model_parallel: its shards' mesh
-        trainer.strategy.check_resume(ckpt_path if not cfg.check_only else planned_start(run_dir, cfg))
+    start = ckpt_path if not cfg.check_only else planned_start(run_dir, cfg)
+    tensor_parallel = getattr(trainer.strategy, "tensor_parallel_size", 1)  # another one than the checkpoint's?
+    check_same_mesh(Path(start) if start else None, data_parallel_size(trainer), tensor_parallel)
     if synchronised_batchnorm(cfg, model, trainer):
         rank_zero_info(synchronised_message(trainer.world_size))  # converted when fit starts (BatchNormSync)
     if cfg.check_only:
@@ -115,6 +117,8 @@ def prepare(cfg: DictConfig, with_logger: bool = True) -> tuple[L.Trainer, L.Lig
     warn_if_restarts_can_hang()
     cfg.trainer.precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # auto: bf16 on GPUs
     plugins = [build(plugin) for plugin in cfg.trainer.get("plugins") or []]  # the user's, e.g. a CheckpointIO
+    if not any(isinstance(plugin, CheckpointIO) for plugin in plugins) and not has_checkpoint_io(cfg.strategy):
+        plugins.append(AnyPresetCheckpointIO())  # reads a checkpoint of any preset (the presets that split it: theirs)
     if cfg.trainer.sync_batchnorm:
         plugins.append(BatchNormSync())  # on CPU processes too
     trainer = build(
@@ -151,6 +155,11 @@ def prepare(cfg: DictConfig, with_logger: bool = True) -> tuple[L.Trainer, L.Lig
     if preset() == "pipeline":  # the stages run the Split's chain, not the model's forward: the same model?
         check_chain(model.net, first_sample(datamodule.data))
     return trainer, model, datamodule
+
+
+def has_checkpoint_io(strategy: Any) -> bool:
+    """Whether the strategy's config gives a CheckpointIO of its own (Lightning refuses one there and in plugins)."""
+    return OmegaConf.is_config(strategy) and strategy.get("checkpoint_io") is not None
 
 
 def planned_start(run_dir: Path, cfg: DictConfig) -> str | None:

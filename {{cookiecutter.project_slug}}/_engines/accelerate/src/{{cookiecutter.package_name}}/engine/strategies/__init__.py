@@ -18,6 +18,9 @@ from omegaconf import DictConfig
 from torch import nn
 
 from ...errors import ConfigError
+from ...runtime.checkpoint_forms import keep_state_by_name, parameter_names
+from ...runtime.resuming import check_same_mesh
+from ..checkpoints import saved_by_layers
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -42,8 +45,20 @@ class Strategy:
         """How many processes the run will have: the launcher's (accelerate launch, torchrun) by default."""
         return launched
 
-    def check_resume(self, checkpoint: Path | None) -> None:
-        """Refuse, before training, a checkpoint this layout cannot continue (model_parallel: another mesh)."""
+    def check_resume(self, checkpoint: Path | None, processes: int) -> None:
+        """Refuse, before training, a checkpoint this layout cannot continue: one of model_parallel's with tensor
+        parallelism (runtime/resuming.check_same_mesh), or of its mode=layers. Any other preset's it continues."""
+        if checkpoint is not None:
+            check_same_mesh(checkpoint / "sharded", *self.mesh(processes))
+            if saved_by_layers(checkpoint):
+                raise ConfigError(
+                    f"{checkpoint} was saved by strategy=model_parallel strategy.mode=layers, whose checkpoint keeps "
+                    "the net where the other presets keep their schedule: it resumes under that preset only"
+                )
+
+    def mesh(self, processes: int) -> tuple[int, int]:
+        """(data-parallel, tensor-parallel) sizes over `processes`: no tensor parallelism but model_parallel's."""
+        return self.data_parallel(0, processes)[0], 1
 
     def check_layout(self, processes: int, net: nn.Module, cfg: DictConfig) -> None:
         """Refuse, before anything is written, a layout this preset cannot run."""
@@ -65,8 +80,11 @@ class Strategy:
     def prepare(
         self, accelerator: Accelerator, net: nn.Module, optimizer: Callable[..., torch.optim.Optimizer]
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
-        """Move (and, under ddp, wrap) the net; the optimizer is made for the parameters that are trained."""
-        return accelerator.prepare(net, optimizer(net.parameters()))
+        """Move (and, under ddp, wrap) the net; the optimizer is made for the parameters that are trained. Its
+        state is saved keyed by parameter name, which the presets that split the net read too (checkpoint_forms.py)."""
+        built = optimizer(net.parameters())
+        keep_state_by_name(built, lambda: parameter_names(net.named_parameters(remove_duplicate=False)))
+        return accelerator.prepare(net, built)
 
     def train_step(
         self,

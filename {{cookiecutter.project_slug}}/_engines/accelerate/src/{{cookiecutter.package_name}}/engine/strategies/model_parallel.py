@@ -43,7 +43,9 @@ from ...parallel.sharding import (
 )
 from ...parallel.split import find_split
 from ...runtime.async_saves import CheckpointWriter
-from ...runtime.resuming import check_same_mesh, write_mesh
+from ...runtime.checkpoint_forms import SHARDS, form_of
+from ...runtime.resuming import write_mesh
+from ..checkpoints import read_whole, saved_by_layers
 from . import Strategy
 
 
@@ -141,10 +143,19 @@ class ModelParallel(Strategy):
     def sharded_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> "ShardedState | None":
         return ShardedState(model, optimizer, self.sizes) if self.writes_checkpoint_parts else None
 
-    def check_resume(self, checkpoint: Path | None) -> None:
-        """Refuse shards saved on another mesh (runtime/resuming.check_same_mesh), before training."""
-        if self.mode == "tensor" and checkpoint is not None:
-            check_same_mesh(checkpoint / "sharded", *self.sizes)
+    def check_resume(self, checkpoint: Path | None, processes: int) -> None:
+        """mode=layers: refuse another preset's checkpoint (it keeps its net elsewhere: saved_by_layers), before
+        training; mode=tensor: one saved with another tensor-parallel size or mesh (Strategy.check_resume)."""
+        if self.mode == "tensor":
+            super().check_resume(checkpoint, processes)
+        elif checkpoint is not None and not saved_by_layers(checkpoint):
+            raise ConfigError(
+                f"{checkpoint} was saved by another preset than strategy=model_parallel strategy.mode=layers, whose "
+                "checkpoint keeps the net where the others keep their schedule: resume it under another preset"
+            )
+
+    def mesh(self, processes: int) -> tuple[int, int]:
+        return self.sizes
 
     def describe(self) -> dict[str, Any]:
         if self.mode == "layers":
@@ -158,6 +169,7 @@ class ShardedState:
     loads on another mesh or number of processes (DCP reshards). load_trained reads it on one device."""
 
     options = StateDictOptions()
+    form = SHARDS  # the form it writes (checkpoint_forms.py); another preset's is read whole
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, mesh: tuple[int, int] | None = None) -> None:
         self.model, self.optimizer, self.mesh = model, optimizer, mesh  # mesh: (data, tensor) parallel sizes
@@ -173,7 +185,11 @@ class ShardedState:
         if self.mesh is not None:
             write_mesh(folder, *self.mesh)
 
-    def load(self, folder: Path) -> None:
+    def load(self, checkpoint: Path) -> None:
+        folder = checkpoint / "sharded"
+        if not folder.is_dir() or form_of(folder) != self.form:  # another preset's checkpoint
+            self._load_whole(*read_whole(checkpoint))
+            return
         state = self._state()
         dcp.load(state, checkpoint_id=folder)  # into this process's shards, in place
         set_state_dict(
@@ -183,6 +199,11 @@ class ShardedState:
             optim_state_dict=state["optimizer"],
             options=self.options,
         )
+
+    def _load_whole(self, model: dict[str, Any], optimizer: dict[str, Any]) -> None:
+        """One device's net and optimizer state (read_whole), each process keeping its shards."""
+        options = StateDictOptions(full_state_dict=True)
+        set_state_dict(self.model, self.optimizer, model_state_dict=model, optim_state_dict=optimizer, options=options)
 
 
 class WholeState:

@@ -26,6 +26,8 @@ from ...parallel.pipelining import (
     check_pipeline_settings,
     single_device_name,
 )
+from ...runtime.checkpoint_forms import STAGES, form_of, stage_state
+from ..checkpoints import read_whole
 from . import LossFn, Strategy
 from .model_parallel import ShardedState
 
@@ -120,13 +122,18 @@ class StageState(ShardedState):
     parameter name (STAGE_OPTIMIZER_STATE). Neither depends on the split, so a run may resume with other stages."""
 
     options = STAGE_OPTIMIZER_STATE
+    form = STAGES
 
     def _state(self) -> dict[str, Any]:
         state = super()._state()
         state["model"] = {single_device_name(name): value for name, value in state["model"].items()}
         return state
 
-    def load(self, folder: Path) -> None:
+    def load(self, checkpoint: Path) -> None:
+        folder = checkpoint / "sharded"
+        if not folder.is_dir() or form_of(folder) != self.form:  # another preset's checkpoint
+            self._load_whole(*read_whole(checkpoint))
+            return
         state = self._state()
         dcp.load(state, checkpoint_id=folder)  # this stage's entries only, in place
         own = {single_device_name(name): name for name in self.model.state_dict()}
@@ -137,4 +144,16 @@ class StageState(ShardedState):
             model_state_dict=model,
             optim_state_dict=state["optimizer"],
             options=self.options,
+        )
+
+    def _load_whole(self, model: dict[str, Any], optimizer: dict[str, Any]) -> None:
+        """This stage's entries of one device's net and optimizer state (read_whole), under the stage's names."""
+        own = {name: single_device_name(name) for name in self.model.state_dict()}
+        names = {single_device_name(name): name for name, _ in self.model.named_parameters()}
+        stage = {name: model[whole] for name, whole in own.items()}
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=stage,
+            optim_state_dict=stage_state(optimizer, names, self.model.aliases),
         )

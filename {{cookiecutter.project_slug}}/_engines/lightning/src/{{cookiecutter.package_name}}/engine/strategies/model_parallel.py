@@ -39,8 +39,9 @@ from ...parallel.sharding import (
     place_layer_groups,
 )
 from ...runtime.async_saves import CheckpointWriter
-from ...runtime.resuming import check_same_mesh, write_mesh
-from .sharded_checkpoints import write_parts
+from ...runtime.checkpoint_forms import SHARDS, form_of
+from ...runtime.resuming import write_mesh
+from .sharded_checkpoints import load_whole, read_whole, write_parts
 
 
 def model_parallel(
@@ -132,9 +133,15 @@ class TensorParallelStrategy(ModelParallelStrategy):
         if Path(filepath).is_dir():  # the folder of every rank's shards
             write_mesh(Path(filepath), *self._sizes())
 
-    def check_resume(self, checkpoint: str | None) -> None:
-        """Refuse shards saved on another mesh (runtime/resuming.check_same_mesh), before training."""
-        check_same_mesh(Path(checkpoint) if checkpoint else None, *self._sizes())
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        """Shards, as Lightning reads them; a checkpoint of another preset (a whole-model file, a pipeline's stages)
+        read whole, each process keeping its shards of it."""
+        path = Path(self.broadcast(checkpoint_path))
+        if form_of(path) == SHARDS:
+            return super().load_checkpoint(path, weights_only)
+        checkpoint = read_whole(path, weights_only)
+        load_whole(self.model, self.optimizers, checkpoint)
+        return checkpoint
 
     def parallelize(self, net: nn.Module, build: Callable[[], nn.Module] | None = None) -> None:
         """Shard `net` in place and allocate this rank's shards (called from LightningModule.configure_model, with

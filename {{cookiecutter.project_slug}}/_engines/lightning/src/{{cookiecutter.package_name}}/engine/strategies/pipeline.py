@@ -18,7 +18,11 @@ import torch
 import torch.distributed.checkpoint as dcp
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
-from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
 
 from ...errors import ConfigError
 from ...parallel.pipelining import (
@@ -33,8 +37,9 @@ from ...parallel.pipelining import (
     single_device_name,
 )
 from ...runtime.async_saves import CheckpointWriter
+from ...runtime.checkpoint_forms import STAGES, form_of, stage_state
 from ..module import writes_step_metrics
-from .sharded_checkpoints import META, write_parts
+from .sharded_checkpoints import META, read_whole, write_parts
 
 
 class PipelineStrategy(DDPStrategy):
@@ -171,7 +176,9 @@ class PipelineStrategy(DDPStrategy):
 
     def load_optimizer_state_dict(self, checkpoint: dict[str, Any]) -> None:
         for optimizer, state in zip(self.optimizers, checkpoint["optimizer_states"], strict=True):
-            set_optimizer_state_dict(self.lightning_module, optimizer, state, options=STAGE_OPTIMIZER_STATE)
+            # A stage's part is flattened (STAGE_OPTIMIZER_STATE); another preset's checkpoint nested (load_checkpoint)
+            options = StateDictOptions() if "state" in state else STAGE_OPTIMIZER_STATE
+            set_optimizer_state_dict(self.lightning_module, optimizer, state, options=options)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
         """A folder, as model_parallel's: every stage writes its own parameters and optimizer state into it with
@@ -183,6 +190,8 @@ class PipelineStrategy(DDPStrategy):
         """This stage's part of a checkpoint folder, read in place (the entries of its own parameters only), and the
         rest from meta.pt. The names do not depend on the split: the pipeline may resume with other stages."""
         path = Path(checkpoint_path)
+        if form_of(path) != STAGES:  # another preset's: read whole, this stage's entries kept
+            return self._stage_of(read_whole(path, weights_only))
         checkpoint = torch.load(path / META, map_location="cpu", weights_only=weights_only)
         stage = {"state_dict": self.lightning_module_state_dict()}
         saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
@@ -193,4 +202,15 @@ class PipelineStrategy(DDPStrategy):
         checkpoint["state_dict"] = stage.pop("state_dict")
         if stage:
             checkpoint["optimizer_states"] = [stage[f"optimizer_{i}"] for i in range(len(self.optimizers))]
+        return checkpoint
+
+    def _stage_of(self, checkpoint: dict[str, Any]) -> dict[str, Any]:
+        """This stage's entries of a checkpoint read whole (single-device names), its optimizer state under the
+        stage's names."""
+        whole, module = checkpoint["state_dict"], self.lightning_module
+        checkpoint["state_dict"] = {name: whole[name] for name in map(single_device_name, module.state_dict())}
+        names = {single_device_name(name): name for name, _ in module.named_parameters()}
+        tied = {f"net.{name}": [f"net.{other}" for other in others] for name, others in module.net.aliases.items()}
+        states = checkpoint.get("optimizer_states", [])
+        checkpoint["optimizer_states"] = [stage_state(state, names, tied) for state in states]
         return checkpoint

@@ -1,14 +1,19 @@
 """The checkpoint folder of the presets whose processes each hold a part of the model (model_parallel, fsdp, pipeline),
 as Lightning's ModelParallelStrategy writes it: every process's parameters and optimizer state by
 torch.distributed.checkpoint, the rest (loop counters, callbacks, random states) in meta.pt by the first process.
-Written here too so that checkpoint.async=true can write the parts in the background (runtime/async_saves.py)."""
+Written here too so that checkpoint.async=true can write the parts in the background (runtime/async_saves.py). And
+any preset's checkpoint read whole, as one device's, for a training that resumes under another preset."""
 
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
+from ...errors import ConfigError
 from ...runtime.async_saves import CheckpointWriter
+from ...runtime.checkpoint_forms import WHOLE, form_of, is_numbered, nested, read_parts
 
 META = "meta.pt"  # what Lightning's ModelParallelStrategy names the non-tensor part of its checkpoint folders
 
@@ -24,3 +29,33 @@ def write_parts(checkpoint: dict[str, Any], path: Path, writer: CheckpointWriter
     writer.write(parts, path)
     if first_process:
         torch.save(checkpoint, path / META)
+
+
+def read_whole(path: Path, weights_only: bool | None = None) -> dict[str, Any]:
+    """The checkpoint of any preset (a whole-model file, or a folder of parts) as Lightning's dict of one device: the
+    net by its single-device names, each optimizer's state keyed by parameter name (checkpoint_forms.nested)."""
+    if form_of(path) == WHOLE:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=weights_only)
+    else:
+        parts = read_parts(path)
+        checkpoint = torch.load(path / META, map_location="cpu", weights_only=weights_only)
+        checkpoint["state_dict"] = parts.pop("state_dict")
+        if parts:  # not in weights-only checkpoints
+            checkpoint["optimizer_states"] = [parts[f"optimizer_{i}"] for i in range(len(parts))]
+    states = checkpoint.get("optimizer_states", [])
+    if any(is_numbered(state) for state in states):
+        raise ConfigError(
+            f"{path} numbers its optimizer state (written before checkpoints named each parameter's): it resumes under "
+            "the preset that wrote it only"
+        )
+    checkpoint["optimizer_states"] = [nested(state) for state in states]
+    return checkpoint
+
+
+def load_whole(module: nn.Module, optimizers: list[torch.optim.Optimizer], checkpoint: dict[str, Any]) -> None:
+    """Load a checkpoint read whole (read_whole) into a sharded `module` and its optimizers: each process keeps its
+    shards of every entry (torch.distributed.checkpoint.state_dict's full-state loading)."""
+    full = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(module, checkpoint.pop("state_dict"), options=full)
+    for optimizer, state in zip(optimizers, checkpoint.pop("optimizer_states", []), strict=False):
+        set_optimizer_state_dict(module, optimizer, state, options=full)
