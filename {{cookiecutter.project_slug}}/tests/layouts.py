@@ -64,6 +64,10 @@ LAYOUTS = [
     Layout("model_parallel-layers", (*MODEL_PARALLEL, "strategy.mode=layers", "trainer.devices=1"), gpus=2),
     Layout("pipeline-gpipe", (*PIPELINE, "strategy.schedule=gpipe"), processes=2, gpus=2, on_cpu=BF16),
     Layout("pipeline-1f1b-torchrun", (*PIPELINE, "strategy.schedule=1f1b"), processes=2, gpus=2, torchrun=True),
+    # The looped schedules: each of the 2 processes runs 2 of the net's 4 stages (stage s on process s % 2; zbv: in a
+    # V, process 0 runs the first and the last).
+    Layout("pipeline-interleaved", (*PIPELINE, "strategy.schedule=interleaved_1f1b"), processes=2, gpus=2),
+    Layout("pipeline-zbv", (*PIPELINE, "strategy.schedule=zbv"), processes=2, gpus=2),
     # Two pipelines of two stages side by side, each on half of the global batch.
     Layout(
         "pipeline-dp2",

@@ -158,9 +158,39 @@ BAD_INPUT = [
     (["checkpoint.async=sometimes"], "checkpoint.async=sometimes is not true or false (the default is false)"),
     (  # the key exists in model_parallel's config only: added with +, it must not be taken in silence
         ["strategy=pipeline", "trainer.devices=2", "+strategy.tensor_parallel_size=2"],
-        "strategy=pipeline has no strategy.tensor_parallel_size; its settings: microbatches, schedule, split_points, "
-        "data_parallel_size (pipelines side by side); tensor parallelism is strategy=model_parallel's (not combined "
-        "with a pipeline)",
+        "strategy=pipeline has no strategy.tensor_parallel_size; its settings: microbatches, schedule, "
+        "stages_per_process, split_points, data_parallel_size (pipelines side by side); tensor parallelism is "
+        "strategy=model_parallel's (not combined with a pipeline)",
+    ),
+    (
+        ["strategy=pipeline", "trainer.devices=2", "strategy.schedule=1f1b", "strategy.stages_per_process=2"],
+        "strategy.stages_per_process=2 does not fit strategy.schedule=1f1b; valid: 1 (interleaved_1f1b and zbv run "
+        "more)",
+    ),
+    (
+        ["strategy=pipeline", "trainer.devices=2", "strategy.schedule=zbv", "compile=true"],
+        "strategy.schedule=zbv splits each backward in two, which a compiled block cannot; give compile=false, or "
+        "strategy.schedule=interleaved_1f1b",
+    ),
+    (
+        [
+            "strategy=pipeline",
+            "trainer.devices=2",
+            "strategy.schedule=interleaved_1f1b",
+            "strategy.microbatches=5",
+            "data.batch_size=250",
+        ],
+        "strategy.microbatches=5 does not fit strategy.schedule=interleaved_1f1b over 2 processes per pipeline (torch "
+        "runs them in 5 // 2 = 2 equal rounds); valid: 2, 3, 4, 6, 8, ...",
+    ),  # fmt: skip
+    (  # 2 processes x 2 stages: the net's 4 blocks cannot make 6 stages
+        [
+            "strategy=pipeline",
+            "trainer.devices=2",
+            "strategy.schedule=interleaved_1f1b",
+            "strategy.stages_per_process=3",
+        ],
+        "strategy=pipeline: 6 pipeline stages need at least 6 blocks; the model has 4",
     ),
     *OPTIMIZATION_REFUSALS,
 ]
@@ -177,6 +207,10 @@ CASE_NAMES = [
     "async-checkpoints-of-a-whole-model",
     "async-checkpoints-not-a-boolean",
     "tensor-parallel-in-a-pipeline",
+    "stages-per-process-of-a-one-stage-schedule",
+    "zbv-compiled",
+    "interleaved-microbatches-in-unequal-rounds",
+    "more-stages-than-blocks",
     "batchnorm-under-pipeline",
 ]
 

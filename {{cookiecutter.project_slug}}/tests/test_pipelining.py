@@ -1,5 +1,5 @@
 """The engine-neutral pipeline pieces: the bubble formula, whole-model names of a stage's parameters, the layout of
-pipelines side by side."""
+pipelines side by side and of the looped schedules' several stages per process."""
 
 import pytest
 
@@ -10,6 +10,7 @@ from {{ cookiecutter.package_name }}.parallel.pipelining import (
     PipelineLayout,
     bubble_fraction,
     check_pipeline,
+    check_stages_per_process,
     single_device_name,
 )
 
@@ -17,6 +18,31 @@ from {{ cookiecutter.package_name }}.parallel.pipelining import (
 @pytest.mark.parametrize("stages, microbatches, expected", [(2, 4, 0.2), (2, 8, 1 / 9), (4, 4, 3 / 7)])
 def test_bubble_fraction_follows_the_formula(stages, microbatches, expected):
     assert bubble_fraction(stages, microbatches) == pytest.approx(expected)
+
+
+def test_a_looped_schedule_shrinks_the_bubble_by_its_stages_per_process():
+    """(p - 1) / (V m + p - 1): 2 processes x 2 stages, 4 micro-batches fill like 8; zbv's premise leaves none."""
+    assert bubble_fraction(2, 4, "interleaved_1f1b", 2) == pytest.approx(1 / 9)
+    assert bubble_fraction(4, 8, "interleaved_1f1b", 3) == pytest.approx(3 / 27)
+    assert bubble_fraction(2, 4, "zbv", 2) == 0.0
+
+
+def test_looped_schedules_lay_several_stages_on_each_process():
+    """interleaved_1f1b: stage s on position s % p; zbv: in a V, so position 0 holds the first and the last stage
+    and computes the loss. Every stage is held once, and the net's parameters are each held by one process."""
+    loop = PipelineLayout.over(2, 1, "interleaved_1f1b", 2)
+    assert [loop.stages_at(position) for position in range(2)] == [[0, 2], [1, 3]] and loop.loss_position == 1
+    vee = PipelineLayout.over(4, 2, "zbv", 2)  # 2 pipelines of 2 processes
+    assert [vee.stages_at(position) for position in range(2)] == [[0, 3], [1, 2]] and vee.loss_position == 0
+    net = ResidualMLP(in_features=32, num_classes=8, depth=4)
+    for schedule in ("interleaved_1f1b", "zbv"):
+        stages = [PipelinedNet.of(net, rank, 2, schedule=schedule, per_process=2) for rank in range(2)]
+        names = [{single_device_name(name) for name in stage.state_dict()} for stage in stages]
+        assert names[0].isdisjoint(names[1]) and names[0] | names[1] == set(net.state_dict())
+        assert all(len(stage.chunks) == 2 for stage in stages)
+    assert check_stages_per_process("interleaved_1f1b", None) == 2 and check_stages_per_process("1f1b", None) == 1
+    with pytest.raises(ValueError, match="strategy.stages_per_process=3 does not fit strategy.schedule=zbv; valid: 2"):
+        check_stages_per_process("zbv", 3)
 
 
 def test_stage_parameters_keep_their_single_device_names():

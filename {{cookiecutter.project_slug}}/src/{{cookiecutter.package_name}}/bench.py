@@ -6,8 +6,9 @@ bench.warmup_steps. One process is `strategy=single` (the baseline every point i
 - ddp, ddp_spawn, dp, fsdp: WEAK scaling, the convention for data parallelism: each device keeps data.batch_size
   samples, so the global batch grows with the processes (N x data.batch_size). Linear = N x one device.
 - model_parallel, pipeline: STRONG scaling: one model replica, the global batch stays data.batch_size.
-  pipeline runs both schedules and puts the measured idle share (pipeline/idle_fraction) next to the
-  theoretical bubble (p-1)/(m+p-1).
+  pipeline runs every schedule (the looped ones where the net has the blocks for 2 stages per process; zbv
+  without compile=true) and puts the measured idle share (pipeline/idle_fraction) next to the theoretical bubble,
+  (p-1)/(m+p-1), (p-1)/(2m+p-1) for interleaved_1f1b, none for zbv (pipelining.bubble_fraction).
 A model that predicts every position of a sequence (model=gpt) also gets tokens/s: samples/s x positions per
 sample. On GPUs it also reports model FLOPs utilisation: 6 x parameters FLOPs per predicted token (forward 2,
 backward 4: the dense-network estimate; it ignores attention and normalisation; a classifier's sample is one
@@ -36,7 +37,8 @@ from rich.table import Table
 from .config import register_resolvers, run_cli
 from .engine.launching import train_command
 from .errors import ConfigError, fail
-from .parallel.pipelining import bubble_fraction
+from .parallel.pipelining import LOOPED, SCHEDULES, bubble_fraction, check_stages_per_process
+from .parallel.split import layers
 from .runtime.precision import resolve_precision
 from .tools.estimate import count_parameters, example_input, tokens_per_sample
 from .tools.steptimes import ENV, STEPS_ENV, WARMUP_ENV, progress_file
@@ -73,7 +75,6 @@ def scaling(cfg: DictConfig, overrides: list[str], run_dir: Path, console: Conso
         raise ConfigError(f"bench.devices={counts} must list process counts >= 1, e.g. [1,2,4]")
     if cfg.bench.steps < 2 or cfg.bench.warmup_steps < 1:
         raise ConfigError("bench.steps must be >= 2 and bench.warmup_steps >= 1")
-    schedules = ["gpipe", "1f1b"] if preset == "pipeline" else [None]
     weak = preset in DATA_PARALLEL
     with torch.device("meta"):  # shapes only: the size, and the positions each sample predicts
         net = instantiate(cfg.model.net)
@@ -86,7 +87,7 @@ def scaling(cfg: DictConfig, overrides: list[str], run_dir: Path, console: Conso
     )
     rows: list[dict[str, Any]] = []
     for n in sorted(set(counts)):
-        for schedule in schedules if n > 1 else [None]:
+        for schedule in pipeline_schedules(cfg, net, n) if preset == "pipeline" and n > 1 else [None]:
             batch = cfg.data.batch_size * (n if weak else 1)
             times = run_point(cfg, "single" if n == 1 else preset, n, batch, schedule, overrides, run_dir)
             rows.append(measure(times, n, batch, schedule, cfg, parameters, peak, tokens))
@@ -100,6 +101,17 @@ def scaling(cfg: DictConfig, overrides: list[str], run_dir: Path, console: Conso
         row["linear_samples_per_s"] = base * row["devices"]
         row["efficiency"] = row["samples_per_s"] / row["linear_samples_per_s"]
     return rows
+
+
+def pipeline_schedules(cfg: DictConfig, net: torch.nn.Module, n: int) -> list[str]:
+    """The schedules a pipeline point over n processes runs: every one, but the looped ones where the net has fewer
+    blocks than 2 stages per process take, and zbv with compile=true (refused)."""
+    blocks = len(layers(net, "pipeline")[2])
+    return [
+        schedule
+        for schedule in SCHEDULES
+        if (schedule not in LOOPED or blocks >= 2 * n) and not (schedule == "zbv" and cfg.compile)
+    ]
 
 
 def default_counts() -> list[int]:
@@ -167,9 +179,10 @@ def phase(progress: Path, warmup: int, steps: int) -> str:
 
 
 def dropped(override: str, preset: str, schedule: str | None) -> bool:
-    """The user's strategy settings a point cannot take: none for single, not the schedule while it is swept."""
+    """The user's strategy settings a point cannot take: none for single, not the schedule (nor its stages per
+    process) while it is swept."""
     return (preset == "single" and override.startswith("strategy.")) or (
-        schedule is not None and override.startswith("strategy.schedule=")
+        schedule is not None and override.startswith(("strategy.schedule=", "strategy.stages_per_process="))
     )
 
 
@@ -202,7 +215,7 @@ def measure(
         idle = [sum(step) / len(step) for step in times["idle_fractions"][warmup:]]
         microbatches = cfg.strategy.microbatches
         row["measured_bubble"] = sum(idle) / len(idle) if idle else None
-        row["theoretical_bubble"] = bubble_fraction(n, microbatches)
+        row["theoretical_bubble"] = bubble_fraction(n, microbatches, schedule, check_stages_per_process(schedule, None))
     return row
 
 

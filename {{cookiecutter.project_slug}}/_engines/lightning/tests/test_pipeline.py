@@ -83,7 +83,9 @@ def test_16_mixed_is_refused_before_training():
 
 
 def test_unknown_schedule_is_refused():
-    with pytest.raises(ValueError, match="schedule='zero_bubble' is unknown; valid: gpipe, 1f1b"):
+    with pytest.raises(
+        ValueError, match="schedule='zero_bubble' is unknown; valid: gpipe, 1f1b, interleaved_1f1b, zbv"
+    ):
         PipelineStrategy(schedule="zero_bubble")
 
 

@@ -4,9 +4,12 @@ pieces that make a pipeline look like one model (evaluation through all stages, 
 Each process keeps only its stage of the net (cut as its `Split` says, model_split.py) and trains it with a
 torch.distributed.pipelining schedule, which cuts the batch into micro-batches so the stages overlap.
 Every stage of a pipeline reads the same batch. With `strategy.data_parallel_size=D` the processes form D pipelines
-side by side (process r: stage r % stages of pipeline r // stages), each on its slice of the global batch; each
-stage's gradients are averaged over the pipelines by DDP around the stage (torch's schedules defer its all-reduce
+side by side (process r: position r % P of pipeline r // P, P processes each), each on its slice of the global batch;
+each stage's gradients are averaged over the pipelines by DDP around the stage (torch's schedules defer its all-reduce
 to the last micro-batch's backward).
+The looped schedules give each process several stages (`stages_per_process`, V): the net is cut into P x V stages,
+stage s on position s % P (interleaved_1f1b), or in a V (zbv: position p holds stages p and 2P - 1 - p), so that
+a process idles less while the pipeline fills and drains.
 """
 
 import math
@@ -20,14 +23,51 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleZBVZeroBubble,
+)
+from torch.distributed.pipelining.schedules import generate_stage_to_rank_mapping
 from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import ConfigError
 from .batchnorm import split_problem
-from .split import find_split, pipeline_stage, tied_across_stages
+from .split import Chain, find_split, pipeline_stage, tied_across_stages
 
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+SCHEDULES = {
+    "gpipe": ScheduleGPipe,
+    "1f1b": Schedule1F1B,
+    "interleaved_1f1b": ScheduleInterleaved1F1B,
+    "zbv": ScheduleZBVZeroBubble,
+}
+LOOPED = ("interleaved_1f1b", "zbv")  # several stages per process; the others one
+
+
+def check_stages_per_process(schedule: str, given: int | None) -> int:
+    """How many stages each process runs under `schedule` (`given`: strategy.stages_per_process, None: the
+    schedule's own). Raises ValueError (the config builder's one line) where the schedule cannot run it."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"strategy.schedule={schedule!r} is unknown; valid: {', '.join(SCHEDULES)}")
+    number = given if given is not None else 2 if schedule in LOOPED else 1
+    fits = {"zbv": number == 2, "interleaved_1f1b": number >= 2}.get(schedule, number == 1)
+    if isinstance(number, bool) or not isinstance(number, int) or not fits:
+        valid = {"zbv": "2", "interleaved_1f1b": "2 or more"}.get(schedule, "1 (interleaved_1f1b and zbv run more)")
+        raise ValueError(
+            f"strategy.stages_per_process={given} does not fit strategy.schedule={schedule}; valid: {valid}"
+        )
+    return number
+
+
+def check_schedule_compiles(schedule: str, compile: bool) -> None:
+    """zbv splits each backward into its input and weight gradients, which torch.compile cannot (torch's own check)."""
+    if schedule == "zbv" and compile:
+        raise ConfigError(
+            "strategy.schedule=zbv splits each backward in two, which a compiled block cannot; give compile=false, or "
+            "strategy.schedule=interleaved_1f1b"
+        )
 
 
 def check_pipeline_settings(unknown: Collection[str]) -> None:
@@ -38,30 +78,55 @@ def check_pipeline_settings(unknown: Collection[str]) -> None:
         tensor = "tensor_parallel_size" in unknown
         hint = "; tensor parallelism is strategy=model_parallel's (not combined with a pipeline)" if tensor else ""
         raise ValueError(
-            f"strategy=pipeline has no {names}; its settings: microbatches, schedule, split_points, "
-            f"data_parallel_size (pipelines side by side){hint}"
+            f"strategy=pipeline has no {names}; its settings: microbatches, schedule, stages_per_process, "
+            f"split_points, data_parallel_size (pipelines side by side){hint}"
         )
 
 
-def bubble_fraction(stages: int, microbatches: int) -> float:
-    """Share of each step a stage idles while the pipeline fills and drains: (p - 1) / (m + p - 1)."""
-    return (stages - 1) / (microbatches + stages - 1)
+def bubble_fraction(processes: int, microbatches: int, schedule: str = "1f1b", per_process: int = 1) -> float:
+    """Share of each step a process idles while the pipeline fills and drains, in theory: (p - 1) / (m + p - 1) for
+    p processes and m micro-batches; a looped schedule's V stages per process fill it V times faster,
+    (p - 1) / (V m + p - 1). zbv fills the bubble with the weight gradients' work: none is left when a forward, an
+    input gradient and a weight gradient take the same time (ZB-V's premise; the measured idle share says how far a
+    real model is from it)."""
+    if schedule == "zbv":
+        return 0.0
+    return (processes - 1) / (per_process * microbatches + processes - 1)
 
 
 @dataclass(frozen=True)
 class PipelineLayout:
-    """`replicas` pipelines of `stages` stages side by side: process r runs stage r % stages of pipeline r // stages
-    (a pipeline's stages on neighbouring ranks, so on one machine first). The one place that maps ranks to stages
-    and pipelines: the checks, the process groups, the data slices and the means over pipelines all read it."""
+    """`replicas` pipelines of `stages` processes side by side: process r holds position r % stages of pipeline
+    r // stages (a pipeline's processes on neighbouring ranks, so on one machine first), and the model stages
+    `stages_at(position)`: one, or `per_process` of a looped schedule in `style` ("loop": stage s at position
+    s % stages; "v": position p holds stages p and 2 stages - 1 - p). The one place that maps ranks to stages and
+    pipelines: the checks, the process groups, the data slices and the means over pipelines all read it."""
 
     stages: int
     replicas: int = 1
+    per_process: int = 1
+    style: str = "loop"
 
     @classmethod
-    def over(cls, processes: int, replicas: int = 1) -> "PipelineLayout":
-        return cls(max(processes // max(replicas, 1), 1), replicas)
+    def over(cls, processes: int, replicas: int = 1, schedule: str = "1f1b", per_process: int = 1) -> "PipelineLayout":
+        style = "v" if schedule == "zbv" else "loop"
+        return cls(max(processes // max(replicas, 1), 1), replicas, per_process, style)
 
-    def stage_of(self, rank: int) -> int:
+    @property
+    def num_stages(self) -> int:  # what the model is cut into
+        return self.stages * self.per_process
+
+    def position_of_stage(self, stage: int) -> int:
+        return generate_stage_to_rank_mapping(self.stages, self.num_stages, style=self.style)[stage]
+
+    def stages_at(self, position: int) -> list[int]:
+        return [stage for stage in range(self.num_stages) if self.position_of_stage(stage) == position]
+
+    @property
+    def loss_position(self) -> int:  # the position holding the last stage, which computes the loss
+        return self.position_of_stage(self.num_stages - 1)
+
+    def stage_of(self, rank: int) -> int:  # the position in its pipeline
         return rank % self.stages
 
     def pipeline_of(self, rank: int) -> int:  # also the slice of the global batch the rank's pipeline reads
@@ -78,9 +143,17 @@ class PipelineLayout:
 
 
 def check_pipeline(
-    processes: int, microbatches: int, global_batch_size: int, net: nn.Module, split_points: Any, replicas: int = 1
+    processes: int,
+    microbatches: int,
+    global_batch_size: int,
+    net: nn.Module,
+    split_points: Any,
+    replicas: int = 1,
+    schedule: str = "1f1b",
+    per_process: int = 1,
 ) -> None:
-    """Refuse, before any process starts, a pipeline that cannot run: `replicas` pipelines over `processes`."""
+    """Refuse, before any process starts, a pipeline that cannot run: `replicas` pipelines over `processes`, each
+    process running `per_process` stages of `schedule`."""
     find_split(net, "pipeline")  # first: a model without a split cannot be pipelined whatever the layout
     if problem := split_problem(net, "pipeline"):
         raise ConfigError(problem)
@@ -109,8 +182,16 @@ def check_pipeline(
             f"data.batch_size={global_batch_size} does not split into strategy.microbatches={microbatches} equal "
             f"micro-batches{pipelines}; use a multiple of {microbatches * replicas}"
         )
+    rounds = max(1, microbatches // stages)  # torch's interleaved 1F1B runs the micro-batches in equal rounds
+    if schedule == "interleaved_1f1b" and microbatches % rounds:
+        valid = ", ".join(str(m) for m in range(stages, 4 * stages + 1) if m % max(1, m // stages) == 0)
+        raise ConfigError(
+            f"strategy.microbatches={microbatches} does not fit strategy.schedule=interleaved_1f1b over {stages} "
+            f"processes per pipeline (torch runs them in {microbatches} // {stages} = {rounds} equal rounds); valid: "
+            f"{valid}, ..."
+        )
     try:
-        pipeline_stage(net, 0, stages, split_points)
+        pipeline_stage(net, 0, stages * per_process, split_points)
     except ConfigError:  # no split: already one line naming what to implement
         raise
     except ValueError as err:
@@ -118,7 +199,7 @@ def check_pipeline(
 
 
 class Pipeline:
-    """Trains this process's stage (a PipelinedNet) with a schedule."""
+    """Trains this process's stages (a PipelinedNet) with a schedule."""
 
     def __init__(
         self,
@@ -132,13 +213,23 @@ class Pipeline:
             raise ValueError(f"schedule={schedule!r} is unknown; valid: {', '.join(SCHEDULES)}")
         self.net, self.device, self.layout = net, device, net.layout
         self.rank, self.stages, self.replicas = net.index, net.layout.stages, net.layout.replicas
-        submodule = net.stage
-        if self.replicas > 1:  # the same stage of every pipeline: DDP averages its gradients over them
+        held = net.layout.stages_at(net.index)
+        self.first, self.last = 0 in held, net.layout.num_stages - 1 in held
+        parts: list[nn.Module] = list(net.chunks)
+        # The same stage of every pipeline: DDP averages its gradients over them, during the last micro-batch's
+        # backward. Several stages per process may share a parameter (zbv's first and last, tied), which two DDPs
+        # would each average: their gradients are averaged after the step instead (average_over_pipelines).
+        self.ddp = self.replicas > 1 and len(parts) == 1
+        if self.ddp:
             device_ids = [device] if device.type == "cuda" else None
-            submodule = DistributedDataParallel(net.stage, device_ids=device_ids, process_group=net.replica_group)
-        self.stage = TimedStage(submodule, self.rank, self.stages, device, group=net.group)
-        self.schedule = SCHEDULES[schedule](self.stage, microbatches, loss_fn=loss_fn)
-        # The copies of tied weights this stage holds, each with the group of the stages holding one (PipelinedNet.of)
+            parts = [DistributedDataParallel(parts[0], device_ids=device_ids, process_group=net.replica_group)]
+        num_stages = net.layout.num_stages
+        self.parts = [
+            TimedStage(part, i, num_stages, device, group=net.group) for part, i in zip(parts, held, strict=True)
+        ]
+        looped = schedule in LOOPED
+        self.schedule = SCHEDULES[schedule](self.parts if looped else self.parts[0], microbatches, loss_fn=loss_fn)
+        # The copies of tied weights this process holds, each with the group of the processes holding one
         self.tied = [(net.stage.get_parameter(name), group) for name, group in net.tied]
 
     def parameter_counts(self) -> list[int]:
@@ -157,32 +248,43 @@ class Pipeline:
         `measure` (the steps that are logged): the loss, and each stage's idle share of the step, on every process
         (one all_gather, after waiting for this stage's work). Other steps neither time nor communicate: only the
         last stage has the loss (the others return NaN), and the idle shares are None."""
-        stage = self.stage
-        losses: list[torch.Tensor] | None = [] if stage.is_last else None
-        stage.timing = measure
+        losses: list[torch.Tensor] | None = [] if self.last else None
+        for part in self.parts:
+            part.timing = measure
         start = time.perf_counter()
         # The first stage feeds the inputs, the last one the targets.
-        self.schedule.step(*([x] if stage.is_first else []), target=y if stage.is_last else None, losses=losses)
+        self.schedule.step(*([x] if self.first else []), target=y if self.last else None, losses=losses)
+        if self.replicas > 1 and not self.ddp:
+            self.average_over_pipelines()
         for param, group in self.tied:  # each copy's gradient is its stage's uses: their sum is one device's
             dist.all_reduce(param.grad, group=group)  # gradient, so the copies take the same step and stay equal
         nan = torch.full((), math.nan, device=self.device)
         loss = torch.stack(losses).detach().float().mean() if losses is not None else nan
         if not measure:
             return loss, None
-        busy = stage.take_busy_seconds()  # on a GPU: after this stage's kernels of the step have run
+        busy = sum(part.take_busy_seconds() for part in self.parts)  # on a GPU: after the step's kernels ran
         idle = 1.0 - busy / (time.perf_counter() - start)
         by_stage = self.means_by_stage(torch.stack([loss, torch.tensor(idle, device=self.device)]))
-        return by_stage[-1][0], [float(stage_stats[1]) for stage_stats in by_stage]
+        return by_stage[self.layout.loss_position][0], [float(stage_stats[1]) for stage_stats in by_stage]
+
+    def average_over_pipelines(self) -> None:
+        """Average this process's gradients over its position in every pipeline (one all-reduce of them all)."""
+        grads = [param.grad for param in self.net.stage.parameters() if param.grad is not None]
+        flat = torch.cat([grad.reshape(-1) for grad in grads])
+        dist.all_reduce(flat, group=self.net.replica_group)
+        flat /= self.replicas
+        for grad, averaged in zip(grads, flat.split([grad.numel() for grad in grads]), strict=True):
+            grad.copy_(averaged.view_as(grad))
 
     def mean_over_pipelines(self, values: torch.Tensor) -> torch.Tensor:
         """`values` of the last stages (the others' are NaN: they have no loss), averaged over the pipelines, on
         every process: the mean over the global batch."""
-        return self.means_by_stage(values)[-1]
+        return self.means_by_stage(values)[self.layout.loss_position]
 
     def means_by_stage(self, mine: torch.Tensor) -> torch.Tensor:
-        """Every process's `mine` (same shape everywhere), averaged over the pipelines: one row per stage, on every
-        process (one all_gather). The last stage's row holds the loss: each pipeline's is the mean over its slice of
-        the global batch, and the slices are equal, so their mean is the mean over the global batch."""
+        """Every process's `mine` (same shape everywhere), averaged over the pipelines: one row per position, on
+        every process (one all_gather). The loss position's row holds the loss: each pipeline's is the mean over its
+        slice of the global batch, and the slices are equal, so their mean is the mean over the global batch."""
         gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
         dist.all_gather(gathered, mine.contiguous())
         return torch.stack(gathered).view(self.replicas, self.stages, *mine.shape).mean(dim=0)
@@ -251,31 +353,34 @@ class TimedStage(PipelineStage):
 
 
 class PipelinedNet(nn.Module):
-    """The net under strategy=pipeline: this process's stage of the network.
+    """The net under strategy=pipeline: this process's stages of the network (`stage`: every module it holds, under
+    the single-device names; `chunks`: each of its stages, a looped schedule's several, sharing those modules).
 
     forward() (validation, test, predict) passes the batch through all stages with send/recv and returns
     the last stage's output on every process, so the metrics code works unchanged. Training does not call
-    it: the schedule drives the stage directly.
+    it: the schedule drives the stages directly.
     """
 
     def __init__(
         self,
-        stage: nn.Module,
+        chunks: Sequence[nn.Module],
         index: int,
         layout: PipelineLayout,
         tied: Sequence[tuple[str, Any]] = (),
         replica: int = 0,
         groups: tuple[Any, Any] = (None, None),
+        net: nn.Module | None = None,
     ) -> None:
-        """`groups`: this pipeline's processes and this stage's in every pipeline (pipeline_groups), None for the
-        whole world and for no other pipeline."""
+        """`groups`: this pipeline's processes and this position in every pipeline (pipeline_groups), None for the
+        whole world and for no other pipeline. `net`: the whole net the chunks were cut from (several chunks)."""
         super().__init__()
-        self.stage = stage
+        self.stage = chunks[0] if len(chunks) == 1 else Chain(net, [name for chunk in chunks for name in chunk.names])
+        self.chunks = list(chunks)  # a plain list: not registered twice (state_dict: `stage`'s names only)
         self.index, self.layout, self.replica = index, layout, replica
-        self.tied = list(tied)  # this stage's copies of parameters several stages hold: (its name, their group)
-        # Each of those copies' names at the other stages: a checkpoint may hold its state under one of those only
+        self.tied = list(tied)  # this process's copies of parameters several hold: (its name, their group)
+        # Each of those copies' names at the other positions: a checkpoint may hold its state under one of those only
         self.aliases: dict[str, list[str]] = {}
-        self.ranks = layout.pipeline_ranks(replica)  # the processes of this pipeline's stages
+        self.ranks = layout.pipeline_ranks(replica)  # the processes of this pipeline, by position
         self.group, self.replica_group = groups
 
     @classmethod
@@ -286,29 +391,37 @@ class PipelinedNet(nn.Module):
         processes: int,
         split_points: Sequence[int] | None = None,
         replicas: int = 1,
+        schedule: str = "1f1b",
+        per_process: int = 1,
     ) -> "PipelinedNet":
-        """Process `rank`'s stage of `net` (of `replicas` pipelines over `processes`), cut as its Split says; the
-        rest of the net is not kept. Each stage holds its own copy of a tied parameter (every process built the
-        whole net from the same seed: equal copies)."""
-        layout = PipelineLayout.over(processes, replicas)
+        """Process `rank`'s stages of `net` (of `replicas` pipelines over `processes`, `per_process` stages each),
+        cut as its Split says; the rest of the net is not kept. Each process holds its own copy of a tied parameter
+        (every process built the whole net from the same seed: equal copies)."""
+        layout = PipelineLayout.over(processes, replicas, schedule, per_process)
         index, replica = layout.stage_of(rank), layout.pipeline_of(rank)
-        stage = pipeline_stage(net, index, layout.stages, split_points)
+        num_stages = layout.num_stages
+        chunks = [pipeline_stage(net, stage, num_stages, split_points) for stage in layout.stages_at(index)]
         groups = pipeline_groups(layout, rank)
-        across = tied_across_stages(net, layout.stages, split_points)
-        pipelined = cls(stage, index, layout, tied_groups(layout, across, rank), replica, groups)
-        for _, names in across:
+        holders = held_by_position(layout, tied_across_stages(net, num_stages, split_points))
+        pipelined = cls(chunks, index, layout, tied_groups(layout, holders, rank), replica, groups, net)
+        for names in holders:
             if index in names:
                 pipelined.aliases[names[index]] = [name for holder, name in names.items() if holder != index]
         return pipelined
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.index > 0:
-            x = _recv(self.ranks[self.index - 1], x.device)
-        out = self.stage(x)
-        last = self.layout.stages - 1
-        if self.index < last:
-            _send(out, self.ranks[self.index + 1])
-        return _broadcast(out if self.index == last else None, self.ranks[-1], x.device, self.group)
+        position, chunks = self.layout.position_of_stage, iter(self.chunks)
+        last = self.layout.num_stages - 1
+        for stage in range(last + 1):
+            if position(stage) != self.index:
+                continue
+            if stage > 0 and position(stage - 1) != self.index:
+                x = _recv(self.ranks[position(stage - 1)], x.device)
+            x = next(chunks)(x)
+            if stage < last and position(stage + 1) != self.index:
+                _send(x, self.ranks[position(stage + 1)])
+        loss_position = self.layout.loss_position
+        return _broadcast(x if self.index == loss_position else None, self.ranks[loss_position], x.device, self.group)
 
 
 def pipeline_groups(layout: PipelineLayout, rank: int) -> tuple[Any, Any]:
@@ -321,15 +434,28 @@ def pipeline_groups(layout: PipelineLayout, rank: int) -> tuple[Any, Any]:
     return pipelines[layout.pipeline_of(rank)], stages[layout.stage_of(rank)]
 
 
-def tied_groups(layout: PipelineLayout, tied: Sequence[tuple[list[int], dict[int, str]]], rank: int) -> list:
-    """For each parameter several stages hold ((those stages, each one's name for it), tied_across_stages), a process
-    group of those stages in every pipeline, created by every process in the same order; `rank`'s copies:
-    [(its name for the parameter, the group that adds up the copies' gradients)]."""
-    mine = []
+def held_by_position(layout: PipelineLayout, tied: Sequence[tuple[list[int], dict[int, str]]]) -> list[dict[int, str]]:
+    """For each parameter several stages hold (tied_across_stages: by stage), each position's name for it (its first
+    stage's), where two positions or more hold it: one process holding every copy adds up their gradients itself."""
+    held = []
     for stages, names in tied:
+        by_position: dict[int, str] = {}
+        for stage in stages:
+            by_position.setdefault(layout.position_of_stage(stage), names[stage])
+        if len(by_position) > 1:
+            held.append(by_position)
+    return held
+
+
+def tied_groups(layout: PipelineLayout, held: Sequence[dict[int, str]], rank: int) -> list:
+    """For each parameter several positions hold (held_by_position), a process group of those positions in every
+    pipeline, created by every process in the same order; `rank`'s copies: [(its name for the parameter, the group
+    that adds up the copies' gradients)]."""
+    mine = []
+    for names in held:
         for pipeline in range(layout.replicas):
-            group = dist.new_group(layout.pipeline_ranks(pipeline, stages))
-            if pipeline == layout.pipeline_of(rank) and layout.stage_of(rank) in stages:
+            group = dist.new_group(layout.pipeline_ranks(pipeline, sorted(names)))
+            if pipeline == layout.pipeline_of(rank) and layout.stage_of(rank) in names:
                 mine.append((names[layout.stage_of(rank)], group))
     return mine
 

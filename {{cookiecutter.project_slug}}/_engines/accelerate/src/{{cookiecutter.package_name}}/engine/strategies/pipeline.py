@@ -1,7 +1,7 @@
-"""pipeline: one process per pipeline stage, trained with the schedule in pipelining.py (shared with the
-Lightning engine). Each process keeps only its stage; every stage of a pipeline reads the same batch, which the
-schedule cuts into micro-batches so the stages overlap. `strategy.data_parallel_size=D`: D pipelines side by side,
-each on its slice of the global batch."""
+"""pipeline: one process per pipeline stage (or several, looped), trained with the schedule in pipelining.py
+(shared with the Lightning engine). Each process keeps only its stages; every stage of a pipeline reads the same
+batch, which the schedule cuts into micro-batches so the stages overlap. `strategy.data_parallel_size=D`: D pipelines
+side by side, each on its slice of the global batch."""
 
 import inspect
 from collections.abc import Callable
@@ -24,6 +24,8 @@ from ...parallel.pipelining import (
     bubble_fraction,
     check_pipeline,
     check_pipeline_settings,
+    check_schedule_compiles,
+    check_stages_per_process,
     single_device_name,
 )
 from ...runtime.checkpoint_forms import STAGES, form_of, stage_state
@@ -42,6 +44,7 @@ class PipelineParallel(Strategy):
         self,
         microbatches: int = 4,
         schedule: str = "1f1b",
+        stages_per_process: int | None = None,
         split_points: list[int] | None = None,
         data_parallel_size: int = 1,
         **kwargs: Any,
@@ -49,18 +52,22 @@ class PipelineParallel(Strategy):
         check_pipeline_settings(set(kwargs) - set(inspect.signature(Strategy.__init__).parameters))
         super().__init__(**kwargs)
         self.microbatches, self.schedule = microbatches, schedule
+        self.per_process = check_stages_per_process(schedule, stages_per_process)  # refuses an unknown schedule
         self.split_points = list(split_points) if split_points is not None else None
         # The stages are the processes' share of the pipelines, known in check_layout; the pipelines are given.
-        self.layout = PipelineLayout(stages=1, replicas=data_parallel_size)
+        self.layout = PipelineLayout(1, data_parallel_size, self.per_process)
         self.pipeline: Pipeline | None = None
         self.idle: list[float] = []
 
     def check_layout(self, processes: int, net: nn.Module, cfg: DictConfig) -> None:
         if cfg.trainer.precision == "16-mixed":  # one gradient scaler per stage would skip steps out of step
             raise ConfigError("strategy=pipeline supports trainer.precision=32-true or bf16-mixed, not 16-mixed")
-        replicas = self.layout.replicas
-        check_pipeline(processes, self.microbatches, cfg.data.batch_size, net, self.split_points, replicas)
-        self.layout = PipelineLayout.over(processes, replicas)
+        replicas, schedule, per_process = self.layout.replicas, self.schedule, self.per_process
+        check_pipeline(
+            processes, self.microbatches, cfg.data.batch_size, net, self.split_points, replicas, schedule, per_process
+        )
+        check_schedule_compiles(schedule, cfg.compile)
+        self.layout = PipelineLayout.over(processes, replicas, schedule, per_process)
         if cfg.trainer.accumulate_grad_batches != 1 or cfg.trainer.gradient_clip_val:
             raise ConfigError(
                 "strategy=pipeline does not support trainer.accumulate_grad_batches or trainer.gradient_clip_val; "
@@ -69,15 +76,15 @@ class PipelineParallel(Strategy):
 
     def data_parallel(self, process_index: int, processes: int) -> tuple[int, int]:
         # Every stage of a pipeline reads its pipeline's slice of the batch.
-        layout = PipelineLayout.over(processes, self.layout.replicas)
+        layout = PipelineLayout.over(processes, self.layout.replicas, self.schedule, self.per_process)
         return layout.replicas, layout.pipeline_of(process_index)
 
     def prepare(
         self, accelerator: Accelerator, net: nn.Module, optimizer: Callable[..., torch.optim.Optimizer]
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
-        stage = PipelinedNet.of(
-            net, accelerator.process_index, accelerator.num_processes, self.split_points, self.layout.replicas
-        )
+        processes, replicas = accelerator.num_processes, self.layout.replicas
+        rank, schedule = accelerator.process_index, self.schedule
+        stage = PipelinedNet.of(net, rank, processes, self.split_points, replicas, schedule, self.per_process)
         stage = stage.to(accelerator.device)
         return stage, optimizer(stage.parameters())
 
@@ -108,10 +115,13 @@ class PipelineParallel(Strategy):
     def describe(self) -> dict[str, Any]:
         return {
             "stages": self.layout.stages,
+            "stages_per_process": self.per_process,
             "pipelines": self.layout.replicas,
             "microbatches": self.microbatches,
             "schedule": self.schedule,
-            "bubble_fraction": round(bubble_fraction(self.layout.stages, self.microbatches), 4),
+            "bubble_fraction": round(
+                bubble_fraction(self.layout.stages, self.microbatches, self.schedule, self.per_process), 4
+            ),
         }
 
 

@@ -1,7 +1,7 @@
-"""strategy=pipeline: pipeline parallelism as a Lightning strategy, one process per stage.
+"""strategy=pipeline: pipeline parallelism as a Lightning strategy, one process per stage (or several, looped).
 
-Each process keeps only its stage of the net (cut between the blocks of its Split, model_split.py) and trains it with a
-torch.distributed.pipelining schedule, which cuts the batch into micro-batches so the stages overlap.
+Each process keeps only its stages of the net (cut between the blocks of its Split, model_split.py) and trains them
+with a torch.distributed.pipelining schedule, which cuts the batch into micro-batches so the stages overlap.
 The schedule runs forward and backward in one call, so the strategy owns the training step (manual
 optimization); validation, test, logging and checkpoints go through the usual Lightning paths. Checkpoints are
 folders that each stage writes its part of (torch.distributed.checkpoint), as model_parallel's.
@@ -26,7 +26,6 @@ from torch.distributed.checkpoint.state_dict import (
 
 from ...errors import ConfigError
 from ...parallel.pipelining import (
-    SCHEDULES,
     STAGE_OPTIMIZER_STATE,
     Pipeline,
     PipelinedNet,
@@ -34,6 +33,8 @@ from ...parallel.pipelining import (
     bubble_fraction,
     check_pipeline,
     check_pipeline_settings,
+    check_schedule_compiles,
+    check_stages_per_process,
     single_device_name,
 )
 from ...runtime.async_saves import CheckpointWriter
@@ -56,18 +57,18 @@ class PipelineStrategy(DDPStrategy):
         self,
         microbatches: int = 4,
         schedule: str = "1f1b",
+        stages_per_process: int | None = None,
         split_points: list[int] | None = None,
         data_parallel_size: int = 1,
         **kwargs: Any,
     ) -> None:
-        if schedule not in SCHEDULES:
-            raise ValueError(f"schedule={schedule!r} is unknown; valid: {', '.join(SCHEDULES)}")
+        per_process = check_stages_per_process(schedule, stages_per_process)  # refuses an unknown schedule
         # DDPStrategy passes what it does not know on to DistributedDataParallel, which no pipeline builds
         check_pipeline_settings(set(kwargs) - set(inspect.signature(DDPStrategy.__init__).parameters))
         super().__init__(**kwargs)
         self.checkpoint_writer = CheckpointWriter()  # checkpoint.async=true: in the background (training.prepare)
         self.microbatches = microbatches
-        self.schedule = schedule
+        self.schedule, self.per_process = schedule, per_process
         self.split_points = list(split_points) if split_points is not None else None
         self.replicas = data_parallel_size
         self._pipeline: Pipeline | None = None
@@ -82,11 +83,15 @@ class PipelineStrategy(DDPStrategy):
 
     @property
     def layout(self) -> PipelineLayout:
-        return PipelineLayout.over(self.world_size, self.replicas)
+        return PipelineLayout.over(self.world_size, self.replicas, self.schedule, self.per_process)
 
     @property
     def stages(self) -> int:
         return self.layout.stages
+
+    @property
+    def bubble_fraction(self) -> float:  # in theory
+        return bubble_fraction(self.stages, self.microbatches, self.schedule, self.per_process)
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, int]:
@@ -99,8 +104,16 @@ class PipelineStrategy(DDPStrategy):
     def check_layout(self, trainer: L.Trainer, module: L.LightningModule, global_batch_size: int) -> None:
         """Refuse, before any process starts, a pipeline that cannot run."""
         check_pipeline(
-            self.world_size, self.microbatches, global_batch_size, module.net, self.split_points, self.replicas
+            self.world_size,
+            self.microbatches,
+            global_batch_size,
+            module.net,
+            self.split_points,
+            self.replicas,
+            self.schedule,
+            self.per_process,
         )
+        check_schedule_compiles(self.schedule, module.compile_net)
         if trainer.accumulate_grad_batches != 1 or trainer.gradient_clip_val:
             raise ConfigError(
                 "strategy=pipeline does not support trainer.accumulate_grad_batches or trainer.gradient_clip_val; "
@@ -114,7 +127,13 @@ class PipelineStrategy(DDPStrategy):
         module = self.lightning_module
         if not isinstance(module.net, PipelinedNet):  # setup runs again for trainer.test
             module.net = PipelinedNet.of(
-                module.net, self.global_rank, self.world_size, self.split_points, self.replicas
+                module.net,
+                self.global_rank,
+                self.world_size,
+                self.split_points,
+                self.replicas,
+                self.schedule,
+                self.per_process,
             )
         module.automatic_optimization = False  # training_step below runs forward, backward and the step
         self.precision_plugin.convert_module(module)
@@ -129,16 +148,17 @@ class PipelineStrategy(DDPStrategy):
         """Record the split (parameters per stage: is it balanced?) and the theoretical bubble."""
         layout = {
             "stages": self.stages,
+            "stages_per_process": self.per_process,
             "pipelines": self.replicas,
             "microbatches": self.microbatches,
             "schedule": self.schedule,
             "parameters_per_stage": self._pipeline.parameter_counts(),
-            "bubble_fraction": round(bubble_fraction(self.stages, self.microbatches), 4),
+            "bubble_fraction": round(self.bubble_fraction, 4),
         }
         for logger in trainer.loggers:
             logger.log_hyperparams({"pipeline": layout})
         if self.is_global_zero:
-            print(f"pipeline: {layout} (bubble = (stages - 1) / (microbatches + stages - 1))")
+            print(f"pipeline: {layout} (bubble: pipelining.bubble_fraction)")
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         module = self.lightning_module
