@@ -73,6 +73,10 @@ def test_a_state_keyed_by_name_loads_into_the_optimizer_of_another_build():
     fresh.load_state_dict(optimizer.state_dict())  # its own numbered state as well
     assert_same_state(fresh, optimizer)
     assert by_position(saved, fresh, names)["param_groups"] == optimizer.state_dict()["param_groups"]
+    # One process running both stages that use the tied matrix (zbv) holds a copy for each: each its own state.
+    stage = stage_state(saved, {"embed.weight": "stage.embed.weight", "head.weight": "stage.head.weight"})
+    embed, head = (stage["state"][f"stage.{name}.weight"]["exp_avg"] for name in ("embed", "head"))
+    assert torch.equal(embed, head) and embed.data_ptr() != head.data_ptr()
 
 
 def test_a_missing_parameter_is_named():

@@ -43,6 +43,11 @@ def test_looped_schedules_lay_several_stages_on_each_process():
     assert check_stages_per_process("interleaved_1f1b", None) == 2 and check_stages_per_process("1f1b", None) == 1
     with pytest.raises(ValueError, match="strategy.stages_per_process=3 does not fit strategy.schedule=zbv; valid: 2"):
         check_stages_per_process("zbv", 3)
+    check_pipeline(2, 6, 60, net, None, 1, "interleaved_1f1b", 2)  # 6 micro-batches in 3 rounds of 2
+    with pytest.raises(ConfigError, match=r"in 5 // 2 = 2 equal rounds\); valid: 2, 3, 4, 6, 8, ..."):
+        check_pipeline(2, 5, 60, net, None, 1, "interleaved_1f1b", 2)
+    with pytest.raises(ConfigError, match="6 pipeline stages need at least 6 blocks; the model has 4"):
+        check_pipeline(2, 4, 64, net, None, 1, "interleaved_1f1b", 3)
 
 
 def test_stage_parameters_keep_their_single_device_names():

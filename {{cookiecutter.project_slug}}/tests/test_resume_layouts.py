@@ -36,9 +36,10 @@ CHANGES = [
     # ddp's whole model -> a pipeline's stages, each taking its part.
     ("ddp-2-to-pipeline-2", ["strategy=ddp", "trainer.devices=2"], ["strategy=pipeline", "trainer.devices=2"]),
     # The GPT, its head tied to the embedding: FSDP keeps the pair's optimizer state under the embedding's name alone,
-    # where the last stage looks for its head's.
-    ("gpt-fsdp-2-to-pipeline-2", [*GPT, "strategy=fsdp", "trainer.devices=2"],
-     [*GPT, "strategy=pipeline", "trainer.devices=2"]),
+    # where the last stage looks for its head's. Continued under zbv: 2 processes x 2 stages in a V, process 0 runs
+    # the first stage and the last, both uses of the tied matrix.
+    ("gpt-fsdp-2-to-pipeline-zbv", [*GPT, "strategy=fsdp", "trainer.devices=2"],
+     [*GPT, "strategy=pipeline", "trainer.devices=2", "strategy.schedule=zbv"]),
 ]  # fmt: skip
 
 

@@ -156,6 +156,24 @@ BAD_INPUT = [
         ],  # fmt: skip
         "strategy.data_parallel_size=3 must divide the 2 processes (pipelines x stages); valid: 1, 2",
     ),
+    (  # what the process count decides, from the command line (its logic on both engines: test_pipelining.py)
+        [
+            *("strategy=pipeline", "trainer.accelerator=cpu", "trainer.devices=2"),
+            "strategy.schedule=interleaved_1f1b",
+            "strategy.microbatches=5",
+            "data.batch_size=250",
+        ],
+        "strategy.microbatches=5 does not fit strategy.schedule=interleaved_1f1b over 2 processes per pipeline (torch "
+        "runs them in 5 // 2 = 2 equal rounds); valid: 2, 3, 4, 6, 8, ...",
+    ),  # fmt: skip
+    (  # 2 processes x 3 stages: the net's 4 blocks cannot make 6 stages
+        [
+            *("strategy=pipeline", "trainer.accelerator=cpu", "trainer.devices=2"),
+            "strategy.schedule=interleaved_1f1b",
+            "strategy.stages_per_process=3",
+        ],
+        "strategy=pipeline: 6 pipeline stages need at least 6 blocks; the model has 4",
+    ),  # fmt: skip
 ]
 BAD_INPUT_IDS = [
     "unknown-strategy",
@@ -186,6 +204,8 @@ BAD_INPUT_IDS = [
     "fsdp-replicas-not-dividing",
     "recovery-under-fsdp",
     "pipelines-not-dividing-the-processes",
+    "interleaved-microbatches-in-unequal-rounds",
+    "more-stages-than-blocks",
 ]
 
 

@@ -119,6 +119,7 @@ def test_pipeline_checkpoints_round_trip_through_one_device(train):
     stages = [pipeline_stage(module().net, stage, 2) for stage in range(2)]
     assert wandb.config["pipeline"] == {
         "stages": 2,
+        "stages_per_process": 1,
         "pipelines": 1,
         "microbatches": 4,
         "schedule": "1f1b",

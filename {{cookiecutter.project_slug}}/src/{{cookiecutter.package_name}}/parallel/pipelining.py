@@ -230,7 +230,7 @@ class Pipeline:
         looped = schedule in LOOPED
         self.schedule = SCHEDULES[schedule](self.parts if looped else self.parts[0], microbatches, loss_fn=loss_fn)
         # The copies of tied weights this process holds, each with the group of the processes holding one
-        self.tied = [(net.stage.get_parameter(name), group) for name, group in net.tied]
+        self.tied = [([net.stage.get_parameter(name) for name in names], group) for names, group in net.tied]
 
     def parameter_counts(self) -> list[int]:
         """Parameters held by each stage (is the split balanced?), on every process."""
@@ -256,8 +256,12 @@ class Pipeline:
         self.schedule.step(*([x] if self.first else []), target=y if self.last else None, losses=losses)
         if self.replicas > 1 and not self.ddp:
             self.average_over_pipelines()
-        for param, group in self.tied:  # each copy's gradient is its stage's uses: their sum is one device's
-            dist.all_reduce(param.grad, group=group)  # gradient, so the copies take the same step and stay equal
+        for copies, group in self.tied:  # each copy's gradient is its stage's uses: their sum is one device's
+            grad = torch.stack([copy.grad for copy in copies]).sum(dim=0)  # gradient, so the copies take the
+            if group is not None:  # same step and stay equal
+                dist.all_reduce(grad, group=group)
+            for copy in copies:
+                copy.grad.copy_(grad)
         nan = torch.full((), math.nan, device=self.device)
         loss = torch.stack(losses).detach().float().mean() if losses is not None else nan
         if not measure:
@@ -377,7 +381,7 @@ class PipelinedNet(nn.Module):
         self.stage = chunks[0] if len(chunks) == 1 else Chain(net, [name for chunk in chunks for name in chunk.names])
         self.chunks = list(chunks)  # a plain list: not registered twice (state_dict: `stage`'s names only)
         self.index, self.layout, self.replica = index, layout, replica
-        self.tied = list(tied)  # this process's copies of parameters several hold: (its name, their group)
+        self.tied = list(tied)  # this process's copies of parameters several stages hold: (their names, the group)
         # Each of those copies' names at the other positions: a checkpoint may hold its state under one of those only
         self.aliases: dict[str, list[str]] = {}
         self.ranks = layout.pipeline_ranks(replica)  # the processes of this pipeline, by position
@@ -399,14 +403,19 @@ class PipelinedNet(nn.Module):
         (every process built the whole net from the same seed: equal copies)."""
         layout = PipelineLayout.over(processes, replicas, schedule, per_process)
         index, replica = layout.stage_of(rank), layout.pipeline_of(rank)
-        num_stages = layout.num_stages
-        chunks = [pipeline_stage(net, stage, num_stages, split_points) for stage in layout.stages_at(index)]
+        num_stages, held = layout.num_stages, layout.stages_at(index)
+        chunks = [pipeline_stage(net, stage, num_stages, split_points) for stage in held]
+        tied = tied_across_stages(net, num_stages, split_points)
+        for stages, names in tied:  # a copy for each stage, also for two on this process (zbv's first and last):
+            for stage in [stage for stage in stages if stage in held][1:]:  # torch's zbv loses one use's weight
+                owner, _, attribute = names[stage].rpartition(".")  # gradient of a parameter two stages share
+                module = chunks[held.index(stage)].get_submodule(owner)
+                setattr(module, attribute, nn.Parameter(getattr(module, attribute).detach().clone()))
         groups = pipeline_groups(layout, rank)
-        holders = held_by_position(layout, tied_across_stages(net, num_stages, split_points))
-        pipelined = cls(chunks, index, layout, tied_groups(layout, holders, rank), replica, groups, net)
-        for names in holders:
-            if index in names:
-                pipelined.aliases[names[index]] = [name for holder, name in names.items() if holder != index]
+        pipelined = cls(chunks, index, layout, tied_groups(layout, tied, rank), replica, groups, net)
+        for stages, names in tied:
+            for stage in set(stages) & set(held):
+                pipelined.aliases[names[stage]] = [names[other] for other in stages if other != stage]
         return pipelined
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -434,29 +443,20 @@ def pipeline_groups(layout: PipelineLayout, rank: int) -> tuple[Any, Any]:
     return pipelines[layout.pipeline_of(rank)], stages[layout.stage_of(rank)]
 
 
-def held_by_position(layout: PipelineLayout, tied: Sequence[tuple[list[int], dict[int, str]]]) -> list[dict[int, str]]:
-    """For each parameter several stages hold (tied_across_stages: by stage), each position's name for it (its first
-    stage's), where two positions or more hold it: one process holding every copy adds up their gradients itself."""
-    held = []
-    for stages, names in tied:
-        by_position: dict[int, str] = {}
-        for stage in stages:
-            by_position.setdefault(layout.position_of_stage(stage), names[stage])
-        if len(by_position) > 1:
-            held.append(by_position)
-    return held
-
-
-def tied_groups(layout: PipelineLayout, held: Sequence[dict[int, str]], rank: int) -> list:
-    """For each parameter several positions hold (held_by_position), a process group of those positions in every
-    pipeline, created by every process in the same order; `rank`'s copies: [(its name for the parameter, the group
-    that adds up the copies' gradients)]."""
+def tied_groups(layout: PipelineLayout, tied: Sequence[tuple[list[int], dict[int, str]]], rank: int) -> list:
+    """For each parameter several stages hold (tied_across_stages: the stages, each one's name for it), `rank`'s
+    copies (one per stage it runs) and the process group of the positions holding one in its pipeline (None where
+    this process holds them all); every process creates every group, in the same order: [(names, group)]."""
     mine = []
-    for names in held:
-        for pipeline in range(layout.replicas):
-            group = dist.new_group(layout.pipeline_ranks(pipeline, sorted(names)))
-            if pipeline == layout.pipeline_of(rank) and layout.stage_of(rank) in names:
-                mine.append((names[layout.stage_of(rank)], group))
+    for stages, names in tied:
+        positions = sorted({layout.position_of_stage(stage) for stage in stages})
+        groups = [
+            dist.new_group(layout.pipeline_ranks(pipeline, positions)) if len(positions) > 1 else None
+            for pipeline in range(layout.replicas)
+        ]
+        here = [names[stage] for stage in stages if layout.position_of_stage(stage) == layout.stage_of(rank)]
+        if here:
+            mine.append((here, groups[layout.pipeline_of(rank)]))
     return mine
 
 

@@ -82,7 +82,12 @@ def stage_state(
         saved_as[name] = next(
             (other for other in [name, *(aliases or {}).get(name, [])] if other in state["state"]), name
         )
-    entries = {names[name]: state["state"][saved] for name, saved in saved_as.items() if saved in state["state"]}
+    entries, taken = {}, set()
+    for name, saved in saved_as.items():
+        if saved in state["state"]:  # two copies of a tied parameter (zbv: one process, two stages) step apart:
+            entry = state["state"][saved]  # each its own state, not one entry's tensors
+            entries[names[name]] = {key: value.clone() for key, value in entry.items()} if id(entry) in taken else entry
+            taken.add(id(entry))
     group_of = {name: i for i, group in enumerate(state["param_groups"]) for name in group["params"]}
     groups = [{**group, "params": []} for group in state["param_groups"]]
     for name, saved in saved_as.items():

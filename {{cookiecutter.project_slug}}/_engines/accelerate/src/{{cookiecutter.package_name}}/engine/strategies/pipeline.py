@@ -63,10 +63,10 @@ class PipelineParallel(Strategy):
         if cfg.trainer.precision == "16-mixed":  # one gradient scaler per stage would skip steps out of step
             raise ConfigError("strategy=pipeline supports trainer.precision=32-true or bf16-mixed, not 16-mixed")
         replicas, schedule, per_process = self.layout.replicas, self.schedule, self.per_process
+        check_schedule_compiles(schedule, cfg.compile)
         check_pipeline(
             processes, self.microbatches, cfg.data.batch_size, net, self.split_points, replicas, schedule, per_process
         )
-        check_schedule_compiles(schedule, cfg.compile)
         self.layout = PipelineLayout.over(processes, replicas, schedule, per_process)
         if cfg.trainer.accumulate_grad_batches != 1 or cfg.trainer.gradient_clip_val:
             raise ConfigError(

@@ -103,6 +103,7 @@ class PipelineStrategy(DDPStrategy):
 
     def check_layout(self, trainer: L.Trainer, module: L.LightningModule, global_batch_size: int) -> None:
         """Refuse, before any process starts, a pipeline that cannot run."""
+        check_schedule_compiles(self.schedule, module.compile_net)
         check_pipeline(
             self.world_size,
             self.microbatches,
@@ -113,7 +114,6 @@ class PipelineStrategy(DDPStrategy):
             self.schedule,
             self.per_process,
         )
-        check_schedule_compiles(self.schedule, module.compile_net)
         if trainer.accumulate_grad_batches != 1 or trainer.gradient_clip_val:
             raise ConfigError(
                 "strategy=pipeline does not support trainer.accumulate_grad_batches or trainer.gradient_clip_val; "
