@@ -75,6 +75,22 @@ LAYOUTS = [
         processes=4,
         gpus=4,
     ),
+    # Each stage's blocks sharded over 2 processes (tensor parallelism inside the pipeline), and all three at once:
+    # 2 pipelines x 2 stages x 2 shards. On the CPU with the GPT only (test_gpt.py): its heads are what they shard.
+    Layout(
+        "pipeline-tp2",
+        ("strategy=pipeline", "trainer.devices=4", "strategy.tensor_parallel_size=2"),
+        processes=4,
+        gpus=4,
+        on_cpu=(),
+    ),
+    Layout(
+        "pipeline-dp2xtp2",
+        ("strategy=pipeline", "trainer.devices=8", "strategy.data_parallel_size=2", "strategy.tensor_parallel_size=2"),
+        processes=8,
+        gpus=8,
+        on_cpu=(),
+    ),
     # compile=true (the whole net; each block of the split presets), on GPU machines only: compiling C++ for each
     # row would cost CI minutes (tests/test_compile.py compiles single and ddp on the CPU).
     Layout("single-compile", ("strategy=single", "compile=true"), on_cpu=()),

@@ -31,7 +31,8 @@ WEIGHT_TOLERANCE = 1e-4
 # The presets that shard or cut the GPT (its heads, its tied embedding and head). The data-parallel ones run the
 # model's own forward whatever the model: test_presets.py runs them with the classifier, test_causal_lm.py with a
 # tied transformers LM.
-GPT_LAYOUTS = ["model_parallel-tp2", "model_parallel-dp2xtp2", "model_parallel-layers", "pipeline-1f1b-torchrun"]
+GPT_LAYOUTS = ["model_parallel-tp2", "model_parallel-dp2xtp2", "model_parallel-layers", "pipeline-1f1b-torchrun",
+               "pipeline-tp2", "pipeline-dp2xtp2"]  # fmt: skip
 
 
 def small_gpt(**sizes) -> GPT:
@@ -120,8 +121,12 @@ def test_every_preset_trains_the_gpt_as_one_device_does(train, single_gpt, name)
         assert torch.allclose(trained[key], value, atol=WEIGHT_TOLERANCE), f"{name}: {key} differs from single's"
     if name.startswith("pipeline"):  # each stage wrote its own part and its own copy of the tied matrix
         files = checkpoint_files(run.run_dir / SHARDED, MODEL)
-        assert files["__0_0.distcp"].isdisjoint(files["__1_0.distcp"]), "no entry written twice, none gathered"
-        assert f"{MODEL}embed.tokens.weight" in files["__0_0.distcp"] and f"{MODEL}head.weight" in files["__1_0.distcp"]
+        shards = next((int(o.partition("=")[2]) for o in overrides if o.startswith("strategy.tensor_parallel")), 1)
+        by_stage = [set(), set()]  # what the processes of each of the 2 stages wrote (any pipeline, any shard)
+        for rank in range(layout(name).processes):
+            by_stage[rank // shards % 2] |= files.get(f"__{rank}_0.distcp", set())
+        assert by_stage[0].isdisjoint(by_stage[1]), "no entry written by two stages, none gathered"
+        assert f"{MODEL}embed.tokens.weight" in by_stage[0] and f"{MODEL}head.weight" in by_stage[1]
 
 
 # (overrides, the one error line): data the GPT cannot read, refused before training and before the run folder

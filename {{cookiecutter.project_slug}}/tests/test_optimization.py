@@ -156,11 +156,11 @@ BAD_INPUT = [
         "give checkpoint.async=false",
     ),
     (["checkpoint.async=sometimes"], "checkpoint.async=sometimes is not true or false (the default is false)"),
-    (  # the key exists in model_parallel's config only: added with +, it must not be taken in silence
-        ["strategy=pipeline", "trainer.devices=2", "+strategy.tensor_parallel_size=2"],
-        "strategy=pipeline has no strategy.tensor_parallel_size; its settings: microbatches, schedule, "
-        "stages_per_process, split_points, data_parallel_size (pipelines side by side); tensor parallelism is "
-        "strategy=model_parallel's (not combined with a pipeline)",
+    (  # the key exists in fsdp's config only: added with +, it must not be taken in silence
+        ["strategy=pipeline", "trainer.devices=2", "+strategy.replicas=2"],
+        "strategy=pipeline has no strategy.replicas; its settings: microbatches, schedule, stages_per_process, "
+        "split_points, data_parallel_size (pipelines side by side), tensor_parallel_size (each stage's blocks "
+        "sharded)",
     ),
     (
         ["strategy=pipeline", "trainer.devices=2", "strategy.schedule=1f1b", "strategy.stages_per_process=2"],
@@ -186,7 +186,7 @@ CASE_NAMES = [
     "float8-under-dp",
     "async-checkpoints-of-a-whole-model",
     "async-checkpoints-not-a-boolean",
-    "tensor-parallel-in-a-pipeline",
+    "an-fsdp-setting-in-a-pipeline",
     "stages-per-process-of-a-one-stage-schedule",
     "zbv-compiled",
     "batchnorm-under-pipeline",

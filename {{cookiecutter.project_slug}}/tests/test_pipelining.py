@@ -82,3 +82,24 @@ def test_the_layout_maps_every_rank_to_one_stage_of_one_pipeline():
     assert [layout.stage_ranks(stage) for stage in range(3)] == [[0, 3], [1, 4], [2, 5]]
     assert layout.pipeline_ranks(1, stages=[0, 2]) == [3, 5]  # a tied weight's holders in pipeline 1
     assert all(layout.rank(layout.pipeline_of(r), layout.stage_of(r)) == r for r in range(6))
+
+
+def test_tensor_parallelism_inside_the_stages_is_the_layouts_third_dimension():
+    """2 pipelines x 2 stages x 2 shards over 8 processes, one DeviceMesh (data_parallel, pipeline, tensor_parallel):
+    a stage's shards on neighbouring ranks, then a pipeline's stages; sizes that do not fit are refused naming each
+    factor, and a plan that does not divide over the shards as model_parallel refuses it."""
+    layout = PipelineLayout.over(8, replicas=2, tensor_parallel=2)
+    assert layout.stages == 2
+    assert [(layout.pipeline_of(r), layout.stage_of(r), layout.tensor_rank_of(r)) for r in (0, 1, 2, 5, 7)] == [
+        (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 1), (1, 1, 1)
+    ]  # fmt: skip
+    assert layout.pipeline_ranks(1, tensor_rank=1) == [5, 7] and layout.stage_ranks(1, tensor_rank=0) == [2, 6]
+    assert all(layout.rank(layout.pipeline_of(r), layout.stage_of(r), layout.tensor_rank_of(r)) == r for r in range(8))
+    net = ResidualMLP(in_features=32, num_classes=8, depth=4)
+    check_pipeline(8, 4, 64, net, None, replicas=2, tensor_parallel=2)
+    with pytest.raises(ConfigError, match=r"data_parallel_size=2 x strategy.tensor_parallel_size=2 must divide the 6"):
+        check_pipeline(6, 4, 64, net, None, replicas=2, tensor_parallel=2)
+    with pytest.raises(ConfigError, match="over 4 processes leaves 1 stage per pipeline; use 8\\+ processes"):
+        check_pipeline(4, 4, 64, net, None, replicas=2, tensor_parallel=2)
+    with pytest.raises(ConfigError, match="strategy.tensor_parallel_size=3 does not divide"):
+        check_pipeline(6, 4, 64, net, None, tensor_parallel=3)

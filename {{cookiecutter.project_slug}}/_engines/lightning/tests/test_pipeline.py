@@ -121,6 +121,7 @@ def test_pipeline_checkpoints_round_trip_through_one_device(train):
         "stages": 2,
         "stages_per_process": 1,
         "pipelines": 1,
+        "tensor_parallel_size": 1,
         "microbatches": 4,
         "schedule": "1f1b",
         "parameters_per_stage": [sum(p.numel() for p in stage.parameters()) for stage in stages],

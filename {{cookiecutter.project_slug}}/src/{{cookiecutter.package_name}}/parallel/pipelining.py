@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.pipelining import (
     PipelineStage,
     Schedule1F1B,
@@ -31,10 +32,13 @@ from torch.distributed.pipelining import (
     ScheduleZBVZeroBubble,
 )
 from torch.distributed.pipelining.schedules import generate_stage_to_rank_mapping
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import parallelize_module
 from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import ConfigError
 from .batchnorm import split_problem
+from .sharding import check_tensor_parallel
 from .split import Chain, find_split, pipeline_stage, tied_across_stages
 
 SCHEDULES = {
@@ -71,15 +75,14 @@ def check_schedule_compiles(schedule: str, compile: bool) -> None:
 
 
 def check_pipeline_settings(unknown: Collection[str]) -> None:
-    """Refuse settings strategy=pipeline does not have (e.g. +strategy.tensor_parallel_size=2), which a launcher's
+    """Refuse settings strategy=pipeline does not have (e.g. +strategy.replicas=2, fsdp's), which a launcher's
     keyword arguments would otherwise take in silence (raises ValueError: the config builder's one line)."""
     if unknown:
         names = ", ".join(f"strategy.{name}" for name in sorted(unknown))
-        tensor = "tensor_parallel_size" in unknown
-        hint = "; tensor parallelism is strategy=model_parallel's (not combined with a pipeline)" if tensor else ""
         raise ValueError(
             f"strategy=pipeline has no {names}; its settings: microbatches, schedule, stages_per_process, "
-            f"split_points, data_parallel_size (pipelines side by side){hint}"
+            "split_points, data_parallel_size (pipelines side by side), tensor_parallel_size (each stage's blocks "
+            "sharded)"
         )
 
 
@@ -96,21 +99,27 @@ def bubble_fraction(processes: int, microbatches: int, schedule: str = "1f1b", p
 
 @dataclass(frozen=True)
 class PipelineLayout:
-    """`replicas` pipelines of `stages` processes side by side: process r holds position r % stages of pipeline
-    r // stages (a pipeline's processes on neighbouring ranks, so on one machine first), and the model stages
-    `stages_at(position)`: one, or `per_process` of a looped schedule in `style` ("loop": stage s at position
-    s % stages; "v": position p holds stages p and 2 stages - 1 - p). The one place that maps ranks to stages and
-    pipelines: the checks, the process groups, the data slices and the means over pipelines all read it."""
+    """`replicas` pipelines of `stages` positions side by side, each position `tensor_parallel` processes that shard
+    its blocks: one DeviceMesh (data_parallel, pipeline, tensor_parallel), process r at position (r // T) % stages of
+    pipeline r // (stages T), tensor-parallel rank r % T (a position's processes, then a pipeline's, on neighbouring
+    ranks: on one machine first). Each position runs the model stages `stages_at(position)`: one, or `per_process` of
+    a looped schedule in `style` ("loop": stage s at position s % stages; "v": position p holds stages p and
+    2 stages - 1 - p). The one place that maps ranks to stages and pipelines: the checks, the process groups, the data
+    slices and the means over pipelines all read it."""
 
     stages: int
     replicas: int = 1
     per_process: int = 1
     style: str = "loop"
+    tensor_parallel: int = 1
 
     @classmethod
-    def over(cls, processes: int, replicas: int = 1, schedule: str = "1f1b", per_process: int = 1) -> "PipelineLayout":
+    def over(
+        cls, processes: int, replicas: int = 1, schedule: str = "1f1b", per_process: int = 1, tensor_parallel: int = 1
+    ) -> "PipelineLayout":
         style = "v" if schedule == "zbv" else "loop"
-        return cls(max(processes // max(replicas, 1), 1), replicas, per_process, style)
+        stages = max(processes // max(replicas * tensor_parallel, 1), 1)
+        return cls(stages, replicas, per_process, style, tensor_parallel)
 
     @property
     def num_stages(self) -> int:  # what the model is cut into
@@ -127,19 +136,23 @@ class PipelineLayout:
         return self.position_of_stage(self.num_stages - 1)
 
     def stage_of(self, rank: int) -> int:  # the position in its pipeline
-        return rank % self.stages
+        return rank // self.tensor_parallel % self.stages
 
     def pipeline_of(self, rank: int) -> int:  # also the slice of the global batch the rank's pipeline reads
-        return rank // self.stages
+        return rank // (self.tensor_parallel * self.stages)
 
-    def rank(self, pipeline: int, stage: int) -> int:
-        return pipeline * self.stages + stage
+    def tensor_rank_of(self, rank: int) -> int:
+        return rank % self.tensor_parallel
 
-    def pipeline_ranks(self, pipeline: int, stages: Sequence[int] | None = None) -> list[int]:
-        return [self.rank(pipeline, stage) for stage in (range(self.stages) if stages is None else stages)]
+    def rank(self, pipeline: int, stage: int, tensor_rank: int = 0) -> int:
+        return (pipeline * self.stages + stage) * self.tensor_parallel + tensor_rank
 
-    def stage_ranks(self, stage: int) -> list[int]:
-        return [self.rank(pipeline, stage) for pipeline in range(self.replicas)]
+    def pipeline_ranks(self, pipeline: int, stages: Sequence[int] | None = None, tensor_rank: int = 0) -> list[int]:
+        """The processes of `pipeline` (at `stages`, default all) that hold tensor-parallel shard `tensor_rank`."""
+        return [self.rank(pipeline, stage, tensor_rank) for stage in (range(self.stages) if stages is None else stages)]
+
+    def stage_ranks(self, stage: int, tensor_rank: int = 0) -> list[int]:
+        return [self.rank(pipeline, stage, tensor_rank) for pipeline in range(self.replicas)]
 
 
 def check_pipeline(
@@ -151,26 +164,32 @@ def check_pipeline(
     replicas: int = 1,
     schedule: str = "1f1b",
     per_process: int = 1,
+    tensor_parallel: int = 1,
 ) -> None:
     """Refuse, before any process starts, a pipeline that cannot run: `replicas` pipelines over `processes`, each
-    process running `per_process` stages of `schedule`."""
+    process running `per_process` stages of `schedule`, each position's blocks sharded over `tensor_parallel`."""
     find_split(net, "pipeline")  # first: a model without a split cannot be pipelined whatever the layout
     if problem := split_problem(net, "pipeline"):
         raise ConfigError(problem)
-    if replicas < 1 or processes % replicas:
+    factors = f"strategy.data_parallel_size={replicas}"
+    if tensor_parallel != 1:
+        factors += f" x strategy.tensor_parallel_size={tensor_parallel}"
+    if replicas < 1 or tensor_parallel < 1 or processes % (replicas * tensor_parallel):
         valid = ", ".join(str(d) for d in range(1, processes + 1) if processes % d == 0)
+        shards = " x tensor-parallel shards" if tensor_parallel != 1 else ""
         raise ConfigError(
-            f"strategy.data_parallel_size={replicas} must divide the {processes} processes (pipelines x stages); "
-            f"valid: {valid}"
+            f"{factors} must divide the {processes} processes (pipelines x stages{shards}); valid: {valid}"
         )
-    stages = PipelineLayout.over(processes, replicas).stages
-    if stages < 2 and replicas > 1:
+    stages = PipelineLayout.over(processes, replicas, tensor_parallel=tensor_parallel).stages
+    if stages < 2 and (replicas > 1 or tensor_parallel > 1):
         raise ConfigError(
-            f"strategy=pipeline with strategy.data_parallel_size={replicas} over {processes} processes leaves "
-            f"{stages} stage per pipeline; use 2+ processes per pipeline"
+            f"strategy=pipeline with {factors} over {processes} processes leaves {stages} stage per pipeline; use "
+            f"{2 * replicas * tensor_parallel}+ processes (2+ stages per pipeline)"
         )
     if stages < 2:
         raise ConfigError(f"strategy=pipeline runs one stage per process; {stages} process given, use 2+")
+    if tensor_parallel > 1:
+        check_tensor_parallel(net, tensor_parallel)  # the plan divides over the shards (heads, features)
     if microbatches < stages:
         raise ConfigError(
             f"strategy.microbatches={microbatches} is fewer than the {stages} pipeline stages, so stages would only "
@@ -218,8 +237,9 @@ class Pipeline:
         parts: list[nn.Module] = list(net.chunks)
         # The same stage of every pipeline: DDP averages its gradients over them, during the last micro-batch's
         # backward. Several stages per process may share a parameter (zbv's first and last, tied), which two DDPs
-        # would each average: their gradients are averaged after the step instead (average_over_pipelines).
-        self.ddp = self.replicas > 1 and len(parts) == 1
+        # would each average, and shards of tensor parallelism are DTensors, which DDP does not take: their
+        # gradients are averaged after the step instead (average_over_pipelines).
+        self.ddp = self.replicas > 1 and len(parts) == 1 and net.layout.tensor_parallel == 1  # DDP takes no DTensor
         if self.ddp:
             device_ids = [device] if device.type == "cuda" else None
             parts = [DistributedDataParallel(parts[0], device_ids=device_ids, process_group=net.replica_group)]
@@ -236,7 +256,7 @@ class Pipeline:
         """Parameters held by each stage (is the split balanced?), on every process."""
         counts = [None] * dist.get_world_size()
         dist.all_gather_object(counts, sum(p.numel() for p in self.net.stage.parameters()))
-        return counts[: self.stages]
+        return counts[: self.stages * self.layout.tensor_parallel : self.layout.tensor_parallel]
 
     def train_step(
         self, x: torch.Tensor, y: torch.Tensor, measure: bool = True
@@ -273,7 +293,7 @@ class Pipeline:
 
     def average_over_pipelines(self) -> None:
         """Average this process's gradients over its position in every pipeline (one all-reduce of them all)."""
-        grads = [param.grad for param in self.net.stage.parameters() if param.grad is not None]
+        grads = [local(param.grad) for param in self.net.stage.parameters() if param.grad is not None]
         flat = torch.cat([grad.reshape(-1) for grad in grads])
         dist.all_reduce(flat, group=self.net.replica_group)
         flat /= self.replicas
@@ -291,7 +311,8 @@ class Pipeline:
         slice of the global batch, and the slices are equal, so their mean is the mean over the global batch."""
         gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
         dist.all_gather(gathered, mine.contiguous())
-        return torch.stack(gathered).view(self.replicas, self.stages, *mine.shape).mean(dim=0)
+        shape = (self.replicas, self.stages, self.layout.tensor_parallel, *mine.shape)
+        return torch.stack(gathered).view(shape).mean(dim=(0, 2))  # a position's shards have the same loss
 
 
 # A stage's optimizer state keyed by parameter name and flattened ("state.<name>.exp_avg", ...) in checkpoints,
@@ -370,13 +391,15 @@ class PipelinedNet(nn.Module):
         chunks: Sequence[nn.Module],
         index: int,
         layout: PipelineLayout,
-        tied: Sequence[tuple[str, Any]] = (),
+        tied: Sequence[tuple[list[str], Any]] = (),
         replica: int = 0,
         groups: tuple[Any, Any] = (None, None),
         net: nn.Module | None = None,
+        tensor_rank: int = 0,
     ) -> None:
-        """`groups`: this pipeline's processes and this position in every pipeline (pipeline_groups), None for the
-        whole world and for no other pipeline. `net`: the whole net the chunks were cut from (several chunks)."""
+        """`groups`: this pipeline's processes (of this tensor-parallel rank) and this position in every pipeline
+        (pipeline_groups), None for the whole world and for no other pipeline. `net`: the whole net the chunks were
+        cut from (several chunks)."""
         super().__init__()
         self.stage = chunks[0] if len(chunks) == 1 else Chain(net, [name for chunk in chunks for name in chunk.names])
         self.chunks = list(chunks)  # a plain list: not registered twice (state_dict: `stage`'s names only)
@@ -384,7 +407,7 @@ class PipelinedNet(nn.Module):
         self.tied = list(tied)  # this process's copies of parameters several stages hold: (their names, the group)
         # Each of those copies' names at the other positions: a checkpoint may hold its state under one of those only
         self.aliases: dict[str, list[str]] = {}
-        self.ranks = layout.pipeline_ranks(replica)  # the processes of this pipeline, by position
+        self.ranks = layout.pipeline_ranks(replica, tensor_rank=tensor_rank)  # this pipeline's processes, by position
         self.group, self.replica_group = groups
 
     @classmethod
@@ -397,12 +420,18 @@ class PipelinedNet(nn.Module):
         replicas: int = 1,
         schedule: str = "1f1b",
         per_process: int = 1,
+        tensor_parallel: int = 1,
+        device_type: str = "cpu",
     ) -> "PipelinedNet":
-        """Process `rank`'s stages of `net` (of `replicas` pipelines over `processes`, `per_process` stages each),
-        cut as its Split says; the rest of the net is not kept. Each process holds its own copy of a tied parameter
-        (every process built the whole net from the same seed: equal copies)."""
-        layout = PipelineLayout.over(processes, replicas, schedule, per_process)
+        """Process `rank`'s stages of `net` (of `replicas` pipelines over `processes`, `per_process` stages each,
+        each position's blocks sharded over `tensor_parallel` processes by the Split's plan), cut as its Split says;
+        the rest of the net is not kept. Each process holds its own copy of a tied parameter (every process built
+        the whole net from the same seed: equal copies)."""
+        layout = PipelineLayout.over(processes, replicas, schedule, per_process, tensor_parallel)
         index, replica = layout.stage_of(rank), layout.pipeline_of(rank)
+        pipeline_group, replica_group, tensor_mesh = pipeline_groups(layout, rank, device_type)
+        if tensor_mesh is not None:  # the whole net's blocks by the Split's plan, before the cut: its names
+            parallelize_module(net, tensor_mesh, dict(find_split(net, "pipeline")[1].tensor_parallel))
         num_stages, held = layout.num_stages, layout.stages_at(index)
         chunks = [pipeline_stage(net, stage, num_stages, split_points) for stage in held]
         tied = tied_across_stages(net, num_stages, split_points)
@@ -411,8 +440,9 @@ class PipelinedNet(nn.Module):
                 owner, _, attribute = names[stage].rpartition(".")  # gradient of a parameter two stages share
                 module = chunks[held.index(stage)].get_submodule(owner)
                 setattr(module, attribute, nn.Parameter(getattr(module, attribute).detach().clone()))
-        groups = pipeline_groups(layout, rank)
-        pipelined = cls(chunks, index, layout, tied_groups(layout, tied, rank), replica, groups, net)
+        tied_here = tied_groups(layout, tied, rank)
+        groups = (pipeline_group, replica_group)
+        pipelined = cls(chunks, index, layout, tied_here, replica, groups, net, layout.tensor_rank_of(rank))
         for stages, names in tied:
             for stage in set(stages) & set(held):
                 pipelined.aliases[names[stage]] = [names[other] for other in stages if other != stage]
@@ -433,14 +463,17 @@ class PipelinedNet(nn.Module):
         return _broadcast(x if self.index == loss_position else None, self.ranks[loss_position], x.device, self.group)
 
 
-def pipeline_groups(layout: PipelineLayout, rank: int) -> tuple[Any, Any]:
-    """The process groups of `rank` with several pipelines: its pipeline's stages, and its stage in every pipeline.
-    Every process creates every group, in the same order (torch.distributed's rule); one pipeline needs none."""
-    if layout.replicas == 1:
-        return None, None
-    pipelines = [dist.new_group(layout.pipeline_ranks(pipeline)) for pipeline in range(layout.replicas)]
-    stages = [dist.new_group(layout.stage_ranks(stage)) for stage in range(layout.stages)]
-    return pipelines[layout.pipeline_of(rank)], stages[layout.stage_of(rank)]
+def pipeline_groups(layout: PipelineLayout, rank: int, device_type: str) -> tuple[Any, Any, DeviceMesh | None]:
+    """`rank`'s process groups with several pipelines or tensor parallelism, from the layout's one DeviceMesh: its
+    pipeline's positions (of its tensor-parallel rank), its position in every pipeline, and its position's
+    tensor-parallel mesh (None without). Every process creates them all, in the same order (torch.distributed's
+    rule); one pipeline without tensor parallelism needs none (the world is the pipeline)."""
+    if layout.replicas == layout.tensor_parallel == 1:
+        return None, None, None
+    sizes = (layout.replicas, layout.stages, layout.tensor_parallel)
+    mesh = init_device_mesh(device_type, sizes, mesh_dim_names=("data_parallel", "pipeline", "tensor_parallel"))
+    tensor = mesh["tensor_parallel"] if layout.tensor_parallel > 1 else None
+    return mesh.get_group("pipeline"), mesh.get_group("data_parallel"), tensor
 
 
 def tied_groups(layout: PipelineLayout, tied: Sequence[tuple[list[int], dict[int, str]]], rank: int) -> list:
@@ -450,14 +483,21 @@ def tied_groups(layout: PipelineLayout, tied: Sequence[tuple[list[int], dict[int
     mine = []
     for stages, names in tied:
         positions = sorted({layout.position_of_stage(stage) for stage in stages})
-        groups = [
-            dist.new_group(layout.pipeline_ranks(pipeline, positions)) if len(positions) > 1 else None
+        groups = {
+            (pipeline, shard): dist.new_group(layout.pipeline_ranks(pipeline, positions, shard))
             for pipeline in range(layout.replicas)
-        ]
+            for shard in range(layout.tensor_parallel)
+            if len(positions) > 1
+        }
         here = [names[stage] for stage in stages if layout.position_of_stage(stage) == layout.stage_of(rank)]
         if here:
-            mine.append((here, groups[layout.pipeline_of(rank)]))
+            mine.append((here, groups.get((layout.pipeline_of(rank), layout.tensor_rank_of(rank)))))
     return mine
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """This process's part of `tensor` (a DTensor's local shard, which shares its storage), or `tensor`."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 # Evaluation batches can have any size, so each tensor is preceded by a header: dtype, rank, shape.

@@ -47,6 +47,7 @@ class PipelineParallel(Strategy):
         stages_per_process: int | None = None,
         split_points: list[int] | None = None,
         data_parallel_size: int = 1,
+        tensor_parallel_size: int = 1,
         **kwargs: Any,
     ) -> None:
         check_pipeline_settings(set(kwargs) - set(inspect.signature(Strategy.__init__).parameters))
@@ -55,7 +56,7 @@ class PipelineParallel(Strategy):
         self.per_process = check_stages_per_process(schedule, stages_per_process)  # refuses an unknown schedule
         self.split_points = list(split_points) if split_points is not None else None
         # The stages are the processes' share of the pipelines, known in check_layout; the pipelines are given.
-        self.layout = PipelineLayout(1, data_parallel_size, self.per_process)
+        self.layout = PipelineLayout(1, data_parallel_size, self.per_process, tensor_parallel=tensor_parallel_size)
         self.pipeline: Pipeline | None = None
         self.idle: list[float] = []
 
@@ -63,11 +64,13 @@ class PipelineParallel(Strategy):
         if cfg.trainer.precision == "16-mixed":  # one gradient scaler per stage would skip steps out of step
             raise ConfigError("strategy=pipeline supports trainer.precision=32-true or bf16-mixed, not 16-mixed")
         replicas, schedule, per_process = self.layout.replicas, self.schedule, self.per_process
+        tensor_parallel = self.layout.tensor_parallel
         check_schedule_compiles(schedule, cfg.compile)
+        batch, split_points = cfg.data.batch_size, self.split_points
         check_pipeline(
-            processes, self.microbatches, cfg.data.batch_size, net, self.split_points, replicas, schedule, per_process
+            processes, self.microbatches, batch, net, split_points, replicas, schedule, per_process, tensor_parallel
         )
-        self.layout = PipelineLayout.over(processes, replicas, schedule, per_process)
+        self.layout = PipelineLayout.over(processes, replicas, schedule, per_process, tensor_parallel)
         if cfg.trainer.accumulate_grad_batches != 1 or cfg.trainer.gradient_clip_val:
             raise ConfigError(
                 "strategy=pipeline does not support trainer.accumulate_grad_batches or trainer.gradient_clip_val; "
@@ -76,15 +79,31 @@ class PipelineParallel(Strategy):
 
     def data_parallel(self, process_index: int, processes: int) -> tuple[int, int]:
         # Every stage of a pipeline reads its pipeline's slice of the batch.
-        layout = PipelineLayout.over(processes, self.layout.replicas, self.schedule, self.per_process)
+        layout = self.layout_over(processes)
         return layout.replicas, layout.pipeline_of(process_index)
+
+    def layout_over(self, processes: int) -> PipelineLayout:
+        layout = self.layout
+        return PipelineLayout.over(processes, layout.replicas, self.schedule, self.per_process, layout.tensor_parallel)
+
+    def mesh(self, processes: int) -> tuple[int, int]:
+        return self.layout.replicas, self.layout.tensor_parallel
 
     def prepare(
         self, accelerator: Accelerator, net: nn.Module, optimizer: Callable[..., torch.optim.Optimizer]
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
-        processes, replicas = accelerator.num_processes, self.layout.replicas
-        rank, schedule = accelerator.process_index, self.schedule
-        stage = PipelinedNet.of(net, rank, processes, self.split_points, replicas, schedule, self.per_process)
+        layout = self.layout_over(accelerator.num_processes)
+        stage = PipelinedNet.of(
+            net,
+            accelerator.process_index,
+            accelerator.num_processes,
+            self.split_points,
+            layout.replicas,
+            self.schedule,
+            self.per_process,
+            layout.tensor_parallel,
+            accelerator.device.type,
+        )
         stage = stage.to(accelerator.device)
         return stage, optimizer(stage.parameters())
 
@@ -110,13 +129,14 @@ class PipelineParallel(Strategy):
         return {f"pipeline/idle_fraction/stage{rank}": idle for rank, idle in enumerate(self.idle)}
 
     def sharded_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> "StageState":
-        return StageState(model, optimizer)
+        return StageState(model, optimizer, (self.layout.replicas, self.layout.tensor_parallel))
 
     def describe(self) -> dict[str, Any]:
         return {
             "stages": self.layout.stages,
             "stages_per_process": self.per_process,
             "pipelines": self.layout.replicas,
+            "tensor_parallel_size": self.layout.tensor_parallel,
             "microbatches": self.microbatches,
             "schedule": self.schedule,
             "bubble_fraction": round(

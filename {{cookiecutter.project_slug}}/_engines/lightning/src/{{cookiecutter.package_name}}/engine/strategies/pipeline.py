@@ -39,13 +39,15 @@ from ...parallel.pipelining import (
 )
 from ...runtime.async_saves import CheckpointWriter
 from ...runtime.checkpoint_forms import STAGES, form_of, stage_state
+from ...runtime.resuming import write_mesh
 from ..module import writes_step_metrics
 from .sharded_checkpoints import META, read_whole, write_parts
 
 
 class PipelineStrategy(DDPStrategy):
     """Pipeline-parallel training over all processes: `data_parallel_size` pipelines of world_size /
-    data_parallel_size stages (process r: stage r % stages of pipeline r // stages).
+    (data_parallel_size x tensor_parallel_size) stages, each stage's blocks sharded over `tensor_parallel_size`
+    processes (pipelining.PipelineLayout: one DeviceMesh).
 
     Launching, the process group (and its timeout) and devices come from DDPStrategy; Lightning wraps nothing
     in DistributedDataParallel (pipelining.Pipeline wraps each stage when there are several pipelines).
@@ -60,6 +62,7 @@ class PipelineStrategy(DDPStrategy):
         stages_per_process: int | None = None,
         split_points: list[int] | None = None,
         data_parallel_size: int = 1,
+        tensor_parallel_size: int = 1,
         **kwargs: Any,
     ) -> None:
         per_process = check_stages_per_process(schedule, stages_per_process)  # refuses an unknown schedule
@@ -70,7 +73,7 @@ class PipelineStrategy(DDPStrategy):
         self.microbatches = microbatches
         self.schedule, self.per_process = schedule, per_process
         self.split_points = list(split_points) if split_points is not None else None
-        self.replicas = data_parallel_size
+        self.replicas, self.tensor_parallel_size = data_parallel_size, tensor_parallel_size
         self._pipeline: Pipeline | None = None
 
     @property
@@ -83,7 +86,9 @@ class PipelineStrategy(DDPStrategy):
 
     @property
     def layout(self) -> PipelineLayout:
-        return PipelineLayout.over(self.world_size, self.replicas, self.schedule, self.per_process)
+        return PipelineLayout.over(
+            self.world_size, self.replicas, self.schedule, self.per_process, self.tensor_parallel_size
+        )
 
     @property
     def stages(self) -> int:
@@ -113,6 +118,7 @@ class PipelineStrategy(DDPStrategy):
             self.replicas,
             self.schedule,
             self.per_process,
+            self.tensor_parallel_size,
         )
         if trainer.accumulate_grad_batches != 1 or trainer.gradient_clip_val:
             raise ConfigError(
@@ -134,6 +140,8 @@ class PipelineStrategy(DDPStrategy):
                 self.replicas,
                 self.schedule,
                 self.per_process,
+                self.tensor_parallel_size,
+                self.root_device.type,
             )
         module.automatic_optimization = False  # training_step below runs forward, backward and the step
         self.precision_plugin.convert_module(module)
@@ -150,6 +158,7 @@ class PipelineStrategy(DDPStrategy):
             "stages": self.stages,
             "stages_per_process": self.per_process,
             "pipelines": self.replicas,
+            "tensor_parallel_size": self.tensor_parallel_size,
             "microbatches": self.microbatches,
             "schedule": self.schedule,
             "parameters_per_stage": self._pipeline.parameter_counts(),
@@ -205,6 +214,9 @@ class PipelineStrategy(DDPStrategy):
         torch.distributed.checkpoint, and rank 0 the rest (meta.pt: loop counters, callbacks, random states).
         No process ever holds the whole model; load_trained puts it together on one device."""
         write_parts(checkpoint, Path(filepath), self.checkpoint_writer, self.is_global_zero)
+        write_mesh(
+            Path(filepath), self.replicas, self.tensor_parallel_size
+        )  # resumed with the same tensor-parallel size
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         """This stage's part of a checkpoint folder, read in place (the entries of its own parameters only), and the
