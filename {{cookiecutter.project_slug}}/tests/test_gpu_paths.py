@@ -76,7 +76,7 @@ def test_only_the_logged_pipeline_steps_time_the_stages_and_gather_their_figures
     monkeypatch.setattr(dist, "all_gather", lambda *args, **kwargs: gathers.append(1) or all_gather(*args, **kwargs))
     x, y = torch.randn(8, 32), torch.randint(0, 8, (8,))
     loss, idle = pipeline.train_step(x, y, measure=False)
-    assert idle is None and waits == [] and gathers == [] and pipeline.stage.busy_seconds == 0
+    assert idle is None and waits == [] and gathers == [] and pipeline.parts[0].busy_seconds == 0
     logged, idle = pipeline.train_step(x, y, measure=True)  # the same weights: no optimizer step in between
     assert waits == gathers == [1] and len(idle) == 1 and 0 <= idle[0] < 1
     assert logged.item() == pytest.approx(loss.item())
