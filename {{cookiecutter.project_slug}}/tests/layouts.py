@@ -45,6 +45,21 @@ LAYOUTS = [
         processes=4,
         gpus=4,
     ),
+    # HSDP x tensor parallel, three factors in one mesh: 2 replicas x 1 shard x 2 tensor-parallel processes, and
+    # 2 x 2 x 2 (8 processes; on the CPU with the GPT only, test_gpt.py).
+    Layout(
+        "model_parallel-hsdp2xtp2",
+        (*MODEL_PARALLEL, "trainer.devices=4", "strategy.data_parallel_size=2", "strategy.replicas=2"),
+        processes=4,
+        gpus=4,
+    ),
+    Layout(
+        "model_parallel-hsdp2x2xtp2",
+        (*MODEL_PARALLEL, "trainer.devices=8", "strategy.data_parallel_size=4", "strategy.replicas=2"),
+        processes=8,
+        gpus=8,
+        on_cpu=(),
+    ),
     # FSDP2 over every process: its CPU parity and resume are tests/test_fsdp.py's; HSDP (2 replicas of 2 shards)
     # with CPU offload and the gathered weights kept for the backward, every option at once.
     Layout("fsdp", ("strategy=fsdp", "trainer.devices=2"), processes=2, gpus=2, on_cpu=()),

@@ -18,6 +18,7 @@ from {{ cookiecutter.package_name }}.runtime.checkpoint_forms import (
     by_position,
     nested,
     parameter_names,
+    restore_hyperparameters,
     stage_state,
 )
 from {{ cookiecutter.package_name }}.runtime.optimization import grouped_optimizer
@@ -103,3 +104,19 @@ def test_a_stage_state_reads_as_one_devices_and_back_as_a_stage():
     names = {name.removeprefix("stage."): name for name, _ in stage.named_parameters()}
     set_optimizer_state_dict(stage, fresh, stage_state(whole, names))
     assert_same_state(fresh, optimizer)
+
+
+def test_groups_a_stage_state_merged_get_their_own_hyperparameters_back():
+    """With a weight decay of 0 the two groups have the same hyperparameters, and a stage's flattened state, which
+    keeps them per parameter, reads as one group: torch's loading fills one of the optimizer's two groups from it, so
+    each group is given its parameters' saved values again (the other kept its built learning rate)."""
+    net, optimizer = trained()
+    for group in optimizer.param_groups:
+        group.update(weight_decay=0.0, lr=0.05)  # where a schedule had brought it
+    stage = nn.Module()
+    stage.stage = net
+    whole = nested(get_optimizer_state_dict(stage, optimizer, options=STAGE_OPTIMIZER_STATE))
+    assert len(whole["param_groups"]) == 1
+    fresh = grouped_optimizer(AdamW, net.parameters(), no_decay_norms_and_biases=True)  # lr 0.1, weight decay 0.1
+    restore_hyperparameters(fresh, whole, parameter_names(net.named_parameters(remove_duplicate=False)))
+    assert [(group["lr"], group["weight_decay"]) for group in fresh.param_groups] == [(0.05, 0.0), (0.05, 0.0)]

@@ -5,13 +5,17 @@ are refused in one line before training."""
 
 import pytest
 import torch
+import torch.distributed as dist
 from conftest import QUICK, TOLERANCE, make_runner
 from engine_specific import LAST, launcher_of
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Replicate
+from torch.testing._internal.distributed.fake_pg import FakeStore  # torch's one-process stand-in for N ranks
 
 from {{ cookiecutter.package_name }}.engine.checkpoints import load_trained
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
-from {{ cookiecutter.package_name }}.parallel.sharding import FsdpSettings, check_fsdp
+from {{ cookiecutter.package_name }}.parallel.sharding import FsdpSettings, check_fsdp, parallelize
 
 # Shuffled; 8 steps, a checkpoint every 3.
 SETTINGS = [*QUICK, "trainer.accelerator=cpu", "data.shuffle=true", "data.train_size=512", "data.batch_size=64",
@@ -27,6 +31,30 @@ def test_replicas_that_do_not_divide_the_processes_and_batchnorm_are_refused():
     batchnorm = ResidualMLP(in_features=8, num_classes=3, hidden=16, depth=2, norm="batch")
     with pytest.raises(ConfigError, match="strategy=fsdp does not synchronise BatchNorm statistics"):
         check_fsdp(batchnorm, 2, FsdpSettings())
+
+
+def test_hsdp_with_tensor_parallelism_is_one_mesh_of_three_factors():
+    """model_parallel with strategy.replicas=2 on 8 processes (data_parallel_size=4 x tensor_parallel_size=2): each
+    block's sharded weight is replicated over 2 groups, sharded by FSDP2 over 2 within each, and split by its
+    tensor-parallel plan over 2, on one mesh whose ranks are model_parallel's (torch's fake process group: one
+    process stands in for the 8; parity: layouts.py's model_parallel-hsdp2xtp2, test_gpt.py's 2 x 2 x 2)."""
+    dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
+    try:
+        mesh = init_device_mesh("cpu", (4, 2), mesh_dim_names=("data_parallel", "tensor_parallel"))
+        net = ResidualMLP(32, 8, hidden=16, depth=2)
+        full = net.blocks[0].fc_in.weight.shape
+        parallelize(net, mesh, fsdp=FsdpSettings(replicas=2))
+        weight = net.blocks[0].fc_in.weight
+        assert weight.device_mesh.mesh_dim_names == ("replicate", "shard", "tensor_parallel")
+        assert weight.device_mesh.mesh.tolist() == mesh.mesh.view(2, 2, 2).tolist()  # the same ranks where they were
+        replicated, *sharded = weight.placements  # FSDP2's shard of a tensor-parallel shard: a strided one
+        assert replicated == Replicate() and all(getattr(p, "dim", None) == 0 for p in sharded), weight.placements
+        assert weight.to_local().shape == (full[0] // 4, full[1])
+    finally:
+        dist.destroy_process_group()
+    with pytest.raises(ConfigError, match="strategy.replicas=3 must divide strategy.data_parallel_size=4 .* "
+                       "strategy.tensor_parallel_size=2.* valid: 1, 2, 4"):  # fmt: skip
+        FsdpSettings(replicas=3).check(4, 2)
 
 
 @pytest.mark.slow

@@ -31,8 +31,8 @@ WEIGHT_TOLERANCE = 1e-4
 # The presets that shard or cut the GPT (its heads, its tied embedding and head). The data-parallel ones run the
 # model's own forward whatever the model: test_presets.py runs them with the classifier, test_causal_lm.py with a
 # tied transformers LM.
-GPT_LAYOUTS = ["model_parallel-tp2", "model_parallel-dp2xtp2", "model_parallel-layers", "pipeline-1f1b-torchrun",
-               "pipeline-tp2", "pipeline-dp2xtp2"]  # fmt: skip
+GPT_LAYOUTS = ["model_parallel-tp2", "model_parallel-dp2xtp2", "model_parallel-hsdp2x2xtp2", "model_parallel-layers",
+               "pipeline-1f1b-torchrun", "pipeline-tp2", "pipeline-dp2xtp2"]  # fmt: skip
 
 
 def small_gpt(**sizes) -> GPT:

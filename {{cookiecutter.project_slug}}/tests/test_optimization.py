@@ -190,6 +190,7 @@ CASE_NAMES = [
     "stages-per-process-of-a-one-stage-schedule",
     "zbv-compiled",
     "batchnorm-under-pipeline",
+    "hsdp-replicas-that-do-not-divide-the-data-parallel-size",
 ]
 
 

@@ -21,6 +21,8 @@ from layouts import LAYOUTS, PRECISIONS, REFUSED, Layout, command
 pytestmark = [pytest.mark.slow, pytest.mark.gpu]
 
 GPUS = torch.cuda.device_count()
+# Where a row that runs on GPU machines only is checked on the CPU (by a part of its name); the rest: test_gpt.py.
+CPU_ELSEWHERE = {"compile": "compile=true is tests/test_compile.py's", "fsdp": "tests/test_fsdp.py"}
 GPU_TOLERANCE = 1e-4  # fp32 on GPUs: kernels (and compiled ones) sum in other orders
 BF16_TOLERANCE = 5e-2  # bf16 keeps 8 bits of mantissa; layouts sum in different orders
 STEPS = 4  # one epoch (QUICK) of data.train_size / data.batch_size, then validation and the memory figures
@@ -67,7 +69,9 @@ def why_not_here(layout: Layout, precision: str) -> str | None:
     if precision == "16-mixed":
         return "16-mixed (autocast with a gradient scaler) needs a CUDA GPU"
     if not layout.on_cpu:
-        elsewhere = "compile=true is tests/test_compile.py's" if "compile" in layout.name else "tests/test_fsdp.py"
+        elsewhere = next(
+            (where for part, where in CPU_ELSEWHERE.items() if part in layout.name), "with the GPT, tests/test_gpt.py"
+        )
         return f"{layout.name} runs on GPU machines (on the CPU: {elsewhere})"
     if precision not in layout.on_cpu:
         return f"on the CPU (CI time) {precision} runs where autocast meets the preset's own code, not in {layout.name}"

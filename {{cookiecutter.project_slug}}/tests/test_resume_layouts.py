@@ -29,12 +29,15 @@ CHANGES = [
     # HSDP, 2 replicas x 2 shards -> FSDP over 2 shards: DCP reshards the net and the optimizer state.
     ("hsdp-2x2-to-fsdp-2", ["strategy=fsdp", "trainer.devices=4", "strategy.replicas=2"],
      ["strategy=fsdp", "trainer.devices=2"]),
-    # Another preset: a pipeline's stages -> ddp's replicas of the whole model.
-    ("pipeline-2-to-ddp-2", ["strategy=pipeline", "trainer.devices=2"], ["strategy=ddp", "trainer.devices=2"]),
+    # Another preset: a pipeline's stages -> ddp's replicas of the whole model. The GPT: its head tied to the
+    # embedding, each held by another stage, one parameter in the whole model (which Accelerate writes under one name).
+    ("gpt-pipeline-2-to-ddp-2", [*GPT, "strategy=pipeline", "trainer.devices=2"],
+     [*GPT, "strategy=ddp", "trainer.devices=2"]),
     # FSDP's shards -> one device.
     ("fsdp-2-to-single", ["strategy=fsdp", "trainer.devices=2"], ["strategy=single"]),
-    # ddp's whole model -> a pipeline's stages, each taking its part.
-    ("ddp-2-to-pipeline-2", ["strategy=ddp", "trainer.devices=2"], ["strategy=pipeline", "trainer.devices=2"]),
+    # ddp's whole model -> a pipeline's stages, each taking its part (the last stage its head, saved as the embedding).
+    ("gpt-ddp-2-to-pipeline-2", [*GPT, "strategy=ddp", "trainer.devices=2"],
+     [*GPT, "strategy=pipeline", "trainer.devices=2"]),
     # The GPT, its head tied to the embedding: FSDP keeps the pair's optimizer state under the embedding's name alone,
     # where the last stage looks for its head's. Continued under zbv: 2 processes x 2 stages in a V, process 0 runs
     # the first stage and the last, both uses of the tied matrix.

@@ -98,19 +98,27 @@ def test_a_given_checkpoint_of_another_net_is_refused_before_loading(run_dir, tm
 
 
 def test_a_checkpoint_resumes_on_any_mesh_but_not_with_another_tensor_parallel_size(tmp_path):
-    """The optimizer's parameter groups, and the schedule's state, follow the tensor-parallel size alone."""
+    """The optimizer's parameter groups, and the schedule's state, follow the tensor-parallel layout alone."""
     whole = tmp_path / "step000004.ckpt"  # a whole-model file: no tensor parallelism, no mesh recorded
     whole.touch()
-    check_same_mesh(whole, 4, 1)  # ddp -> FSDP over 4, say
+    check_same_mesh(whole, 4, 1, "fsdp")  # ddp -> FSDP over 4, say
     with pytest.raises(ConfigError) as refused:
-        check_same_mesh(whole, 1, 2)
+        check_same_mesh(whole, 1, 2, "model_parallel")
     assert str(refused.value).startswith(f"{whole} was saved without tensor parallelism, this run's tensor-parallel")
     shards = tmp_path / "step000008.ckpt"
     shards.mkdir()
-    write_mesh(shards, 2, 2)
-    check_same_mesh(shards, 2, 2)
+    write_mesh(shards, 2, 2, "model_parallel")
+    check_same_mesh(shards, 2, 2, "model_parallel")
     for other in [(4, 1), (1, 4)]:
         with pytest.raises(ConfigError, match="on a mesh of 2 data-parallel x 2 tensor-parallel processes"):
-            check_same_mesh(shards, *other)
-    write_mesh(shards, 2, 1)  # FSDP over 2
-    check_same_mesh(shards, 4, 1)
+            check_same_mesh(shards, *other, "model_parallel")
+    with pytest.raises(
+        ConfigError, match="saved by strategy=model_parallel with strategy.tensor_parallel_size=2, this"
+    ):
+        check_same_mesh(shards, 2, 2, "pipeline")  # the same sizes, other parameter groups
+    write_mesh(shards, 2, 2, "pipeline")  # 2 pipelines of stages sharded over 2: any number of pipelines
+    check_same_mesh(shards, 1, 2, "pipeline")
+    with pytest.raises(ConfigError, match="resume it under strategy=pipeline strategy.tensor_parallel_size=2"):
+        check_same_mesh(shards, 1, 1, "ddp")
+    write_mesh(shards, 2, 1, "fsdp")  # FSDP over 2
+    check_same_mesh(shards, 4, 1, "pipeline")

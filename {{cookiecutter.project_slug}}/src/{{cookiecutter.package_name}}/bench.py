@@ -105,13 +105,20 @@ def scaling(cfg: DictConfig, overrides: list[str], run_dir: Path, console: Conso
 
 def pipeline_schedules(cfg: DictConfig, net: torch.nn.Module, n: int) -> list[str]:
     """The schedules a pipeline point over n processes runs: every one, but the looped ones where the net has fewer
-    blocks than 2 stages per process take, and zbv with compile=true (refused)."""
+    blocks than 2 stages per position take, and zbv with compile=true (refused)."""
     blocks = len(layers(net, "pipeline")[2])
     return [
         schedule
         for schedule in SCHEDULES
-        if (schedule not in LOOPED or blocks >= 2 * n) and not (schedule == "zbv" and cfg.compile)
+        if (schedule not in LOOPED or blocks >= 2 * positions(cfg, n)) and not (schedule == "zbv" and cfg.compile)
     ]
+
+
+def positions(cfg: DictConfig, n: int) -> int:
+    """The positions of each pipeline over n processes: what is left of them after the pipelines side by side and
+    the tensor-parallel shards the user's strategy settings ask for."""
+    strategy = cfg.strategy
+    return max(1, n // (strategy.get("data_parallel_size", 1) * strategy.get("tensor_parallel_size", 1)))
 
 
 def default_counts() -> list[int]:
@@ -215,7 +222,8 @@ def measure(
         idle = [sum(step) / len(step) for step in times["idle_fractions"][warmup:]]
         microbatches = cfg.strategy.microbatches
         row["measured_bubble"] = sum(idle) / len(idle) if idle else None
-        row["theoretical_bubble"] = bubble_fraction(n, microbatches, schedule, check_stages_per_process(schedule, None))
+        per_process = check_stages_per_process(schedule, None)
+        row["theoretical_bubble"] = bubble_fraction(positions(cfg, n), microbatches, schedule, per_process)
     return row
 
 

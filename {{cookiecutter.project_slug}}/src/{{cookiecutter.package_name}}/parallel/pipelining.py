@@ -4,12 +4,13 @@ pieces that make a pipeline look like one model (evaluation through all stages, 
 Each process keeps only its stage of the net (cut as its `Split` says, model_split.py) and trains it with a
 torch.distributed.pipelining schedule, which cuts the batch into micro-batches so the stages overlap.
 Every stage of a pipeline reads the same batch. With `strategy.data_parallel_size=D` the processes form D pipelines
-side by side (process r: position r % P of pipeline r // P, P processes each), each on its slice of the global batch;
-each stage's gradients are averaged over the pipelines by DDP around the stage (torch's schedules defer its all-reduce
-to the last micro-batch's backward).
-The looped schedules give each process several stages (`stages_per_process`, V): the net is cut into P x V stages,
-stage s on position s % P (interleaved_1f1b), or in a V (zbv: position p holds stages p and 2P - 1 - p), so that
-a process idles less while the pipeline fills and drains.
+side by side, each on its slice of the global batch; each stage's gradients are averaged over the pipelines (by DDP
+around the stage, whose all-reduce torch's schedules defer to the last micro-batch's backward; after the step where
+DDP cannot: several stages per process, or tensor-parallel shards). With `strategy.tensor_parallel_size=T` each
+position of a pipeline is T processes that shard its blocks by the Split's plan. PipelineLayout maps the ranks.
+The looped schedules give each process several stages (`stages_per_process`, V): the net is cut into P x V stages
+for P positions, stage s at position s % P (interleaved_1f1b), or in a V (zbv: position p holds stages p and
+2P - 1 - p), so that a process idles less while the pipeline fills and drains.
 """
 
 import math

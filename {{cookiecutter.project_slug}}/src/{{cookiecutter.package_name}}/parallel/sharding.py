@@ -148,20 +148,29 @@ def _sharded_sizes(layer: nn.Module, colwise: bool) -> list[tuple[str, int]]:
 
 @dataclass(frozen=True)
 class FsdpSettings:
-    """strategy=fsdp's options (configs/strategy/fsdp.yaml); model_parallel uses the defaults."""
+    """strategy=fsdp's options (configs/strategy/fsdp.yaml); model_parallel takes `replicas` (HSDP x tensor parallel)
+    and the defaults of the rest."""
 
     replicas: int = 1  # > 1: HSDP, shards within groups of processes, the groups replicas of each other
     reshard_after_forward: bool = True  # false: a layer's gathered weights stay from its forward to its backward
     offload: bool = False  # parameters, gradients and optimizer state in host memory, the step on the CPU
 
-    def check(self, processes: int) -> None:
-        """Refuse, before training, replicas that do not divide the processes, naming each factor."""
-        if self.replicas < 1 or processes % self.replicas:
+    def check(self, data_parallel: int, tensor_parallel: int = 1) -> None:
+        """Refuse, before training, replicas that do not divide the data-parallel processes, naming each factor."""
+        if self.replicas >= 1 and data_parallel % self.replicas == 0:
+            return
+        valid = ", ".join(str(r) for r in range(1, data_parallel + 1) if data_parallel % r == 0)
+        if tensor_parallel == 1:
             raise ConfigError(
-                f"strategy.replicas={self.replicas} must divide the {processes} processes: HSDP shards the model "
-                f"within {processes} / replicas processes and replicates across the replicas; valid: "
-                + ", ".join(str(r) for r in range(1, processes + 1) if processes % r == 0)
+                f"strategy.replicas={self.replicas} must divide the {data_parallel} processes: HSDP shards the model "
+                f"within {data_parallel} / replicas processes and replicates across the replicas; valid: {valid}"
             )
+        raise ConfigError(
+            f"strategy.replicas={self.replicas} must divide strategy.data_parallel_size={data_parallel} (the "
+            f"{data_parallel * tensor_parallel} processes = data_parallel_size x strategy.tensor_parallel_size="
+            f"{tensor_parallel}): HSDP shards within data_parallel_size / replicas groups and replicates across the "
+            f"replicas; valid: {valid}"
+        )
 
     def shards_device(self, compute: torch.device) -> torch.device:
         """Where the shards live: host memory under offload (FSDP2 copies each layer's in for its compute)."""
@@ -204,6 +213,14 @@ def parallelize(
     if getattr(net, "_parallelized", False):
         return
     tp_mesh, dp_mesh = mesh["tensor_parallel"], mesh["data_parallel"]
+    if fsdp.replicas > 1:
+        # HSDP: FSDP2 replicates over a 2-D mesh's first dimension and shards over its second. One mesh (replicate,
+        # shard, tensor_parallel) for both, with the ranks where `mesh` has them (row-major): FSDP2 takes a
+        # tensor-parallel shard only from a mesh of the same root.
+        sizes = (fsdp.replicas, dp_mesh.size() // fsdp.replicas, tp_mesh.size())
+        names = ("replicate", "shard", "tensor_parallel")
+        root = init_device_mesh(mesh.device_type, sizes, mesh_dim_names=names)
+        tp_mesh, dp_mesh = root["tensor_parallel"], root["replicate", "shard"]
     if tp_mesh.size() > 1:
         parallelize_module(net, tp_mesh, dict(find_split(net, "model_parallel")[1].tensor_parallel))
     if dp_mesh.size() > 1 or tp_mesh.size() == 1:
@@ -212,9 +229,6 @@ def parallelize(
         # (a net without a Split, under strategy=fsdp: one unit, the whole net).
         # On a 1 x 1 mesh (one process) too: its parameters are then DTensors like on any other mesh, which
         # the sharded checkpoints need (Lightning refuses to load one into a model without DTensors).
-        if fsdp.replicas > 1:  # HSDP: FSDP2 replicates over a 2-D mesh's first dimension, shards over its second
-            shape = (fsdp.replicas, dp_mesh.size() // fsdp.replicas)
-            dp_mesh = init_device_mesh(dp_mesh.device_type, shape, mesh_dim_names=("replicate", "shard"))
         options = dict(
             mesh=dp_mesh,
             mp_policy=fsdp_mixed_precision(precision),

@@ -138,6 +138,27 @@ def is_numbered(state: dict[str, Any]) -> bool:
     return bool(params) and isinstance(params[0], int)
 
 
+def restore_hyperparameters(optimizer: Optimizer, state: dict[str, Any], names: dict[torch.Tensor, list[str]]) -> None:
+    """Give each of `optimizer`'s groups the hyperparameters `state` (`nested`) saved with its parameters. torch's
+    loading matches a saved group to the optimizer's groups by their parameters, and of two groups that a stage's
+    flattened state merged (the same hyperparameters then: a weight decay of 0 for both, say) fills one only: the
+    other would keep the learning rate it was built with, which a chained schedule then carries on."""
+    saved = {name: group for group in state["param_groups"] for name in group["params"]}
+    for group in optimizer.param_groups:
+        name = next((name for param in group["params"] for name in names[param] if name in saved), None)
+        if name is not None:
+            group.update({key: value for key, value in saved[name].items() if key != "params"})
+
+
+def fill_tied(model: dict[str, torch.Tensor], names: dict[torch.Tensor, list[str]]) -> None:
+    """Give `model` (a net's state by name) every name of each tied parameter (`names`: each parameter's): a whole-model
+    file that safetensors wrote (Accelerate's) holds it under one."""
+    for tied in names.values():
+        present = next((name for name in tied if name in model), None)
+        if present is not None:
+            model.update({name: model[present] for name in tied if name not in model})
+
+
 def parameter_names(named: Iterable[tuple[str, torch.Tensor]]) -> dict[torch.Tensor, list[str]]:
     """Each parameter's names (`named`: named_parameters(remove_duplicate=False)), the first as the optimizer's."""
     names: dict[torch.Tensor, list[str]] = {}

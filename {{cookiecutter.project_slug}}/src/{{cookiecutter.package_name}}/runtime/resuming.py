@@ -93,41 +93,55 @@ def check_keep_last(keep_last: Any) -> None:
         raise ConfigError(f"checkpoint.keep_last={keep_last} keeps no checkpoint to continue from; give 1 or more")
 
 
-def write_mesh(folder: Path, data_parallel: int, tensor_parallel: int) -> None:
-    """Record the model_parallel mesh a checkpoint's shards were saved on (first process only)."""
+def write_mesh(folder: Path, data_parallel: int, tensor_parallel: int, preset: str) -> None:
+    """Record the preset and mesh a checkpoint's parts were saved on (first process only)."""
     if is_first_process():
-        (folder / MESH_FILE).write_text(
-            json.dumps({"data_parallel": data_parallel, "tensor_parallel": tensor_parallel})
-        )
+        mesh = {"preset": preset, "data_parallel": data_parallel, "tensor_parallel": tensor_parallel}
+        (folder / MESH_FILE).write_text(json.dumps(mesh))
 
 
-def check_same_mesh(folder: Path | None, data_parallel: int, tensor_parallel: int) -> None:
+def check_same_mesh(folder: Path | None, data_parallel: int, tensor_parallel: int, preset: str) -> None:
     """Refuse, before training, a checkpoint saved with another tensor-parallel size than this run's (tensor parallel 2
-    -> FSDP or ddp, ddp -> tensor parallel 2), or on another mesh with tensor parallelism. The optimizer's parameter
-    groups follow the mesh (runtime/optimization.by_placement: one per kind of shard), and so does the learning-rate
-    schedule's state: loaded into other groups, the first step fails (KeyError 'betas') or a group misses its schedule.
-    Without tensor parallelism (every other preset, fsdp and HSDP included) the groups are the same on any layout and
-    number of processes: a checkpoint resumes under any of them (checkpoint_forms.py; DCP reshards). The weights
-    alone load on any layout (load_trained). A checkpoint without a recorded mesh has no tensor parallelism."""
-    path = folder / MESH_FILE if folder is not None else None
-    if path is None or not folder.exists():
+    -> FSDP or ddp, ddp -> tensor parallel 2), or with tensor parallelism under another preset or, model_parallel's,
+    on another mesh. The optimizer's parameter groups follow the tensor-parallel layout (runtime/optimization.
+    by_placement: one per kind of shard), and so does the learning-rate schedule's state: loaded into other groups,
+    the first step fails (KeyError 'betas') or a group misses its schedule. Without tensor parallelism (every other
+    preset, fsdp and HSDP included) the groups are the same on any layout and number of processes: a checkpoint resumes
+    under any of them (checkpoint_forms.py; DCP reshards); so does a pipeline's on other pipelines side by side. The
+    weights alone load on any layout (load_trained). A checkpoint without a recorded mesh (a whole-model file or
+    folder) has no tensor parallelism; one recorded before the preset was, model_parallel's."""
+    if folder is None or not folder.exists():
         return
-    saved = json.loads(path.read_text()) if path.is_file() else {"data_parallel": None, "tensor_parallel": 1}
-    then, now = (saved["data_parallel"], saved["tensor_parallel"]), (data_parallel, tensor_parallel)
-    if then[1] == now[1] == 1 or then == now:
+    path = folder / MESH_FILE
+    saved = json.loads(path.read_text()) if path.is_file() else {"tensor_parallel": 1}
+    then_preset, then_tp, then_dp = (
+        saved.get("preset", "model_parallel"),
+        saved["tensor_parallel"],
+        saved.get("data_parallel"),
+    )
+    if then_tp == tensor_parallel == 1:
         return
-    if then[1] == 1:
+    if then_tp == 1:
         raise ConfigError(
-            f"{folder} was saved without tensor parallelism, this run's tensor-parallel size is {now[1]}: its "
+            f"{folder} was saved without tensor parallelism, this run's tensor-parallel size is {tensor_parallel}: its "
             "optimizer state and schedule fit one parameter group per kind of parameter only; resume it under a "
             "preset without (strategy.tensor_parallel_size=1), or start afresh with resume=false"
         )
-    raise ConfigError(
-        f"{folder} was saved by strategy=model_parallel on a mesh of {then[0]} data-parallel x {then[1]} "
-        f"tensor-parallel processes, this run's is {now[0]} x {now[1]}: its optimizer state fits that mesh only; "
-        f"resume on it (strategy=model_parallel strategy.data_parallel_size={then[0]} "
-        f"strategy.tensor_parallel_size={then[1]}, {then[0] * then[1]} processes), or start afresh with resume=false"
-    )
+    if then_preset == "model_parallel" and (then_dp, then_tp) != (data_parallel, tensor_parallel):
+        raise ConfigError(
+            f"{folder} was saved by strategy=model_parallel on a mesh of {then_dp} data-parallel x {then_tp} "
+            f"tensor-parallel processes, this run's is {data_parallel} x {tensor_parallel}: its optimizer state fits "
+            f"that mesh only; resume on it (strategy=model_parallel strategy.data_parallel_size={then_dp} "
+            f"strategy.tensor_parallel_size={then_tp}, {then_dp * then_tp} processes), or start afresh with "
+            "resume=false"
+        )
+    if then_preset != preset or then_tp != tensor_parallel:
+        raise ConfigError(
+            f"{folder} was saved by strategy={then_preset} with strategy.tensor_parallel_size={then_tp}, this run is "
+            f"strategy={preset} with {tensor_parallel}: its optimizer state fits that layout's parameter groups only; "
+            f"resume it under strategy={then_preset} strategy.tensor_parallel_size={then_tp}, or start afresh with "
+            "resume=false"
+        )
 
 
 def check_loadable(checkpoint: Path, cfg: DictConfig) -> None:

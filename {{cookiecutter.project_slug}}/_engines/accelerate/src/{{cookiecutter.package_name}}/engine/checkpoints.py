@@ -27,7 +27,7 @@ import torch.distributed.checkpoint as dcp
 from accelerate import Accelerator
 from accelerate.utils import OPTIMIZER_NAME, SAFE_WEIGHTS_NAME
 from hydra.utils import instantiate
-from safetensors.torch import load_file, load_model, save_file
+from safetensors.torch import load_file, load_model, save_model
 from torch import nn
 
 from ..errors import ConfigError
@@ -42,9 +42,17 @@ class Checkpoints:
     removes the others.
     """
 
-    def __init__(self, accelerator: Accelerator, folder: Path, sharded: Any | None = None, keep_last: int = 1) -> None:
+    def __init__(
+        self,
+        accelerator: Accelerator,
+        folder: Path,
+        sharded: Any | None = None,
+        keep_last: int = 1,
+        net: nn.Module | None = None,
+    ) -> None:
         check_keep_last(keep_last)
         self.accelerator, self.folder, self.keep_last = accelerator, folder, keep_last
+        self.net = net  # unwrapped: another preset's parts are put together into it (as_whole)
         self.sharded = sharded  # the strategy's sharded state (model_parallel, pipeline), written by every process
         self.unlinked: tuple[str, bool] | None = None  # checkpoint.async=true: (name, best) being written
 
@@ -58,7 +66,7 @@ class Checkpoints:
                 stacklevel=2,
             )
         if self.sharded is None and (checkpoint / "sharded").is_dir():  # another preset's parts: put together
-            with as_whole(checkpoint) as whole:
+            with as_whole(checkpoint, self.net) as whole:
                 self.accelerator.load_state(whole)
         else:
             self.accelerator.load_state(checkpoint)
@@ -151,16 +159,19 @@ def read_whole(checkpoint: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any
 
 
 @contextmanager
-def as_whole(checkpoint: Path) -> Iterator[Path]:
+def as_whole(checkpoint: Path, net: nn.Module) -> Iterator[Path]:
     """A checkpoint of a preset that writes parts as a whole-model preset's, for accelerate's load_state: its files
-    linked into a temporary folder (this process's), beside the net and optimizer files put together from its parts."""
+    linked into a temporary folder (this process's), beside the net and optimizer files put together from its parts.
+    The net's file is written as accelerate writes it (safetensors' save_model: a tied parameter under one name),
+    from `net` (the run's, unwrapped) with the parts' weights."""
     model, optimizer = read_whole(checkpoint)
+    net.load_state_dict(model)
     with tempfile.TemporaryDirectory(prefix="whole-") as folder:
         whole = Path(folder)
         for path in checkpoint.iterdir():
             if path.name != "sharded":
                 (whole / path.name).symlink_to(path.resolve())
-        save_file(model, whole / SAFE_WEIGHTS_NAME)
+        save_model(net, str(whole / SAFE_WEIGHTS_NAME))
         torch.save(optimizer, whole / f"{OPTIMIZER_NAME}.bin")
         yield whole
 

@@ -161,7 +161,7 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
     sharded = strategy.sharded_state(model, optimizer)
     if sharded is not None:
         sharded.writer.background = cfg.checkpoint.get("async", False)
-    checkpoints = Checkpoints(accelerator, run_dir / "checkpoints", sharded, cfg.checkpoint.keep_last)
+    checkpoints = Checkpoints(accelerator, run_dir / "checkpoints", sharded, cfg.checkpoint.keep_last, net)
     start = resume_point(accelerator, cfg, checkpoints)
     if start:
         checkpoints.load(start)

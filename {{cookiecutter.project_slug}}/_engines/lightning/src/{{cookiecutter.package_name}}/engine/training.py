@@ -63,7 +63,7 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
     trainer, model, datamodule = prepare(cfg)
     start = ckpt_path if not cfg.check_only else planned_start(run_dir, cfg)
     tensor_parallel = getattr(trainer.strategy, "tensor_parallel_size", 1)  # another one than the checkpoint's?
-    check_same_mesh(Path(start) if start else None, data_parallel_size(trainer), tensor_parallel)
+    check_same_mesh(Path(start) if start else None, data_parallel_size(trainer), tensor_parallel, preset())
     if synchronised_batchnorm(cfg, model, trainer):
         rank_zero_info(synchronised_message(trainer.world_size))  # converted when fit starts (BatchNormSync)
     if cfg.check_only:

@@ -49,7 +49,8 @@ class Strategy:
         """Refuse, before training, a checkpoint this layout cannot continue: one of model_parallel's with tensor
         parallelism (runtime/resuming.check_same_mesh), or of its mode=layers. Any other preset's it continues."""
         if checkpoint is not None:
-            check_same_mesh(checkpoint / "sharded", *self.mesh(processes))
+            parts = checkpoint / "sharded"  # a whole-model checkpoint has none: no tensor parallelism
+            check_same_mesh(parts if parts.is_dir() else checkpoint, *self.mesh(processes), self.name)
             if saved_by_layers(checkpoint):
                 raise ConfigError(
                     f"{checkpoint} was saved by strategy=model_parallel strategy.mode=layers, whose checkpoint keeps "

@@ -6,7 +6,8 @@ FSDP plugin needs GPUs. This preset applies the net's `Split` (model_split.py) w
 processes, moves the data and saves the checkpoints.
 
 - tensor (default): a (data_parallel x tensor_parallel) DeviceMesh over the launched processes; every block
-  is sharded by the tensor-parallel plan of the net's Split, and across data-parallel groups FSDP2 shards the rest.
+  is sharded by the tensor-parallel plan of the net's Split, and across data-parallel groups FSDP2 shards the rest
+  (`replicas` > 1: HSDP, sharded within data_parallel_size / replicas groups, replicated across them).
 - layers: one process; consecutive layer groups (cut between the Split's blocks) on consecutive devices.
 """
 
@@ -43,7 +44,7 @@ from ...parallel.sharding import (
 )
 from ...parallel.split import find_split
 from ...runtime.async_saves import CheckpointWriter
-from ...runtime.checkpoint_forms import SHARDS, form_of
+from ...runtime.checkpoint_forms import SHARDS, fill_tied, form_of, parameter_names, restore_hyperparameters
 from ...runtime.resuming import write_mesh
 from ..checkpoints import read_whole, saved_by_layers
 from . import Strategy
@@ -59,6 +60,7 @@ class ModelParallel(Strategy):
         mode: str = "tensor",
         tensor_parallel_size: int | str = "auto",
         data_parallel_size: int | str = "auto",
+        replicas: int = 1,
         devices: list[str] | None = None,
         init: str = "full",
         **kwargs: Any,
@@ -73,7 +75,8 @@ class ModelParallel(Strategy):
         self.on_meta: OnMeta | None = None
         self.build: Callable[[], nn.Module] | None = None  # the net's build, again for init=full
         self.precision = "32-true"
-        self.fsdp = FsdpSettings()  # strategy=fsdp's HSDP, resharding and offload (fsdp.py); here the defaults
+        # strategy=fsdp's HSDP, resharding and offload (fsdp.py); here HSDP x tensor parallel and the defaults
+        self.fsdp = FsdpSettings(replicas=replicas)
 
     def processes(self, launched: int, devices: int) -> int:
         if self.mode == "layers" and launched > 1:
@@ -100,6 +103,7 @@ class ModelParallel(Strategy):
                 f"strategy.data_parallel_size={dp} x strategy.tensor_parallel_size={tp} must equal the {processes} "
                 "launched processes"
             )
+        self.fsdp.check(dp, tp)
         check_tensor_parallel(net, tp)
 
     def data_parallel(self, process_index: int, processes: int) -> tuple[int, int]:
@@ -141,7 +145,7 @@ class ModelParallel(Strategy):
         return self.mode == "tensor"
 
     def sharded_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> "ShardedState | None":
-        return ShardedState(model, optimizer, self.sizes) if self.writes_checkpoint_parts else None
+        return ShardedState(model, optimizer, self.name, self.sizes) if self.writes_checkpoint_parts else None
 
     def check_resume(self, checkpoint: Path | None, processes: int) -> None:
         """mode=layers: refuse another preset's checkpoint (it keeps its net elsewhere: saved_by_layers), before
@@ -160,7 +164,8 @@ class ModelParallel(Strategy):
     def describe(self) -> dict[str, Any]:
         if self.mode == "layers":
             return {"mode": "layers", "devices": [str(device) for device in self.layer_devices]}
-        return {"mode": "tensor", "data_parallel_size": self.sizes[0], "tensor_parallel_size": self.sizes[1]}
+        dp, tp = self.sizes
+        return {"mode": "tensor", "data_parallel_size": dp, "tensor_parallel_size": tp, "replicas": self.fsdp.replicas}
 
 
 class ShardedState:
@@ -171,8 +176,11 @@ class ShardedState:
     options = StateDictOptions()
     form = SHARDS  # the form it writes (checkpoint_forms.py); another preset's is read whole
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, mesh: tuple[int, int] | None = None) -> None:
-        self.model, self.optimizer, self.mesh = model, optimizer, mesh  # mesh: (data, tensor) parallel sizes
+    def __init__(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, preset: str, mesh: tuple[int, int] = (1, 1)
+    ) -> None:
+        self.model, self.optimizer = model, optimizer
+        self.preset, self.mesh = preset, mesh  # mesh: (data, tensor) parallel sizes, recorded with the parts
         self.writer = CheckpointWriter()  # checkpoint.async=true: in the background (training.py)
 
     def _state(self) -> dict[str, Any]:
@@ -182,8 +190,7 @@ class ShardedState:
 
     def save(self, folder: Path) -> None:
         self.writer.write(self._state(), folder)
-        if self.mesh is not None:
-            write_mesh(folder, *self.mesh)
+        write_mesh(folder, *self.mesh, self.preset)
 
     def load(self, checkpoint: Path) -> None:
         folder = checkpoint / "sharded"
@@ -202,8 +209,11 @@ class ShardedState:
 
     def _load_whole(self, model: dict[str, Any], optimizer: dict[str, Any]) -> None:
         """One device's net and optimizer state (read_whole), each process keeping its shards."""
+        names = parameter_names(self.model.named_parameters(remove_duplicate=False))
+        fill_tied(model, names)
         options = StateDictOptions(full_state_dict=True)
         set_state_dict(self.model, self.optimizer, model_state_dict=model, optim_state_dict=optimizer, options=options)
+        restore_hyperparameters(self.optimizer, optimizer, names)
 
 
 class WholeState:

@@ -129,7 +129,7 @@ class PipelineParallel(Strategy):
         return {f"pipeline/idle_fraction/stage{rank}": idle for rank, idle in enumerate(self.idle)}
 
     def sharded_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> "StageState":
-        return StageState(model, optimizer, (self.layout.replicas, self.layout.tensor_parallel))
+        return StageState(model, optimizer, self.name, (self.layout.replicas, self.layout.tensor_parallel))
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -177,13 +177,12 @@ class StageState(ShardedState):
         )
 
     def _load_whole(self, model: dict[str, Any], optimizer: dict[str, Any]) -> None:
-        """This stage's entries of one device's net and optimizer state (read_whole), under the stage's names."""
+        """This stage's entries of one device's net and optimizer state (read_whole), under the stage's names. A
+        whole-model file holds a tied parameter under one of its names (the embedding's, not the head's)."""
+        aliases = self.model.aliases
         own = {name: single_device_name(name) for name in self.model.state_dict()}
+        saved = {name: next(n for n in [whole, *aliases.get(whole, [])] if n in model) for name, whole in own.items()}
+        stage = {name: model[saved_as] for name, saved_as in saved.items()}
         names = {single_device_name(name): name for name, _ in self.model.named_parameters()}
-        stage = {name: model[whole] for name, whole in own.items()}
-        set_state_dict(
-            self.model,
-            self.optimizer,
-            model_state_dict=stage,
-            optim_state_dict=stage_state(optimizer, names, self.model.aliases),
-        )
+        optimizer = stage_state(optimizer, names, aliases)
+        set_state_dict(self.model, self.optimizer, model_state_dict=stage, optim_state_dict=optimizer)

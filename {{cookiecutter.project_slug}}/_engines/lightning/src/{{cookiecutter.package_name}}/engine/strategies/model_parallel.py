@@ -5,7 +5,8 @@ Two modes, chosen by `strategy.mode`:
 - tensor: Lightning's ModelParallelStrategy. The processes form a 2D DeviceMesh
   (data_parallel x tensor_parallel). Each tensor-parallel group shards the model by the tensor-parallel plan
   of its `Split` (model_split.py) and reads the same batch; across data-parallel groups the model is
-  also sharded with FSDP2 `fully_shard`, which averages the gradients of the replicas.
+  also sharded with FSDP2 `fully_shard`, which averages the gradients of the replicas (`replicas` > 1: HSDP,
+  sharded within data_parallel_size / replicas groups, replicated across them).
 - layers: one process, the model cut into consecutive groups of layers (between the blocks of its Split), group i
   on device i; activations are copied from one device to the next. Simple, but only one device works
   at a time (the pipeline preset overlaps them).
@@ -48,6 +49,7 @@ def model_parallel(
     mode: str = "tensor",
     tensor_parallel_size: int | Literal["auto"] = "auto",
     data_parallel_size: int | Literal["auto"] = "auto",
+    replicas: int = 1,
     save_distributed_checkpoint: bool = True,
     devices: list[str] | None = None,
     timeout: timedelta = timedelta(minutes=10),
@@ -57,13 +59,15 @@ def model_parallel(
     check_mode(mode)
     check_init(init)
     if mode == "tensor":
-        return TensorParallelStrategy(
+        strategy = TensorParallelStrategy(
             init=init,
             data_parallel_size=data_parallel_size,
             tensor_parallel_size=tensor_parallel_size,
             save_distributed_checkpoint=save_distributed_checkpoint,
             timeout=timeout,
         )
+        strategy.fsdp = FsdpSettings(replicas=replicas)
+        return strategy
     return LayerSplitStrategy(devices)
 
 
@@ -121,6 +125,7 @@ class TensorParallelStrategy(ModelParallelStrategy):
                 f"strategy.data_parallel_size={dp} x strategy.tensor_parallel_size={tp} must equal the processes: "
                 f"trainer.devices={self.num_processes} x trainer.num_nodes={self.num_nodes} = {self.world_size}"
             )
+        self.fsdp.check(dp, tp)
         check_tensor_parallel(model, tp)
         check_precision(self.preset, trainer.precision)
 
@@ -131,7 +136,7 @@ class TensorParallelStrategy(ModelParallelStrategy):
         else:
             super().save_checkpoint(checkpoint, filepath, storage_options)
         if Path(filepath).is_dir():  # the folder of every rank's shards
-            write_mesh(Path(filepath), *self._sizes())
+            write_mesh(Path(filepath), *self._sizes(), self.preset)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         """Shards, as Lightning reads them; a checkpoint of another preset (a whole-model file, a pipeline's stages)

@@ -41,7 +41,7 @@ from ...runtime.async_saves import CheckpointWriter
 from ...runtime.checkpoint_forms import STAGES, form_of, stage_state
 from ...runtime.resuming import write_mesh
 from ..module import writes_step_metrics
-from .sharded_checkpoints import META, read_whole, write_parts
+from .sharded_checkpoints import META, check_named, read_whole, write_parts
 
 
 class PipelineStrategy(DDPStrategy):
@@ -214,9 +214,7 @@ class PipelineStrategy(DDPStrategy):
         torch.distributed.checkpoint, and rank 0 the rest (meta.pt: loop counters, callbacks, random states).
         No process ever holds the whole model; load_trained puts it together on one device."""
         write_parts(checkpoint, Path(filepath), self.checkpoint_writer, self.is_global_zero)
-        write_mesh(
-            Path(filepath), self.replicas, self.tensor_parallel_size
-        )  # resumed with the same tensor-parallel size
+        write_mesh(Path(filepath), self.replicas, self.tensor_parallel_size, "pipeline")  # resumed with the same
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         """This stage's part of a checkpoint folder, read in place (the entries of its own parameters only), and the
@@ -243,6 +241,11 @@ class PipelineStrategy(DDPStrategy):
         checkpoint["state_dict"] = {name: whole[name] for name in map(single_device_name, module.state_dict())}
         names = {single_device_name(name): name for name, _ in module.named_parameters()}
         tied = {f"net.{name}": [f"net.{other}" for other in others] for name, others in module.net.aliases.items()}
-        states = checkpoint.get("optimizer_states", [])
-        checkpoint["optimizer_states"] = [stage_state(state, names, tied) for state in states]
+        if "optimizer_states" in checkpoint and module.trainer.state.fn == TrainerFn.FITTING:
+            check_named(checkpoint["optimizer_states"])
+            checkpoint["optimizer_states"] = [
+                stage_state(state, names, tied) for state in checkpoint["optimizer_states"]
+            ]
+        else:  # a weights-only checkpoint, or weights only needed (test, validate)
+            checkpoint.pop("optimizer_states", None)
         return checkpoint

@@ -8,12 +8,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
 from ...errors import ConfigError
 from ...runtime.async_saves import CheckpointWriter
-from ...runtime.checkpoint_forms import WHOLE, form_of, is_numbered, nested, read_parts
+from ...runtime.checkpoint_forms import (
+    WHOLE,
+    form_of,
+    is_numbered,
+    nested,
+    parameter_names,
+    read_parts,
+    restore_hyperparameters,
+)
 
 META = "meta.pt"  # what Lightning's ModelParallelStrategy names the non-tensor part of its checkpoint folders
 
@@ -21,8 +30,10 @@ META = "meta.pt"  # what Lightning's ModelParallelStrategy names the non-tensor 
 def write_parts(checkpoint: dict[str, Any], path: Path, writer: CheckpointWriter, first_process: bool) -> None:
     """Write `checkpoint` (Lightning's dict; its state_dict and optimizer_states are this process's parts) into the
     folder `path`. Every process calls it."""
-    if path.is_file():  # a whole-model checkpoint of that name, from another preset
+    if first_process and path.is_file():  # a whole-model checkpoint of that name, from another preset
         path.unlink()
+    if dist.is_initialized():  # no process makes the folder before the file is gone (seen: both unlinked it)
+        dist.barrier()
     path.mkdir(parents=True, exist_ok=True)
     parts = {"state_dict": checkpoint.pop("state_dict")}
     parts.update({f"optimizer_{i}": state for i, state in enumerate(checkpoint.pop("optimizer_states", []))})
@@ -42,14 +53,19 @@ def read_whole(path: Path, weights_only: bool | None = None) -> dict[str, Any]:
         checkpoint["state_dict"] = parts.pop("state_dict")
         if parts:  # not in weights-only checkpoints
             checkpoint["optimizer_states"] = [parts[f"optimizer_{i}"] for i in range(len(parts))]
-    states = checkpoint.get("optimizer_states", [])
+    if "optimizer_states" in checkpoint:
+        checkpoint["optimizer_states"] = [nested(state) for state in checkpoint["optimizer_states"]]
+    return checkpoint
+
+
+def check_named(states: list[dict[str, Any]]) -> None:
+    """Refuse, in one line, to restore an optimizer state another preset wrote numbered (as torch numbers it: before
+    checkpoints named each parameter's): its numbers mean nothing to this layout. Its weights alone load."""
     if any(is_numbered(state) for state in states):
         raise ConfigError(
-            f"{path} numbers its optimizer state (written before checkpoints named each parameter's): it resumes under "
-            "the preset that wrote it only"
+            "the checkpoint numbers its optimizer state (written before checkpoints named each parameter's): it "
+            "resumes under the preset that wrote it only"
         )
-    checkpoint["optimizer_states"] = [nested(state) for state in states]
-    return checkpoint
 
 
 def load_whole(module: nn.Module, optimizers: list[torch.optim.Optimizer], checkpoint: dict[str, Any]) -> None:
@@ -57,5 +73,9 @@ def load_whole(module: nn.Module, optimizers: list[torch.optim.Optimizer], check
     shards of every entry (torch.distributed.checkpoint.state_dict's full-state loading)."""
     full = StateDictOptions(full_state_dict=True)
     set_model_state_dict(module, checkpoint.pop("state_dict"), options=full)
-    for optimizer, state in zip(optimizers, checkpoint.pop("optimizer_states", []), strict=False):
+    states = checkpoint.pop("optimizer_states", []) if optimizers else []
+    check_named(states)
+    names = parameter_names(module.named_parameters(remove_duplicate=False))
+    for optimizer, state in zip(optimizers, states, strict=False):
         set_optimizer_state_dict(module, optimizer, state, options=full)
+        restore_hyperparameters(optimizer, state, names)
