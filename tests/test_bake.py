@@ -95,6 +95,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         f"src/{package}/parallel/__init__.py",
         f"src/{package}/parallel/batchnorm.py",
         f"src/{package}/parallel/launcher.py",
+        f"src/{package}/parallel/layout.py",
         f"src/{package}/parallel/pipelining.py",
         f"src/{package}/parallel/sharding.py",
         f"src/{package}/parallel/split.py",

@@ -116,6 +116,7 @@ def test_every_preset_trains_the_gpt_as_one_device_does(train, single_gpt, name)
     run = train(*PARITY, *TINY, *overrides, launcher=launcher)
     losses, weights = single_gpt
     assert run.losses(K) == pytest.approx(losses, abs=TOLERANCE), name
+    assert run.wandb.config["run"]["layout"] == layout(name).expected_layout(torch.cuda.device_count())
     trained = load_trained(run.run_dir / LAST).state_dict()
     for key, value in weights.items():  # (a tied pair stepped apart would be off by ~6e-3: the summed lr of K steps)
         assert torch.allclose(trained[key], value, atol=WEIGHT_TOLERANCE), f"{name}: {key} differs from single's"

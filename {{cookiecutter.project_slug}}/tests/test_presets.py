@@ -38,6 +38,7 @@ class Result:
     steps: list[int]  # the global steps they were logged at
     val: tuple[float, float]  # val/loss, val/acc
     world_size: int
+    layout: dict[str, int]  # run.layout: replicas x shards x tensor_parallel x stages
     seconds: float
     memory: dict[str, float]  # peak MiB per device (CUDA) or RSS MiB per rank (CPU)
 
@@ -51,6 +52,7 @@ def read(run: Run, seconds: float) -> Result:
         steps=wandb.steps("train/loss")[:STEPS],
         val=(wandb.metric("val/loss")[-1], wandb.metric("val/acc")[-1]),
         world_size=wandb.config["run"]["world_size"],
+        layout=wandb.config["run"]["layout"],
         seconds=seconds,
         memory={name.removeprefix("memory/").rsplit("/", 1)[0]: wandb.metric(name)[-1] for name in names},
     )
@@ -117,6 +119,7 @@ def test_layout_matches_single(reference, runner, table_row, layout, precision):
     row.update(seconds=result.seconds, memory=result.memory)
     assert result.steps == list(range(STEPS)), "train/loss logged at every global step"
     assert result.world_size == layout.processes
+    assert result.layout == layout.expected_layout(GPUS), "the preset is the special case of the layout it says"
     if precision == "32-true":
         tolerance = GPU_TOLERANCE if GPUS else TOLERANCE
         assert result.losses == pytest.approx(fp32.losses, abs=tolerance)

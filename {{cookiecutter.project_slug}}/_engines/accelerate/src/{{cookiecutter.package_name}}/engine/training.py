@@ -242,6 +242,7 @@ def start_wandb(accelerator: Accelerator, cfg: DictConfig, strategy: Strategy, r
         "num_nodes": processes // per_node,
         "data_parallel_size": replicas,
         "per_device_batch_size": per_device_batch_size(batch, replicas, accumulation(cfg)),
+        "layout": strategy.device_layout(processes).as_config(),
         **strategy.describe(),
     }
     accelerator.init_trackers(cfg.logger.project, config=config)

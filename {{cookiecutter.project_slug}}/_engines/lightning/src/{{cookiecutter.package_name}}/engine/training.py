@@ -36,7 +36,7 @@ from .callbacks.epoch_metrics import EpochMetricsFile
 from .checkpoints import LAST, AnyPresetCheckpointIO, ResumeCheckpoint, resume_from
 from .module import build_module
 from .profiler import NoProfiler
-from .strategies import BatchNormSync, check_layout, data_parallel_size, model_init_context
+from .strategies import BatchNormSync, check_layout, data_parallel_size, device_layout, model_init_context
 
 # Lightning reports a bad Trainer argument as MisconfigurationException: a refused config too.
 build = functools.partial(build_object, bad_arguments=(MisconfigurationException,))
@@ -187,6 +187,7 @@ def run_summary(cfg: DictConfig, trainer: L.Trainer) -> dict[str, Any]:
         "per_device_batch_size": per_device_batch_size(
             cfg.data.batch_size, data_parallel_size(trainer), trainer.accumulate_grad_batches
         ),
+        "layout": device_layout(trainer).as_config(),
     }
     return summary
 

@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from ...errors import ConfigError
+from ...parallel.layout import Layout
 from ...runtime.checkpoint_forms import keep_state_by_name, parameter_names
 from ...runtime.resuming import check_same_mesh
 from ..checkpoints import saved_by_layers
@@ -56,6 +57,11 @@ class Strategy:
                     f"{checkpoint} was saved by strategy=model_parallel strategy.mode=layers, whose checkpoint keeps "
                     "the net where the other presets keep their schedule: it resumes under that preset only"
                 )
+
+    def device_layout(self, processes: int) -> Layout:
+        """The run's replicas x shards x tensor_parallel x stages (parallel/layout.py): data parallel over every
+        process (single, ddp) unless the preset says otherwise."""
+        return Layout(replicas=processes)
 
     def mesh(self, processes: int) -> tuple[int, int]:
         """(data-parallel, tensor-parallel) sizes over `processes`: no tensor parallelism but model_parallel's."""

@@ -19,6 +19,7 @@ from ...errors import ConfigError
 from ...models.activation_checkpointing import DP_REFUSAL as CHECKPOINTING_DP_REFUSAL
 from ...models.compilation import DP_REFUSAL
 from ...parallel.batchnorm import data_parallel_problem
+from ...parallel.layout import Layout
 from . import Strategy
 
 
@@ -68,6 +69,9 @@ class DataParallel(Strategy):
 
     def devices_in_use(self) -> list[torch.device]:
         return self.replica_devices
+
+    def device_layout(self, processes: int) -> Layout:  # replicas in threads of this process, one per GPU
+        return Layout(replicas=max(len(self.replica_devices), 1))
 
     def describe(self) -> dict[str, int]:
         return {"replica_devices": self.devices}

@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from torch.distributed.device_mesh import init_device_mesh
 
 from ...errors import ConfigError
+from ...parallel.layout import Layout
 from ...parallel.sharding import (
     FsdpSettings,
     OnMeta,
@@ -160,6 +161,12 @@ class ModelParallel(Strategy):
 
     def mesh(self, processes: int) -> tuple[int, int]:
         return self.sizes
+
+    def device_layout(self, processes: int) -> Layout:
+        if self.mode == "layers":
+            return Layout(stages=len(self.layer_devices))
+        dp, tp = self.sizes
+        return Layout(replicas=self.fsdp.replicas, shards=dp // self.fsdp.replicas, tensor_parallel=tp)
 
     def describe(self) -> dict[str, Any]:
         if self.mode == "layers":

@@ -16,6 +16,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import set_state_dict
 
 from ...errors import ConfigError
+from ...parallel.layout import Layout
 from ...parallel.pipelining import (
     STAGE_OPTIMIZER_STATE,
     Pipeline,
@@ -130,6 +131,10 @@ class PipelineParallel(Strategy):
 
     def sharded_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> "StageState":
         return StageState(model, optimizer, self.name, (self.layout.replicas, self.layout.tensor_parallel))
+
+    def device_layout(self, processes: int) -> Layout:
+        layout = self.layout
+        return Layout(replicas=layout.replicas, tensor_parallel=layout.tensor_parallel, stages=layout.stages)
 
     def describe(self) -> dict[str, Any]:
         return {

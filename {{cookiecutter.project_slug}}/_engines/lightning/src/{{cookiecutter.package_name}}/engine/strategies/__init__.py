@@ -14,6 +14,7 @@ from torch import nn
 from ...data.loading import per_device_batch_size
 from ...errors import ConfigError
 from ...parallel.batchnorm import synchronise
+from ...parallel.layout import Layout
 
 
 def data_parallel_size(trainer: L.Trainer) -> int:
@@ -23,6 +24,13 @@ def data_parallel_size(trainer: L.Trainer) -> int:
     expose `data_parallel_size` and `data_parallel_rank`; for the DDP family every process is a replica.
     """
     return int(getattr(trainer.strategy, "data_parallel_size", trainer.world_size))
+
+
+def device_layout(trainer: L.Trainer) -> Layout:
+    """The run's replicas x shards x tensor_parallel x stages (parallel/layout.py): the strategy's own, where it has
+    one; else data parallel over every process (single, ddp, ddp_spawn)."""
+    own = getattr(trainer.strategy, "device_layout", None)
+    return own() if own is not None else Layout(replicas=trainer.world_size)
 
 
 def data_parallel_rank(trainer: L.Trainer) -> int:

@@ -24,6 +24,7 @@ from ...errors import ConfigError
 from ...models.activation_checkpointing import DP_REFUSAL as CHECKPOINTING_DP_REFUSAL
 from ...models.compilation import DP_REFUSAL
 from ...parallel.batchnorm import data_parallel_problem
+from ...parallel.layout import Layout
 from ..lightning_private import set_device
 
 STEP_CONTEXTS = {
@@ -150,6 +151,9 @@ class DataParallelStrategy(ParallelStrategy):
     @property
     def devices_in_use(self) -> list[torch.device]:
         return self.parallel_devices or []
+
+    def device_layout(self) -> Layout:  # replicas in threads of this process, one per GPU
+        return Layout(replicas=len(self.parallel_devices or [None]))
 
     @property
     def root_device(self) -> torch.device:

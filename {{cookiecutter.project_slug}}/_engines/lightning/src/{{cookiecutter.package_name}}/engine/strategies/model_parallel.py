@@ -25,6 +25,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from ...errors import ConfigError
+from ...parallel.layout import Layout
 from ...parallel.sharding import (
     FsdpSettings,
     check_init,
@@ -113,6 +114,10 @@ class TensorParallelStrategy(ModelParallelStrategy):
         # The mesh is laid out row-major: ranks 0..tp-1 form data-parallel group 0, and so on.
         return self.global_rank // self.tensor_parallel_size
 
+    def device_layout(self) -> Layout:
+        dp, tp = self._sizes()
+        return Layout(replicas=self.fsdp.replicas, shards=dp // self.fsdp.replicas, tensor_parallel=tp)
+
     def setup_environment(self) -> None:
         self._data_parallel_size, self._tensor_parallel_size = self._sizes()
         super().setup_environment()
@@ -175,6 +180,9 @@ class LayerSplitStrategy(SingleDeviceStrategy):
         self.devices_in_use = self.devices  # read by the memory monitor
         super().__init__(device=self.devices[0])
         self._hooks: list[RemovableHandle] = []
+
+    def device_layout(self) -> Layout:
+        return Layout(stages=len(self.devices))
 
     def check_layout(self, trainer: L.Trainer, model: nn.Module, global_batch_size: int) -> None:
         check_layer_split(model, self.devices)

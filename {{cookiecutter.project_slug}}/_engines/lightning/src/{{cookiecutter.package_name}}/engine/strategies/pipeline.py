@@ -25,6 +25,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from ...errors import ConfigError
+from ...parallel.layout import Layout
 from ...parallel.pipelining import (
     STAGE_OPTIMIZER_STATE,
     Pipeline,
@@ -93,6 +94,10 @@ class PipelineStrategy(DDPStrategy):
     @property
     def stages(self) -> int:
         return self.layout.stages
+
+    def device_layout(self) -> Layout:
+        layout = self.layout
+        return Layout(replicas=layout.replicas, tensor_parallel=layout.tensor_parallel, stages=layout.stages)
 
     @property
     def bubble_fraction(self) -> float:  # in theory
