@@ -158,9 +158,15 @@ BAD_INPUT = [
     (["checkpoint.async=sometimes"], "checkpoint.async=sometimes is not true or false (the default is false)"),
     (  # the key exists in fsdp's config only: added with +, it must not be taken in silence
         ["strategy=pipeline", "trainer.devices=2", "+strategy.replicas=2"],
-        "strategy=pipeline has no strategy.replicas; its settings: microbatches, schedule, stages_per_process, "
-        "split_points, data_parallel_size (pipelines side by side), tensor_parallel_size (each stage's blocks "
-        "sharded)",
+        "strategy=pipeline has no strategy.replicas; its settings: data_parallel_size, microbatches,",
+    ),
+    (  # was a traceback inside the processes (Lightning hands DDPStrategy's extra arguments to torch's DDP)
+        ["strategy=ddp", "trainer.devices=2", "+strategy.replicas=2"],
+        "strategy=ddp has no strategy.replicas; its settings:",
+    ),
+    (  # was "got multiple values for keyword argument" (fsdp is model_parallel's class with a size of 1)
+        ["strategy=fsdp", "trainer.devices=2", "+strategy.tensor_parallel_size=2"],
+        "strategy=fsdp has no strategy.tensor_parallel_size; its settings: init, offload, replicas,",
     ),
     (
         ["strategy=pipeline", "trainer.devices=2", "strategy.schedule=1f1b", "strategy.stages_per_process=2"],
@@ -187,6 +193,8 @@ CASE_NAMES = [
     "async-checkpoints-of-a-whole-model",
     "async-checkpoints-not-a-boolean",
     "an-fsdp-setting-in-a-pipeline",
+    "an-fsdp-setting-under-ddp",
+    "a-model-parallel-setting-under-fsdp",
     "stages-per-process-of-a-one-stage-schedule",
     "zbv-compiled",
     "batchnorm-under-pipeline",

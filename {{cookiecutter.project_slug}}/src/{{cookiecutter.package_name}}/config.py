@@ -2,6 +2,7 @@
 files use and building objects from configs with one-line errors."""
 
 import difflib
+import inspect
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -11,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType
 from hydra.errors import HydraException, InstantiationException
-from hydra.utils import instantiate
+from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from .data.files import resolve as data_files
@@ -59,14 +60,20 @@ def check_overrides(overrides: list[str], config_name: str) -> None:
     except HydraException:
         return  # Hydra reports a line it cannot parse in one line of its own
     values = [o for o in parsed if o.type == OverrideType.CHANGE and o.package is None and _is_key(o)]
-    if not values or any(o.is_sweep_override() for o in parsed):
+    added = [arg for arg, o in zip(overrides, parsed, strict=True) if _adds_strategy_setting(o)]
+    if not (values or added) or any(o.is_sweep_override() for o in parsed):
         return
     presets = [arg for arg, o in zip(overrides, parsed, strict=True) if o not in values]
     try:
         with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR), job_name=config_name):
             config = compose(config_name, overrides=presets)
+            if added:
+                declared = compose(config_name, [arg for arg in presets if arg not in added], return_hydra_config=True)
     except HydraException:
         return  # e.g. a + or ~ of a key that is not there: Hydra's own one-line message says so
+    if added:
+        keys = [OverridesParser.create().parse_override(arg).key_or_group for arg in added]
+        check_strategy_settings(declared.hydra.runtime.choices.strategy, declared.strategy, keys)
     keys = dict(_leaves(config))
     for override in values:
         key, value = override.key_or_group, override.value()
@@ -80,6 +87,34 @@ def check_overrides(overrides: list[str], config_name: str) -> None:
                 raise ConfigError(f"{key}={value} is not true or false (the default is {str(default).lower()})")
             if isinstance(default, int | float):
                 raise ConfigError(f"{key}={value} is not a number (the default is {default})")
+
+
+def _adds_strategy_setting(override: Override) -> bool:
+    return override.type == OverrideType.ADD and override.key_or_group.startswith("strategy.")
+
+
+def check_strategy_settings(preset: str, declared: Any, added: list[str]) -> None:
+    """Refuse `+strategy.<name>=...` that the preset does not have (its settings: its config file's), in one line
+    naming them. Taken in, it reached the strategy's class: a TypeError (fsdp's tensor_parallel_size "got multiple
+    values"), or, where Lightning's DDPStrategy passes it on to torch's DistributedDataParallel, a traceback inside
+    the training processes after the run folder and the wandb run were made. DistributedDataParallel's own options
+    (e.g. find_unused_parameters) stay open under a preset whose class is Lightning's DDPStrategy."""
+    settings = set(declared) - {"_target_"} if isinstance(declared, DictConfig) else set()
+    unknown = [key for key in added if key.split(".")[1] not in settings | passed_on(declared)]
+    if unknown:
+        names = ", ".join(unknown)
+        valid = f"its settings: {', '.join(sorted(settings))}" if settings else "it has no settings"
+        raise ConfigError(f"strategy={preset} has no {names}; {valid}")
+
+
+def passed_on(declared: Any) -> set[str]:
+    """The keyword arguments a preset's strategy class hands to what it wraps: Lightning's DDPStrategy (itself, not a
+    subclass), torch's DistributedDataParallel's."""
+    target = declared.get("_target_") if isinstance(declared, DictConfig) else None
+    if target != "lightning.pytorch.strategies.DDPStrategy":
+        return set()
+    ddp = get_object("torch.nn.parallel.DistributedDataParallel")
+    return set(inspect.signature(ddp.__init__).parameters) - {"self", "module"}
 
 
 def _is_key(override: Override) -> bool:

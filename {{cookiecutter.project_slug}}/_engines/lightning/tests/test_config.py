@@ -7,9 +7,10 @@ from conftest import unsplit_net
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from omegaconf import open_dict
+from omegaconf import OmegaConf, open_dict
 
-from {{ cookiecutter.package_name }}.config import CONFIG_DIR, register_resolvers
+from {{ cookiecutter.package_name }}.config import CONFIG_DIR, check_strategy_settings, register_resolvers
+from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.runtime.precision import resolve_precision
 
 MODEL_PARALLEL = ["strategy=model_parallel", "trainer.accelerator=cpu"]
@@ -228,3 +229,15 @@ def test_a_mistake_lightning_finds_during_fit_is_one_line_too(train):
     assert "Traceback" not in run.output
     [error] = [line for line in run.output.splitlines() if line.startswith("error:")]
     assert "val/accc" in error and "val/acc" in error.replace("val/accc", "")
+
+
+def test_ddp_takes_the_options_of_torchs_ddp_but_no_other_added_setting():
+    """Lightning's DDPStrategy hands keyword arguments it does not know to torch's DistributedDataParallel: those
+    stay open (+strategy.find_unused_parameters=true); anything else is refused before the run folder."""
+    ddp = OmegaConf.load(CONFIG_DIR / "strategy" / "ddp.yaml").strategy
+    check_strategy_settings("ddp", ddp, ["strategy.find_unused_parameters", "strategy.static_graph"])
+    with pytest.raises(ConfigError, match="strategy=ddp has no strategy.replicas; its settings: process_group_backend"):
+        check_strategy_settings("ddp", ddp, ["strategy.replicas"])
+    pipeline = OmegaConf.load(CONFIG_DIR / "strategy" / "pipeline.yaml").strategy  # a DDPStrategy that passes none on
+    with pytest.raises(ConfigError, match="strategy=pipeline has no strategy.find_unused_parameters"):
+        check_strategy_settings("pipeline", pipeline, ["strategy.find_unused_parameters"])
