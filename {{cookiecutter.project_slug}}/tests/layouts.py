@@ -66,7 +66,7 @@ LAYOUTS = [
         factors=(1, 2, 2, 1),
     ),
     # HSDP x tensor parallel, three factors in one mesh: 2 replicas x 1 shard x 2 tensor-parallel processes, and
-    # 2 x 2 x 2 (8 processes; on the CPU with the GPT only, test_gpt.py).
+    # 2 x 2 x 2 (8 processes; GPU machines; its mesh on the CPU: test_fsdp.py).
     Layout(
         "model_parallel-hsdp2xtp2",
         (*MODEL_PARALLEL, "trainer.devices=4", "strategy.data_parallel_size=2", "strategy.replicas=2"),
