@@ -22,8 +22,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.gpu]
 
 GPUS = torch.cuda.device_count()
 # Where a row that runs on GPU machines only is checked on the CPU (by a part of its name); the rest: test_gpt.py.
-CPU_ELSEWHERE = {"compile": "compile=true is tests/test_compile.py's", "fsdp": "tests/test_fsdp.py",
-                 "hsdp2x2": "its mesh, tests/test_fsdp.py; 2 x 1 x 2 in this table"}
+CPU_ELSEWHERE = {
+    "compile": "compile=true is tests/test_compile.py's",
+    "fsdp": "tests/test_fsdp.py",
+    "hsdp2x2": "its mesh, tests/test_fsdp.py; 2 x 1 x 2 in this table",
+}
 GPU_TOLERANCE = 1e-4  # fp32 on GPUs: kernels (and compiled ones) sum in other orders
 BF16_TOLERANCE = 5e-2  # bf16 keeps 8 bits of mantissa; layouts sum in different orders
 STEPS = 4  # one epoch (QUICK) of data.train_size / data.batch_size, then validation and the memory figures
