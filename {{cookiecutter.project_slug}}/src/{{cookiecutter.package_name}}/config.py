@@ -60,7 +60,7 @@ def check_overrides(overrides: list[str], config_name: str) -> None:
     except HydraException:
         return  # Hydra reports a line it cannot parse in one line of its own
     values = [o for o in parsed if o.type == OverrideType.CHANGE and o.package is None and _is_key(o)]
-    added = [arg for arg, o in zip(overrides, parsed, strict=True) if _adds_strategy_setting(o)]
+    added = {arg: o.key_or_group for arg, o in zip(overrides, parsed, strict=True) if _adds_strategy_setting(o)}
     if not (values or added) or any(o.is_sweep_override() for o in parsed):
         return
     presets = [arg for arg, o in zip(overrides, parsed, strict=True) if o not in values]
@@ -72,8 +72,7 @@ def check_overrides(overrides: list[str], config_name: str) -> None:
     except HydraException:
         return  # e.g. a + or ~ of a key that is not there: Hydra's own one-line message says so
     if added:
-        keys = [OverridesParser.create().parse_override(arg).key_or_group for arg in added]
-        check_strategy_settings(declared.hydra.runtime.choices.strategy, declared.strategy, keys)
+        check_strategy_settings(declared.hydra.runtime.choices.strategy, declared.strategy, list(added.values()))
     keys = dict(_leaves(config))
     for override in values:
         key, value = override.key_or_group, override.value()

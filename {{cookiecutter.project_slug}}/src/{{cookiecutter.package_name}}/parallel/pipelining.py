@@ -39,6 +39,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import ConfigError
 from .batchnorm import split_problem
+from .layout import Layout
 from .sharding import check_tensor_parallel
 from .split import Chain, find_split, pipeline_stage, tied_across_stages
 
@@ -121,6 +122,9 @@ class PipelineLayout:
         style = "v" if schedule == "zbv" else "loop"
         stages = max(processes // max(replicas * tensor_parallel, 1), 1)
         return cls(stages, replicas, per_process, style, tensor_parallel)
+
+    def as_layout(self) -> Layout:  # in the vocabulary every preset shares (layout.py)
+        return Layout(replicas=self.replicas, tensor_parallel=self.tensor_parallel, stages=self.stages)
 
     @property
     def num_stages(self) -> int:  # what the model is cut into

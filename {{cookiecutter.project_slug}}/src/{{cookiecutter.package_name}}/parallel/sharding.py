@@ -27,6 +27,7 @@ from torch.utils.hooks import RemovableHandle
 
 from ..errors import ConfigError
 from .batchnorm import split_problem
+from .layout import Layout
 from .split import RefusedStyle, find_split, fsdp_units, has_split, layer_groups, matches, split_net
 
 MODES = ("tensor", "layers")  # strategy.mode of model_parallel, in both engines
@@ -171,6 +172,11 @@ class FsdpSettings:
             f"{tensor_parallel}): HSDP shards within data_parallel_size / replicas groups and replicates across the "
             f"replicas; valid: {valid}"
         )
+
+    def layout(self, data_parallel: int, tensor_parallel: int) -> Layout:
+        """model_parallel's and fsdp's layout: the data-parallel processes in `replicas` groups of shards."""
+        shards = data_parallel // self.replicas
+        return Layout(replicas=self.replicas, shards=shards, tensor_parallel=tensor_parallel)
 
     def shards_device(self, compute: torch.device) -> torch.device:
         """Where the shards live: host memory under offload (FSDP2 copies each layer's in for its compute)."""

@@ -165,8 +165,7 @@ class ModelParallel(Strategy):
     def device_layout(self, processes: int) -> Layout:
         if self.mode == "layers":
             return Layout(stages=len(self.layer_devices))
-        dp, tp = self.sizes
-        return Layout(replicas=self.fsdp.replicas, shards=dp // self.fsdp.replicas, tensor_parallel=tp)
+        return self.fsdp.layout(*self.sizes)
 
     def describe(self) -> dict[str, Any]:
         if self.mode == "layers":

@@ -133,8 +133,7 @@ class PipelineParallel(Strategy):
         return StageState(model, optimizer, self.name, (self.layout.replicas, self.layout.tensor_parallel))
 
     def device_layout(self, processes: int) -> Layout:
-        layout = self.layout
-        return Layout(replicas=layout.replicas, tensor_parallel=layout.tensor_parallel, stages=layout.stages)
+        return self.layout.as_layout()
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -115,8 +115,7 @@ class TensorParallelStrategy(ModelParallelStrategy):
         return self.global_rank // self.tensor_parallel_size
 
     def device_layout(self) -> Layout:
-        dp, tp = self._sizes()
-        return Layout(replicas=self.fsdp.replicas, shards=dp // self.fsdp.replicas, tensor_parallel=tp)
+        return self.fsdp.layout(*self._sizes())
 
     def setup_environment(self) -> None:
         self._data_parallel_size, self._tensor_parallel_size = self._sizes()

@@ -96,8 +96,7 @@ class PipelineStrategy(DDPStrategy):
         return self.layout.stages
 
     def device_layout(self) -> Layout:
-        layout = self.layout
-        return Layout(replicas=layout.replicas, tensor_parallel=layout.tensor_parallel, stages=layout.stages)
+        return self.layout.as_layout()
 
     @property
     def bubble_fraction(self) -> float:  # in theory
