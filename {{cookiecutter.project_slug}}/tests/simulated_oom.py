@@ -47,3 +47,31 @@ class GradientsHeldMLP(ResidualMLP):
         if self.training and len(x) + (self.gradient_units if held else 0) > self.budget:
             raise simulated_oom()
         return super().forward(x)
+
+
+class SavedActivationsMLP(ResidualMLP):
+    """ResidualMLP on a device with `budget_kib` KiB for the activations a training forward saves for the backward
+    (counted as autograd saves them; the weights are not counted): a memory model that activation checkpointing
+    changes, as it changes a GPU's. Past the budget, a torch.OutOfMemoryError."""
+
+    def __init__(self, *args, budget_kib: int = 32, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.budget = budget_kib * 2**10
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not (self.training and torch.is_grad_enabled()):
+            return super().forward(x)
+        weights = {parameter.untyped_storage().data_ptr() for parameter in self.parameters()}
+        saved = 0
+
+        def pack(tensor: torch.Tensor) -> torch.Tensor:
+            nonlocal saved
+            if tensor.untyped_storage().data_ptr() not in weights:
+                saved += tensor.numel() * tensor.element_size()
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            out = super().forward(x)
+        if saved > self.budget:
+            raise simulated_oom()
+        return out

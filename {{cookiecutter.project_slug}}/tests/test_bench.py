@@ -87,6 +87,32 @@ def test_ddp_spawn_and_tokens_per_second(tmp_path, train_env):
     assert float(row["mfu"]) == pytest.approx(6 * parameters * tokens_per_s / (2 * 1e12))
 
 
+@pytest.mark.slow
+def test_memory_finds_a_larger_batch_with_activation_checkpointing(tmp_path, train_env):
+    """`bench memory` on a memory model of a device (simulated_oom.SavedActivationsMLP: what the forward saves for
+    the backward must fit 32 KiB): with activation_checkpointing=full each block keeps only its input, so the
+    batch-size finder fits a larger batch than with none; each mode's timed point reports its peak memory."""
+    run_dir = tmp_path / "bench"
+    model = ["model.net._target_=simulated_oom.SavedActivationsMLP", "+model.net.budget_kib=32"]
+    args = ["memory", f"hydra.run.dir={run_dir}", *QUICK, *TINY, *model, "data.batch_size=4"]
+    args += ["bench.activation_checkpointing=[none,full]", "bench.max_batch_size=512"]
+    proc = run_module(f"{PACKAGE}.bench", args, train_env, PROJECT, 600, preload=f"{PACKAGE}.train")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with (run_dir / "memory.csv").open() as file:
+        none, full = csv.DictReader(file)
+
+    assert (none["activation_checkpointing"], full["activation_checkpointing"]) == ("none", "full")
+    assert 4 <= int(none["largest_batch"]) < int(full["largest_batch"]) / 2 < 512 / 2
+    for row in (none, full):
+        assert float(row["peak_memory_mib"]) > 0 and float(row["step_ms"]) > 0
+        assert float(row["samples_per_s"]) == pytest.approx(4 / (float(row["step_ms"]) / 1e3))
+    # The finder's trial steps are not the timed training's: the clock restarted after the search.
+    found = json.loads((run_dir / "points" / "full-find_batch.json").read_text())
+    assert len(found["step_ends"]) == 1 and found["largest_batch"] == int(full["largest_batch"])
+    (run,) = offline_runs(run_dir)
+    assert next(row for row in run.history if "memory/table/nrows" in row)["memory/table/nrows"] == 2
+
+
 def test_mfu_uses_the_precision_training_resolves(monkeypatch):
     """On an H100, trainer.precision=auto trains in bf16-mixed: MFU is over the bf16 peak. A made-up machine: one
     GPU that torch sees and NVML describes (compute capability 9.0)."""

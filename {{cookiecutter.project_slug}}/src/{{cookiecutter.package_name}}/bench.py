@@ -1,4 +1,7 @@
-"""How a preset scales: `python -m {{ cookiecutter.package_name }}.bench scaling [train overrides, bench.devices=[1,2,4]]`.
+"""Two benchmarks of the training as configured, each point a real training run through `steptimes`, which records
+when every optimizer step ends and the peak memory.
+
+`python -m {{ cookiecutter.package_name }}.bench scaling [train overrides, bench.devices=[1,2,4]]`: how a preset scales.
 
 Each point is the real training command (the one the doctor prints) with a few steps, run through `steptimes`,
 which records when every optimizer step ends. Throughput is the timed steps' samples over their time, after
@@ -14,6 +17,12 @@ sample. On GPUs it also reports model FLOPs utilisation: 6 x parameters FLOPs pe
 backward 4: the dense-network estimate; it ignores attention and normalisation; a classifier's sample is one
 token) over the devices' peak at the precision training uses (trainer.precision=auto resolved as train does).
 Writes scaling.csv and scaling.png into its run folder and logs both (a table, a chart) to one wandb run.
+
+`python -m {{ cookiecutter.package_name }}.bench memory [train overrides]`: what activation checkpointing buys, on one
+device. For each of bench.activation_checkpointing (none, full, selective) it times data.batch_size and reports the
+step time, tokens/s, MFU and peak memory (GPU: allocated by tensors; CPU: the process's resident memory), then,
+with bench.find_batch, runs the batch-size finder (up to bench.max_batch_size) and reports the largest batch that
+fits. Writes memory.csv and logs it to wandb as a table.
 """
 
 import csv
@@ -35,8 +44,9 @@ from rich.console import Console
 from rich.table import Table
 
 from .config import register_resolvers, run_cli
-from .engine.launching import train_command
+from .engine.launching import batch_size_finder_overrides, train_command
 from .errors import ConfigError, fail
+from .models.activation_checkpointing import MODES
 from .parallel.pipelining import LOOPED, SCHEDULES, bubble_fraction, check_stages_per_process
 from .parallel.split import layers
 from .runtime.precision import resolve_precision
@@ -73,8 +83,7 @@ def scaling(cfg: DictConfig, overrides: list[str], run_dir: Path, console: Conso
     counts = list(cfg.bench.devices or default_counts())
     if not counts or min(counts) < 1:
         raise ConfigError(f"bench.devices={counts} must list process counts >= 1, e.g. [1,2,4]")
-    if cfg.bench.steps < 2 or cfg.bench.warmup_steps < 1:
-        raise ConfigError("bench.steps must be >= 2 and bench.warmup_steps >= 1")
+    check_steps(cfg)
     weak = preset in DATA_PARALLEL
     with torch.device("meta"):  # shapes only: the size, and the positions each sample predicts
         net = instantiate(cfg.model.net)
@@ -129,13 +138,62 @@ def default_counts() -> list[int]:
     return sorted({*(2**k for k in range(gpus.bit_length()) if 2**k <= gpus), gpus})
 
 
+def check_steps(cfg: DictConfig) -> None:
+    if cfg.bench.steps < 2 or cfg.bench.warmup_steps < 1:
+        raise ConfigError("bench.steps must be >= 2 and bench.warmup_steps >= 1")
+
+
+def memory(cfg: DictConfig, overrides: list[str], run_dir: Path, console: Console) -> list[dict[str, Any]]:
+    """One row per activation checkpointing mode: data.batch_size timed (step time, peak memory), and the largest
+    batch the finder fits (bench.find_batch)."""
+    check_steps(cfg)
+    modes = list(cfg.bench.activation_checkpointing)
+    if not modes or set(modes) - set(MODES):
+        raise ConfigError(f"bench.activation_checkpointing={modes} must list modes among {', '.join(MODES)}")
+    if cfg.bench.find_batch and cfg.bench.max_batch_size < 1:
+        raise ConfigError(f"bench.max_batch_size={cfg.bench.max_batch_size} must be >= 1")
+    with torch.device("meta"):
+        net = instantiate(cfg.model.net)
+        tokens = tokens_per_sample(net(example_input(cfg, net, 2)))
+    parameters, peak = count_parameters(net), peak_flops(cfg)
+    own = [o for o in overrides if not o.startswith(("activation_checkpointing=", "strategy."))]
+    console.print(f"bench memory: one device, batch {cfg.data.batch_size}, activation_checkpointing={modes}")
+    rows = []
+    for mode in modes:
+        settings = [*own, f"activation_checkpointing={mode}"]
+        times = run_point(cfg, "single", 1, cfg.data.batch_size, None, settings, run_dir, name=mode)
+        row = measure(times, 1, cfg.data.batch_size, None, cfg, parameters, peak, tokens)
+        row = {"activation_checkpointing": mode, **{k: v for k, v in row.items() if k in MEMORY_COLUMNS}}
+        if cfg.bench.find_batch:
+            finder = batch_size_finder_overrides(cfg.bench.max_batch_size)
+            found = run_point(
+                cfg, "single", 1, cfg.data.batch_size, None, [*settings, *finder], run_dir, name=f"{mode}-find_batch",
+                steps=1, train_size=2 * cfg.bench.max_batch_size,
+            )  # fmt: skip
+            row["largest_batch"] = found["largest_batch"]
+        rows.append(row)
+        console.print(f"  {mode}: {row['step_ms']:.1f} ms/step, peak {row['peak_memory_mib']:.0f} MiB"
+                      + (f", largest batch {row['largest_batch']}" if cfg.bench.find_batch else ""))  # fmt: skip
+    return rows
+
+
 def run_point(
-    cfg: DictConfig, preset: str, n: int, batch: int, schedule: str | None, overrides: list[str], run_dir: Path
+    cfg: DictConfig,
+    preset: str,
+    n: int,
+    batch: int,
+    schedule: str | None,
+    overrides: list[str],
+    run_dir: Path,
+    name: str | None = None,
+    steps: int | None = None,
+    train_size: int | None = None,
 ) -> dict[str, Any]:
-    """Train `preset` on n processes for warm-up + timed steps; the step times rank 0 recorded."""
-    name = f"{n}" + (f"-{schedule}" if schedule else "")
+    """Train `preset` on n processes for warm-up + timed steps (or `steps`); what the clock on rank 0 recorded.
+    `train_size`: the training split's samples (default: the point's steps, all in one epoch)."""
+    name = name or f"{n}" + (f"-{schedule}" if schedule else "")
     point_dir, times_file = run_dir / "points" / name, run_dir / "points" / f"{name}.json"
-    steps = cfg.bench.warmup_steps + cfg.bench.steps
+    steps = steps or cfg.bench.warmup_steps + cfg.bench.steps
     settings = [
         *(o for o in overrides if not dropped(o, preset, schedule)),
         *([f"strategy.schedule={schedule}"] if schedule else []),
@@ -146,7 +204,7 @@ def run_point(
         f"hydra.run.dir={point_dir}",
     ]
     if "train_size" in cfg.data:  # all steps in one epoch: no validation pause among the timed steps
-        settings.append(f"data.train_size={batch * (steps + 1)}")
+        settings.append(f"data.train_size={train_size or batch * (steps + 1)}")
     command = train_command(preset, n, 1, settings, module="tools.steptimes")
     if command[:2] == ["accelerate", "launch"]:  # this interpreter's, whatever is on PATH
         command = [sys.executable, "-m", "accelerate.commands.launch", *command[2:]]
@@ -217,6 +275,7 @@ def measure(
         "samples_per_s": throughput,
         "tokens_per_s": throughput * tokens if tokens > 1 else None,
         "mfu": 6 * parameters * tokens * throughput / (n * peak) if peak else None,
+        "peak_memory_mib": times["peak_memory_mib"],
     }
     if schedule:
         idle = [sum(step) / len(step) for step in times["idle_fractions"][warmup:]]
@@ -245,16 +304,24 @@ def peak_bf16_flops(name: str) -> float | None:
 
 COLUMNS = [
     "devices", "schedule", "global_batch", "step_ms", "samples_per_s", "tokens_per_s", "linear_samples_per_s",
-    "efficiency", "mfu", "measured_bubble", "theoretical_bubble",
+    "efficiency", "mfu", "peak_memory_mib", "measured_bubble", "theoretical_bubble",
+]  # fmt: skip
+MEMORY_COLUMNS = [
+    "activation_checkpointing", "global_batch", "step_ms", "tokens_per_s", "samples_per_s", "mfu", "peak_memory_mib",
+    "largest_batch",
 ]  # fmt: skip
 
 
-def save(rows: list[dict[str, Any]], run_dir: Path, preset: str) -> tuple[Path, Path]:
-    csv_path, png_path = run_dir / "scaling.csv", run_dir / "scaling.png"
-    with csv_path.open("w", newline="") as file:
-        writer = csv.DictWriter(file, COLUMNS)
+def write_csv(rows: list[dict[str, Any]], path: Path, columns: list[str]) -> Path:
+    with path.open("w", newline="") as file:
+        writer = csv.DictWriter(file, columns)
         writer.writeheader()
-        writer.writerows({key: row.get(key) for key in COLUMNS} for row in rows)
+        writer.writerows({key: row.get(key) for key in columns} for row in rows)
+    return path
+
+
+def save(rows: list[dict[str, Any]], run_dir: Path, preset: str) -> tuple[Path, Path]:
+    csv_path, png_path = write_csv(rows, run_dir / "scaling.csv", COLUMNS), run_dir / "scaling.png"
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
@@ -276,15 +343,22 @@ def save(rows: list[dict[str, Any]], run_dir: Path, preset: str) -> tuple[Path, 
     return csv_path, png_path
 
 
-def log_wandb(cfg: DictConfig, rows: list[dict[str, Any]], png: Path, run_dir: Path, preset: str) -> None:
-    """One wandb run: the table, a line chart of throughput vs processes (with linear), and the plot."""
+def start_wandb(cfg: DictConfig, run_dir: Path, benchmark: str, preset: str) -> bool:
+    """One wandb run for the benchmark's results (none with logger=none)."""
     if not cfg.logger:
-        return
+        return False
     settings = {key: cfg.logger[key] for key in ("project", "entity", "group") if key in cfg.logger}
     wandb.init(
-        **settings, job_type="bench-scaling", dir=run_dir, mode=wandb_mode(),
+        **settings, job_type=f"bench-{benchmark}", dir=run_dir, mode=wandb_mode(),
         config={"bench": OmegaConf.to_container(cfg.bench), "strategy_preset": preset},
     )  # fmt: skip
+    return True
+
+
+def log_wandb(cfg: DictConfig, rows: list[dict[str, Any]], png: Path, run_dir: Path, preset: str) -> None:
+    """One wandb run: the table, a line chart of throughput vs processes (with linear), and the plot."""
+    if not start_wandb(cfg, run_dir, "scaling", preset):
+        return
     table = wandb.Table(columns=COLUMNS, data=[[row.get(key) for key in COLUMNS] for row in rows])
     chart = wandb.plot.line_series(
         xs=[row["devices"] for row in rows],
@@ -295,10 +369,18 @@ def log_wandb(cfg: DictConfig, rows: list[dict[str, Any]], png: Path, run_dir: P
     finish_wandb(False)
 
 
-def show(rows: list[dict[str, Any]], console: Console) -> None:
+def log_memory(cfg: DictConfig, rows: list[dict[str, Any]], run_dir: Path, preset: str) -> None:
+    if start_wandb(cfg, run_dir, "memory", preset):
+        table = wandb.Table(columns=MEMORY_COLUMNS, data=[[row.get(key) for key in MEMORY_COLUMNS] for row in rows])
+        wandb.log({"memory/table": table})
+        finish_wandb(False)
+
+
+def show(rows: list[dict[str, Any]], console: Console, title: str = "Scaling") -> None:
     """The results as a table; columns that no row has (MFU on a CPU, the bubble outside pipeline) are left out."""
     percent = "{:.0%}".format
     columns = {
+        "activation checkpointing": ("activation_checkpointing", str),
         "processes": ("devices", str),
         "schedule": ("schedule", str),
         "global batch": ("global_batch", str),
@@ -308,14 +390,20 @@ def show(rows: list[dict[str, Any]], console: Console) -> None:
         "linear": ("linear_samples_per_s", "{:.0f}".format),
         "efficiency": ("efficiency", percent),
         "MFU": ("mfu", "{:.1%}".format),
+        "peak MiB": ("peak_memory_mib", "{:.0f}".format),
+        "largest batch": ("largest_batch", str),
         "bubble measured": ("measured_bubble", percent),
         "bubble (p-1)/(m+p-1)": ("theoretical_bubble", percent),
     }
     shown = {name: c for name, c in columns.items() if any(row.get(c[0]) not in (None, "") for row in rows)}
-    table = Table(*shown, title="Scaling")
+    table = Table(*shown, title=title)
     for row in rows:
         table.add_row(*("-" if row.get(key) is None else fmt(row[key]) for key, fmt in shown.values()))
     console.print(table)
+
+
+BENCHMARKS = ("scaling", "memory")
+benchmark = "scaling"  # the one main() was asked for
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="bench")
@@ -327,12 +415,18 @@ def run(cfg: DictConfig) -> None:
     ]
     console = Console()
     try:
-        rows = scaling(cfg, overrides, run_dir, console)
+        rows = (scaling if benchmark == "scaling" else memory)(cfg, overrides, run_dir, console)
     except ConfigError as err:
         fail(err, run_dir)
     except PointFailed as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)
+    if benchmark == "memory":
+        show(rows, console, "Activation checkpointing")
+        csv_path = write_csv(rows, run_dir / "memory.csv", MEMORY_COLUMNS)
+        log_memory(cfg, rows, run_dir, preset)
+        print(f"bench: wrote {csv_path}")
+        return
     show(rows, console)
     csv_path, png_path = save(rows, run_dir, preset)
     log_wandb(cfg, rows, png_path, run_dir, preset)
@@ -340,13 +434,15 @@ def run(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    if sys.argv[1:2] != ["scaling"]:
+    global benchmark
+    if sys.argv[1:2] not in ([name] for name in BENCHMARKS):
         print(
-            "error: usage: python -m {{ cookiecutter.package_name }}.bench scaling [overrides]; valid benchmarks: scaling",
+            "error: usage: python -m {{ cookiecutter.package_name }}.bench scaling|memory [overrides]; valid "
+            f"benchmarks: {', '.join(BENCHMARKS)}",
             file=sys.stderr,
         )
         sys.exit(2)
-    del sys.argv[1]  # the rest are Hydra overrides
+    benchmark = sys.argv.pop(1)  # the rest are Hydra overrides
     run_cli(run, "bench")
 
 

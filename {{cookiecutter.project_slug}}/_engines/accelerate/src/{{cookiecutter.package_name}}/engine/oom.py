@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 
 from ..data.loading import Data, batch_parts, global_batch_size, per_device_batch_size
 from ..errors import ConfigError
+from ..runtime import memory
 from ..runtime.memory import (
     OutOfMemoryStop,
     changed_batch_message,
@@ -24,7 +25,6 @@ from ..runtime.memory import (
     memory_metrics,
     process_memory_figures,
     rng_state,
-    search,
     set_rng_state,
     why_recovery_refuses,
 )
@@ -203,7 +203,8 @@ def find_batch_size(
         clear_device_cache(garbage_collection=True)
 
     maximum = min(max_batch_size, len(train) // batch_parts(replicas, accumulation))  # a trial's batch: one part
-    largest, trials = search(fits, per_device_batch_size(data.batch_size, replicas, accumulation), maximum, tolerance)
+    first = per_device_batch_size(data.batch_size, replicas, accumulation)
+    largest, trials = memory.search(fits, first, maximum, tolerance)  # by its module: the bench's clock records it
     restore()
     if largest == 0:
         raise RuntimeError("find_batch_size: not even a batch of 1 fits in memory")

@@ -17,7 +17,8 @@ from torch.utils.data import DataLoader
 from ...data.loading import batch_parts, global_batch_size, per_device_batch_size
 from ...errors import ConfigError
 from ...parallel.batchnorm import oom_handling_problem
-from ...runtime.memory import changed_batch_message, free_memory, is_oom_error, search
+from ...runtime import memory
+from ...runtime.memory import changed_batch_message, free_memory, is_oom_error
 from ...runtime.optimization import scale_lr
 from ..strategies import data_parallel_size
 
@@ -85,7 +86,7 @@ class BatchSizeFinder(L.Callback):
         maximum = min(self.max_batch_size, len(dataset) // parts)
         fits = lambda size: self._fits(trainer, pl_module, dataset, size)  # noqa: E731
         first = per_device_batch_size(old_global, replicas, accumulation)
-        largest, trials = search(fits, first, maximum, self.tolerance)
+        largest, trials = memory.search(fits, first, maximum, self.tolerance)  # by its module: the bench records it
         _restore(pl_module, trainer.optimizers, saved)
         if largest == 0:
             raise RuntimeError("BatchSizeFinder: not even a batch of 1 fits in memory")
