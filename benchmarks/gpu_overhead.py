@@ -22,9 +22,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PACKAGE = "scaled_trainer"
-SIZES = {  # about 362M and 1.08B parameters (tied head), and a CPU dry run's
-    "350m": {"dim": 1024, "depth": 26, "heads": 8, "seq": 1024, "vocab": 32768, "batch": 16},
-    "1b": {"dim": 2048, "depth": 20, "heads": 16, "seq": 1024, "vocab": 32768, "batch": 8},
+SIZES = {  # parameters with the head tied to the embedding; and a CPU dry run's
+    "350m": {"dim": 1024, "depth": 26, "heads": 8, "seq": 1024, "vocab": 32768, "batch": 16},  # 362M
+    "470m": {"dim": 2048, "depth": 8, "heads": 16, "seq": 1024, "vocab": 32768, "batch": 32},  # 472M, wider
+    "1b": {"dim": 3072, "depth": 9, "heads": 24, "seq": 1024, "vocab": 32768, "batch": 16},  # 1.12B
     "tiny": {"dim": 64, "depth": 2, "heads": 2, "seq": 32, "vocab": 64, "batch": 4},
 }
 
