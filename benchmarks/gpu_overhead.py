@@ -38,7 +38,7 @@ def template_command(size: dict[str, int], args: argparse.Namespace, run_dir: Pa
         if args.cpu
         else "trainer.accelerator=gpu trainer.precision=bf16-mixed compile=true"
     )
-    bench = f"bench.devices=[1] bench.warmup_steps={args.warmup} bench.steps={args.steps} bench.timeout_s=900"
+    bench = f"bench.devices=[1] bench.warmup_steps={args.warmup} bench.steps={args.steps} bench.timeout_s={args.limit}"
     return [
         *(sys.executable, "-m", f"{PACKAGE}.bench", "scaling", "model=gpt", *net.split(), *data.split()),
         *device.split(), *bench.split(), f"bench.peak_tflops={args.peak_tflops}", f"float8={args.float8}",
@@ -53,8 +53,12 @@ def loop_command(size: dict[str, int], args: argparse.Namespace) -> list[str]:
     return [sys.executable, str(HERE / "gpu_loop.py"), PACKAGE, *flags]
 
 
-def run(command: list[str], project: Path, env: dict[str, str], log: Path) -> str:
-    proc = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=1200, check=False)
+def run(command: list[str], project: Path, env: dict[str, str], log: Path, limit: int) -> str:
+    try:  # the bench stops its own point at the limit, saying in which phase; this is for the loop
+        proc = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=limit + 60)
+    except subprocess.TimeoutExpired as stopped:
+        log.write_text(f"{stopped.stdout or ''}{stopped.stderr or ''}")
+        sys.exit(f"benchmark run past {limit + 60} s ({log}): {' '.join(command)}")
     log.write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         sys.exit(f"benchmark run failed ({log}): {' '.join(command)}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
@@ -63,15 +67,22 @@ def run(command: list[str], project: Path, env: dict[str, str], log: Path) -> st
 
 def template_run(size: dict[str, int], args: argparse.Namespace, project: Path, env: dict, workdir: Path) -> dict:
     run_dir = workdir / f"bench-{len(list(workdir.glob('bench-*')))}"
-    run(template_command(size, args, run_dir), project, env, workdir / f"{run_dir.name}.log")
+    run(template_command(size, args, run_dir), project, env, logs(args, workdir) / f"{run_dir.name}.log", args.limit)
     with (run_dir / "scaling.csv").open() as file:
         (row,) = csv.DictReader(file)
     return {key: float(row[key]) for key in ("step_ms", "tokens_per_s", "mfu")}
 
 
 def loop_run(size: dict[str, int], args: argparse.Namespace, project: Path, env: dict, workdir: Path) -> dict:
-    log = workdir / f"loop-{len(list(workdir.glob('loop-*')))}.log"
-    return json.loads(run(loop_command(size, args), project, env, log).strip().splitlines()[-1])
+    log = logs(args, workdir) / f"loop-{len(list(logs(args, workdir).glob('loop-*')))}.log"
+    return json.loads(run(loop_command(size, args), project, env, log, args.limit).strip().splitlines()[-1])
+
+
+def logs(args: argparse.Namespace, workdir: Path) -> Path:
+    """Where each run's output goes: --logs (kept), else the engine's temp folder."""
+    if args.logs:
+        args.logs.mkdir(parents=True, exist_ok=True)
+    return args.logs or workdir
 
 
 def compare(engines: list[str], args: argparse.Namespace, bake) -> None:
@@ -105,6 +116,8 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--cpu", action="store_true", help="a dry run of the script on the CPU")
+    parser.add_argument("--limit", type=int, default=900, help="seconds one run may take")
+    parser.add_argument("--logs", type=Path, help="a folder to keep each run's output in")
 
 
 def baked(folder: Path):

@@ -8,7 +8,8 @@
 # Steps: 1. the GPT at ~470M (dim 2048, 8 blocks), template (bench) vs the raw loop, Lightning then Accelerate (MFU,
 # template / loop); 2. the GPT at ~1.12B (dim 3072, 9 blocks), bf16 then float8=tensorwise; 3. bench memory at
 # ~470M without compile: step time and peak memory under activation_checkpointing=none|full|selective; 4. float8=
-# rowwise at 1.12B; 5. bench memory's largest batch per mode; 6. pytest -m gpu (Lightning).
+# rowwise at 1.12B; 5. bench memory's largest batch per mode; 6. pytest -m gpu (Lightning). ONLY1=1: step 1 alone;
+# ENGINES: step 1's engines (default: lightning accelerate).
 # DRY=1: the same on the CPU, tiny, fp32, no compile, no float8 (a dry run of the script; its figures mean nothing).
 set -u
 ROOT=$PWD
@@ -21,7 +22,7 @@ log() { echo "[$(( $(date +%s) - START )) s] $*" | tee -a "$OUT/summary.txt"; }
 if [ -z "${DRY:-}" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$GPU"/whl/*.whl \
     > "$OUT/install.log" 2>&1 || { log "install failed"; exit 1; }
-  for wheel in $(ls -r "$GPU"/ao/torchao-*.whl); do  # the newest torchao whose float8 trains with this torch
+  for wheel in $([ -z "${ONLY1:-}" ] && ls -r "$GPU"/ao/torchao-*.whl); do  # the newest torchao whose float8 trains with this torch
     rm -rf /tmp/ao; python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ao "$wheel" > /dev/null 2>&1
     if PYTHONPATH=/tmp/ao timeout 90 python3 -c "import torch; from torchao.float8 import convert_to_float8_training as c; m=torch.nn.Sequential(torch.nn.Linear(256,256)).cuda(); c(m); m(torch.randn(32,256,device='cuda')).sum().backward()" >> "$OUT/ao.log" 2>&1; then
       AO=/tmp/ao; log "torchao: $wheel"; break
@@ -42,9 +43,9 @@ log "$(tr '\n' ' ' < "$OUT/env.txt")"
 COMPILE=$([ -z "$CPU" ] && echo true || echo false)
 
 # 1. template vs raw loop at ~470M, both engines (the loop runs beside each engine's template)
-for engine in lightning accelerate; do
-  timeout 200 python3 benchmarks/gpu_overhead.py --baked "$GPU/bake" --engine $engine --size $MID --warmup 3 --steps 15 $CPU \
-    > "$OUT/1-$engine.txt" 2> "$OUT/1-$engine.err"
+for engine in ${ENGINES:-lightning accelerate}; do
+  timeout ${LIMIT1:-240} python3 benchmarks/gpu_overhead.py --baked "$GPU/bake" --engine $engine --size $MID --warmup 3 --steps 15 \
+    --limit ${POINT_LIMIT:-100} --logs "$OUT/1-$engine" $CPU > "$OUT/1-$engine.txt" 2> "$OUT/1-$engine.err"
   log "1. $engine exit $?"; tail -n 2 "$OUT/1-$engine.txt" | tee -a "$OUT/summary.txt"
 done
 
@@ -56,17 +57,18 @@ cd "$GPU/bake/lightning/scaled-trainer" || exit 1
 export PYTHONPATH=src:${PYTHONPATH:-}
 scaling() {  # float8 mode, limit
   rm -rf /tmp/b-$1
-  timeout $2 python3 -m scaled_trainer.bench scaling $(GPT big) $DEV compile=$COMPILE float8=$1 bench.devices=[1] \
+  timeout $2 python3 -m scaled_trainer.bench scaling $(GPT big) $DEV compile=$COMPILE float8=$1 bench.devices=[1] bench.timeout_s=$(( $2 - 20 )) \
     bench.warmup_steps=4 bench.steps=15 bench.peak_tflops=989 logger=none hydra.run.dir=/tmp/b-$1 > "$OUT/2-$1.log" 2>&1
   log "2. 1.12B float8=$1 exit $?: $(tail -n +2 /tmp/b-$1/scaling.csv 2>/dev/null)"
 }
 memory() {  # find_batch, limit, modes
   rm -rf /tmp/m-$1
   timeout $2 python3 -m scaled_trainer.bench memory $(GPT mid) $DEV compile=false bench.find_batch=$1 \
-    bench.activation_checkpointing=$3 bench.max_batch_size=256 bench.warmup_steps=3 bench.steps=8 bench.peak_tflops=989 \
+    bench.activation_checkpointing=$3 bench.max_batch_size=256 bench.timeout_s=$(( $2 / 3 )) bench.warmup_steps=3 bench.steps=8 bench.peak_tflops=989 \
     logger=none hydra.run.dir=/tmp/m-$1 > "$OUT/3-memory-$1.log" 2>&1
   log "3. memory find_batch=$1 exit $?"; cat /tmp/m-$1/memory.csv >> "$OUT/summary.txt" 2>/dev/null
 }
+[ -n "${ONLY1:-}" ] && exit 0
 # 2. float8 against bf16 at 1.12B
 scaling none 150
 scaling $F8A 170

@@ -48,6 +48,12 @@ def test_token_data_is_next_token_prediction_and_the_same_for_every_process():
     assert torch.equal(TokenData("val", vocab_size=32, seq_len=16, val_size=8, seed=3).tensors[0], x)
 
 
+def test_token_data_costs_the_vocabulary_not_its_square():
+    """A vocabulary of 2**20 (a table of its square would need 4 TiB): the chain is drawn per token, in moments."""
+    x, y = TokenData("train", vocab_size=2**20, seq_len=4, train_size=8, val_size=1, test_size=1).tensors
+    assert x.shape == (8, 4) and int(x.max()) < 2**20 and torch.equal(x[:, 1:], y[:, :-1])
+
+
 def test_token_files_size_the_vocabulary_from_inputs_and_targets(tmp_path):
     """data=files with token sequences: an id that only starts sequences (in x, never in y) still fits the model,
     which reads their integer ids (the classifier would refuse them)."""

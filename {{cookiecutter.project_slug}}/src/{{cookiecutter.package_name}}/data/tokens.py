@@ -1,6 +1,6 @@
 """data=tokens: token sequences for the language model (model=gpt), generated in-process from the seed.
 
-The text is a walk on a fixed random sparse Markov chain: each token can be followed by only `branching` of the
+The text is a walk on a fixed random sparse Markov chain: each token can be followed by at most `branching` of the
 `vocab_size` tokens, with random probabilities. A model that has learned the chain predicts the next token with
 a loss near the chain's entropy (at most log(branching)), far below the log(vocab_size) of guessing, so a
 falling val/loss shows learning. Each sample is one sequence: x = tokens 0..T-1, y = tokens 1..T (next tokens).
@@ -29,7 +29,9 @@ class TokenData(TensorDataset):
             raise ValueError(f"branching={branching} must be between 1 and vocab_size={vocab_size}")
         # One generator for the chain and all splits in order: each split is the same whichever is asked for.
         generator = torch.Generator().manual_seed(seed)
-        successors = torch.rand(vocab_size, vocab_size, generator=generator).argsort(dim=1)[:, :branching]
+        # Drawn per token (repeats allowed), not by sorting a vocab_size x vocab_size table: that took minutes and
+        # 12 GB at a vocabulary of 32768.
+        successors = torch.randint(vocab_size, (vocab_size, branching), generator=generator)
         weights = torch.rand(vocab_size, branching, generator=generator) + 0.1  # every successor is possible
         for name, size in sizes.items():
             tokens = torch.empty(size, seq_len + 1, dtype=torch.long)
