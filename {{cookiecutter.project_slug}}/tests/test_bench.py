@@ -15,8 +15,9 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from wandb_records import offline_runs
 
-from {{ cookiecutter.package_name }}.bench import peak_bf16_flops, peak_flops, phase
+from {{ cookiecutter.package_name }}.bench import main, memory, peak_bf16_flops, peak_flops, phase
 from {{ cookiecutter.package_name }}.config import CONFIG_DIR, register_resolvers
+from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.runtime import hardware
 
 PACKAGE = "{{ cookiecutter.package_name }}"
@@ -111,6 +112,20 @@ def test_memory_finds_a_larger_batch_with_activation_checkpointing(tmp_path, tra
     assert len(found["step_ends"]) == 1 and found["largest_batch"] == int(full["largest_batch"])
     (run,) = offline_runs(run_dir)
     assert next(row for row in run.history if "memory/table/nrows" in row)["memory/table/nrows"] == 2
+
+
+def test_an_unknown_benchmark_or_mode_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    """Before any training: an unknown benchmark (the usage line names both) or activation checkpointing mode."""
+    monkeypatch.setattr(sys, "argv", ["bench", "speed"])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert exit_.value.code == 2 and "valid benchmarks: scaling, memory" in capsys.readouterr().err
+    with pytest.raises(
+        ConfigError,
+        match=r"bench.activation_checkpointing=\['none', 'partial'\] must list modes among none, full, selective",
+    ):
+        memory(config("bench", "bench.activation_checkpointing=[none,partial]"), [], tmp_path, None)
+    assert not list(tmp_path.iterdir())
 
 
 def test_mfu_uses_the_precision_training_resolves(monkeypatch):
