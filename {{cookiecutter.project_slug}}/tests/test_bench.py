@@ -61,6 +61,7 @@ def test_ddp_weak_scaling(tmp_path, train_env):
     # Each point was the real training: 2 processes, the grown batch, and one clock tick per optimizer step.
     point = OmegaConf.load(run_dir / "points" / "2" / "config.yaml")
     assert point.data.batch_size == 64
+    assert not list(run_dir.glob("points/*/checkpoints")), "the points' checkpoints are deleted"
     assert len(json.loads((run_dir / "points" / "2.json").read_text())["step_ends"]) == 2 + 3
 
     png = (run_dir / "scaling.png").read_bytes()
