@@ -126,6 +126,8 @@ def test_an_unknown_benchmark_or_mode_is_refused_in_one_line(tmp_path, monkeypat
         match=r"bench.activation_checkpointing=\['none', 'partial'\] must list modes among none, full, selective",
     ):
         memory(config("bench", "bench.activation_checkpointing=[none,partial]"), [], tmp_path, None)
+    with pytest.raises(ConfigError, match="activation_checkpointing=full recomputes each block of the model's Split"):
+        memory(config("bench", "model.net._target_=torch.nn.Identity"), [], tmp_path, None)
     assert not list(tmp_path.iterdir())
 
 

@@ -47,7 +47,7 @@ from rich.table import Table
 from .config import register_resolvers, run_cli
 from .engine.launching import batch_size_finder_overrides, train_command
 from .errors import ConfigError, fail
-from .models.activation_checkpointing import MODES
+from .models.activation_checkpointing import MODES, check_activation_checkpointing
 from .parallel.pipelining import LOOPED, SCHEDULES, bubble_fraction, check_stages_per_process
 from .parallel.split import layers
 from .runtime.precision import resolve_precision
@@ -156,6 +156,8 @@ def memory(cfg: DictConfig, overrides: list[str], run_dir: Path, console: Consol
     with torch.device("meta"):
         net = instantiate(cfg.model.net)
         tokens = tokens_per_sample(net(example_input(cfg, net, 2)))
+    for mode in modes:  # a net without a Split: refused here, in one line, not by a point's training
+        check_activation_checkpointing(net, mode)
     parameters, peak = count_parameters(net), peak_flops(cfg)
     own = [o for o in overrides if not o.startswith(("activation_checkpointing=", "strategy."))]
     console.print(f"bench memory: one device, batch {cfg.data.batch_size}, activation_checkpointing={modes}")
