@@ -55,7 +55,9 @@ def loop_command(size: dict[str, int], args: argparse.Namespace) -> list[str]:
 
 def run(command: list[str], project: Path, env: dict[str, str], log: Path, limit: int) -> str:
     try:  # the bench stops its own point at the limit, saying in which phase; this is for the loop
-        proc = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=limit + 60)
+        proc = subprocess.run(
+            command, cwd=project, env=env, capture_output=True, text=True, timeout=limit + 60, check=False
+        )
     except subprocess.TimeoutExpired as stopped:
         log.write_text(f"{stopped.stdout or ''}{stopped.stderr or ''}")
         sys.exit(f"benchmark run past {limit + 60} s ({log}): {' '.join(command)}")
@@ -65,24 +67,19 @@ def run(command: list[str], project: Path, env: dict[str, str], log: Path, limit
     return proc.stdout
 
 
-def template_run(size: dict[str, int], args: argparse.Namespace, project: Path, env: dict, workdir: Path) -> dict:
+def template_run(
+    size: dict[str, int], args: argparse.Namespace, project: Path, env: dict, workdir: Path, logs: Path
+) -> dict:
     run_dir = workdir / f"bench-{len(list(workdir.glob('bench-*')))}"
-    run(template_command(size, args, run_dir), project, env, logs(args, workdir) / f"{run_dir.name}.log", args.limit)
+    run(template_command(size, args, run_dir), project, env, logs / f"{run_dir.name}.log", args.limit)
     with (run_dir / "scaling.csv").open() as file:
         (row,) = csv.DictReader(file)
     return {key: float(row[key]) for key in ("step_ms", "tokens_per_s", "mfu")}
 
 
-def loop_run(size: dict[str, int], args: argparse.Namespace, project: Path, env: dict, workdir: Path) -> dict:
-    log = logs(args, workdir) / f"loop-{len(list(logs(args, workdir).glob('loop-*')))}.log"
+def loop_run(size: dict[str, int], args: argparse.Namespace, project: Path, env: dict, logs: Path) -> dict:
+    log = logs / f"loop-{len(list(logs.glob('loop-*')))}.log"
     return json.loads(run(loop_command(size, args), project, env, log, args.limit).strip().splitlines()[-1])
-
-
-def logs(args: argparse.Namespace, workdir: Path) -> Path:
-    """Where each run's output goes: --logs (kept), else the engine's temp folder."""
-    if args.logs:
-        args.logs.mkdir(parents=True, exist_ok=True)
-    return args.logs or workdir
 
 
 def compare(engines: list[str], args: argparse.Namespace, bake) -> None:
@@ -93,13 +90,17 @@ def compare(engines: list[str], args: argparse.Namespace, bake) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             workdir = Path(tmp)
             project = bake(engine, workdir)
+            logs = (
+                args.logs / engine if args.logs else workdir
+            )  # each run's output: kept in --logs, or in the temp folder
+            logs.mkdir(parents=True, exist_ok=True)
             paths = [str(project / "src"), str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths), WANDB_MODE="offline")
             env.update(WANDB_DIR=tmp, WANDB_SILENT="true")
             runs: dict[str, list[dict]] = {"template": [], "loop": []}
             for _ in range(args.repeats):  # interleaved: whatever else the GPU does hits both alike
-                runs["template"].append(template_run(size, args, project, env, workdir))
-                runs["loop"].append(loop_run(size, args, project, env, workdir))
+                runs["template"].append(template_run(size, args, project, env, workdir, logs))
+                runs["loop"].append(loop_run(size, args, project, env, logs))
             ratio = statistics.median(t["step_ms"] / p["step_ms"] for t, p in zip(*runs.values(), strict=True))
             for name, results in runs.items():
                 step, tokens, mfu = (

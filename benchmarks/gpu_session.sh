@@ -46,7 +46,7 @@ COMPILE=$([ -z "$CPU" ] && echo true || echo false)
 # 1. template vs raw loop at ~470M, both engines (the loop runs beside each engine's template)
 for engine in $([ -z "${SKIP1:-}" ] && echo ${ENGINES:-lightning accelerate}); do
   timeout ${LIMIT1:-240} python3 benchmarks/gpu_overhead.py --baked "$GPU/bake" --engine $engine --size $MID --warmup 3 --steps 15 \
-    --limit ${POINT_LIMIT:-100} --logs "$OUT/1-$engine" $CPU > "$OUT/1-$engine.txt" 2> "$OUT/1-$engine.err"
+    --limit ${POINT_LIMIT:-100} --logs "$OUT/1" $CPU > "$OUT/1-$engine.txt" 2> "$OUT/1-$engine.err"
   log "1. $engine exit $?"; tail -n 2 "$OUT/1-$engine.txt" | tee -a "$OUT/summary.txt"
 done
 

@@ -1,10 +1,8 @@
-"""Two benchmarks of the training as configured, each point a real training run through `steptimes`, which records
-when every optimizer step ends and the peak memory.
+"""Two benchmarks of the training as configured. Each point is the real training command (the one the doctor
+prints) with a few steps, run through `steptimes`, which records when every optimizer step ends and the peak memory.
 
 `python -m {{ cookiecutter.package_name }}.bench scaling [train overrides, bench.devices=[1,2,4]]`: how a preset scales.
-
-Each point is the real training command (the one the doctor prints) with a few steps, run through `steptimes`,
-which records when every optimizer step ends. Throughput is the timed steps' samples over their time, after
+Throughput is the timed steps' samples over their time, after
 bench.warmup_steps. One process is `strategy=single` (the baseline every point is compared with).
 - ddp, ddp_spawn, dp, fsdp: WEAK scaling, the convention for data parallelism: each device keeps data.batch_size
   samples, so the global batch grows with the processes (N x data.batch_size). Linear = N x one device.
@@ -86,11 +84,7 @@ def scaling(cfg: DictConfig, overrides: list[str], run_dir: Path, console: Conso
         raise ConfigError(f"bench.devices={counts} must list process counts >= 1, e.g. [1,2,4]")
     check_steps(cfg)
     weak = preset in DATA_PARALLEL
-    with torch.device("meta"):  # shapes only: the size, and the positions each sample predicts
-        net = instantiate(cfg.model.net)
-        tokens = tokens_per_sample(net(example_input(cfg, net, 2)))  # 2: BatchNorm refuses 1
-    parameters = count_parameters(net)
-    peak = peak_flops(cfg)
+    net, parameters, tokens, peak = model_figures(cfg)
     console.print(
         f"bench scaling: strategy={preset}, {'weak' if weak else 'strong'} scaling "
         + (f"(global batch = N x {cfg.data.batch_size})" if weak else f"(global batch {cfg.data.batch_size})")
@@ -111,6 +105,15 @@ def scaling(cfg: DictConfig, overrides: list[str], run_dir: Path, console: Conso
         row["linear_samples_per_s"] = base * row["devices"]
         row["efficiency"] = row["samples_per_s"] / row["linear_samples_per_s"]
     return rows
+
+
+def model_figures(cfg: DictConfig) -> tuple[torch.nn.Module, int, int, float | None]:
+    """The net (on the meta device: shapes only), its parameters, the positions each sample predicts, and one
+    device's peak FLOP/s (None: no MFU)."""
+    with torch.device("meta"):
+        net = instantiate(cfg.model.net)
+        tokens = tokens_per_sample(net(example_input(cfg, net, 2)))  # 2: BatchNorm refuses 1
+    return net, count_parameters(net), tokens, peak_flops(cfg)
 
 
 def pipeline_schedules(cfg: DictConfig, net: torch.nn.Module, n: int) -> list[str]:
@@ -153,12 +156,9 @@ def memory(cfg: DictConfig, overrides: list[str], run_dir: Path, console: Consol
         raise ConfigError(f"bench.activation_checkpointing={modes} must list modes among {', '.join(MODES)}")
     if cfg.bench.find_batch and cfg.bench.max_batch_size < 1:
         raise ConfigError(f"bench.max_batch_size={cfg.bench.max_batch_size} must be >= 1")
-    with torch.device("meta"):
-        net = instantiate(cfg.model.net)
-        tokens = tokens_per_sample(net(example_input(cfg, net, 2)))
+    net, parameters, tokens, peak = model_figures(cfg)
     for mode in modes:  # a net without a Split: refused here, in one line, not by a point's training
         check_activation_checkpointing(net, mode)
-    parameters, peak = count_parameters(net), peak_flops(cfg)
     own = [o for o in overrides if not o.startswith(("activation_checkpointing=", "strategy."))]
     console.print(f"bench memory: one device, batch {cfg.data.batch_size}, activation_checkpointing={modes}")
     rows = []
