@@ -44,6 +44,12 @@ APPLIED_AFTER_FORK = ("OMP_NUM_THREADS",)
 # Read when used, not on import: torchrun's (TORCH_NCCL_ it sets for its workers; the rendezvous store's switch).
 READ_AT_RUN_TIME = ("TORCH_NCCL_", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
 MESSAGE = 1 << 20  # the largest request (its environment) or reply, in bytes
+# Modules that must be the child of the process that starts them, which a fork of the zygote is not: the search's
+# trial guard learns of its search's death through PR_SET_PDEATHSIG (search/guard.py). A real interpreter (0.1 s).
+NEEDS_ITS_PARENT = (".search.guard",)
+# What a training imports only once it runs, which each fork would import again: wandb.init's launch inputs (0.7 s of
+# CPU per training, a third of a short forked one's; measured 2026-11-28, wandb 0.31).
+IMPORTED_WHEN_RUN = ("wandb.sdk.launch.inputs.internal",)
 
 
 def can_fork(env: dict[str, str] | None = None) -> bool:
@@ -207,6 +213,9 @@ def serve(preload: str, folder: str) -> None:
     the zygote ends when the test process that started it does (its stdin closes)."""
     before_imports = dict(os.environ)  # what the request's environment is compared with (some imports add to it)
     importlib.import_module(preload)
+    for module in IMPORTED_WHEN_RUN:
+        with contextlib.suppress(ImportError):  # another wandb version: each training imports what it needs
+            importlib.import_module(module)
     sys.modules.pop(preload, None)  # each child runs its module as __main__ alone, as `python -m` does
     path = os.path.join(folder, "socket")
     stand_in = os.path.join(folder, "python")
@@ -381,8 +390,8 @@ def client(python: str, argv: list[str]) -> None:
     while rest[:1] == ["-u"]:
         env["PYTHONUNBUFFERED"] = "1"
         rest = rest[1:]
-    answer = {"refused": "not `python -m <module>`"}
-    if len(rest) >= 2 and rest[0] == "-m" and env.get(SOCKET_VARIABLE):
+    answer = {"refused": "not `python -m <module>`, or a module that needs its parent"}
+    if len(rest) >= 2 and rest[0] == "-m" and env.get(SOCKET_VARIABLE) and not rest[1].endswith(NEEDS_ITS_PARENT):
         request = {"module": rest[1], "args": rest[2:], "env": env, "cwd": os.getcwd()}
         try:
             conn, answer = _ask(env[SOCKET_VARIABLE], request, [0, 1, 2])

@@ -14,6 +14,7 @@ import pytest
 import yaml
 from conftest import PACKAGE
 from engine_specific import DDP, QUIET, SEARCH_REFUSALS, SWEEP_COMMAND
+from forked import run_module
 from omegaconf import OmegaConf
 from optuna.trial import TrialState
 from wandb_records import offline_runs
@@ -61,9 +62,16 @@ class Search:
 
 @pytest.fixture
 def search(tmp_path, train_env):
-    """search(*args, space=None, study="s", check=True) -> Search: one search in tmp_path/<study>."""
+    """search(*args, space=None, study="s", check=True, fork=True) -> Search: one search in tmp_path/<study>."""
 
-    def run(*args: str, space: dict | None = None, study: str = "s", check: bool = True, background: bool = False):
+    def run(
+        *args: str,
+        space: dict | None = None,
+        study: str = "s",
+        check: bool = True,
+        background: bool = False,
+        fork: bool = True,
+    ):
         command = [sys.executable, "-m", f"{PACKAGE}.search", f"search.dir={tmp_path / study}", f"search.study={study}"]
         if space is not None:
             path = tmp_path / f"{study}-space.yaml"
@@ -73,7 +81,10 @@ def search(tmp_path, train_env):
         if background:
             output = subprocess.PIPE
             return subprocess.Popen(command, env=train_env, cwd=PROJECT, stdout=output, stderr=subprocess.STDOUT)
-        proc = subprocess.run(command, env=train_env, cwd=PROJECT, capture_output=True, text=True, timeout=900)
+        if fork:  # CI time: the search and its trials (their guards, their trainings) forked, not new interpreters
+            proc = run_module(command[2], command[3:], train_env, PROJECT, 900, preload=f"{PACKAGE}.train")
+        else:
+            proc = subprocess.run(command, env=train_env, cwd=PROJECT, capture_output=True, text=True, timeout=900)
         output = proc.stdout + proc.stderr
         if check:
             assert proc.returncode == 0, f"{' '.join(command)} failed:\n{output[-4000:]}"
@@ -102,8 +113,9 @@ def processes_running(folder: str) -> list[int]:
 def default_val_loss(tmp_path_factory, train_env) -> float:
     """val/loss of the training config as it is, after the same tiny training as every trial."""
     run_dir = tmp_path_factory.mktemp("default")
-    command = [sys.executable, "-m", f"{PACKAGE}.train", f"hydra.run.dir={run_dir}", "logger=none", *TINY]
-    subprocess.run([*command, f"epoch_metrics={run_dir / 'epochs.jsonl'}"], env=train_env, cwd=PROJECT, check=True)
+    args = [f"hydra.run.dir={run_dir}", "logger=none", *TINY, f"epoch_metrics={run_dir / 'epochs.jsonl'}"]
+    proc = run_module(f"{PACKAGE}.train", args, train_env, PROJECT, 300, preload=f"{PACKAGE}.train")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return epochs(run_dir)[-1]["val/loss"]
 
 
@@ -151,8 +163,8 @@ def test_grid_enumerates_its_grid_two_trials_at_a_time_one_wandb_run_each(search
     assert len((result.dir / "trials.csv").read_text().splitlines()) == 1 + len(trials)
 
     # best.yaml is a config the training accepts as it is
-    rerun = [sys.executable, "-m", f"{PACKAGE}.train", "--config-dir", str(result.dir), "--config-name", "best"]
-    printed = subprocess.run([*rerun, "--cfg", "job"], env=train_env, cwd=PROJECT, capture_output=True, text=True)
+    rerun = ["--config-dir", str(result.dir), "--config-name", "best", "--cfg", "job"]
+    printed = run_module(f"{PACKAGE}.train", rerun, train_env, PROJECT, 300, preload=f"{PACKAGE}.train")
     assert printed.returncode == 0, printed.stderr[-3000:]
     config = yaml.safe_load(printed.stdout)
     assert config["model"]["optimizer"]["lr"] == result.study.best_params["model.optimizer.lr"]
@@ -246,7 +258,7 @@ def test_a_metric_the_training_does_not_report_stops_the_search_at_the_first_epo
 @pytest.mark.engine_neutral
 def test_trials_run_as_slurm_jobs(slurm, search):
     args = ["search.backend=slurm", "search.sampler=random", "search.n_trials=2", "search.n_jobs=2", *TINY]
-    result = search(*args, space=LR, study="slurm")
+    result = search(*args, space=LR, study="slurm", fork=False)  # trainings started by SLURM, as on a cluster
     jobs = {path.name for path in (result.dir / "slurm").iterdir() if path.is_dir()}  # one folder per job id
     assert len(jobs) == 2, "one SLURM job per trial"
     for trial in result.trials():
