@@ -166,6 +166,17 @@ def start_module(
         return subprocess.Popen([sys.executable, "-m", module, *args], env=env, cwd=cwd, stdout=out, stderr=err)
 
 
+def python_on_path(env: dict[str, str], preload: str) -> dict[str, str]:
+    """`env` in which a shell's `python` is the stand-in of the zygote that imported `preload` (it forks `python -m
+    <module> ...`, runs anything else itself): for commands a test runs as a user types them. `env` as it is where a
+    fork is not safe."""
+    if not (can_fork() and can_fork(env)):
+        return env
+    socket_path = _zygote(preload, env)
+    stand_ins = os.path.dirname(socket_path)  # holds the stand-in, `python`
+    return {**env, SOCKET_VARIABLE: socket_path, "PATH": f"{stand_ins}{os.pathsep}{env.get('PATH', '')}"}
+
+
 def run_module(
     module: str, args: list[str], env: dict[str, str], cwd: Path, timeout: float, preload: str
 ) -> subprocess.CompletedProcess:

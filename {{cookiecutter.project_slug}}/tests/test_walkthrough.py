@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import PACKAGE
+from forked import python_on_path
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from wandb_records import offline_runs
@@ -43,6 +45,7 @@ def test_bring_your_own_data_as_the_docs_say(tmp_path, train_env):
         "the files, a Dataset class, then the streaming steps"
     )
     env = {**train_env, "PYTHONPATH": f"{train_env['PYTHONPATH']}:{tmp_path}"}  # as `python -m` from there would
+    env = python_on_path(env, preload=f"{PACKAGE}.train")  # CI time: the commands' `python -m` forked
     for language, code in blocks:
         if name := saved_as(code):
             (tmp_path / name).write_text(code)
