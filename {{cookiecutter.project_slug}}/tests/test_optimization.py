@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from conftest import QUICK, TOLERANCE, K, unsplit_net
-from engine_specific import OOM_RECOVERY, OOM_TOOLKIT, OPTIMIZATION_REFUSALS, optimizer_of
+from engine_specific import DDP, OOM_RECOVERY, OOM_TOOLKIT, OPTIMIZATION_REFUSALS, launcher_of, optimizer_of
 from hydra import compose, initialize_config_dir
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
@@ -219,7 +219,7 @@ def test_batchnorm_under_ddp_is_synchronised_and_trains_like_one_device(train, a
     parity = [*QUICK, f"trainer.max_steps={K}", "data.shuffle=false", "data.batch_size=64", "model.net.norm=batch"]
     parity.append(f"trainer.accelerator={accelerator}")
     single = train(*parity, "strategy=single", "trainer.devices=1")
-    ddp = train(*parity, "strategy=ddp_spawn", "trainer.devices=2")
+    ddp = train(*parity, *DDP, launcher=launcher_of("ddp", 2))  # (ddp_spawn: the same processes, started slower)
     assert "BatchNorm layers synchronised across 2 processes" in ddp.output
     tolerance = TOLERANCE if accelerator == "cpu" else 1e-4  # GPU reductions in another order
     assert ddp.losses(K) == pytest.approx(single.losses(K), abs=tolerance)

@@ -18,6 +18,7 @@ from oom_sim import OOMClassifier
 from simulated_oom import simulated_oom
 from test_config import compose_config
 from test_optimization import expected_cosine
+from torch.multiprocessing.spawn import ProcessRaisedException
 
 from {{ cookiecutter.package_name }}.data.synthetic import data_settings
 from {{ cookiecutter.package_name }}.engine.callbacks.batch_size_finder import BatchSizeFinder
@@ -26,6 +27,7 @@ from {{ cookiecutter.package_name }}.engine.callbacks.oom_recovery import OOMRec
 from {{ cookiecutter.package_name }}.engine.checkpoints import ResumeCheckpoint
 from {{ cookiecutter.package_name }}.engine.datamodule import DataModule
 from {{ cookiecutter.package_name }}.engine.module import Classifier
+from {{ cookiecutter.package_name }}.errors import TrainingStopped, spawned_failure
 from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
 from {{ cookiecutter.package_name }}.runtime.memory import is_oom_error, rss_mb, search
 from {{ cookiecutter.package_name }}.runtime.optimization import cosine
@@ -321,12 +323,32 @@ def test_split_survives_an_oom_with_the_losses_of_a_run_without(tmp_path, oom_en
     assert wandb.metric("memory/imbalance")[0] >= 1.0
 
 
+def oom_stop() -> OutOfMemoryStop:
+    stop = OutOfMemoryStop(3, 5, "skip", "callbacks.oom_recovery.policy")
+    stop.checkpoint = "outputs/default/1/checkpoints/oom-stop.ckpt"
+    return stop
+
+
+def _stop(rank: int) -> None:
+    raise oom_stop()
+
+
+def test_a_stop_in_a_process_ddp_spawn_started_reaches_the_user_as_the_same_one_line():
+    """strategy=ddp_spawn: the stop is raised in a process the command started, which hands the command its
+    traceback as text (torch's ProcessRaisedException); the command raises the stop again from it, to print as its
+    one line. (A spawned process's crash, whose traceback is printed: test_train.py. The stop in a real training,
+    under ddp's same processes: test_finder_then_skip_then_a_clean_stop.)"""
+    with pytest.raises(ProcessRaisedException) as spawned:
+        torch.multiprocessing.start_processes(_stop, nprocs=1, start_method="fork")
+    reported = spawned_failure(spawned.value.error_index, str(spawned.value))
+    assert type(reported) is TrainingStopped and str(reported) == str(oom_stop())
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", [*LAYOUTS, "ddp_spawn"])
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_finder_then_skip_then_a_clean_stop(tmp_path, oom_env, layout):
     """The finder finds a threshold that only the last rank has; a skipped batch is survived;
-    three OOMs in a row stop the run with a message and a checkpoint, without hanging. ddp_spawn: the stop is
-    raised in a process this command started, and still reaches the user as the one line."""
+    three OOMs in a row stop the run with a message and a checkpoint, without hanging."""
     replicas = 1 if layout == "single" else 2
     threshold = 40
     run = make_runner(tmp_path, oom_env)(
