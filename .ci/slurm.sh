@@ -47,6 +47,9 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=none
+# A requeued or cancelled job's tasks get SIGTERM, then SIGKILL after KillWait (30 s by default). Lightning answers
+# SIGTERM with a collective, which a task stalled by a test never joins: each requeue test waited the whole 30 s.
+KillWait=5
 ReturnToService=2
 StateSaveLocation=/var/spool/slurmctld
 SlurmdSpoolDir=/var/spool/slurmd
