@@ -90,9 +90,8 @@ def compare(engines: list[str], args: argparse.Namespace, bake) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             workdir = Path(tmp)
             project = bake(engine, workdir)
-            logs = (
-                args.logs / engine if args.logs else workdir
-            )  # each run's output: kept in --logs, or in the temp folder
+            # each run's output: kept under --logs (a folder per engine), or in the temp folder
+            logs = args.logs / engine if args.logs else workdir
             logs.mkdir(parents=True, exist_ok=True)
             paths = [str(project / "src"), str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths), WANDB_MODE="offline")
