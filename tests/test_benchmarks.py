@@ -7,10 +7,11 @@ import sys
 import pytest
 from conftest import TEMPLATE
 
-# What each engine's project is compared with: the Accelerate engine has no "plain Lightning" to compare.
+# What each engine's project is compared with: the Accelerate engine has no "plain Lightning" to compare. (The A/A
+# pair, the template run twice, is left out of the smoke run: CI time.)
 VARIANTS = {
-    "lightning": ("template", "template A/A", "lightning", "plain"),
-    "accelerate": ("template", "template A/A", "plain"),
+    "lightning": ("template", "lightning", "plain"),
+    "accelerate": ("template", "plain"),
 }
 RATIOS = r"([\d.]+)/([\d.]+)"  # wall time / CPU time
 
@@ -33,12 +34,10 @@ def test_overhead_benchmark_smoke(tmp_path, engine):
     for variant, step_ms, ratio, cpu_ms, cpu_ratio, startup, rss in rows:
         assert float(step_ms) > 0 and float(cpu_ms) > 0 and float(startup) > 0 and int(rss) > 0
         assert (float(ratio) == float(cpu_ratio) == 1.0) == (variant == "plain")
-    # The targets' table: template / plain loop, (Lightning) template / plain Lightning, and the A/A pair.
-    [targets] = re.findall(
-        rf"^{engine}\s+single\s+small-step\s+{RATIOS}\s+(\S+)\s+{RATIOS}$", result.stdout, re.MULTILINE
-    )
-    over_loop, over_lightning, same = targets[:2], targets[2], targets[3:]
-    assert all(float(value) > 0 for value in (*over_loop, *same))
+    # The targets' table: template / plain loop, (Lightning) template / plain Lightning, and no A/A pair (smoke).
+    [targets] = re.findall(rf"^{engine}\s+single\s+small-step\s+{RATIOS}\s+(\S+)\s+-$", result.stdout, re.MULTILINE)
+    over_loop, over_lightning = targets[:2], targets[2]
+    assert all(float(value) > 0 for value in over_loop)
     assert (over_lightning == "-") == (engine == "accelerate")
 
 

@@ -118,7 +118,7 @@ def make_runner(base_dir: Path, base_env: dict[str, str]):
         # the processes it starts) where a fork is the same process (forked.py)
         outputs = base_dir.with_name(f"{base_dir.name}-output")  # beside base_dir: tests list what is in it
         proc = None
-        if command[:2] == [sys.executable, "-m"] and can_fork() and can_fork(run_env):
+        if command[:2] == [sys.executable, "-m"] and can_fork(run_env):
             outputs.mkdir(exist_ok=True)
             output_file = outputs / f"{run_dir.name}.log"
             with contextlib.suppress(NotForked):  # the run sets what torch reads on import (TORCH_LOGS, say)

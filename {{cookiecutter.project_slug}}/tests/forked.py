@@ -53,12 +53,13 @@ IMPORTED_WHEN_RUN = ("wandb.sdk.launch.inputs.internal",)
 
 
 def can_fork(env: dict[str, str] | None = None) -> bool:
-    """Whether a command with environment `env` (default: this process's) may be forked here."""
+    """Whether a command with environment `env` may be forked here (neither it nor this test process asks for new
+    interpreters)."""
     import torch
 
     linux = sys.platform.startswith("linux")  # macOS's system libraries do not all survive a fork
     usable = linux and hasattr(os, "pidfd_open") and not torch.cuda.is_available()
-    return usable and (os.environ if env is None else env).get("STARTS_NEW_INTERPRETER") != "1"
+    return usable and all(each.get("STARTS_NEW_INTERPRETER") != "1" for each in (os.environ, env or {}))
 
 
 _ZYGOTES: dict[tuple[str, str], tuple[subprocess.Popen, str]] = {}
@@ -160,7 +161,7 @@ def start_module(
 ) -> "ForkedCommand | subprocess.Popen":
     """`python -m module args` started, forked where it can be, writing to `output` (and stderr to `errors`)."""
     with contextlib.suppress(NotForked):
-        if can_fork() and can_fork(env):
+        if can_fork(env):
             return ForkedCommand(module, args, env, cwd, output, preload, errors)
     with output.open("w") as out, (errors or output).open("a") as err:
         return subprocess.Popen([sys.executable, "-m", module, *args], env=env, cwd=cwd, stdout=out, stderr=err)
@@ -170,7 +171,7 @@ def python_on_path(env: dict[str, str], preload: str) -> dict[str, str]:
     """`env` in which a shell's `python` is the stand-in of the zygote that imported `preload` (it forks `python -m
     <module> ...`, runs anything else itself): for commands a test runs as a user types them. `env` as it is where a
     fork is not safe."""
-    if not (can_fork() and can_fork(env)):
+    if not can_fork(env):
         return env
     socket_path = _zygote(preload, env)
     stand_ins = os.path.dirname(socket_path)  # holds the stand-in, `python`

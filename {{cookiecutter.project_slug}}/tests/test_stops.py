@@ -63,7 +63,7 @@ def test_a_hard_kill_of_the_whole_job_loses_no_step(tmp_path, train_env, whole):
 
 def train_in(cwd, env, *overrides: str) -> tuple[int, str]:
     """The training command run in `cwd` as a user runs it: its run folder is outputs/<experiment>/<run id>/."""
-    if can_fork():
+    if can_fork(env):
         proc = ForkedCommand(f"{PACKAGE}.train", list(overrides), env, cwd, cwd / f"log{len(list(cwd.glob('log*')))}")
         return proc.wait(300), proc.output()
     done = subprocess.run([sys.executable, "-m", f"{PACKAGE}.train", *overrides], cwd=cwd, env=env,
