@@ -204,3 +204,12 @@ register_split(
         tensor_parallel={"blocks.*.up": ColwiseParallel(), "blocks.*.down": RowwiseParallel()},
     ),
 )
+
+
+class WithUnusedHead(ResidualMLP):
+    """The template's net with an auxiliary head its forward leaves out (one a user trains in some runs only).
+    Made after the net's own layers, so that the net starts as ResidualMLP does with the same seed."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.auxiliary = nn.Linear(4, 2)

@@ -2,6 +2,8 @@
 under every preset with strategy=single's per-step losses; the model types the presets cannot split are refused in
 one line. transformers is a test dependency (the [transformers] extra); nothing is downloaded."""
 
+from importlib.util import find_spec
+
 import pytest
 import torch
 from conftest import QUICK, TOLERANCE, make_runner
@@ -14,6 +16,9 @@ from {{ cookiecutter.package_name }}.models.causal_lm import CausalLM
 from {{ cookiecutter.package_name }}.parallel.sharding import check_tensor_parallel
 from {{ cookiecutter.package_name }}.parallel.split import check_chain, find_split, pipeline_stage, tied_across_stages
 
+pytestmark = pytest.mark.skipif(
+    find_spec("transformers") is None, reason="model=causal_lm needs transformers: pip install -e '.[transformers]'"
+)
 SMALL = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2)
 STEPS = 3
 PARITY = [*QUICK, "model=causal_lm", f"trainer.max_steps={STEPS}", "data.shuffle=false", "data.batch_size=16",

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from conftest import QUICK, TOLERANCE, K, unsplit_net
+from conftest import PARITY, QUICK, TOLERANCE, K, unsplit_net
 from engine_specific import DDP, OOM_RECOVERY, OOM_TOOLKIT, OPTIMIZATION_REFUSALS, launcher_of, optimizer_of
 from hydra import compose, initialize_config_dir
 from torch.distributed.device_mesh import init_device_mesh
@@ -17,6 +17,7 @@ from torch.distributed.tensor.parallel import parallelize_module
 
 from {{ cookiecutter.package_name }}.config import CONFIG_DIR, register_resolvers
 from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
+from {{ cookiecutter.package_name }}.parallel.batchnorm import SynchronisedBatchNorm
 from {{ cookiecutter.package_name }}.parallel.sharding import clip_grad_norm_, clip_grad_value_
 from {{ cookiecutter.package_name }}.parallel.split import find_split
 from {{ cookiecutter.package_name }}.runtime.optimization import grouped_optimizer
@@ -207,6 +208,46 @@ def test_bad_input_fails_in_one_line(refused, case):
     refused[case].assert_rejected(BAD_INPUT[case][1])
 
 
+def _halves_through_synchronised_batchnorm(rank: int, store_file: str, offset: float, spread: float, atol: float):
+    """Process `rank` of 2: its half of the batch through SynchronisedBatchNorm, checked against torch's BatchNorm
+    on the whole batch (outputs, input gradients, the summed weight gradients and the running statistics)."""
+    torch.set_num_threads(1)  # a fork's OpenMP pool, started by its parent's earlier tests, hangs at its first use
+    dist.init_process_group("gloo", store=dist.FileStore(store_file, 2), rank=rank, world_size=2)
+    torch.manual_seed(0)
+    whole = (offset + spread * torch.randn(16, 3, 5)).requires_grad_()
+    upstream = torch.randn(16, 3, 5)  # d(loss)/d(output), the same in both processes
+    reference = torch.nn.BatchNorm1d(3)
+    synchronised = SynchronisedBatchNorm.convert(torch.nn.BatchNorm1d(3))
+    expected = reference(whole)
+    (expected * upstream).sum().backward()
+    mine = slice(rank * 8, (rank + 1) * 8)
+    half = whole.detach()[mine].clone().requires_grad_()
+    out = synchronised(half)
+    (out * upstream[mine]).sum().backward()
+    weight_grad = synchronised.weight.grad.clone()
+    dist.all_reduce(weight_grad)  # what DDP does with each process's share
+    close = partial(torch.testing.assert_close, atol=atol, rtol=1e-4)
+    close(out.detach(), expected.detach()[mine])
+    close(half.grad, whole.grad[mine])
+    close(weight_grad, reference.weight.grad)
+    close(synchronised.running_mean, reference.running_mean)
+    close(synchronised.running_var, reference.running_var)
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(("offset", "spread", "atol"), [(0.0, 1.0, 1e-5), (100.0, 0.1, 1e-3)])
+def test_synchronised_batchnorm_normalises_two_halves_as_one_device_the_whole_batch(tmp_path, offset, spread, atol):
+    """Two real gloo processes (forked from this one). Offset 100, spread 0.1 (readings with an offset; float32 then
+    holds x - mean to about 1e-4 of the spread, hence atol): the one-pass variance, E[x^2] - E[x]^2, was off by 30%
+    there, and of any sign further out (NaN losses)."""
+    torch.multiprocessing.start_processes(
+        _halves_through_synchronised_batchnorm,
+        (str(tmp_path / "store"), offset, spread, atol),
+        nprocs=2,
+        start_method="fork",
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "accelerator",
@@ -223,3 +264,20 @@ def test_batchnorm_under_ddp_is_synchronised_and_trains_like_one_device(train, a
     assert "BatchNorm layers synchronised across 2 processes" in ddp.output
     tolerance = TOLERANCE if accelerator == "cpu" else 1e-4  # GPU reductions in another order
     assert ddp.losses(K) == pytest.approx(single.losses(K), abs=tolerance)
+
+
+@pytest.mark.slow
+def test_a_model_with_a_parameter_no_step_uses_is_refused_under_ddp_until_told(train, single_losses):
+    """DDP (both engines) fails at the second step of a model whose forward leaves a parameter out. That failure is
+    one line naming strategy.find_unused_parameters=true, with which the model trains as one device does."""
+    net = "model.net._target_=own_models.WithUnusedHead"
+    launcher = launcher_of("ddp", 2)
+    refused = train(*PARITY, *DDP, net, launcher=launcher, check=False)
+    errors = [line for line in refused.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "set strategy.find_unused_parameters=true" in errors[0], refused.output[-3000:]
+    if launcher is None:  # (a launcher, accelerate launch, reports a failed process with its own traceback)
+        assert refused.returncode == 2 and "Traceback" not in refused.output, refused.output[-3000:]
+    else:
+        assert refused.returncode != 0 and "(auxiliary.weight, auxiliary.bias)" in errors[0]
+    told = train(*PARITY, *DDP, net, "strategy.find_unused_parameters=true", launcher=launcher_of("ddp", 2))
+    assert told.losses(K) == pytest.approx(single_losses, abs=TOLERANCE)

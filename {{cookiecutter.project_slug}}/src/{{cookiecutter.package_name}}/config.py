@@ -97,7 +97,7 @@ def check_strategy_settings(preset: str, declared: Any, added: list[str]) -> Non
     naming them. Taken in, it reached the strategy's class: a TypeError (fsdp's tensor_parallel_size "got multiple
     values"), or, where Lightning's DDPStrategy passes it on to torch's DistributedDataParallel, a traceback inside
     the training processes after the run folder and the wandb run were made. DistributedDataParallel's own options
-    (e.g. find_unused_parameters) stay open under a preset whose class is Lightning's DDPStrategy."""
+    (e.g. static_graph) stay open under a preset whose class is Lightning's DDPStrategy."""
     settings = set(declared) - {"_target_"} if isinstance(declared, DictConfig) else set()
     unknown = [key for key in added if key.split(".")[1] not in settings | passed_on(declared)]
     if unknown:

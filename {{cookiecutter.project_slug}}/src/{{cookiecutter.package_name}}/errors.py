@@ -55,6 +55,34 @@ def spawned_failure(rank: int, traceback: str, config_errors: tuple[type, ...] =
     return ProcessCrashed(rank, traceback)
 
 
+# DDP's reducer, at the forward after a step in which a parameter got no gradient (torch's words; Lightning replaces
+# them by its own, which name a strategy this template does not have).
+UNUSED_PARAMETERS = ("Expected to have finished reduction in the prior iteration", "parameters that were not used in")
+
+
+def unused_parameters(message: str, preset: str, names: list[str] | None = None) -> ConfigError | None:
+    """The one-line refusal for DDP's error about parameters a step did not use (an auxiliary head, a branch taken
+    some steps only), from its message or a spawned process's traceback; None for any other error. `names`: the
+    net's trainable parameters in order, to name those torch lists by index."""
+    if not any(words in message for words in UNUSED_PARAMETERS):
+        return None
+    listed = re.search(r"did not receive grad for rank \d+: ([\d ]+)", message)
+    unused = [int(index) for index in listed.group(1).split()] if listed else []
+    named = [names[index] if names and index < len(names) else f"#{index}" for index in unused]
+    which = f" ({', '.join(named)})" if named else ""
+    return ConfigError(
+        f"strategy={preset}: parameters of the model got no gradient in a training step{which}; if the model leaves "
+        "them out on purpose, set strategy.find_unused_parameters=true (DDP then looks for them every step, slower), "
+        "else use or remove them"
+    )
+
+
+def said_once(error: ConfigError, first_process: bool) -> ConfigError:
+    """A refusal every training process raises alike: the first process's says it, the others' are silent (fail()
+    prints no empty message), so that the console shows it once."""
+    return error if first_process else ConfigError("")
+
+
 def not_importable(error: Exception) -> ConfigError | None:
     """The one-line ConfigError for Hydra's report of a `_target_` it cannot import (a typo, a package that is not
     installed or not on the Python path), which is several lines; None for any other error of instantiate."""
@@ -94,7 +122,8 @@ def fail(error: Exception, run_dir: Path | None = None) -> None:
         if str(error):  # the first process says how to continue; the others stop quietly
             print(error, file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
-    print(f"error: {error}", file=sys.stderr)
+    if str(error):  # (the same refusal raised in every process is said by the first only: said_once)
+        print(f"error: {error}", file=sys.stderr)
     if isinstance(error, ProcessCrashed | TrainingStopped):
         sys.exit(EXIT_STOPPED)
     if run_dir is not None:

@@ -7,8 +7,8 @@ Its `Split` (registered below the classes): tensor parallelism shards the attent
 pipeline stages and layer groups are cut between blocks (the embedding goes with the first, norm and head with
 the last), FSDP2 shards one block at a time. With `tie_weights` the head reuses the token embedding's matrix
 (fewer parameters; the usual choice for language models). Every preset keeps the pair one parameter: FSDP2 shards
-it once, in the root unit (model_split.fsdp_units); the meta-device build keeps it tied (sharding.materialize);
-pipeline stages add up the gradients of their copies (model_split.tied_across_stages, pipelining.Pipeline).
+it once, in the root unit (split.fsdp_units); the meta-device build keeps it tied (sharding.materialize);
+pipeline stages add up the gradients of their copies (split.tied_across_stages, pipelining.Pipeline).
 """
 
 import torch

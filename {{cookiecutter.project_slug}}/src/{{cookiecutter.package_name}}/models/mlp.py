@@ -2,7 +2,7 @@
 
 Any nn.Module trains under the data-parallel presets. model_parallel and pipeline also need its `Split`
 (registered below, outside the class): tensor parallelism shards the two linear layers inside each block,
-layer and pipeline parallelism cut the stack between blocks (see model_split.py and the README,
+layer and pipeline parallelism cut the stack between blocks (see parallel/split.py and docs/your-model.md,
 "Bring your own model").
 """
 

@@ -8,14 +8,18 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed import _functional_collectives as collectives
 
+# The refusals' way out: a user's own model has no model.net.norm.
+WITHOUT_BATCHNORM = "a model without BatchNorm (the template's nets: model.net.norm=layer)"
+
 
 class SynchronisedBatchNorm(nn.modules.batchnorm._BatchNorm):
     """BatchNorm (any of 1d, 2d, 3d) whose training-mode statistics are those of the global batch: every process
-    all-reduces its per-channel sum, sum of squares and sample count, then normalises by the global mean and
-    (biased) variance and updates the running statistics as torch's BatchNorm does (running_var with the unbiased
-    variance). The all-reduce is autograd-aware, so the backward carries every process's share of the gradient
-    through the statistics, as one device's would. Written by hand because torch's SyncBatchNorm runs on GPUs
-    only; this one runs wherever torch.distributed does. In eval mode, or with one process, it is plain BatchNorm."""
+    all-reduces its per-channel sum and sample count (the global mean), then its per-channel sum of squared
+    deviations from that mean (the global biased variance), normalises by them and updates the running statistics
+    as torch's BatchNorm does (running_var with the unbiased variance). The all-reduces are autograd-aware, so the
+    backward carries every process's share of the gradient through the statistics, as one device's would. Written
+    by hand because torch's SyncBatchNorm runs on GPUs only; this one runs wherever torch.distributed does. In eval
+    mode, or with one process, it is plain BatchNorm."""
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
         if input.dim() < 2:
@@ -27,17 +31,21 @@ class SynchronisedBatchNorm(nn.modules.batchnorm._BatchNorm):
         self._check_input_dim(input)
         x, channels = input.float(), input.shape[1]
         dims = [0, *range(2, x.dim())]  # all but the channels
-        local = torch.cat([x.sum(dims), (x * x).sum(dims), x.new_full((1,), x.numel() / channels)])
+        shape = [1, channels] + [1] * (x.dim() - 2)
         # Autograd-aware (its backward all-reduces the gradient): torch's replacement for the deprecated
         # torch.distributed.nn.functional.all_reduce.
-        total = collectives.all_reduce(local, "sum", dist.group.WORLD)
+        total = collectives.all_reduce(torch.cat([x.sum(dims), x.new_full((1,), x.numel() / channels)]), "sum",
+                                       dist.group.WORLD)  # fmt: skip
         count = total[-1]
         mean = total[:channels] / count
-        var = total[channels : 2 * channels] / count - mean * mean  # biased: what the batch is normalised by
+        centred = x - mean.view(shape)
+        # Two passes, as torch's BatchNorm: the one-pass E[x^2] - E[x]^2 cancels in float32 where the mean is large
+        # against the spread (readings with an offset), to a variance of any sign, and NaN losses.
+        squares = collectives.all_reduce((centred * centred).sum(dims), "sum", dist.group.WORLD)
+        var = squares / count  # biased: what the batch is normalised by
         if self.track_running_stats:
             self._update_running_stats(mean.detach(), var.detach() * count / (count - 1).clamp(min=1))
-        shape = [1, channels] + [1] * (x.dim() - 2)
-        out = (x - mean.view(shape)) * torch.rsqrt(var.view(shape) + self.eps)
+        out = centred * torch.rsqrt(var.view(shape) + self.eps)
         if self.affine:
             out = out * self.weight.view(shape) + self.bias.view(shape)
         return out.to(input.dtype)
@@ -92,10 +100,7 @@ def oom_handling_problem(tool: str, splits_batches: bool) -> str:
     why = "its forward is then a collective, which a process out of memory mid-step would leave the others waiting in"
     if splits_batches:
         why += ", and split micro-batches would change its statistics"
-    return (
-        f"{tool} cannot run with BatchNorm synchronised over the processes ({why}); use a model without BatchNorm "
-        "(model.net.norm=layer)"
-    )
+    return f"{tool} cannot run with BatchNorm synchronised over the processes ({why}); use {WITHOUT_BATCHNORM}"
 
 
 def micro_batch_split_problem(policy_key: str) -> str:
@@ -104,8 +109,8 @@ def micro_batch_split_problem(policy_key: str) -> str:
     and update the running statistics once per micro-batch."""
     return (
         f"{policy_key}=split cannot keep the optimisation with BatchNorm (each micro-batch would be normalised with "
-        f"its own statistics, and the running statistics updated once per micro-batch); use {policy_key}=skip or a "
-        "model without BatchNorm (model.net.norm=layer)"
+        f"its own statistics, and the running statistics updated once per micro-batch); use {policy_key}=skip or "
+        f"{WITHOUT_BATCHNORM}"
     )
 
 
@@ -133,4 +138,4 @@ def split_problem(net: nn.Module, preset: str) -> str | None:
         why = "does not synchronise BatchNorm statistics over its processes"
     else:
         why = "does not synchronise BatchNorm statistics over its replicas nor shard them over tensor-parallel ranks"
-    return f"strategy={preset} {why}; use a model without BatchNorm (model.net.norm=layer) or strategy=ddp"
+    return f"strategy={preset} {why}; use {WITHOUT_BATCHNORM} or strategy=ddp"

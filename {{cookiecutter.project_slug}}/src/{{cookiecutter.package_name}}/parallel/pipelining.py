@@ -1,7 +1,7 @@
 """Pipeline parallelism that needs no training engine: the stages, the schedules, one training step, and the
 pieces that make a pipeline look like one model (evaluation through all stages, single-device names in checkpoints).
 
-Each process keeps only its stage of the net (cut as its `Split` says, model_split.py) and trains it with a
+Each process keeps only its stage of the net (cut as its `Split` says, parallel/split.py) and trains it with a
 torch.distributed.pipelining schedule, which cuts the batch into micro-batches so the stages overlap.
 Every stage of a pipeline reads the same batch. With `strategy.data_parallel_size=D` the processes form D pipelines
 side by side, each on its slice of the global batch; each stage's gradients are averaged over the pipelines (by DDP

@@ -1,4 +1,4 @@
-"""Model parallelism that needs no training engine: shard a net as its `Split` describes (model_split.py).
+"""Model parallelism that needs no training engine: shard a net as its `Split` describes (parallel/split.py).
 
 - tensor: `parallelize` shards the net by its split's tensor-parallel plan over the tensor-parallel ranks of
   a DeviceMesh, and across its data-parallel ranks shards it with FSDP2 `fully_shard` (one unit per layer of
@@ -191,7 +191,7 @@ def check_fsdp(model: nn.Module, processes: int, settings: FsdpSettings) -> None
     """Refuse, before training, what strategy=fsdp cannot train as one device does."""
     net = split_net(model)
     net = getattr(model, "net", model) if net is None else net  # (not `or`: a Sequential of no layers is falsy)
-    if problem := split_problem(net, "fsdp"):
+    if processes > 1 and (problem := split_problem(net, "fsdp")):  # one process: BatchNorm over the whole batch
         raise ConfigError(problem)
     if has_split(net):
         fsdp_units(net)  # every layer the split names exists

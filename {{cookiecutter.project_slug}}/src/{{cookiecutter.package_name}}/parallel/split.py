@@ -64,8 +64,8 @@ def find_split(model: nn.Module, preset: str) -> tuple[nn.Module, Split]:
         return module, split if isinstance(split, Split) else split(module)
     net = type(getattr(model, "net", model)).__name__
     raise ConfigError(
-        f"strategy={preset} needs to know how to split {net}: add register_split({net}, Split(first=..., "
-        f"blocks=..., last=..., tensor_parallel=...)) next to the class (see the README, 'Bring your own model')"
+        f"strategy={preset} needs to know how to split {net}: add register_split({net}, Split(first=..., blocks=..., "
+        "last=..., tensor_parallel=...)) next to the class (see docs/your-model.md, 'Bring your own model')"
     )
 
 

@@ -182,7 +182,7 @@ def memory_per_device(
         )
     if preset == "model_parallel":
         if not facts.tensor_parallel_parameters:
-            return None, "the model has no tensor-parallel plan (model_split.py)"
+            return None, "the model has no tensor-parallel plan (parallel/split.py)"
         data, tensor = (devices // tensor, tensor) if tensor else mesh(devices, per_node)
         if batch % data:
             return None, f"batch {batch} does not split over {data} replicas"

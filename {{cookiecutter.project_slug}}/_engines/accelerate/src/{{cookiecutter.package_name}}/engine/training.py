@@ -20,7 +20,7 @@ from torch import nn
 
 from ..config import build_object as build
 from ..data.loading import check_input, first_sample, per_device_batch_size
-from ..errors import ConfigError, Interrupted
+from ..errors import ConfigError, Interrupted, said_once, unused_parameters
 from ..models.activation_checkpointing import check_activation_checkpointing, checkpoint_blocks
 from ..models.compilation import compile_net
 from ..models.float8 import check_float8, check_float8_layers, convert_float8
@@ -189,7 +189,13 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
         }
         with ctrl_c(accelerator.num_processes == 1) as interrupt:  # Ctrl-C: stop after this step, with a checkpoint
             state = (model, optimizer, scheduler, loaders, progress, checkpoints)
-            stopped = fit(accelerator, cfg, strategy, *state, recovery, interrupt)
+            try:
+                stopped = fit(accelerator, cfg, strategy, *state, recovery, interrupt)
+            except RuntimeError as err:  # DDP's, for a parameter a step did not use: what to set, in one line
+                trained = [name for name, p in accelerator.unwrap_model(model).named_parameters() if p.requires_grad]
+                if refusal := unused_parameters(str(err), strategy.name, trained):
+                    raise said_once(refusal, accelerator.is_main_process) from err
+                raise
         checkpoints.finish()  # a checkpoint still being written (checkpoint.async=true): in place, `last` on it
         if stopped is not None:  # Ctrl-C: saved, stopped; say how to continue
             failed = False

@@ -14,13 +14,13 @@ from hydra.core.hydra_config import HydraConfig
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ProgressBar
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 from torch.multiprocessing.spawn import ProcessRaisedException
 
 from ..config import build_object
 from ..data.loading import check_input, first_sample, per_device_batch_size
-from ..errors import ConfigError, Interrupted, spawned_failure
+from ..errors import ConfigError, Interrupted, said_once, spawned_failure, unused_parameters
 from ..models.activation_checkpointing import check_activation_checkpointing
 from ..models.float8 import check_float8, check_float8_layers
 from ..parallel.batchnorm import needs_sync, synchronised_message
@@ -50,7 +50,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
     except MisconfigurationException as err:
         raise ConfigError(str(err)) from err
     except ProcessRaisedException as err:  # strategy=ddp_spawn: a spawned process failed; its traceback is the text
-        raise spawned_failure(err.error_index, str(err), config_errors=(MisconfigurationException,)) from err
+        refusal = unused_parameters(str(err), preset())
+        raise refusal or spawned_failure(err.error_index, str(err), config_errors=(MisconfigurationException,)) from err
+    except RuntimeError as err:  # DDP's, for a parameter a step did not use: what to set, in one line
+        if refusal := unused_parameters(str(err), preset()):
+            raise said_once(refusal, rank_zero_only.rank == 0) from err
+        raise
 
 
 def fit_and_test(cfg: DictConfig) -> dict[str, float]:

@@ -7,9 +7,12 @@ command, with accelerate's notebook_launcher (forked processes: nothing may touc
 import logging
 import os
 from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
 
 import torch
 from accelerate import Accelerator, notebook_launcher
+from accelerate.utils import DistributedDataParallelKwargs
 from omegaconf import DictConfig
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -22,6 +25,17 @@ from . import Strategy
 
 class DDP(Strategy):
     name = "ddp"
+
+    def __init__(self, timeout: timedelta = timedelta(minutes=10), find_unused_parameters: bool = False) -> None:
+        super().__init__(timeout)
+        self.find_unused_parameters = find_unused_parameters
+
+    def accelerator_kwargs(self) -> dict[str, Any]:
+        kwargs = super().accelerator_kwargs()
+        kwargs["kwargs_handlers"].append(
+            DistributedDataParallelKwargs(find_unused_parameters=self.find_unused_parameters)
+        )
+        return kwargs
 
     def check_layout(self, processes: int, net: nn.Module, cfg: DictConfig) -> None:
         if processes < 2:

@@ -1,7 +1,7 @@
 """model_parallel: split the model itself over devices, for models too big for one device's memory.
 
 Accelerate's own tensor parallelism (ParallelismConfig) needs a transformers model with a `tp_plan`, and its
-FSDP plugin needs GPUs. This preset applies the net's `Split` (model_split.py) with torch.distributed instead
+FSDP plugin needs GPUs. This preset applies the net's `Split` (parallel/split.py) with torch.distributed instead
 (sharding.py, shared with the Lightning engine), which also runs on CPU/gloo; Accelerate still launches the
 processes, moves the data and saves the checkpoints.
 

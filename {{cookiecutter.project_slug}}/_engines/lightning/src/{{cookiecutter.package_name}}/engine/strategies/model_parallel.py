@@ -4,7 +4,7 @@ Two modes, chosen by `strategy.mode`:
 
 - tensor: Lightning's ModelParallelStrategy. The processes form a 2D DeviceMesh
   (data_parallel x tensor_parallel). Each tensor-parallel group shards the model by the tensor-parallel plan
-  of its `Split` (model_split.py) and reads the same batch; across data-parallel groups the model is
+  of its `Split` (parallel/split.py) and reads the same batch; across data-parallel groups the model is
   also sharded with FSDP2 `fully_shard`, which averages the gradients of the replicas (`replicas` > 1: HSDP,
   sharded within data_parallel_size / replicas groups, replicated across them).
 - layers: one process, the model cut into consecutive groups of layers (between the blocks of its Split), group i

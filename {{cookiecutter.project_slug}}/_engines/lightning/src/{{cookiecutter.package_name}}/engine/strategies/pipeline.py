@@ -1,6 +1,6 @@
 """strategy=pipeline: pipeline parallelism as a Lightning strategy, one process per stage (or several, looped).
 
-Each process keeps only its stages of the net (cut between the blocks of its Split, model_split.py) and trains them
+Each process keeps only its stages of the net (cut between the blocks of its Split, parallel/split.py) and trains them
 with a torch.distributed.pipelining schedule, which cuts the batch into micro-batches so the stages overlap.
 The schedule runs forward and backward in one call, so the strategy owns the training step (manual
 optimization); validation, test, logging and checkpoints go through the usual Lightning paths. Checkpoints are
