@@ -3,6 +3,7 @@ strategy=single does, or refuse them in one line before training."""
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import torch
@@ -51,6 +52,26 @@ class InterruptedOnce(ResidualMLP):
                 self.marker.touch()
                 os.kill(os.getpid(), self.signal)
             self.calls += 1
+        return super().forward(x)
+
+
+class PausedOnce(ResidualMLP):
+    """Pauses in the forward of training step `at` (0-based) until `<marker>.go` exists, having left
+    `<marker>.paused`: a training surely running while a test does something beside it. Only once (the markers
+    stay)."""
+
+    def __init__(self, *args, marker: str, at: int = 4, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.paused, self.go, self.at, self.calls = Path(f"{marker}.paused"), Path(f"{marker}.go"), at, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and self.calls == self.at and not self.paused.exists():
+            self.paused.touch()
+            for _ in range(1200):  # at most a minute
+                if self.go.exists():
+                    break
+                time.sleep(0.05)
+        self.calls += self.training
         return super().forward(x)
 
 

@@ -6,11 +6,12 @@ run_id=last continues it (a finished run is not continued)."""
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import PACKAGE, QUICK, make_runner
 from engine_specific import LAST, kept_checkpoints
-from forked import ForkedCommand, can_fork
+from forked import ForkedCommand, can_fork, start_module
 from wandb_records import offline_runs
 
 pytestmark = pytest.mark.slow
@@ -91,3 +92,33 @@ def test_ctrl_c_saves_then_run_id_last_continues_exactly(tmp_path, train_env, wh
 
     code, output = train_in(tmp_path, train_env, *command, "run_id=last")
     assert code == 2 and f"error: run_id=last: the newest run of experiment=ctrl-c, {run_dir.name}, finished" in output
+
+
+def written(run_dir) -> tuple[str, list]:
+    """What a training writes in its run folder as it trains: its metrics file, its checkpoints."""
+    return (run_dir / "metrics.jsonl").read_text(), sorted((run_dir / "checkpoints").iterdir())
+
+
+def test_a_second_training_in_the_run_folder_of_a_running_one_is_refused(tmp_path, train_env, whole):
+    """The same command twice at once (one run_id): the second is refused in one line and writes nothing; the first
+    trains on, its steps each logged once, as if alone."""
+    net = ["model.net._target_=own_models.PausedOnce", f"+model.net.marker={tmp_path / 'pause'}"]
+    command = ["experiment=twice", "run_id=one", *SETTINGS, *net]
+    first = start_module(f"{PACKAGE}.train", command, train_env, tmp_path, tmp_path / "first.log", f"{PACKAGE}.train")
+    try:
+        for _ in range(1200):
+            if (tmp_path / "pause.paused").exists() or first.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert (tmp_path / "pause.paused").exists(), (tmp_path / "first.log").read_text()[-3000:]
+        run_dir = tmp_path / "outputs" / "twice" / "one"
+        before = written(run_dir)
+        code, output = train_in(tmp_path, train_env, *command)
+        assert code == 2 and "Traceback" not in output, output[-3000:]
+        [error] = [line for line in output.splitlines() if line.startswith("error:")]
+        assert error.startswith(f"error: another training is running in {run_dir.resolve()}"), error
+        assert written(run_dir) == before, "the refused training wrote into the run folder"
+    finally:
+        (tmp_path / "pause.go").touch()
+    assert first.wait(300) == 0, (tmp_path / "first.log").read_text()[-3000:]
+    assert losses(run_dir) == whole

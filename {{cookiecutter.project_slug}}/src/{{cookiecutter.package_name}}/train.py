@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from .config import register_resolvers, run_cli
 from .engine.training import train
 from .errors import UNRESOLVED, ConfigError, ProcessCrashed, TrainingStopped, fail, remove_if_empty, unresolved
+from .runtime.run_folder import RunFolderInUse, only_training_in
 
 register_resolvers()
 
@@ -24,9 +25,12 @@ register_resolvers()
 def run(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        train(cfg)
+        with only_training_in(run_dir):
+            train(cfg)
         if cfg.check_only:
             remove_if_empty(run_dir)
+    except RunFolderInUse as err:  # the folder is the other training's: left as it is
+        fail(err)
     except (ConfigError, ProcessCrashed) as err:
         fail(err, run_dir)
     except UNRESOLVED as err:  # a resolver's ConfigError (data=files checks its files), or a ??? left unset
