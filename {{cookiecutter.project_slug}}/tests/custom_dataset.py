@@ -29,3 +29,11 @@ class NoisyParity(Parity):
         x, y = super().__getitem__(index)
         noise = torch.randn_like(x) * 0.3 + torch.from_numpy(np.random.normal(0, 0.3, x.shape)).to(x.dtype)
         return x + noise, y
+
+
+class DictItems(Parity):
+    """Items as dicts ({"x": ..., "y": ...}), which the training does not take: it takes (x, y) pairs."""
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        x, y = super().__getitem__(index)
+        return {"x": x, "y": y}

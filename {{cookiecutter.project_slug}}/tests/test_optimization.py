@@ -116,6 +116,7 @@ def test_the_cosine_schedule_spans_the_epochs_optimizer_steps(train):
 
 
 # (overrides, the one error line); each refused before training (conftest's `refused` runs them)
+CUSTOM_DATA = ["data=custom", "+data.dataset.size=64", "data.num_features=6", "data.num_classes=2"]
 BAD_INPUT = [
     (
         ["strategy=ddp_spawn", "trainer.devices=2", "data.batch_size=64", "trainer.accumulate_grad_batches=3"],
@@ -179,6 +180,19 @@ BAD_INPUT = [
         "strategy.schedule=zbv splits each backward in two, which a compiled block cannot; give compile=false, or "
         "strategy.schedule=interleaved_1f1b",
     ),
+    (
+        ["trainer.accumulate_grad_batches=0"],
+        "trainer.accumulate_grad_batches=0 must be 1 or more (micro-batches per step)",
+    ),
+    (["data.num_workers=-1"], "data.num_workers=-1 is not a number of loader processes; valid: 0, 1, ... or auto"),
+    (
+        [*CUSTOM_DATA, "data.dataset._target_=custom_dataset.Parity", "data.prefetch_factor=0"],
+        "data.prefetch_factor=0 must be 1 or more (batches each worker prepares ahead)",
+    ),
+    (
+        [*CUSTOM_DATA, "data.dataset._target_=custom_dataset.DictItems"],
+        "data.dataset DictItems: an item is dict, but the training takes (x, y) pairs: return x, y from __getitem__",
+    ),
     *OPTIMIZATION_REFUSALS,
 ]
 CASE_NAMES = [
@@ -198,6 +212,10 @@ CASE_NAMES = [
     "a-model-parallel-setting-under-fsdp",
     "stages-per-process-of-a-one-stage-schedule",
     "zbv-compiled",
+    "no-micro-batch-per-step",
+    "negative-loader-workers",
+    "no-batch-prepared-ahead",
+    "items-that-are-not-pairs",
     "batchnorm-under-pipeline",
     "hsdp-replicas-that-do-not-divide-the-data-parallel-size",
 ]

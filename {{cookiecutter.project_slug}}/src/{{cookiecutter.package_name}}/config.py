@@ -164,6 +164,8 @@ def build_object(node: DictConfig, *, bad_arguments: tuple[type[Exception], ...]
         return instantiate(node, **kwargs)
     except InstantiationException as err:
         cause = err.__cause__
+        if isinstance(cause, ConfigError):  # the object's own refusal says what is valid
+            raise cause from err
         if isinstance(cause, (ValueError, TypeError, *bad_arguments)):
             raise ConfigError(f"{node.get('_target_', 'config')}: {cause}") from err
         if (unimportable := not_importable(err)) is not None:  # e.g. data.dataset._target_=my_pkg.Typo

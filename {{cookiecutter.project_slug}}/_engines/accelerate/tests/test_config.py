@@ -1,6 +1,7 @@
 """Every preset is documented and composes; bad input fails early, in one line, leaving nothing behind."""
 
 import pytest
+import torch
 from conftest import unsplit_net
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
@@ -74,7 +75,16 @@ BAD_INPUT = [
         "unknown setting trainer.max_epoch; did you mean trainer.max_epochs? (to add a new key: +trainer.max_epoch=",
     ),
     (["data.shuffle=sometimes"], "data.shuffle=sometimes is not true or false (the default is true)"),
+    (["trainer.accelerator=gpuu"], "trainer.accelerator=gpuu is unknown; valid: auto, cpu, gpu, cuda"),
+    (["trainer.devices=0"], "trainer.devices=0 is not a device count; valid: 1, 2, ..., or auto (or -1)"),
+    (["strategy=ddp_spawn", "trainer.devices=abc"], "trainer.devices=abc is not a device count; valid: 1, 2,"),
+    (["trainer.devices=2"], "strategy=single runs one device but trainer.devices=2; use strategy=ddp for several"),
 ]
+if not torch.cuda.is_available():  # what a machine without GPUs refuses
+    BAD_INPUT += [
+        (["trainer.accelerator=gpu"], "trainer.accelerator=gpu, but torch sees no CUDA device"),
+        (["strategy=ddp_spawn", "trainer.devices=auto"], "strategy=ddp_spawn needs 2+ processes but trainer.devices"),
+    ]
 BAD_INPUT_IDS = [
     "unknown-strategy",
     "unknown-oom",
@@ -98,6 +108,11 @@ BAD_INPUT_IDS = [
     "value-of-the-wrong-type",
     "unknown-setting",
     "not-true-or-false",
+    "unknown-accelerator",
+    "no-devices",
+    "devices-not-a-number",
+    "several-devices-under-single",
+    *(["gpu-without-one", "ddp-spawn-of-one-process"] if not torch.cuda.is_available() else []),
 ]
 
 

@@ -44,6 +44,14 @@ class Data:
         splits: Sequence[str] = SPLITS,
         **interpolated: Any,
     ) -> None:
+        if not (num_workers == "auto" or (type(num_workers) is int and num_workers >= 0)):
+            raise ConfigError(
+                f"data.num_workers={num_workers} is not a number of loader processes; valid: 0, 1, ... or auto"
+            )
+        if not (type(prefetch_factor) is int and prefetch_factor >= 1):
+            raise ConfigError(
+                f"data.prefetch_factor={prefetch_factor} must be 1 or more (batches each worker prepares ahead)"
+            )
         self.dataset = dataset
         self.batch_size = batch_size  # GLOBAL: samples per optimizer step over all data-parallel replicas
         self.shuffle, self.seed = shuffle, seed
@@ -316,8 +324,16 @@ def check_input(net: nn.Module, data: Data) -> None:
     reads_ids = bool(checks) or any(isinstance(module, nn.Embedding) for module in net.modules())
     data.setup()
     for dataset in data.splits.values():
+        if isinstance(dataset, IterableDataset):  # a stream: its samples come as its reader writes them
+            continue
+        sample = dataset[0]
+        if not (isinstance(sample, tuple | list) and len(sample) == 2):
+            raise ConfigError(
+                f"data.dataset {type(dataset).__name__}: an item is {type(sample).__name__}, but the training takes "
+                "(x, y) pairs: return x, y from __getitem__ (x may be a dict or tuple of tensors)"
+            )
         try:
-            x = torch.as_tensor(dataset[0][0])[None]
+            x = torch.as_tensor(sample[0])[None]
         except (TypeError, ValueError, RuntimeError):  # not an array (e.g. a dict): the net reads it its own way
             continue
         for check in checks:
@@ -358,6 +374,8 @@ def per_device_batch_size(global_batch_size: int, replicas: int, accumulate: int
     """The micro-batch each replica computes at once: the global batch divided over the data-parallel replicas
     and the micro-batches accumulated per optimizer step (trainer.accumulate_grad_batches); a clear error if it
     does not divide."""
+    if accumulate < 1:
+        raise ConfigError(f"trainer.accumulate_grad_batches={accumulate} must be 1 or more (micro-batches per step)")
     parts = batch_parts(replicas, accumulate)
     if accumulate > 1 and (global_batch_size < 1 or global_batch_size % parts):
         raise ConfigError(

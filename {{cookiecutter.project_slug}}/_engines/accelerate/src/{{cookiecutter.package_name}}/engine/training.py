@@ -39,7 +39,7 @@ from .evaluation import batches, check_limit, evaluate, log, prefixed
 from .logger import ResumingWandBTracker
 from .loop import Progress, accumulation, fit, loss_fn, training_steps
 from .oom import OOMRecovery, find_batch_size
-from .strategies import Strategy
+from .strategies import Strategy, check_devices
 
 logging.getLogger("accelerate").setLevel(logging.WARNING)  # not one INFO line per file it saves
 # AcceleratedOptimizer.step asks twice per step whether the lomo_optim package is installed: an uncached
@@ -91,6 +91,7 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
         raise ConfigError("oom.recovery runs the backward itself: use trainer.accumulate_grad_batches=1")
     # Under torchrun or SLURM: the launcher's layout, unless the command line gives one (checked against it).
     preset, overrides = HydraConfig.get().runtime.choices["strategy"], HydraConfig.get().overrides.task
+    check_devices(cfg.trainer.accelerator, cfg.trainer.devices, preset)
     _, devices = fit_layout_to_launcher(preset, cfg.trainer.num_nodes, cfg.trainer.devices, overrides)
     warn_if_restarts_can_hang()
     if devices in ("auto", -1):  # every visible GPU, as in Lightning (1 on CPU)

@@ -24,6 +24,25 @@ from ...runtime.resuming import check_same_mesh
 from ..checkpoints import saved_by_layers
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda")  # gpu and cuda alike, as in Lightning
+
+
+def check_devices(accelerator: str, devices: Any, preset: str) -> None:
+    """trainer.accelerator and trainer.devices as Lightning's Trainer checks them, in one line each: accelerate
+    itself would train on the CPU whatever the words (trainer.accelerator=gpuu, or gpu on a machine without one)."""
+    if accelerator not in ACCELERATORS:
+        raise ConfigError(f"trainer.accelerator={accelerator} is unknown; valid: {', '.join(ACCELERATORS)}")
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():  # (NVML's answer: CUDA stays untouched)
+        raise ConfigError(
+            f"trainer.accelerator={accelerator}, but torch sees no CUDA device (a CPU build of torch, or no GPU "
+            "visible); use trainer.accelerator=cpu or auto"
+        )
+    if devices not in ("auto", -1) and not (type(devices) is int and devices >= 1):
+        raise ConfigError(f"trainer.devices={devices} is not a device count; valid: 1, 2, ..., or auto (or -1)")
+    if preset == "single" and type(devices) is int and devices > 1:
+        raise ConfigError(
+            f"strategy=single runs one device but trainer.devices={devices}; use strategy=ddp for several"
+        )
 
 
 class Strategy:

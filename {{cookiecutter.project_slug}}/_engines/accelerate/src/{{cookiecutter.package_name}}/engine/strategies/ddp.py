@@ -60,6 +60,14 @@ class DDP(Strategy):
 class DDPSpawn(DDP):
     name = "ddp_spawn"
 
+    def check_layout(self, processes: int, net: nn.Module, cfg: DictConfig) -> None:
+        if processes < 2:
+            raise ConfigError(
+                f"strategy=ddp_spawn needs 2+ processes but trainer.devices={cfg.trainer.devices} gives {processes} "
+                "here; pass trainer.devices=N (on the CPU too: N gloo processes)"
+            )
+        super().check_layout(processes, net, cfg)
+
     def processes(self, launched: int, devices: int) -> int:
         if launched > 1:
             raise ConfigError("strategy=ddp_spawn starts its own processes: run it with python, not a launcher")
