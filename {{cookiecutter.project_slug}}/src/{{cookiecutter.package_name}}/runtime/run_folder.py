@@ -12,6 +12,20 @@ from ..errors import ConfigError
 from ..tracking.wandb_run import is_first_process
 
 
+# The folders this process holds, open. A fork (a loader worker, ddp_spawn's processes) closes its copies: the lock
+# is the open folder's, shared by every copy, so a loader worker outliving a killed training would hold it on.
+_HELD: set[int] = set()
+
+
+def _close_in_the_fork() -> None:
+    for folder in _HELD:
+        os.close(folder)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_close_in_the_fork)
+
+
 class RunFolderInUse(ConfigError):
     """Refused: another training holds the run folder (which stays as that training leaves it)."""
 
@@ -25,6 +39,7 @@ def only_training_in(run_dir: Path) -> Iterator[None]:
         yield
         return
     folder = os.open(run_dir, os.O_RDONLY)
+    _HELD.add(folder)
     try:
         try:
             fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -37,4 +52,6 @@ def only_training_in(run_dir: Path) -> Iterator[None]:
             pass  # no flock here: unguarded
         yield
     finally:
-        os.close(folder)  # (and with it the lock)
+        if folder in _HELD:  # (not in a fork, which closed its copy)
+            _HELD.discard(folder)
+            os.close(folder)  # and with it the lock
