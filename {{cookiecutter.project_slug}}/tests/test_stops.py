@@ -89,6 +89,11 @@ def test_ctrl_c_saves_then_run_id_last_continues_exactly(tmp_path, train_env, wh
     assert code == 0, output[-3000:]
     assert f"run_id=last: continuing {run_dir.relative_to(tmp_path)}" in output
     assert losses(run_dir) == whole, "the continued run's steps equal the uninterrupted run's, in one wandb run"
+    (run,) = offline_runs(run_dir)
+    assert len(run.steps("val/loss")) == 2, "validated at each epoch's end only, as when not stopped"
+    checkpoints = run_dir / "checkpoints"
+    assert kept_checkpoints(run_dir)[0] == [STEPS], "checkpoint.keep_last=1: the one saved at the stop is gone too"
+    assert len(list(checkpoints.glob("best*"))) == 1, sorted(checkpoints.iterdir())
 
     code, output = train_in(tmp_path, train_env, *command, "run_id=last")
     assert code == 2 and f"error: run_id=last: the newest run of experiment=ctrl-c, {run_dir.name}, finished" in output

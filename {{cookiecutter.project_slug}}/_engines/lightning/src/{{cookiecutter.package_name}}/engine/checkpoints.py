@@ -100,6 +100,7 @@ class ResumeCheckpoint(ModelCheckpoint):
         if self.interrupted_at is None and self._stop_now(trainer):  # Ctrl-C: save this step, then stop
             save_now(self, trainer)
             trainer.should_stop, self.interrupted_at = True, trainer.global_step
+            trainer.limit_val_batches = 0  # Lightning validates a run stopped mid-epoch; one never stopped would not
             self.interrupt.restore()
 
     def _stop_now(self, trainer: L.Trainer) -> bool:
@@ -133,6 +134,7 @@ class ResumeCheckpoint(ModelCheckpoint):
         if trainer.is_global_zero:
             point_last_at(Path(filepath))
         trainer.strategy.barrier("ResumeCheckpoint")
+        self._remove_old(trainer)  # (the one resumed from too, which Lightning never names for removal)
 
     def _link_written(self, trainer: L.Trainer, wait: bool = False) -> None:
         """Point `last` at the checkpoint written in the background, if its write has ended (or, `wait`, once it
@@ -146,8 +148,8 @@ class ResumeCheckpoint(ModelCheckpoint):
 
     def _remove_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
         # Lightning keeps one checkpoint when none is monitored and names the previous one for removal once the new
-        # one is saved; Lightning has no "keep the last K": _remove_old instead.
-        self._remove_old(trainer)
+        # one is saved; Lightning has no "keep the last K": _remove_old, after every save, instead.
+        pass
 
     def _remove_old(self, trainer: L.Trainer) -> None:
         """The keep_last newest step checkpoints of the folder stay (also those of an earlier start of the run), the
