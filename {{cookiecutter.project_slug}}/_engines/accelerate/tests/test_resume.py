@@ -1,8 +1,12 @@
 """A training killed anywhere, even while it writes a checkpoint, continues exactly when the same command runs
 again: from its last complete checkpoint, by itself, with the same per-step losses (bit-identical on CPU)."""
 
+import signal
+import time
+
 import pytest
-from conftest import Run, make_runner
+from conftest import PACKAGE, QUICK, Run, make_runner
+from forked import start_module
 from launchers import accelerate_launch
 from restarts import RESTARTABLE, STEPS, losses_by_step, run_in
 from wandb_records import offline_runs, sync_dry_run
@@ -79,3 +83,22 @@ def test_shards_are_not_resumed_on_another_mesh(tmp_path, train_env):
         "tensor-parallel processes, this run's is 2 x 1" in refused.output
     )
     assert "KeyError" not in refused.output and not (refused.run_dir / "checkpoints").exists(), "before training"
+
+
+def test_ctrl_c_stops_the_processes_ddp_spawn_started_in_one_line(tmp_path, train_env):
+    """strategy=ddp_spawn starts its processes itself, through torch's elastic agent in this command: Ctrl-C stops
+    them at once and says in one line how to continue (exit 130), where the agent raised a traceback."""
+    net = ["model.net._target_=own_models.PausedOnce", f"+model.net.marker={tmp_path / 'pause'}"]
+    command = [*QUICK, "strategy=ddp_spawn", "trainer.devices=2", *net, f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = start_module(f"{PACKAGE}.train", command, train_env, tmp_path, tmp_path / "log", f"{PACKAGE}.train")
+    for _ in range(1200):
+        if (tmp_path / "pause.paused").exists() or proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    code, output = proc.wait(120), (tmp_path / "log").read_text()
+    assert code == 130 and "Traceback" not in output, output[-3000:]
+    assert output.strip().splitlines()[-1] == (
+        "SIGINT: the 2 processes stopped at once (several processes save no checkpoint on a stop); continue from "
+        "the last one with the same command plus run_id=run (or run_id=last)"
+    )

@@ -11,7 +11,6 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..tracking.wandb_run import is_first_process
 
-
 # The folders this process holds, open. A fork (a loader worker, ddp_spawn's processes) closes its copies: the lock
 # is the open folder's, shared by every copy, so a loader worker outliving a killed training would hold it on.
 _HELD: set[int] = set()

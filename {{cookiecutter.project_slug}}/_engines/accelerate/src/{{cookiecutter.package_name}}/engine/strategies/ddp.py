@@ -6,18 +6,22 @@ command, with accelerate's notebook_launcher (forked processes: nothing may touc
 
 import logging
 import os
+import signal
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate import Accelerator, notebook_launcher
 from accelerate.utils import DistributedDataParallelKwargs
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from torch import nn
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from ...errors import ConfigError, spawned_failure
+from ...errors import ConfigError, Interrupted, spawned_failure
 from ...parallel.batchnorm import needs_sync, synchronise, synchronised_message
 from ...parallel.launcher import free_port
 from . import Strategy
@@ -84,6 +88,13 @@ class DDPSpawn(DDP):
             # ddp_spawn training on this machine (Lightning's ddp_spawn picks a free one too).
             port = os.environ.get("MASTER_PORT") or str(free_port())
             notebook_launcher(run, num_processes=devices, use_port=port)
+        except SignalException as err:  # Ctrl-C (or SIGTERM) reached this command: its processes stopped at once
+            run_id = Path(HydraConfig.get().runtime.output_dir).name
+            raise Interrupted(
+                f"{signal.Signals(err.sigval).name}: the {devices} processes stopped at once (several processes save "
+                f"no checkpoint on a stop); continue from the last one with the same command plus run_id={run_id} "
+                "(or run_id=last)"
+            ) from None
         except ChildFailedError as err:
             rank, failure = err.get_first_failure()
             record = failure.message  # the process's error record: {"message": "<Error>: ...", "extraInfo": ...}
