@@ -177,3 +177,12 @@ def test_such_a_model_trains_under_tensor_parallel_as_on_one_device(train):
     overrides, launcher = command(layout("model_parallel-tp2"))
     sharded = train(*parity, *overrides, launcher=launcher)
     assert sharded.losses(3) == pytest.approx(single.losses(3), abs=TOLERANCE)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this machine has the GPUs the case names")
+def test_layers_on_gpus_the_machine_lacks_are_refused_before_training():
+    """The README's strategy.devices=[cuda:0,cuda:1], run on a machine without them: one line naming what is
+    missing (it was Lightning's "Device should be CPU" after the wandb run started, or an AssertionError)."""
+    net = ResidualMLP(in_features=8, num_classes=3, hidden=16, depth=2)
+    with pytest.raises(ConfigError, match=r"strategy.devices=\['cuda:0', 'cuda:1'\]: this machine has no .*cuda:1"):
+        check_layer_split(net, [torch.device("cuda:0"), torch.device("cuda:1")])

@@ -158,16 +158,17 @@ def register_resolvers() -> None:
 
 
 def build_object(node: DictConfig, *, bad_arguments: tuple[type[Exception], ...] = (), **kwargs: Any) -> Any:
-    """hydra.utils.instantiate, with a bad argument (ValueError, TypeError or one of `bad_arguments`) or a target
-    that does not import reported as a ConfigError instead of a traceback."""
+    """hydra.utils.instantiate, with a bad argument (ValueError, TypeError or one of `bad_arguments`), a target
+    that does not import, or a package it asks for that is not installed (ImportError: e.g. Lightning's
+    trainer.accelerator=tpu without torch_xla) reported as a ConfigError instead of a traceback."""
     try:
         return instantiate(node, **kwargs)
     except InstantiationException as err:
         cause = err.__cause__
         if isinstance(cause, ConfigError):  # the object's own refusal says what is valid
             raise cause from err
-        if isinstance(cause, (ValueError, TypeError, *bad_arguments)):
-            raise ConfigError(f"{node.get('_target_', 'config')}: {cause}") from err
         if (unimportable := not_importable(err)) is not None:  # e.g. data.dataset._target_=my_pkg.Typo
             raise unimportable from err
+        if isinstance(cause, (ValueError, TypeError, ImportError, *bad_arguments)):
+            raise ConfigError(f"{node.get('_target_', 'config')}: {cause}") from err
         raise

@@ -175,6 +175,10 @@ BAD_INPUT = [
         ],
         "strategy=pipeline: 6 pipeline stages need at least 6 blocks; the model has 4",
     ),  # fmt: skip
+    (  # a package Lightning asks for (torch_xla) was a multi-line report of Hydra's
+        ["trainer.accelerator=tpu"],
+        "Trainer: Requirement 'torch_xla",
+    ),
 ]
 BAD_INPUT_IDS = [
     "unknown-strategy",
@@ -207,6 +211,7 @@ BAD_INPUT_IDS = [
     "pipelines-not-dividing-the-processes",
     "interleaved-microbatches-in-unequal-rounds",
     "more-stages-than-blocks",
+    "accelerator-whose-package-is-missing",
 ]
 
 

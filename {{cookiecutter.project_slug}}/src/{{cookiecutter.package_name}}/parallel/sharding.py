@@ -414,7 +414,15 @@ def default_layer_devices() -> list[str]:
     return [f"cuda:{i}" for i in range(count)] if count > 1 else ["cpu", "cpu"]
 
 
-def check_layer_split(model: nn.Module, devices: Sequence[torch.device]) -> None:
+def check_layer_split(model: nn.Module, devices: Sequence[torch.device | str]) -> None:
+    devices = [torch.device(device) for device in devices]
+    gpus = torch.cuda.device_count()  # (asks NVML where CUDA is not initialised yet)
+    missing = [str(device) for device in devices if device.type == "cuda" and (device.index or 0) >= gpus]
+    if missing:
+        raise ConfigError(
+            f"strategy.devices={[str(d) for d in devices]}: this machine has no {', '.join(missing)} (torch sees "
+            f"{gpus} GPUs); name devices it has, or strategy.devices=[cpu,cpu] to try layer splitting on the CPU"
+        )
     try:
         groups = layer_groups(model, len(devices))
     except ConfigError:  # no split: already one line naming what to implement
