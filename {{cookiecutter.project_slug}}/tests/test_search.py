@@ -458,6 +458,7 @@ REFUSED_BATCH = "the training refuses the first trial's config: data.batch_size=
         (None, ["search.n_trails=3"], "unknown setting search.n_trails; valid: search=<space>, search.space"),
         (None, ["search=nope"], "unknown search space 'nope'; valid: default, gpt, or a path to a .yaml file"),
         (None, ["strategy=ddpp"], "unknown strategy 'ddpp'; valid: ddp,"),
+        (None, ["trainer.max_epoch=1"], "unknown setting trainer.max_epoch; did you mean trainer.max_epochs?"),
         ("model.optimizer.lr: {type: float, low: 1.0e-4\n", [], "is not valid YAML, line 2 column 1: expected ','"),
         # the training's own checks, on the first trial's config: 64 samples do not split over 3 processes
         (None, ["strategy=ddp", "trainer.devices=3", "trainer.accelerator=cpu", "data.batch_size=64"], REFUSED_BATCH),

@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from optuna.trial import TrialState
 
-from ..config import CONFIG_DIR, check_group_choices, register_resolvers
+from ..config import CONFIG_DIR, check_group_choices, check_overrides, register_resolvers
 from ..engine.launching import processes_per_trial, slurm_tasks, trial_command
 from ..errors import ConfigError, fail
 from ..parallel.launcher import free_port
@@ -132,6 +132,7 @@ def main() -> None:
 def compose_training(overrides: list[str]) -> tuple[DictConfig, dict[str, str]]:
     """The training config these overrides give, and its config group choices (strategy=..., model=...)."""
     register_resolvers()
+    check_overrides(overrides, "train")  # as the training command checks them: naming the nearest key, the type
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
             cfg = compose("train", overrides=overrides, return_hydra_config=True)
