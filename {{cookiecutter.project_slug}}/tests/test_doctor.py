@@ -133,11 +133,18 @@ def test_doctor_plans_several_nodes(tmp_path, train_env):
 
 
 @pytest.mark.slow
-def test_doctor_rejects_a_nonsense_device_size(tmp_path, train_env):
-    proc, run_dir = doctor(tmp_path, train_env, NO_BANDWIDTH, "doctor.device_memory_gb=-1")
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("doctor.device_memory_gb=-1", "doctor.device_memory_gb=-1 must be > 0"),
+        ("doctor.devices=abc", "doctor.devices=abc must be a whole number >= 1"),  # was a TypeError's traceback
+    ],
+)
+def test_doctor_rejects_a_nonsense_device_plan(tmp_path, train_env, setting, message):
+    proc, run_dir = doctor(tmp_path, train_env, NO_BANDWIDTH, setting)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 2, output[-3000:]
-    assert "error: doctor.device_memory_gb=-1 must be > 0" in output and "Traceback" not in output
+    assert f"error: {message}" in output and "Traceback" not in output
     assert not run_dir.exists()
 
 

@@ -61,8 +61,8 @@ def diagnose(cfg: DictConfig, overrides: list[str]) -> dict[str, Any]:
     plan, batch = cfg.doctor, cfg.data.batch_size
     if plan.device_memory_gb is not None and plan.device_memory_gb <= 0:
         raise ConfigError(f"doctor.device_memory_gb={plan.device_memory_gb} must be > 0 (GB per device)")
-    if plan.devices is not None and plan.devices < 1:
-        raise ConfigError(f"doctor.devices={plan.devices} must be >= 1 (devices per node)")
+    if plan.devices is not None and not (type(plan.devices) is int and plan.devices >= 1):  # (null's default: text)
+        raise ConfigError(f"doctor.devices={plan.devices} must be a whole number >= 1 (devices per node)")
     precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # as train resolves `auto`
     env = hardware.environment()
     gpus = env["gpus"]
