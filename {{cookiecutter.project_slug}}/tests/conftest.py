@@ -5,6 +5,7 @@ other ranks; inside pytest that would re-run pytest.
 """
 
 import contextlib
+import itertools
 import json
 import os
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_specific import QUIET
+from engine_specific import MAIN_PORTS, QUIET
 from forked import ForkedCommand, NotForked, can_fork, kill_with_descendants
 from omegaconf import OmegaConf
 from slurm_jobs import node_to_myself, slurm_missing
@@ -94,6 +95,18 @@ def slurm(tmp_path, tmp_path_factory):
         yield
 
 
+_RUNS = itertools.count()
+
+
+def next_main_port() -> int:
+    """A port for the process group of a training started without a launcher. Left to themselves, Lightning (ddp,
+    ddp_spawn) and accelerate's ddp_spawn pick a free port and bind it seconds later, when another test's process may
+    have taken it (EADDRINUSE: seen once in a CI run). These lie below the kernel's ephemeral ports, a block of 1000
+    per engine (MAIN_PORTS) and pytest-xdist worker, each used once in a test session."""
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    return MAIN_PORTS + 1000 * worker + next(_RUNS) % 1000
+
+
 def make_runner(base_dir: Path, base_env: dict[str, str]):
     """runner(*overrides, launcher=None, check=True, env=None, run_dir=None) -> Run, each run in a new folder of
     base_dir, or in `run_dir` (a restart of the training there).
@@ -114,6 +127,8 @@ def make_runner(base_dir: Path, base_env: dict[str, str]):
         command = (launcher or [sys.executable, "-m"]) + [f"{PACKAGE}.train", f"hydra.run.dir={run_dir}", *overrides]
         run_env = {**base_env, **(env or {})}
         run_env = {name: value for name, value in run_env.items() if value is not None}
+        if launcher is None:  # (a launcher, torchrun or accelerate launch, hands its processes a port itself)
+            run_env.setdefault("MASTER_PORT", str(next_main_port()))
         # CI time: no new interpreter importing everything again (the training's, or its launcher's and each of
         # the processes it starts) where a fork is the same process (forked.py)
         outputs = base_dir.with_name(f"{base_dir.name}-output")  # beside base_dir: tests list what is in it

@@ -15,6 +15,7 @@ LAST = "checkpoints/last"
 SHARDED, MODEL = f"{LAST}/sharded", "model."  # where pipeline and model_parallel's parts are, and the net's entries
 DDP = ["strategy=ddp", "trainer.devices=2"]  # started with accelerate launch --num_processes 2
 DDP_LAUNCH = accelerate_launch
+MAIN_PORTS = 24000  # the ports this engine's tests give trainings started without a launcher (conftest)
 # the search's trial command of a two-process preset, as the wandb sweep file writes it
 SWEEP_COMMAND = [
     "${env}",

@@ -12,6 +12,7 @@ LAST = "checkpoints/last.ckpt"
 SHARDED, MODEL = LAST, "state_dict.net."  # where pipeline and model_parallel's parts are, and the net's entries
 DDP = ["strategy=ddp", "trainer.devices=2"]  # Lightning starts the second process itself
 DDP_LAUNCH = None
+MAIN_PORTS = 20000  # the ports this engine's tests give trainings started without a launcher (conftest)
 # the search's trial command of a two-process preset, as the wandb sweep file writes it
 SWEEP_COMMAND = ["${env}", "${interpreter}", "-m"]
 # What this engine alone refuses: (overrides, the one error line). Lightning runs pipeline on one machine itself.
