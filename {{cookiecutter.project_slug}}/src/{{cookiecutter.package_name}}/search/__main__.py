@@ -57,7 +57,8 @@ FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 def main() -> None:
     try:
         settings, overrides, sweep_file = parse_command_line(sys.argv[1:])
-        check_group_choices(overrides)
+        check_group_choices(overrides)  # as the training command checks its command line: what is valid, the
+        check_overrides(overrides, "train")  # nearest key to a typo, a value of the wrong type
         cfg, groups = compose_training(overrides)
         params = load_space(space_path(settings.space), cfg, groups)
         first_trial = check_trial_config(params, overrides)
@@ -132,7 +133,6 @@ def main() -> None:
 def compose_training(overrides: list[str]) -> tuple[DictConfig, dict[str, str]]:
     """The training config these overrides give, and its config group choices (strategy=..., model=...)."""
     register_resolvers()
-    check_overrides(overrides, "train")  # as the training command checks them: naming the nearest key, the type
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
             cfg = compose("train", overrides=overrides, return_hydra_config=True)
