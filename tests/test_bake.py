@@ -101,6 +101,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         f"src/{package}/parallel/split.py",
         f"src/{package}/runtime/__init__.py",
         f"src/{package}/runtime/async_saves.py",
+        f"src/{package}/runtime/checkpoint_files.py",
         f"src/{package}/runtime/checkpoint_forms.py",
         f"src/{package}/runtime/hardware.py",
         f"src/{package}/runtime/interrupt.py",

@@ -2,8 +2,13 @@
 the first start's ckpt_path= or resume=false, and checkpoints are resumed only by the training that wrote them (on
 any preset, but not with another tensor-parallel size)."""
 
+import os
+
 import pytest
+import torch
+import torch.distributed.checkpoint as dcp
 from omegaconf import OmegaConf
+from safetensors.torch import save_file
 
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.runtime.resuming import check_same_mesh, starting_point, write_mesh
@@ -122,3 +127,54 @@ def test_a_checkpoint_resumes_on_any_mesh_but_not_with_another_tensor_parallel_s
         check_same_mesh(shards, 1, 1, "ddp")
     write_mesh(shards, 2, 1, "fsdp")  # FSDP over 2
     check_same_mesh(shards, 4, 1, "pipeline")
+
+
+def cut_short(path, keep=100):
+    path.write_bytes(path.read_bytes()[:keep])
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # dcp.save in one process, as meant
+def test_a_damaged_checkpoint_is_refused_naming_the_newest_whole_one(run_dir, tmp_path_factory):
+    """A checkpoint's files cut short (a copy that stopped, a full disk), in each form the engines write: torch.save's
+    file (Lightning's .ckpt, accelerate's optimizer.bin), a safetensors file (accelerate's net), a DCP folder (the
+    sharding presets'). Each written for real, then damaged; the refusal names the damage and the way on."""
+    folder, state = run_dir / "checkpoints", {"weight": torch.randn(64, 64)}
+    older, newer = folder / "step000004.ckpt", folder / "step000008.ckpt"
+    torch.save(state, older)
+    torch.save(state, newer)
+    os.utime(older, (1, 1))  # written first
+    (folder / "last").unlink()
+    (folder / "last").symlink_to(newer.name)
+    assert starting_point(run_dir, training(), folder / "last") == (None, True)  # whole: resumed
+    cut_short(newer)
+    with pytest.raises(ConfigError) as refused:
+        starting_point(run_dir, training(), folder / "last")
+    assert str(refused.value) == (
+        f"the run's last checkpoint {newer} cannot be read: cut short (its zip directory is missing); continue from "
+        f"its newest whole one with ckpt_path={older}, or start afresh with resume=false"
+    )
+    elsewhere = tmp_path_factory.mktemp("new_run")
+    with pytest.raises(ConfigError, match=f"give another checkpoint \\(the newest whole one beside it: {older}\\)$"):
+        starting_point(elsewhere, training(ckpt_path=str(newer)), elsewhere / "checkpoints" / "last")
+
+    parts = tmp_path_factory.mktemp("dcp") / "step000012"
+    dcp.save(state, checkpoint_id=parts)  # one process: no process group needed
+    starting_point(elsewhere, training(ckpt_path=str(parts)), elsewhere / "checkpoints" / "last")
+    (data,) = parts.glob("*.distcp")
+    cut_short(data)
+    with pytest.raises(ConfigError, match=f"\\.metadata: places \\d+ bytes in {data.name}, which has 100: cut short"):
+        starting_point(elsewhere, training(ckpt_path=str(parts)), elsewhere / "checkpoints" / "last")
+    data.unlink()
+    with pytest.raises(
+        ConfigError, match=f"\\.metadata: names {data.name}, which is missing; give another checkpoint$"
+    ):
+        starting_point(elsewhere, training(ckpt_path=str(parts)), elsewhere / "checkpoints" / "last")
+
+    accelerate_like = tmp_path_factory.mktemp("folder") / "step-0000016"
+    accelerate_like.mkdir()
+    save_file(state, accelerate_like / "model.safetensors")
+    torch.save(state, accelerate_like / "optimizer.bin")
+    starting_point(elsewhere, training(ckpt_path=str(accelerate_like)), elsewhere / "checkpoints" / "last")
+    cut_short(accelerate_like / "model.safetensors", keep=200)
+    with pytest.raises(ConfigError, match="cannot be read: model.safetensors: not a whole safetensors file"):
+        starting_point(elsewhere, training(ckpt_path=str(accelerate_like)), elsewhere / "checkpoints" / "last")

@@ -9,8 +9,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from ..errors import ConfigError
+from ..errors import ConfigError, said_once
 from ..tracking.wandb_run import is_first_process
+from .checkpoint_files import damage
 
 # What a checkpoint is made of: changed, it cannot be loaded (the net's shapes) or not continued where it stopped (its
 # position in the epoch counts global batches and micro-batches). Anything else may change between starts: more
@@ -69,8 +70,10 @@ def starting_point(run_dir: Path, cfg: DictConfig, last: Path) -> tuple[str | No
         resume = True  # nothing of its own to wipe, and its wandb run to continue
     if last.exists() and resume and not ckpt_path:
         check_same_training(run_dir, cfg)
+        check_whole(last.resolve(), given=False)
     elif ckpt_path:
         check_loadable(Path(ckpt_path), cfg)
+        check_whole(Path(ckpt_path).resolve(), given=True)
     return ckpt_path, resume
 
 
@@ -83,6 +86,27 @@ def check_same_training(run_dir: Path, cfg: DictConfig) -> None:
             f"{run_dir} has checkpoints of a training that differs from this one in {differ}: give "
             "resume=false to start afresh there (its checkpoints are deleted), or run_id=NAME for a new run folder"
         )
+
+
+def check_whole(checkpoint: Path, given: bool) -> None:
+    """Refuse, in one line, to start from a checkpoint whose files are damaged (checkpoint_files.py), naming the run's
+    newest whole one to continue from instead. `given`: named by ckpt_path= (else the run's last one). Every process
+    checks; the first says it."""
+    if not checkpoint.exists() or not (problem := damage(checkpoint)):
+        return
+    others = sorted(
+        (path for path in checkpoint.parent.iterdir() if not path.is_symlink() and path != checkpoint),
+        key=lambda path: path.stat().st_mtime,
+        reverse=True,
+    )
+    instead = next((path for path in others if not damage(path)), None)
+    if given:
+        options = f"give another checkpoint{f' (the newest whole one beside it: {instead})' if instead else ''}"
+    else:
+        options = f"continue from its newest whole one with ckpt_path={instead}, or " if instead else ""
+        options += "start afresh with resume=false"
+    what = "ckpt_path=" if given else "the run's last checkpoint "
+    raise said_once(ConfigError(f"{what}{checkpoint} cannot be read: {problem}; {options}"), is_first_process())
 
 
 MESH_FILE = "mesh.json"  # in the folder of a model_parallel checkpoint's shards: the mesh they were saved on

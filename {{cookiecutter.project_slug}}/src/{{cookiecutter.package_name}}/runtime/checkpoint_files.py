@@ -1,0 +1,58 @@
+"""Whether a checkpoint's files are whole, checked before a training resumes from it: a file cut short (a copy
+that stopped, a full disk) or changed by hand would otherwise fail deep inside the loading, with the loader's
+traceback. Each check reads a file's index only (a zip's directory, a safetensors header, a DCP folder's
+metadata), not its data: a few milliseconds for any size."""
+
+import pickle
+import zipfile
+from pathlib import Path
+
+import torch.distributed.checkpoint as dcp
+from safetensors import SafetensorError, safe_open
+
+TORCH_FILES = (".ckpt", ".pt", ".bin", ".pkl")  # torch.save's (a zip archive): Lightning's, accelerate's
+DCP_INDEX = ".metadata"  # a torch.distributed.checkpoint folder's: which file holds which bytes of each entry
+
+
+def damage(checkpoint: Path) -> str:
+    """What is wrong with `checkpoint` (a file, or a folder of files), in a few words; "" if it looks whole."""
+    files = [checkpoint] if checkpoint.is_file() else sorted(path for path in checkpoint.rglob("*") if path.is_file())
+    for path in files:
+        if problem := file_damage(path):
+            return problem if path == checkpoint else f"{path.relative_to(checkpoint)}: {problem}"
+    return ""
+
+
+def file_damage(path: Path) -> str:
+    if path.suffix == ".safetensors":
+        try:
+            with safe_open(str(path), "pt"):
+                return ""
+        except SafetensorError as error:
+            return f"not a whole safetensors file ({error})"
+    if path.suffix in TORCH_FILES:
+        with path.open("rb") as file:
+            starts_as_zip = file.read(2) == b"PK"
+        # torch.save writes a zip archive, whose directory is at its end: a file cut short has none
+        return "cut short (its zip directory is missing)" if starts_as_zip and not zipfile.is_zipfile(path) else ""
+    if path.name == DCP_INDEX:
+        return dcp_damage(path.parent)
+    return ""
+
+
+def dcp_damage(folder: Path) -> str:
+    """A DCP folder's files checked against its metadata: each must hold the bytes the metadata places in it."""
+    try:
+        stored = dcp.FileSystemReader(folder).read_metadata().storage_data
+    except (pickle.UnpicklingError, EOFError, AttributeError, ValueError) as error:
+        return f"unreadable ({type(error).__name__}: {error})"
+    ends: dict[str, int] = {}
+    for info in stored.values():
+        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    for name, end in sorted(ends.items()):
+        part = folder / name
+        if not part.is_file():
+            return f"names {name}, which is missing"
+        if part.stat().st_size < end:
+            return f"places {end} bytes in {name}, which has {part.stat().st_size}: cut short"
+    return ""
