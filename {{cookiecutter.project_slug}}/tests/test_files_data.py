@@ -149,6 +149,24 @@ def test_bad_files_are_named_in_one_line(tmp_path, case):
     assert str(error.value).startswith(str(tmp_path.resolve())), "the message starts with the file"
 
 
+def test_samples_the_classifier_cannot_take_are_refused_before_training(tmp_path):
+    """The classifier's MLP checks each split's first sample (ResidualMLP.check_input): a wrong data.num_features
+    (a Dataset of yours) or unflattened samples would fail in the first step's matrix product."""
+    write_split(tmp_path / "train.npz", 10, seed=0)
+    write_split(tmp_path / "val.npz", 10, seed=1)
+    flat = Data(partial(FilesDataset, dir=str(tmp_path)), splits=["train", "val"])
+    check_input(ResidualMLP(12, CLASSES, hidden=8, depth=1), flat)
+    with pytest.raises(ConfigError) as refused:
+        check_input(ResidualMLP(32, CLASSES, hidden=8, depth=1), flat)
+    assert str(refused.value) == (
+        "the data's samples have 12 values, the model takes 32 (model.net.in_features, which reads "
+        "data.num_features): set data.num_features=12"
+    )
+    shaped = Data(partial(FilesDataset, dir=str(tmp_path), flatten=False), splits=["train", "val"])
+    with pytest.raises(ConfigError, match=r"the data's are of shape \(3, 4\): flatten them \(data=files: data.fl"):
+        check_input(ResidualMLP(12, CLASSES, hidden=8, depth=1), shaped)
+
+
 def test_data_dir_must_be_given():
     with pytest.raises(ConfigError, match="data.dir is not set: data=files data.dir=DIR"):
         describe(None)

@@ -317,11 +317,11 @@ class ResumableLoader(DataLoader):
 
 def check_input(net: nn.Module, data: Data) -> None:
     """Refuse, before training starts (and before anything is written), data the net cannot read, in one line.
-    Every submodule with a `check_input(x)` method (gpt.py's token embedding) sees each split's first sample, as a
-    batch of one; a net of yours can do the same. A net without one, and without an nn.Embedding to read token
-    ids, takes floating-point samples: integer ones (images stored as uint8) would fail in its first layer."""
+    Every submodule with a `check_input(x)` method (gpt.py's token embedding, the MLP's sample size) sees each
+    split's first sample, as a batch of one; a net of yours can do the same. A net without an nn.Embedding to read
+    token ids takes floating-point samples: integer ones (images stored as uint8) would fail in its first layer."""
     checks = [module.check_input for module in net.modules() if callable(getattr(module, "check_input", None))]
-    reads_ids = bool(checks) or any(isinstance(module, nn.Embedding) for module in net.modules())
+    reads_ids = any(isinstance(module, nn.Embedding) for module in net.modules())
     data.setup()
     for dataset in data.splits.values():
         if isinstance(dataset, IterableDataset):  # a stream: its samples come as its reader writes them

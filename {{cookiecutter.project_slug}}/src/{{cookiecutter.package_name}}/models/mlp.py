@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
+from ..errors import ConfigError
 from ..parallel.split import Split, register_split
 
 NORMS = {"layer": nn.LayerNorm, "batch": nn.BatchNorm1d, "none": lambda features: nn.Identity()}
@@ -59,6 +60,20 @@ class ResidualMLP(nn.Module):
         self.blocks = nn.ModuleList(Block(hidden, expansion, norm, dropout) for _ in range(depth))
         self.norm = make_norm(norm, hidden)
         self.head = nn.Linear(hidden, num_classes)
+
+    def check_input(self, x: torch.Tensor) -> None:
+        """Refuse samples of another size than the model's, in one line (data.check_input calls it before training
+        with a batch of one): a wrong data.num_features would fail in the first step, in a matrix product."""
+        if x.dim() != 2:
+            raise ConfigError(
+                f"the classifier's MLP takes each sample as a vector, the data's are of shape {tuple(x.shape[1:])}: "
+                "flatten them (data=files: data.flatten=true), or use a model of yours that takes that shape"
+            )
+        if x.shape[1] != self.embed.in_features:
+            raise ConfigError(
+                f"the data's samples have {x.shape[1]} values, the model takes {self.embed.in_features} "
+                f"(model.net.in_features, which reads data.num_features): set data.num_features={x.shape[1]}"
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.embed(x)
