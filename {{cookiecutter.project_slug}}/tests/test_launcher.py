@@ -1,6 +1,7 @@
 """Layouts given by a launcher (torchrun, SLURM), checked against the command line before training."""
 
 import pytest
+from layouts import torchrun
 
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.parallel.launcher import (
@@ -79,3 +80,15 @@ def test_a_torchrun_whose_restarts_can_hang_is_named(monkeypatch, capsys, env, w
     said = capsys.readouterr().err
     assert ("export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 before torchrun" in said) == warned
     assert said.count("\n") == int(warned), "one line"
+
+
+@pytest.mark.slow
+def test_a_refusal_under_torchrun_is_said_once_per_machine_and_named_as_the_root_cause(train):
+    """Every process refuses the batch before they can talk to each other: the first on the machine says it; the
+    others write it where torchrun's failure report reads it (its root cause, not "To enable traceback see")."""
+    run = train("strategy=ddp", "data.batch_size=3", "trainer.accelerator=cpu", launcher=torchrun(2), check=False)
+    refusal = "error: data.batch_size=3 is the global batch and must be a positive multiple of the 2 data-parallel"
+    said = [line for line in run.output.splitlines() if line.startswith(refusal)]
+    assert run.returncode != 0 and len(said) == 1, run.output
+    root_cause = run.output.split("Root Cause (first observed failure):")[1]
+    assert f"traceback : {refusal}" in root_cause and "To enable traceback" not in run.output

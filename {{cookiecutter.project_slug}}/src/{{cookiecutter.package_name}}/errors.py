@@ -4,9 +4,13 @@ A predictable mistake (bad input) is a ConfigError: exit 2, and a run folder tha
 training that stopped itself for a reason it can name, or a process that crashed, exits 1 keeping what it wrote.
 """
 
+import hashlib
+import json
+import os
 import pydoc
 import re
 import sys
+import time
 from pathlib import Path
 
 from omegaconf.errors import InterpolationResolutionError, InterpolationToMissingValueError, MissingMandatoryValue
@@ -118,17 +122,46 @@ def unresolved(error: Exception) -> ConfigError:
 def fail(error: Exception, run_dir: Path | None = None) -> None:
     """Report a predictable mistake in one line, remove the run folder if nothing was written, exit EXIT_REFUSED (2).
     A crashed process, or a training that stopped itself, exits EXIT_STOPPED (1) instead, keeping what the run wrote."""
-    if isinstance(error, Interrupted):
-        if str(error):  # the first process says how to continue; the others stop quietly
-            print(error, file=sys.stderr)
-        sys.exit(EXIT_INTERRUPTED)
+    message = str(error) if isinstance(error, Interrupted) else f"error: {error}"
     if str(error):  # (the same refusal raised in every process is said by the first only: said_once)
-        print(f"error: {error}", file=sys.stderr)
+        tell_launcher(message)
+        if first_to_say(message):
+            print(message, file=sys.stderr)
+    if isinstance(error, Interrupted):  # the first process says how to continue; the others stop quietly
+        sys.exit(EXIT_INTERRUPTED)
     if isinstance(error, ProcessCrashed | TrainingStopped):
         sys.exit(EXIT_STOPPED)
     if run_dir is not None:
         remove_if_empty(run_dir)
     sys.exit(EXIT_REFUSED)
+
+
+# Where torchrun (accelerate launch too) asks each process it started to write why it failed: the agent's report of the
+# failure shows it as the root cause instead of "To enable traceback see ...". Its folder is this attempt's, shared by
+# the processes of this machine and removed by torchrun when it exits.
+ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+
+
+def tell_launcher(message: str) -> None:
+    """Write `message` where torchrun's failure report reads it (the format of torch's elastic ErrorHandler)."""
+    if path := os.environ.get(ERROR_FILE):
+        Path(path).write_text(json.dumps({"message": message, "timestamp": int(time.time())}))
+
+
+def first_to_say(message: str) -> bool:
+    """Whether this is the first process on this machine to say `message` under torchrun (a refusal every process
+    reaches before they can talk to each other): the console shows it once per machine, not once per process. A
+    message only some processes have (a file missing on one node) is still said by each of them."""
+    if not (path := os.environ.get(ERROR_FILE)):
+        return True
+    said = Path(path).parents[1] / f"said-{hashlib.sha256(message.encode()).hexdigest()[:16]}"
+    try:
+        said.touch(exist_ok=False)
+    except FileExistsError:
+        return False
+    except OSError:  # an unexpected folder: better twice than never
+        return True
+    return True
 
 
 def remove_if_empty(run_dir: Path) -> None:
