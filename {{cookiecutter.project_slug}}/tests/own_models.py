@@ -75,6 +75,16 @@ class PausedOnce(ResidualMLP):
         return super().forward(x)
 
 
+def paused(marker: Path, training) -> bool:
+    """Wait (at most a minute) until the training (a Popen-like process) running PausedOnce(marker=marker) pauses;
+    False if it ended first or never got there."""
+    for _ in range(1200):
+        if Path(f"{marker}.paused").exists() or training.poll() is not None:
+            break
+        time.sleep(0.05)
+    return Path(f"{marker}.paused").exists()
+
+
 class AdamWKilledOnce(torch.optim.AdamW):
     """AdamW whose process SIGKILLs itself in optimizer step `at` (0-based), as a crash of every process does (each
     process counts its own steps): under every preset, pipeline's schedule included, which drives the net's stages

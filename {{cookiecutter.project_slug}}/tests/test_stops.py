@@ -6,12 +6,12 @@ run_id=last continues it (a finished run is not continued)."""
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 from conftest import PACKAGE, QUICK, make_runner
 from engine_specific import LAST, kept_checkpoints
 from forked import ForkedCommand, can_fork, start_module
+from own_models import paused
 from wandb_records import offline_runs
 
 pytestmark = pytest.mark.slow
@@ -111,11 +111,7 @@ def test_a_second_training_in_the_run_folder_of_a_running_one_is_refused(tmp_pat
     command = ["experiment=twice", "run_id=one", *SETTINGS, *net]
     first = start_module(f"{PACKAGE}.train", command, train_env, tmp_path, tmp_path / "first.log", f"{PACKAGE}.train")
     try:
-        for _ in range(1200):
-            if (tmp_path / "pause.paused").exists() or first.poll() is not None:
-                break
-            time.sleep(0.05)
-        assert (tmp_path / "pause.paused").exists(), (tmp_path / "first.log").read_text()[-3000:]
+        assert paused(tmp_path / "pause", first), (tmp_path / "first.log").read_text()[-3000:]
         run_dir = tmp_path / "outputs" / "twice" / "one"
         before = written(run_dir)
         code, output = train_in(tmp_path, train_env, *command)

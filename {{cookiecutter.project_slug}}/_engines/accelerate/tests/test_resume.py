@@ -2,12 +2,12 @@
 again: from its last complete checkpoint, by itself, with the same per-step losses (bit-identical on CPU)."""
 
 import signal
-import time
 
 import pytest
 from conftest import PACKAGE, QUICK, Run, make_runner
 from forked import start_module
 from launchers import accelerate_launch
+from own_models import paused
 from restarts import RESTARTABLE, STEPS, losses_by_step, run_in
 from wandb_records import offline_runs, sync_dry_run
 
@@ -91,10 +91,7 @@ def test_ctrl_c_stops_the_processes_ddp_spawn_started_in_one_line(tmp_path, trai
     net = ["model.net._target_=own_models.PausedOnce", f"+model.net.marker={tmp_path / 'pause'}"]
     command = [*QUICK, "strategy=ddp_spawn", "trainer.devices=2", *net, f"hydra.run.dir={tmp_path / 'run'}"]
     proc = start_module(f"{PACKAGE}.train", command, train_env, tmp_path, tmp_path / "log", f"{PACKAGE}.train")
-    for _ in range(1200):
-        if (tmp_path / "pause.paused").exists() or proc.poll() is not None:
-            break
-        time.sleep(0.05)
+    assert paused(tmp_path / "pause", proc), (tmp_path / "log").read_text()[-3000:]
     proc.send_signal(signal.SIGINT)
     code, output = proc.wait(120), (tmp_path / "log").read_text()
     assert code == 130 and "Traceback" not in output, output[-3000:]
