@@ -64,6 +64,11 @@ BAD_INPUT = [
         ["strategy=model_parallel", *unsplit_net()],
         "strategy=model_parallel needs to know how to split Sequential: add register_split(Sequential, Split(",
     ),
+    (  # a forward that adds a position vector after `embed`: the pipeline's chain would train another model
+        ["env:WORLD_SIZE=2", "strategy=pipeline", "model.net._target_=own_models.PositionSummed"],
+        "runs PositionSummed's Split as a chain (first, blocks, last, each on the one before's output), but its "
+        "forward gives it something else than embed's output for blocks.0: it would train another model",
+    ),
     (
         ["data.dataset._target_=nope.Nope"],
         "data.dataset._target_=nope.Nope cannot be imported (No module named 'nope'); give the full import path",
@@ -103,6 +108,7 @@ BAD_INPUT_IDS = [
     "recovery-under-model-parallel",
     "pipeline-without-split",
     "model-parallel-without-split",
+    "pipeline-of-another-forward",
     "dataset-that-does-not-import",
     "compile-under-dp",
     "value-of-the-wrong-type",

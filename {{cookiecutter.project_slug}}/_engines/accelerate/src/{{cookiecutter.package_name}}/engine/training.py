@@ -121,7 +121,7 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     check_float8(cfg.float8, strategy.name, cfg.trainer.accelerator, tensor_parallel)
     check_float8_layers(net, cfg.float8)
     if strategy.name == "pipeline":  # the stages run the Split's chain, not the model's forward: the same model?
-        check_chain(net, first_sample(data))
+        check_chain(build(cfg.model.net), first_sample(data))  # compares values: a real net (`net` is on meta)
     return strategy, processes, recovery
 
 
