@@ -14,7 +14,6 @@ from hydra.core.global_hydra import GlobalHydra
 
 from {{ cookiecutter.package_name }}.train import main
 
-
 ENV = "env:"  # a case's `env:NAME=VALUE` items set NAME in its environment (e.g. env:WORLD_SIZE=2: a launcher's 2)
 
 

@@ -8,8 +8,14 @@ import functools
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import fully_shard
 
 from {{ cookiecutter.package_name }}.parallel.pipelining import STAGE_OPTIMIZER_STATE
 from {{ cookiecutter.package_name }}.runtime.checkpoint_forms import (
@@ -17,6 +23,7 @@ from {{ cookiecutter.package_name }}.runtime.checkpoint_forms import (
     by_name,
     by_position,
     nested,
+    one_name_each,
     parameter_names,
     restore_hyperparameters,
     stage_state,
@@ -120,3 +127,30 @@ def test_groups_a_stage_state_merged_get_their_own_hyperparameters_back():
     fresh = grouped_optimizer(AdamW, net.parameters(), no_decay_norms_and_biases=True)  # lr 0.1, weight decay 0.1
     restore_hyperparameters(fresh, whole, parameter_names(net.named_parameters(remove_duplicate=False)))
     assert [(group["lr"], group["weight_decay"]) for group in fresh.param_groups] == [(0.05, 0.0), (0.05, 0.0)]
+
+
+@pytest.mark.parametrize("saved_under", ["every name", "the head's"])
+def test_a_tied_parameters_state_loads_into_a_sharded_net(saved_under):
+    """A whole-model checkpoint keeps a tied parameter's state under each of its names, a pipeline's last stage
+    under the head's only; torch's full-state loading into an FSDP net (strategy=fsdp or model_parallel continuing
+    it) takes it under the name it gives the parameter alone (KeyError 'state.head.weight.step' otherwise)."""
+    net, optimizer = trained()
+    names = parameter_names(net.named_parameters(remove_duplicate=False))
+    saved = by_name(optimizer.state_dict(), optimizer, names)
+    if saved_under == "the head's":
+        del saved["state"]["embed.weight"]
+        for group in saved["param_groups"]:
+            group["params"] = [name for name in group["params"] if name != "embed.weight"]
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        sharded = copy.deepcopy(net)
+        fully_shard(sharded)
+        fresh = grouped_optimizer(AdamW, sharded.parameters(), no_decay_norms_and_biases=True)
+        state = one_name_each(saved, names)
+        set_optimizer_state_dict(sharded, fresh, state, options=StateDictOptions(full_state_dict=True))
+        full = get_optimizer_state_dict(sharded, fresh, options=StateDictOptions(full_state_dict=True))
+    finally:
+        dist.destroy_process_group()
+    tied = saved["state"]["head.weight"]
+    assert torch.equal(full["state"]["embed.weight"]["exp_avg"], tied["exp_avg"]) and "head.weight" not in full["state"]
+    assert torch.equal(full["state"]["hidden.weight"]["exp_avg_sq"], saved["state"]["hidden.weight"]["exp_avg_sq"])

@@ -150,6 +150,21 @@ def restore_hyperparameters(optimizer: Optimizer, state: dict[str, Any], names: 
             group.update({key: value for key, value in saved[name].items() if key != "params"})
 
 
+def one_name_each(state: dict[str, Any], names: dict[torch.Tensor, list[str]]) -> dict[str, Any]:
+    """A `nested` optimizer state with each tied parameter under one name, its first in `names` (the one torch's
+    state-dict functions give it): a whole-model preset's holds it under each of its names (by_name), a pipeline
+    stage's under the stage's, and torch's full-state loading into a sharded net fails on any other (KeyError)."""
+    first = {name: tied[0] for tied in names.values() for name in tied}
+    entries: dict[str, Any] = {}
+    for name, entry in state["state"].items():
+        entries.setdefault(first.get(name, name), entry)
+    groups = [
+        {**group, "params": list(dict.fromkeys(first.get(name, name) for name in group["params"]))}
+        for group in state["param_groups"]
+    ]
+    return {"state": entries, "param_groups": groups}
+
+
 def fill_tied(model: dict[str, torch.Tensor], names: dict[torch.Tensor, list[str]]) -> None:
     """Give `model` (a net's state by name) every name of each tied parameter (`names`: each parameter's): a whole-model
     file that safetensors wrote (Accelerate's) holds it under one."""

@@ -45,7 +45,14 @@ from ...parallel.sharding import (
 )
 from ...parallel.split import find_split
 from ...runtime.async_saves import CheckpointWriter
-from ...runtime.checkpoint_forms import SHARDS, fill_tied, form_of, parameter_names, restore_hyperparameters
+from ...runtime.checkpoint_forms import (
+    SHARDS,
+    fill_tied,
+    form_of,
+    one_name_each,
+    parameter_names,
+    restore_hyperparameters,
+)
 from ...runtime.resuming import write_mesh
 from ..checkpoints import read_whole, saved_by_layers
 from . import Strategy
@@ -218,6 +225,7 @@ class ShardedState:
         names = parameter_names(self.model.named_parameters(remove_duplicate=False))
         fill_tied(model, names)
         options = StateDictOptions(full_state_dict=True)
+        optimizer = one_name_each(optimizer, names)
         set_state_dict(self.model, self.optimizer, model_state_dict=model, optim_state_dict=optimizer, options=options)
         restore_hyperparameters(self.optimizer, optimizer, names)
 

@@ -19,6 +19,7 @@ from ...runtime.checkpoint_forms import (
     form_of,
     is_numbered,
     nested,
+    one_name_each,
     parameter_names,
     read_parts,
     restore_hyperparameters,
@@ -77,5 +78,5 @@ def load_whole(module: nn.Module, optimizers: list[torch.optim.Optimizer], check
     check_named(states)
     names = parameter_names(module.named_parameters(remove_duplicate=False))
     for optimizer, state in zip(optimizers, states, strict=False):
-        set_optimizer_state_dict(module, optimizer, state, options=full)
+        set_optimizer_state_dict(module, optimizer, one_name_each(state, names), options=full)
         restore_hyperparameters(optimizer, state, names)
