@@ -193,6 +193,17 @@ BAD_INPUT = [
         [*CUSTOM_DATA, "data.dataset._target_=custom_dataset.DictItems"],
         "data.dataset DictItems: an item is dict, but the training takes (x, y) pairs: return x, y from __getitem__",
     ),
+    # Taken in silence before: gradient ascent, a learning rate above lr; or a traceback at the first step.
+    (["trainer.gradient_clip_val=-1"], "trainer.gradient_clip_val=-1 is not a gradient norm: give the largest norm"),
+    (["trainer.log_every_n_steps=0"], "trainer.log_every_n_steps=0: give 1 or more (train/loss every that many"),
+    (["scheduler.warmup_steps=-1"], "scheduler.warmup_steps=-1: give a number of optimizer steps, 0 or more"),
+    (["scheduler.min_lr_ratio=2"], "scheduler.min_lr_ratio=2: the last step's learning rate as a share of model."),
+    (
+        ["model.optimizer._target_=torch.optim.RMSprop"],
+        "model.optimizer: RMSprop.__init__() got an unexpected keyword argument 'fused'; drop the argument with "
+        "~model.optimizer.fused, or give one the class takes",
+    ),
+    (["model.optimizer.weight_decay=-0.1"], "model.optimizer: Invalid weight_decay value: -0.1"),
     *OPTIMIZATION_REFUSALS,
 ]
 CASE_NAMES = [
@@ -216,6 +227,12 @@ CASE_NAMES = [
     "negative-loader-workers",
     "no-batch-prepared-ahead",
     "items-that-are-not-pairs",
+    "negative-gradient-clipping",
+    "logging-every-0-steps",
+    "negative-warmup",
+    "learning-rate-floor-above-1",
+    "optimizer-without-fused",
+    "negative-weight-decay",
     "batchnorm-under-pipeline",
     "hsdp-replicas-that-do-not-divide-the-data-parallel-size",
 ]

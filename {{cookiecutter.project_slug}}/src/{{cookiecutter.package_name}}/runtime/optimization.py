@@ -2,16 +2,59 @@
 of parameter that fused kernels keep apart) and the learning-rate schedules of configs/scheduler/, built from
 torch.optim.lr_scheduler and stepped once per optimizer step."""
 
+import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from omegaconf import DictConfig
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, LRScheduler, SequentialLR
 
+from ..errors import ConfigError
+
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
 SchedulerFactory = Callable[..., LRScheduler]  # configs/scheduler/: (optimizer, total_steps=...) -> the schedule
+
+
+def check_optimization(cfg: DictConfig, optimizer: OptimizerFactory) -> None:
+    """Refuse, in one line before training, settings torch takes without a word but which train wrongly (a negative
+    clipping norm turns descent into ascent, a floor above 1 raises the learning rate) or fail at the first step
+    (an argument the optimizer's class does not take, a negative learning rate): `optimizer` (model.optimizer) is
+    built here over one parameter, with torch's own checks."""
+    clip, every = cfg.trainer.gradient_clip_val, cfg.trainer.log_every_n_steps
+    if clip is not None and not (is_number(clip) and clip >= 0):
+        raise ConfigError(
+            f"trainer.gradient_clip_val={clip} is not a gradient norm: give the largest norm to clip to (e.g. 1.0), "
+            "or null for no clipping"
+        )
+    if not (is_number(every) and int(every) == every >= 1):
+        raise ConfigError(f"trainer.log_every_n_steps={every}: give 1 or more (train/loss every that many steps)")
+    warmup_steps, floor = cfg.scheduler.get("warmup_steps", 0), cfg.scheduler.get("min_lr_ratio", 0)
+    if not (is_number(warmup_steps) and int(warmup_steps) == warmup_steps >= 0):
+        raise ConfigError(f"scheduler.warmup_steps={warmup_steps}: give a number of optimizer steps, 0 or more")
+    if not (is_number(floor) and 0 <= floor <= 1):
+        raise ConfigError(
+            f"scheduler.min_lr_ratio={floor}: the last step's learning rate as a share of model.optimizer.lr; give 0 "
+            "to 1"
+        )
+    try:
+        optimizer([nn.Parameter(torch.zeros(1))])
+    except TypeError as error:  # an argument its class does not take (e.g. `fused`: torch.optim.RMSprop)
+        taken = re.search(r"unexpected keyword argument '(\w+)'", str(error))
+        key = taken.group(1) if taken else "KEY"
+        raise ConfigError(
+            f"model.optimizer: {error}; drop the argument with ~model.optimizer.{key}, or give one the class takes"
+        ) from None
+    except ValueError as error:  # torch's own checks: a negative learning rate or weight decay, betas outside [0, 1)
+        raise ConfigError(f"model.optimizer: {error}") from None
+    except RuntimeError:  # e.g. a fused kernel for the training's device only: its build there decides
+        pass
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def grouped_optimizer(

@@ -30,7 +30,7 @@ from ..parallel.split import check_chain
 from ..runtime.async_saves import check_async
 from ..runtime.interrupt import ctrl_c, interrupted, mark_finished
 from ..runtime.memory import configure_allocator
-from ..runtime.optimization import grouped_optimizer, respan
+from ..runtime.optimization import check_optimization, grouped_optimizer, respan
 from ..runtime.precision import resolve_precision, use_tensor_cores
 from ..runtime.resuming import starting_point
 from ..tracking.wandb_run import finish_wandb, forget_wandb_run, write_atomically
@@ -115,6 +115,7 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     data.check_replicas(replicas, processes)
     check_input(net, data)  # e.g. model=gpt with data that is not token ids, or uint8 images
     check_activation_checkpointing(net, cfg.activation_checkpointing)
+    check_optimization(cfg, build(cfg.model.optimizer))
     for limit in ("limit_val_batches", "limit_test_batches"):
         check_limit(limit, cfg.trainer[limit])
     tensor_parallel = strategy.sizes[1] if strategy.name == "model_parallel" else 1

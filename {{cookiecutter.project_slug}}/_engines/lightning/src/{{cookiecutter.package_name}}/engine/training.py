@@ -29,6 +29,7 @@ from ..parallel.split import check_chain
 from ..runtime.async_saves import check_async
 from ..runtime.interrupt import interrupted, mark_finished
 from ..runtime.memory import configure_allocator
+from ..runtime.optimization import check_optimization
 from ..runtime.precision import resolve_precision
 from ..runtime.resuming import check_same_mesh, starting_point
 from ..tracking.wandb_run import finish_wandb, write_atomically
@@ -146,6 +147,7 @@ def prepare(cfg: DictConfig, with_logger: bool = True) -> tuple[L.Trainer, L.Lig
             float8=cfg.float8,
         )
     check_activation_checkpointing(model.net, cfg.activation_checkpointing)
+    check_optimization(cfg, build(cfg.model.optimizer))
     tensor_parallel = getattr(trainer.strategy, "tensor_parallel_size", 1)
     check_float8(cfg.float8, preset(), cfg.trainer.accelerator, tensor_parallel)
     writer = getattr(trainer.strategy, "checkpoint_writer", None)  # the presets whose processes each write a part
