@@ -10,9 +10,10 @@ import pytest
 import torch
 from conftest import QUICK
 from custom_dataset import NoisyParity, Parity
+from torch import nn
 
 from {{ cookiecutter.package_name }}.data.files import FilesDataset, describe
-from {{ cookiecutter.package_name }}.data.loading import Data, check_input
+from {{ cookiecutter.package_name }}.data.loading import Data, check_input, check_output
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
 
@@ -165,6 +166,46 @@ def test_samples_the_classifier_cannot_take_are_refused_before_training(tmp_path
     shaped = Data(partial(FilesDataset, dir=str(tmp_path), flatten=False), splits=["train", "val"])
     with pytest.raises(ConfigError, match=r"the data's are of shape \(3, 4\): flatten them \(data=files: data.fl"):
         check_input(ResidualMLP(12, CLASSES, hidden=8, depth=1), shaped)
+
+
+class DictOutput(nn.Module):
+    """Logits in a dict, beside something else, as many research models return them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(12, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"logits": self.linear(x), "features": x}
+
+
+def on_meta(build):
+    with torch.device("meta"):
+        return build()
+
+
+def test_a_net_the_loss_cannot_train_on_this_data_is_refused_before_training(tmp_path):
+    """check_output runs the net's forward on the meta device (shapes only) on the first sample, and reads the first
+    samples' targets: what would fail in the first step, or train on labels the net has no logit for, is refused."""
+    write_split(tmp_path / "train.npz", 10, seed=0)
+    write_split(tmp_path / "val.npz", 10, seed=1)
+    data = Data(partial(FilesDataset, dir=str(tmp_path)), splits=["train", "val"])
+    check_output(on_meta(lambda: ResidualMLP(12, CLASSES, hidden=8, depth=1)), data)
+    largest = int(np.load(tmp_path / "train.npz")["y"].max())
+    assert largest >= 2
+    with pytest.raises(ConfigError) as refused:
+        check_output(on_meta(lambda: ResidualMLP(12, 2, hidden=8, depth=1)), data)
+    assert str(refused.value) == (
+        f"the data has target {largest} (in its first 10 training samples), but model.net ResidualMLP gives 2 "
+        "classes (0 to 1): set data.num_classes (or the model's size) to the largest target + 1"
+    )
+    with pytest.raises(ConfigError, match="model.net DictOutput returns a dict, but the loss takes one tensor of"):
+        check_output(on_meta(DictOutput), data)
+    with pytest.raises(ConfigError, match=r"cannot take the data's samples of shape \(12,\) \(a and b must have"):
+        check_output(on_meta(lambda: nn.Linear(7, CLASSES)), data)
+    two_rows = lambda: nn.Sequential(nn.Linear(12, 2 * CLASSES), nn.Unflatten(1, (2, CLASSES)))  # noqa: E731
+    with pytest.raises(ConfigError, match=r"gives logits of shape \(2, 5\) per sample for targets of shape \(\)"):
+        check_output(on_meta(two_rows), data)
 
 
 def test_data_dir_must_be_given():

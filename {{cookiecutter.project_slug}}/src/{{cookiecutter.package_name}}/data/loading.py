@@ -346,6 +346,71 @@ def check_input(net: nn.Module, data: Data) -> None:
             )
 
 
+# torch's words for a forward that cannot take its input's shape, on the meta device (a matrix product's differ
+# from the CPU's "mat1 and mat2 shapes cannot be multiplied")
+SHAPE_ERRORS = ("must have same reduction dim", "is invalid for input of size", "must match the size of tensor")
+LABELS_READ = 64  # the training split's first samples whose targets are checked against the net's classes
+
+
+def check_output(net: nn.Module, data: Data) -> None:
+    """Refuse, in one line before training, a net the loss cannot train on this data: its forward cannot take the
+    samples, it returns something else than one tensor of logits (a dict, a tuple), its logits do not give one row
+    per target, or a target is not one of its classes. `net` is on the meta device: the forward runs on shapes alone
+    (no memory, no compute), on the training split's first sample; one the meta device cannot run (shapes that
+    depend on values) is left to the training."""
+    data.setup()
+    dataset = data.splits.get("train")
+    if dataset is None or isinstance(dataset, IterableDataset):
+        return
+    x, y = dataset[0]
+    try:
+        x, y = torch.as_tensor(x)[None], torch.as_tensor(y)[None]
+    except (TypeError, ValueError, RuntimeError):  # not arrays (e.g. a dict): the net reads them its own way
+        return
+    name, training = type(net).__name__, net.training
+    try:
+        with torch.no_grad():
+            logits = net.eval()(x.to("meta"))  # eval: a batch of one through BatchNorm
+    except Exception as error:  # noqa: BLE001 (any other error: the meta device, not the data; the training runs it)
+        if not any(words in str(error) for words in SHAPE_ERRORS):
+            return
+        raise ConfigError(
+            f"model.net {name} cannot take the data's samples of shape {tuple(x.shape[1:])} "
+            f"({str(error).splitlines()[0]}): give the model the data's sizes (data.num_features, ...)"
+        ) from None
+    finally:
+        net.train(training)
+    if not isinstance(logits, torch.Tensor):
+        raise not_logits(name, logits)
+    if logits.dim() < 2 or logits.shape[:-1].numel() != y.numel():
+        raise ConfigError(
+            f"model.net {name} gives logits of shape {tuple(logits.shape[1:])} per sample for targets of shape "
+            f"{tuple(y.shape[1:])}: the loss takes one row of logits per target ((classes,) for a label, "
+            "(positions, vocabulary) for a sequence)"
+        )
+    if y.is_floating_point():
+        return
+    labels = [torch.as_tensor(dataset[index][1]) for index in range(min(len(dataset), LABELS_READ))]
+    if not all(label.numel() for label in labels):
+        return
+    largest = max(int(label.max()) for label in labels)
+    if largest >= logits.shape[-1]:
+        raise ConfigError(
+            f"the data has target {largest} (in its first {len(labels)} training samples), but model.net {name} "
+            f"gives {logits.shape[-1]} classes (0 to {logits.shape[-1] - 1}): set data.num_classes (or the model's "
+            "size) to the largest target + 1"
+        )
+
+
+def not_logits(name: str, output: object) -> ConfigError:
+    """The refusal of a net whose forward returns `output`, not one tensor of logits (a dict, a tuple)."""
+    return ConfigError(
+        f"model.net {name} returns a {type(output).__name__}, but the loss takes one tensor of logits, (batch, "
+        "classes) or (batch, positions, vocabulary): return the logits from its forward, or adapt the engine's "
+        "loss to your output (docs/your-model.md)"
+    )
+
+
 def first_sample(data: Data) -> torch.Tensor | None:
     """The training split's first sample, as a batch of one (None when it is not an array): what the checks before
     training run the net on."""

@@ -20,6 +20,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch import nn
 
+from ..data.loading import not_logits
 from ..engine.launching import DP_GATHERS_OUTPUTS
 from ..errors import ConfigError
 from ..parallel.pipelining import bubble_fraction
@@ -70,6 +71,8 @@ def model_facts(cfg: DictConfig, batch: int, stage_counts: list[int], precision:
                 x = x.detach()
             stage_activations[count] = saved
     nbytes, output = saved_bytes(net, example)
+    if not isinstance(output, torch.Tensor):
+        raise not_logits(type(net).__name__, output)
     return ModelFacts(
         parameters=count_parameters(net),
         optimizer_state_per_parameter=optimizer_state_bytes(cfg),

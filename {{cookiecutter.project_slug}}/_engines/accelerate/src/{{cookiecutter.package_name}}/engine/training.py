@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from ..config import build_object as build
-from ..data.loading import check_input, first_sample, per_device_batch_size
+from ..data.loading import check_input, check_output, first_sample, per_device_batch_size
 from ..errors import ConfigError, Interrupted, said_once, unused_parameters
 from ..models.activation_checkpointing import check_activation_checkpointing, checkpoint_blocks
 from ..models.compilation import compile_net
@@ -114,6 +114,7 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     data = build(cfg.data)
     data.check_replicas(replicas, processes)
     check_input(net, data)  # e.g. model=gpt with data that is not token ids, or uint8 images
+    check_output(net, data)  # logits the loss can take, for the data's targets (`net` is on meta: shapes only)
     check_activation_checkpointing(net, cfg.activation_checkpointing)
     check_optimization(cfg, build(cfg.model.optimizer))
     for limit in ("limit_val_batches", "limit_test_batches"):

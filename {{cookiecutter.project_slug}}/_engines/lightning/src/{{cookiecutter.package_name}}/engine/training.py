@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from hydra.core.hydra_config import HydraConfig
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.utilities.exceptions import MisconfigurationException
@@ -19,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.multiprocessing.spawn import ProcessRaisedException
 
 from ..config import build_object
-from ..data.loading import check_input, first_sample, per_device_batch_size
+from ..data.loading import check_input, check_output, first_sample, per_device_batch_size
 from ..errors import ConfigError, Interrupted, said_once, spawned_failure, unused_parameters
 from ..models.activation_checkpointing import check_activation_checkpointing
 from ..models.float8 import check_float8, check_float8_layers
@@ -159,6 +160,9 @@ def prepare(cfg: DictConfig, with_logger: bool = True) -> tuple[L.Trainer, L.Lig
     check_layout(preset(), trainer, cfg.data.batch_size, model, synchronised)  # now, not inside a worker process
     datamodule.data.check_replicas(data_parallel_size(trainer), trainer.world_size)
     check_input(model.net, datamodule.data)  # e.g. model=gpt with data that is not token ids, or uint8 images
+    with torch.device("meta"):  # logits the loss can take, for the data's targets: a forward on shapes alone
+        shapes_only = build(cfg.model.net)
+    check_output(shapes_only, datamodule.data)
     if preset() == "pipeline":  # the stages run the Split's chain, not the model's forward: the same model?
         check_chain(model.net, first_sample(datamodule.data))
     return trainer, model, datamodule
