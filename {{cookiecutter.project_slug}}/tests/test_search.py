@@ -462,6 +462,20 @@ REFUSED_BATCH = "the training refuses the first trial's config: data.batch_size=
         ("model.optimizer.lr: {type: float, low: 1.0e-4\n", [], "is not valid YAML, line 2 column 1: expected ','"),
         # the training's own checks, on the first trial's config: 64 samples do not split over 3 processes
         (None, ["strategy=ddp", "trainer.devices=3", "trainer.accelerator=cpu", "data.batch_size=64"], REFUSED_BATCH),
+        # a key of your own model's, added by the space (+): it composes, the same check refuses the first trial
+        (
+            {"+model.net.dropout": {"type": "float", "low": 0.0, "high": 0.5}},
+            ["strategy=ddp", "trainer.devices=3", "trainer.accelerator=cpu", "data.batch_size=64"],
+            REFUSED_BATCH,
+        ),
+        ({"+model.optimizer.lr": {"type": "float", "low": 0.1, "high": 1}}, [], "model.optimizer.lr"),
+        (
+            {"model.net.dropout": {"type": "float", "low": 0.0, "high": 0.5}},
+            [],
+            "an argument of your own model: +model",
+        ),
+        ({"data.batch_size": {"type": "float", "low": 16, "high": 64}}, [], "a whole number (256 now): give type: int"),
+        ({"model.optimizer.lr": {"type": "categorical", "choices": 0.001}}, [], "choices: 0.001: give a non-empty"),
         *SEARCH_REFUSALS,
     ],
 )

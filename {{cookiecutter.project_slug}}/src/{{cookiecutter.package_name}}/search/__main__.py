@@ -145,7 +145,7 @@ def check_trial_config(params: list[Param], overrides: list[str]) -> DictConfig:
     """A searched key is not also set on the command line, and a trial's overrides compose: the config of a
     first trial (each parameter at its first grid value or its low end), with its Hydra config."""
     given = {override.lstrip("+~").partition("=")[0] for override in overrides}
-    both = [param.key for param in params if param.key in given]
+    both = [param.key for param in params if param.key.lstrip("+") in given]
     if both:
         raise ConfigError(f"{', '.join(both)} is both searched and set on the command line; drop one")
     sample = [param.override(param.grid[0] if param.grid else param.distribution.low) for param in params]

@@ -84,13 +84,16 @@ def parse_param(key: str, spec: Any, cfg: DictConfig, groups: dict[str, str]) ->
         raise ConfigError(f"{key} is a config group: give its choices (type: categorical)")
     try:
         if kind == "categorical":
-            choices = list(spec.get("choices") or [])
-            if not choices:
-                raise ValueError("give a non-empty list of choices")
+            choices = spec.get("choices")
+            if not (isinstance(choices, list) and choices):
+                raise ValueError(f"choices: {choices!r}: give a non-empty list of choices, e.g. [0.001, 0.01]")
             if key in groups:
                 check_searched_choices(key, choices)
             return Param(key, optuna.distributions.CategoricalDistribution(choices), choices)
         number = float if kind == "float" else int
+        now = OmegaConf.select(cfg, key.lstrip("+"), default=None)
+        if kind == "float" and isinstance(now, int) and not isinstance(now, bool):
+            raise ValueError(f"the training takes a whole number ({now} now): give type: int")
         low, high = (number(spec[bound]) for bound in ("low", "high"))
         log, step = bool(spec.get("log", False)), spec.get("step")
         if kind == "float":
@@ -118,8 +121,9 @@ def default_grid(distribution: optuna.distributions.BaseDistribution) -> list[An
 
 
 def check_key(key: str, cfg: DictConfig, groups: dict[str, str]) -> None:
-    """An existing config key or config group; else name the keys that exist where the path stops."""
-    if key in groups:
+    """An existing config key or config group; else name the keys that exist where the path stops. `+KEY` adds a key
+    the config does not have (a setting of your own model): composing the first trial's config checks it."""
+    if key in groups or key.startswith("+"):
         return
     missing = object()
     if OmegaConf.select(cfg, key, default=missing) is not missing:
@@ -133,7 +137,10 @@ def check_key(key: str, cfg: DictConfig, groups: dict[str, str]) -> None:
     node = OmegaConf.select(cfg, parent) if parent else cfg
     valid = [name for name in node if not str(name).startswith("_")] if isinstance(node, DictConfig) else []
     where = f" under {parent}" if parent else ""
-    raise ConfigError(f"unknown config key {key} in the search space; valid{where}: {', '.join(map(str, valid))}")
+    raise ConfigError(
+        f"unknown config key {key} in the search space; valid{where}: {', '.join(map(str, valid))} (a key the config "
+        f"does not have, e.g. an argument of your own model: +{key})"
+    )
 
 
 def check_searched_choices(group: str, choices: list[Any]) -> None:
