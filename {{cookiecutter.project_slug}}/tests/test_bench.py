@@ -15,9 +15,18 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from wandb_records import offline_runs
 
-from {{ cookiecutter.package_name }}.bench import main, memory, peak_bf16_flops, peak_flops, phase
+from {{ cookiecutter.package_name }}.bench import (
+    left_out,
+    main,
+    memory,
+    peak_bf16_flops,
+    peak_flops,
+    phase,
+    pipeline_schedules,
+)
 from {{ cookiecutter.package_name }}.config import CONFIG_DIR, register_resolvers
 from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
 from {{ cookiecutter.package_name }}.runtime import hardware
 
 PACKAGE = "{{ cookiecutter.package_name }}"
@@ -176,3 +185,22 @@ def test_a_point_past_its_limit_says_where_it_was(tmp_path, train_env):
     proc = subprocess.run([*command, *slow], env=train_env, capture_output=True, text=True, timeout=120, cwd=PROJECT)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "ran past bench.timeout_s=1 s before its first step ended (start-up, or the first step" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "depth, compile, said",
+    [
+        (2, False, "interleaved_1f1b, zbv left out: 2 blocks, fewer than 2 stages per process take"),
+        (4, True, "zbv left out: compile=true"),
+        (
+            2,
+            True,
+            "interleaved_1f1b left out: 2 blocks, fewer than 2 stages per process take; zbv left out: compile=true",
+        ),
+    ],
+)
+def test_a_pipeline_point_says_which_schedules_it_leaves_out(depth, compile, said):
+    cfg = OmegaConf.create({"compile": compile, "strategy": {}})
+    net = ResidualMLP(in_features=4, num_classes=2, hidden=8, depth=depth)
+    schedules = pipeline_schedules(cfg, net, 2)
+    assert left_out(cfg, net, 2, schedules) == said

@@ -108,6 +108,13 @@ def test_a_split_naming_a_missing_layer_is_refused():
         check_tensor_parallel(Renamed(), tensor_parallel_size=2)
 
 
+def test_tensor_parallelism_over_a_split_that_shards_nothing_is_refused():
+    """Each process would hold the whole model and compute what the others compute (a Split for pipeline only)."""
+    check_tensor_parallel(PositionSummed(in_features=8, num_classes=3), tensor_parallel_size=1)  # FSDP-like: fine
+    with pytest.raises(ConfigError, match="the Split of PositionSummed shards no layer .its tensor_parallel plan is"):
+        check_tensor_parallel(PositionSummed(in_features=8, num_classes=3), tensor_parallel_size=2)
+
+
 def test_presets_that_split_the_model_refuse_batchnorm_they_would_not_train_like_one_device():
     """pipeline normalises each micro-batch alone; model_parallel's tensor mode does not synchronise or shard the
     statistics. The layer-split mode runs the whole batch through each layer, so it keeps BatchNorm."""

@@ -91,7 +91,10 @@ def scaling(cfg: DictConfig, overrides: list[str], run_dir: Path, console: Conso
     )
     rows: list[dict[str, Any]] = []
     for n in sorted(set(counts)):
-        for schedule in pipeline_schedules(cfg, net, n) if preset == "pipeline" and n > 1 else [None]:
+        schedules = pipeline_schedules(cfg, net, n) if preset == "pipeline" and n > 1 else [None]
+        if preset == "pipeline" and n > 1 and len(schedules) < len(SCHEDULES):
+            console.print(f"  {n} processes: {left_out(cfg, net, n, schedules)}")
+        for schedule in schedules:
             batch = cfg.data.batch_size * (n if weak else 1)
             times = run_point(cfg, "single" if n == 1 else preset, n, batch, schedule, overrides, run_dir)
             rows.append(measure(times, n, batch, schedule, cfg, parameters, peak, tokens))
@@ -125,6 +128,17 @@ def pipeline_schedules(cfg: DictConfig, net: torch.nn.Module, n: int) -> list[st
         for schedule in SCHEDULES
         if (schedule not in LOOPED or blocks >= 2 * positions(cfg, n)) and not (schedule == "zbv" and cfg.compile)
     ]
+
+
+def left_out(cfg: DictConfig, net: torch.nn.Module, n: int, schedules: list[str]) -> str:
+    """Which schedules a pipeline point leaves out, and why (pipeline_schedules)."""
+    blocks, reasons = len(layers(net, "pipeline")[2]), []
+    looped = [schedule for schedule in LOOPED if schedule not in schedules and not (schedule == "zbv" and cfg.compile)]
+    if looped:
+        reasons.append(f"{', '.join(looped)} left out: {blocks} blocks, fewer than 2 stages per process take")
+    if cfg.compile and "zbv" not in schedules:
+        reasons.append("zbv left out: compile=true")
+    return "; ".join(reasons)
 
 
 def positions(cfg: DictConfig, n: int) -> int:

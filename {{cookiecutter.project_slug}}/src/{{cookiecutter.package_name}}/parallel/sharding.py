@@ -61,6 +61,12 @@ def check_tensor_parallel(model: nn.Module, tensor_parallel_size: int) -> None:
     if problem := split_problem(net, "model_parallel"):
         raise ConfigError(problem)
     fsdp_units(net)  # every layer the split names exists
+    if tp > 1 and not split.tensor_parallel:  # each of the tp processes would hold and compute the whole model
+        raise ConfigError(
+            f"strategy.tensor_parallel_size={tp}, but the Split of {type(net).__name__} shards no layer (its "
+            "tensor_parallel plan is empty): give it one (docs/your-model.md), or use strategy=fsdp (or "
+            "tensor_parallel_size=1) to spread the model over the processes"
+        )
     for pattern, style in split.tensor_parallel.items():
         if isinstance(style, RefusedStyle):
             if tp > 1:
