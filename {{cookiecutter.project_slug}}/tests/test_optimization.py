@@ -1,6 +1,7 @@
 """The optimisation settings, the same in both engines: parameter groups, the learning-rate schedule (logged as
 train/lr), trainer.accumulate_grad_batches inside the global batch, and BatchNorm under data parallelism."""
 
+import copy
 import math
 from functools import partial
 
@@ -20,7 +21,7 @@ from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
 from {{ cookiecutter.package_name }}.parallel.batchnorm import SynchronisedBatchNorm
 from {{ cookiecutter.package_name }}.parallel.sharding import clip_grad_norm_, clip_grad_value_
 from {{ cookiecutter.package_name }}.parallel.split import find_split
-from {{ cookiecutter.package_name }}.runtime.optimization import grouped_optimizer
+from {{ cookiecutter.package_name }}.runtime.optimization import cosine, grouped_optimizer
 
 
 @pytest.mark.parametrize("norm", ["layer", "batch"])
@@ -113,6 +114,25 @@ def test_the_cosine_schedule_spans_the_epochs_optimizer_steps(train):
     assert run.wandb.steps("train/lr") == list(range(10))
     expected = [expected_cosine(step, 0.01, 3, 10, 0.1) for step in range(10)]
     assert run.wandb.metric("train/lr") == pytest.approx(expected, rel=1e-6)
+
+
+def test_the_cosine_schedule_stays_at_its_floor_past_its_span():
+    """A training resumed with more steps than it was planned for keeps the schedule it saved: past its span the
+    learning rate stays at the floor (torch's cosine would climb back to lr), through a save and a load too."""
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=0.01)
+    schedule = cosine(optimizer, total_steps=10, warmup_steps=3, min_lr_ratio=0.1)
+    lrs = []
+    for step in range(30):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+        if step == 15:  # a resume past the span, into a schedule built for a longer training
+            saved = copy.deepcopy((optimizer.state_dict(), schedule.state_dict()))
+            schedule = cosine(optimizer, total_steps=40, warmup_steps=3, min_lr_ratio=0.1)
+            optimizer.load_state_dict(saved[0])
+            schedule.load_state_dict(saved[1])
+    assert lrs[:10] == pytest.approx([expected_cosine(step, 0.01, 3, 10, 0.1) for step in range(10)], rel=1e-6)
+    assert lrs[10:] == pytest.approx([0.001] * 20, rel=1e-6)
 
 
 # (overrides, the one error line); each refused before training (conftest's `refused` runs them)

@@ -109,10 +109,21 @@ def cosine(
     """scheduler=cosine: linear warmup, then a cosine decay from lr to lr x min_lr_ratio at the last step."""
     warmup_steps = min(warmup_steps, total_steps)
     floor = optimizer.defaults["lr"] * min_lr_ratio
-    decay = CosineAnnealingLR(optimizer, T_max=max(1, total_steps - warmup_steps), eta_min=floor)
+    decay = CosineToFloor(optimizer, T_max=max(1, total_steps - warmup_steps), eta_min=floor)
     # Always both parts, even a warmup of 0 steps or no decay left: the saved state then has one shape, and a
     # checkpoint resumes into a training of another length (which keeps the saved span).
     return SequentialLR(optimizer, [warmup(optimizer, warmup_steps), decay], milestones=[warmup_steps])
+
+
+class CosineToFloor(CosineAnnealingLR):
+    """torch's cosine decay, held at its floor once its span is over. torch's goes on along the cosine, back up to lr:
+    a training resumed with more steps than it was planned for (more epochs, a higher max_steps) keeps the span it
+    saved, and its learning rate would climb again. The same state as torch's: checkpoints load either way."""
+
+    def get_lr(self) -> list[float]:
+        if self.last_epoch >= self.T_max:
+            return [self.eta_min for _ in self.optimizer.param_groups]
+        return super().get_lr()
 
 
 def scale_lr(optimizer: torch.optim.Optimizer, factor: float) -> None:
