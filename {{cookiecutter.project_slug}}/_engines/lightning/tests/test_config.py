@@ -73,6 +73,8 @@ BAD_INPUT = [
         "data.batch_size=255 is the global batch and must be a positive multiple of the 2 data-parallel replicas",
     ),
     (["ckpt_path=missing.ckpt"], "ckpt_path=missing.ckpt does not exist"),
+    ([f"ckpt_path={Path(__file__)}"], f"ckpt_path={Path(__file__)} is not a checkpoint (a .ckpt file, or the"),
+    ([f"ckpt_path={Path(__file__).parent}"], f"ckpt_path={Path(__file__).parent} is not a checkpoint"),
     (["strategy=single", "trainer.accelerator=cpu", "trainer.devices=2"], "use strategy=ddp for several"),
     (["strategy=dp", "trainer.num_nodes=2"], "strategy=dp runs one process on one node"),
     (
@@ -185,6 +187,8 @@ BAD_INPUT_IDS = [
     "unknown-logger",
     "indivisible-batch",
     "missing-checkpoint",
+    "checkpoint-that-is-a-source-file",
+    "checkpoint-that-is-a-folder-of-other-files",
     "single-on-two-devices",
     "dp-on-two-nodes",
     "mesh-not-world-size",

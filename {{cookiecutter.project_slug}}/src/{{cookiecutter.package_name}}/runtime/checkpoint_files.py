@@ -40,6 +40,13 @@ def file_damage(path: Path) -> str:
     return ""
 
 
+def written_by_torch(path: Path) -> bool:
+    """Whether the file `path` is one torch.save writes: a zip archive (a whole one, or one cut short), or the
+    pickle of torch before 1.6."""
+    with path.open("rb") as file:
+        return file.read(2) in (b"PK", b"\x80\x02")
+
+
 def dcp_damage(folder: Path) -> str:
     """A DCP folder's files checked against its metadata: each must hold the bytes the metadata places in it."""
     try:

@@ -28,6 +28,7 @@ from ..parallel.batchnorm import needs_sync, synchronised_message
 from ..parallel.launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
 from ..parallel.split import check_chain
 from ..runtime.async_saves import check_async
+from ..runtime.checkpoint_files import DCP_INDEX, written_by_torch
 from ..runtime.interrupt import interrupted, mark_finished
 from ..runtime.memory import configure_allocator
 from ..runtime.optimization import check_optimization
@@ -107,9 +108,8 @@ def prepare(cfg: DictConfig, with_logger: bool = True) -> tuple[L.Trainer, L.Lig
     """The trainer, model and data of this config, checked: everything that can refuse the config does so
     here, before a process starts or a file is written (raises ConfigError). The search runs it on the config of
     its first trial (without the logger), so that a config every trial would refuse is refused before the first."""
-    if cfg.ckpt_path and not Path(cfg.ckpt_path).exists():
-        # A folder is fine: model_parallel saves sharded checkpoints as one folder of per-rank files.
-        raise ConfigError(f"ckpt_path={cfg.ckpt_path} does not exist; give a .ckpt file (e.g. a run's last.ckpt)")
+    if cfg.ckpt_path:
+        check_checkpoint_path(Path(cfg.ckpt_path))
     L.seed_everything(cfg.seed, workers=True)
 
     datamodule = build(cfg.data)
@@ -168,6 +168,18 @@ def prepare(cfg: DictConfig, with_logger: bool = True) -> tuple[L.Trainer, L.Lig
     if preset() == "pipeline":  # the stages run the Split's chain, not the model's forward: the same model?
         check_chain(model.net, first_sample(datamodule.data))
     return trainer, model, datamodule
+
+
+def check_checkpoint_path(path: Path) -> None:
+    """A checkpoint Lightning can load: a file torch.save wrote, or the folder of a preset that writes parts
+    (fsdp, model_parallel, pipeline: DCP's, with its .metadata)."""
+    if not path.exists():
+        raise ConfigError(f"ckpt_path={path} does not exist; give a .ckpt file (e.g. a run's last.ckpt)")
+    if (path.is_dir() and not (path / DCP_INDEX).is_file()) or (path.is_file() and not written_by_torch(path)):
+        raise ConfigError(
+            f"ckpt_path={path} is not a checkpoint (a .ckpt file, or the .ckpt folder of a preset that writes parts); "
+            "give one, e.g. <run dir>/checkpoints/last.ckpt"
+        )
 
 
 def has_checkpoint_io(strategy: Any) -> bool:
