@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
 from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.runtime.interrupt import continue_last
 from {{ cookiecutter.package_name }}.runtime.resuming import check_same_mesh, starting_point, write_mesh
 
 RESTARTS = ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
@@ -178,3 +179,12 @@ def test_a_damaged_checkpoint_is_refused_naming_the_newest_whole_one(run_dir, tm
     cut_short(accelerate_like / "model.safetensors", keep=200)
     with pytest.raises(ConfigError, match="cannot be read: model.safetensors: not a whole safetensors file"):
         starting_point(elsewhere, training(ckpt_path=str(accelerate_like)), elsewhere / "checkpoints" / "last")
+
+
+def test_run_id_last_looks_in_the_experiment_hydra_uses(tmp_path, monkeypatch):
+    """Given twice (a launch script's `experiment=` before the user's), Hydra takes the last `experiment=`."""
+    monkeypatch.chdir(tmp_path)
+    for experiment in ("script", "mine"):
+        (tmp_path / "outputs" / experiment / f"{experiment}-run" / "checkpoints").mkdir(parents=True)
+    argv = ["experiment=script", "run_id=last", "experiment=mine"]
+    assert continue_last(argv) == ["experiment=script", "run_id=mine-run", "experiment=mine"]

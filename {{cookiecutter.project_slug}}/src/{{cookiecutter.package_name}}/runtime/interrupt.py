@@ -84,7 +84,7 @@ def continue_last(argv: list[str]) -> list[str]:
     and did not finish (outputs/<experiment>/<run id>/, the default run folders). Raises ConfigError otherwise."""
     if "run_id=last" not in argv:
         return argv
-    experiment = next((arg.partition("=")[2] for arg in argv if arg.startswith("experiment=")), "default")
+    experiment = next((arg.partition("=")[2] for arg in reversed(argv) if arg.startswith("experiment=")), "default")
     folder = Path("outputs") / experiment
     runs = [run for run in folder.glob("*") if (run / "checkpoints").is_dir()]
     if not runs:
