@@ -119,6 +119,8 @@ def test_a_second_training_in_the_run_folder_of_a_running_one_is_refused(tmp_pat
         [error] = [line for line in output.splitlines() if line.startswith("error:")]
         assert error.startswith(f"error: another training is running in {run_dir.resolve()}"), error
         assert written(run_dir) == before, "the refused training wrote into the run folder"
+        code, output = train_in(tmp_path, train_env, *command, "check_only=true")  # writes nothing: not refused
+        assert code == 0 and "check_only: the command passes its checks" in output, output[-3000:]
     finally:
         (tmp_path / "pause.go").touch()
     assert first.wait(300) == 0, (tmp_path / "first.log").read_text()[-3000:]

@@ -7,6 +7,7 @@ composes the config and reports what stops the training in one line (errors.py):
 leaves no run folder behind, a training that stopped itself or a crashed process exits 1 and keeps what it wrote.
 """
 
+from contextlib import nullcontext
 from pathlib import Path
 
 import hydra
@@ -25,7 +26,9 @@ register_resolvers()
 def run(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        with only_training_in(run_dir):
+        # check_only writes nothing: it may check a command for a folder in use (a launch script re-run on a node
+        # that replaces a dead one, while the other nodes' processes hold the folder)
+        with nullcontext() if cfg.check_only else only_training_in(run_dir):
             train(cfg)
         if cfg.check_only:
             remove_if_empty(run_dir)
