@@ -15,6 +15,7 @@ from kill_switch import WANDB_FLUSH_SECONDS
 from slurm_jobs import ENDED, job_state, wait_for
 from wandb_records import offline_runs, sync_dry_run
 
+from {{ cookiecutter.package_name }}.engine.checkpoints import resume_from
 from {{ cookiecutter.package_name }}.parallel.launcher import free_port
 
 pytestmark = pytest.mark.slow
@@ -246,3 +247,13 @@ def test_every_process_writes_its_part_where_another_preset_left_a_whole_file(tm
 
     mp.spawn(_write_over_whole_files, args=(tmp_path, free_port(), 10), nprocs=2)
     assert all((tmp_path / f"last-{i}.ckpt").is_dir() for i in range(10))
+
+
+def test_a_checkpoint_of_lightnings_slurm_requeue_is_removed_not_resumed(tmp_path, monkeypatch):
+    """SIGUSR1 to the tasks (a cluster's pre-emption notice, --signal=USR1@90) makes Lightning save hpc_ckpt_N.ckpt
+    wherever it lands and requeue: the run resumes from its own last checkpoint; Lightning's is removed, as it would
+    otherwise restore it by itself in a run that starts afresh there, and it would fill the disk."""
+    monkeypatch.delenv("RANK", raising=False)
+    (tmp_path / "hpc_ckpt_1.ckpt").write_bytes(b"PK")
+    assert resume_from(tmp_path, None, resume=True) is None
+    assert not (tmp_path / "hpc_ckpt_1.ckpt").exists()

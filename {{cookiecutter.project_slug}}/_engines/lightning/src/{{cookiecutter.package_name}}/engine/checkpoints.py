@@ -228,6 +228,11 @@ def resume_from(run_dir: Path, ckpt_path: str | None, resume: bool) -> str | Non
     """The checkpoint this training starts from: `ckpt_path` if given, else the run's last complete one (a restart
     with the same run id), else none. resume=false instead deletes a previous training's checkpoints and wandb
     run id in this folder (first process), so that it starts afresh."""
+    for stale in sorted(run_dir.glob("hpc_ckpt_*.ckpt")) if is_first_process() else []:
+        # Lightning's SLURM auto-requeue (SIGUSR1 to the tasks) saved it wherever the signal landed, maybe inside a
+        # step: not continued exactly, and Lightning would restore it by itself in a run starting afresh here.
+        rank_zero_info(f"removing {stale.name}, Lightning's SLURM checkpoint (the run resumes from its own)")
+        stale.unlink()
     if ckpt_path:
         return os.path.realpath(ckpt_path)  # a link (last.ckpt) to the checkpoint it points at
     last = run_dir / "checkpoints" / LAST
