@@ -3,6 +3,7 @@ files use and building objects from configs with one-line errors."""
 
 import difflib
 import inspect
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -139,10 +140,33 @@ def run_cli(run: Callable[[], None], config_name: str = "train") -> None:
         check_group_choices(sys.argv[1:])
         check_overrides(sys.argv[1:], config_name)
         check_run_id(sys.argv[1:])
+        check_output_folder(sys.argv[1:])
         sys.argv[1:] = continue_last(sys.argv[1:])
     except ConfigError as err:
         fail(err)
     run()
+
+
+def check_output_folder(overrides: list[str]) -> None:
+    """Refuse, in one line, a run folder that cannot be made (Hydra would fail making it, with its traceback): the
+    nearest folder of the path that exists is a file, or cannot be written (a read-only mount)."""
+    given = next(
+        (
+            item.partition("=")[2]
+            for item in reversed(overrides)
+            if item.startswith(("hydra.run.dir=", "hydra.sweep.dir="))
+        ),
+        "outputs",
+    )
+    folder = Path(given)
+    existing = next(path for path in [folder, *folder.parents] if path.exists() or path == Path(path.anchor or "."))
+    if not existing.is_dir():
+        raise ConfigError(f"the run folder {given} cannot be made: {existing} is a file; give hydra.run.dir=FOLDER")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"the run folder {given} cannot be made: {existing} cannot be written (read-only); give "
+            "hydra.run.dir=FOLDER somewhere writable, or run from such a folder"
+        )
 
 
 def register_resolvers() -> None:

@@ -1,5 +1,7 @@
 """Every preset is documented and composes; bad input fails early, in one line, leaving nothing behind."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import unsplit_net
@@ -33,6 +35,10 @@ BAD_INPUT = [
         "data.batch_size=255 is the global batch and must be a positive multiple of the 2 data-parallel replicas",
     ),
     (["ckpt_path=missing"], "ckpt_path=missing is not a checkpoint folder"),
+    (
+        [f"hydra.run.dir={Path(__file__)}/run"],
+        f"the run folder {Path(__file__)}/run cannot be made: {Path(__file__)} is",
+    ),
     (["trainer.precision=16"], "trainer.precision=16 is unknown; valid: auto, 32-true, bf16-mixed, 16-mixed"),
     (["strategy=pipeline"], "strategy=pipeline runs one stage per process; 1 process given, use 2+"),
     (["strategy=model_parallel"], "strategy=model_parallel (mode=tensor) needs 2+ processes"),
@@ -96,6 +102,7 @@ BAD_INPUT_IDS = [
     "ddp-without-launcher",
     "indivisible-batch",
     "missing-checkpoint",
+    "run-folder-under-a-file",
     "unknown-precision",
     "pipeline-one-stage",
     "tensor-parallel-one-process",

@@ -75,6 +75,10 @@ BAD_INPUT = [
     (["ckpt_path=missing.ckpt"], "ckpt_path=missing.ckpt does not exist"),
     ([f"ckpt_path={Path(__file__)}"], f"ckpt_path={Path(__file__)} is not a checkpoint (a .ckpt file, or the"),
     ([f"ckpt_path={Path(__file__).parent}"], f"ckpt_path={Path(__file__).parent} is not a checkpoint"),
+    (
+        [f"hydra.run.dir={Path(__file__)}/run"],
+        f"the run folder {Path(__file__)}/run cannot be made: {Path(__file__)} is",
+    ),
     (["strategy=single", "trainer.accelerator=cpu", "trainer.devices=2"], "use strategy=ddp for several"),
     (["strategy=dp", "trainer.num_nodes=2"], "strategy=dp runs one process on one node"),
     (
@@ -189,6 +193,7 @@ BAD_INPUT_IDS = [
     "missing-checkpoint",
     "checkpoint-that-is-a-source-file",
     "checkpoint-that-is-a-folder-of-other-files",
+    "run-folder-under-a-file",
     "single-on-two-devices",
     "dp-on-two-nodes",
     "mesh-not-world-size",
