@@ -40,19 +40,37 @@ class InterruptedOnce(ResidualMLP):
     sends it to every process of the training (`signal_name=SIGKILL`: a crash of every process instead). Only once:
     it leaves `marker` (one per process), so the continued run trains through."""
 
-    def __init__(self, *args, marker: str, at: int = 4, signal_name: str = "SIGINT", **kwargs) -> None:
+    def __init__(
+        self, *args, marker: str, at: int = 4, signal_name: str = "SIGINT", children: bool = False, **kwargs
+    ) -> None:
         super().__init__(*args, **kwargs)
         rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or 0  # Lightning's own workers: LOCAL_RANK
         self.marker, self.at, self.calls = Path(f"{marker}.{rank}"), at, 0
         self.signal = getattr(signal, signal_name)
+        self.with_children = children  # its child processes too (wandb's service), as SLURM signals every one of a step
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training and not self.marker.exists():
             if self.calls == self.at:
                 self.marker.touch()
+                for pid in child_processes() if self.with_children else []:
+                    os.kill(pid, self.signal)
                 os.kill(os.getpid(), self.signal)
             self.calls += 1
         return super().forward(x)
+
+
+def child_processes() -> list[int]:
+    """The processes this one started (from /proc: each one's parent is the 4th field of its stat line)."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):  # ended meanwhile
+            continue
+        if parent == os.getpid():
+            children.append(int(stat.parent.name))
+    return children
 
 
 class PausedOnce(ResidualMLP):

@@ -99,6 +99,22 @@ def test_ctrl_c_saves_then_run_id_last_continues_exactly(tmp_path, train_env, wh
     assert code == 2 and f"error: run_id=last: the newest run of experiment=ctrl-c, {run_dir.name}, finished" in output
 
 
+def test_a_stop_that_reaches_wandbs_service_too_says_how_to_continue(tmp_path, train_env, whole):
+    """SLURM's scancel and requeue signal every process of the job step: wandb's service stops with the training,
+    which cannot log or close its wandb run any more. It still stops after the step with a checkpoint and says in
+    one line how to continue (exit 130), and the continued run logs what wandb lost, each step once."""
+    net = ["model.net._target_=own_models.InterruptedOnce", f"+model.net.marker={tmp_path / 'once'}"]
+    command = ["experiment=scancel", *SETTINGS, *net, "+model.net.signal_name=SIGTERM", "+model.net.children=true"]
+    code, output = train_in(tmp_path, train_env, *command)
+    [run_dir] = (tmp_path / "outputs" / "scancel").iterdir()
+    assert code == 130 and "Traceback" not in output, output[-3000:]
+    assert "wandb: its service stopped with this process" in output
+    assert output.strip().splitlines()[-1].startswith("interrupted after step 5, saved in")
+    code, output = train_in(tmp_path, train_env, *command, f"run_id={run_dir.name}")
+    assert code == 0, output[-3000:]
+    assert losses(run_dir) == whole
+
+
 def written(run_dir) -> tuple[str, list]:
     """What a training writes in its run folder as it trains: its metrics file, its checkpoints."""
     return (run_dir / "metrics.jsonl").read_text(), sorted((run_dir / "checkpoints").iterdir())

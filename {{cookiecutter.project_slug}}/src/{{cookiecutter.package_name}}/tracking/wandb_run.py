@@ -2,9 +2,11 @@
 across restarts, and a finish that always happens (even when training fails) and says how to upload an offline
 run."""
 
+import contextlib
 import netrc
 import os
 import secrets
+import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -34,7 +36,18 @@ def finish_wandb(failed: bool) -> None:
     if run is None:
         return
     offline = run.settings.mode == "offline"
-    wandb.finish(exit_code=1 if failed else 0)
+    try:
+        wandb.finish(exit_code=1 if failed else 0)
+    except ConnectionError:  # its service process got the signal too: SLURM's scancel or requeue signals them all
+        with contextlib.suppress(Exception):
+            wandb.teardown()  # first unregisters wandb's exit hook, which would fail the same way, with a traceback
+        print(
+            "wandb: its service stopped with this process (a signal to every process: SLURM's scancel, requeue), so "
+            "this start's wandb run was not closed; every row is in metrics.jsonl, and the next start logs what the "
+            "wandb files lack",
+            file=sys.stderr,
+        )
+        return
     if offline:  # the folder of every start of the training: wandb sync uploads those of one run in order
         print(f"wandb: offline run saved; upload it with: wandb sync {Path(run.settings.sync_dir).parent}")
 

@@ -19,6 +19,7 @@ class ResumingWandBTracker(WandBTracker):
     def __init__(self, run_dir: str | Path, project: str, **kwargs: Any) -> None:
         self.run_dir = Path(run_dir)
         self.logged: dict[str, int] = {}  # by the earlier starts: metric -> last step
+        self.service_lost = False  # wandb's service process stopped (SLURM signals it too): rows go to the file only
         super().__init__(project, **kwargs)
 
     @on_main_process
@@ -38,5 +39,8 @@ class ResumingWandBTracker(WandBTracker):
         if STEP in values:
             self.metrics_file.append(values, values[STEP])
             values = not_logged_yet(values, values[STEP], self.logged)
-        if values:
-            super().log(values, step=step, **kwargs)
+        if values and not self.service_lost:
+            try:
+                super().log(values, step=step, **kwargs)
+            except ConnectionError:  # the next start logs what the wandb files lack; finish_wandb says so
+                self.service_lost = True

@@ -22,6 +22,7 @@ class ResumingWandbLogger(WandbLogger):
     def __init__(self, run_dir: str, **kwargs: Any) -> None:
         self.run_dir = Path(run_dir)
         self.logged: dict[str, int] = {}  # by the earlier starts: metric -> last step
+        self.service_lost = False  # wandb's service process stopped (SLURM signals it too): rows go to the file only
         super().__init__(save_dir=run_dir, **resumed_wandb_run(self.run_dir), **kwargs)
         drop_anonymous(self)
 
@@ -56,5 +57,8 @@ class ResumingWandbLogger(WandbLogger):
         if step is not None:
             self.metrics_file.append(dict(metrics), step)
             metrics = not_logged_yet(dict(metrics), step, self.logged)
-        if metrics:
-            super().log_metrics(metrics, step)
+        if metrics and not self.service_lost:
+            try:
+                super().log_metrics(metrics, step)
+            except ConnectionError:  # the next start logs what the wandb files lack; finish_wandb says so
+                self.service_lost = True
