@@ -73,7 +73,9 @@ def test_train_loader_resumes_mid_epoch_with_the_next_global_batch(replicas_afte
     assert len(global_batches(data, replicas_after, epoch=2, state=state)) == len(whole), "only that epoch is cut"
 
 
-def test_a_resume_with_another_global_batch_is_refused():
+def test_a_resume_with_another_global_batch_is_refused_unless_it_starts_at_the_same_sample():
+    """A ckpt_path into another run may change the batch (fine-tuning); the epoch continues at the same sample."""
     state = {"epoch": 0, "samples_done": 96}
-    with pytest.raises(ValueError, match="resume with the data.batch_size it was trained with"):
+    with pytest.raises(ConfigError, match="global batches of 64: continue with a data.batch_size that divides 96"):
         Data(**data_settings(batch_size=64)).loader("train").load_state_dict(state)
+    Data(**data_settings(batch_size=32)).loader("train").load_state_dict(state)

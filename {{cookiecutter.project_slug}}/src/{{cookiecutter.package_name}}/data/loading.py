@@ -18,7 +18,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, TensorDataset
 
-from ..errors import ConfigError
+from ..errors import ConfigError, said_once
+from ..tracking.wandb_run import is_first_process
 
 SPLITS = ("train", "val", "test")
 IGNORED = -100  # a target no loss or metric counts (F.cross_entropy's ignore_index): EvalSampler's padding
@@ -306,11 +307,13 @@ class ResumableLoader(DataLoader):
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         samples, epoch = state["samples_done"], state["epoch"]
-        if samples % self.global_batch_size:
-            raise ValueError(
+        if samples % self.global_batch_size:  # (every process finds it: the first says it)
+            message = (
                 f"the checkpoint stopped after {samples} samples of epoch {epoch}, which is not a whole number of "
-                f"global batches of {self.global_batch_size}: resume with the data.batch_size it was trained with"
+                f"global batches of {self.global_batch_size}: continue with a data.batch_size that divides {samples} "
+                "(the one it was trained with does)"
             )
+            raise said_once(ConfigError(message), is_first_process())
         self.sampler.set_epoch(epoch)
         self._resume = (epoch, samples // self.global_batch_size)
 
