@@ -64,9 +64,8 @@ def train(cfg: DictConfig) -> None:
     start = Path(cfg.ckpt_path) if cfg.ckpt_path else last if cfg.resume and last.exists() else None
     strategy.check_resume(start, processes)
     if cfg.check_only:
-        print(
-            f"check_only: the command passes its checks ({processes} process{'es' if processes > 1 else ''}); nothing was trained"
-        )
+        counted = f"{processes} process{'es' if processes > 1 else ''}"
+        print(f"check_only: the command passes its checks ({counted}); nothing was trained")
         return
 
     def process() -> None:  # a named function: notebook_launcher (ddp_spawn) needs one

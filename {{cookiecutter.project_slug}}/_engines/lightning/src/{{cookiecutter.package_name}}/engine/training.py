@@ -75,9 +75,8 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
     if synchronised_batchnorm(cfg, model, trainer):
         rank_zero_info(synchronised_message(trainer.world_size))  # converted when fit starts (BatchNormSync)
     if cfg.check_only:
-        print(
-            f"check_only: the command passes its checks ({trainer.world_size} process{'es' if trainer.world_size > 1 else ''}); nothing was trained"
-        )
+        counted = f"{trainer.world_size} process{'es' if trainer.world_size > 1 else ''}"
+        print(f"check_only: the command passes its checks ({counted}); nothing was trained")
         return {}
 
     failed = True
