@@ -3,14 +3,23 @@
 #   make test   run every test of the template and of the projects it bakes (what CI runs)
 #   make check  the developer's lane, for every edit: bake both engines, lint them, run their fast tests (not slow)
 #   make gpu-check [ENGINE=accelerate]   on a GPU machine: every layout x precision against single, as a table
-PYTHON ?= python3
+# Everything runs in a virtual environment of its own (VENV), made from BASE_PYTHON: what the machine has installed
+# besides stays out. One case measured on the CI machine: its image has scipy, which torchmetrics then imports into
+# every Lightning process (scipy.signal, 1.6 s of CPU each; CI time). `make test VENV=...` uses another one.
+BASE_PYTHON ?= python3
+VENV ?= build/venv
+PYTHON := $(abspath $(VENV))/bin/python
+# the environment's commands (python, cruft, torchrun) first: the launch scripts and SLURM jobs the tests start
+# call `python`
+export PATH := $(abspath $(VENV))/bin:$(PATH)
 ENGINE ?= lightning
 TORCH ?= torch==2.13.0
 
 .PHONY: install demo test check bench gpu-check
-install: build/.installed
+install: $(VENV)/.installed
 
-build/.installed: requirements-dev.txt
+$(VENV)/.installed: requirements-dev.txt
+	test -x $(PYTHON) || $(BASE_PYTHON) -m venv $(VENV)
 	$(PYTHON) -m pip install -q "$(TORCH)"
 	$(PYTHON) -m pip install -q -r requirements-dev.txt
 	# data=streaming's litdata, without its torchvision (only its image codecs use it; from PyPI it would pull
@@ -18,13 +27,13 @@ build/.installed: requirements-dev.txt
 	$(PYTHON) -m pip install -q --no-deps "litdata>=0.2.70,<0.3"
 	# wandb's sweep config schema (the `sweeps` package of wandb[sweeps]), for the test of --export-wandb-sweep, in a
 	# folder of its own (SWEEPS_SITE) with the scikit-learn and scipy it imports, without its numpy<2 pin: scipy in
-	# the trainings' environment would make every Lightning process import scipy.signal (~0.5 s each; CI time).
+	# the trainings' environment would make every Lightning process import scipy.signal (1.6 s of CPU each; CI time).
 	$(PYTHON) -m pip install -q --no-deps --target build/sweeps-site "sweeps>=0.2,<0.4" scikit-learn scipy joblib threadpoolctl
 	# transformers (model=causal_lm, the [transformers] extra) in a folder of its own too (TRANSFORMERS_SITE), its
 	# dependencies above: where it is installed, every Lightning process imports it through torchmetrics (measured:
 	# 0.85 s of CPU each, a fifth of a short training's; CI time). The Accelerate project's suite runs with it.
 	$(PYTHON) -m pip install -q --no-deps --target build/transformers-site "transformers>=5,<6"
-	mkdir -p build && touch $@
+	touch $@
 
 demo: install
 	rm -rf build/demo
