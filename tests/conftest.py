@@ -23,6 +23,7 @@ def project_env(project: Path, home: Path) -> dict[str, str]:
     env = dict(os.environ, PYTHONPATH=str(project / "src"), WANDB_MODE="offline", WANDB_DIR=str(home))
     env.update(WANDB_CACHE_DIR=str(home / "cache"), WANDB_CONFIG_DIR=str(home / "config"))
     env.pop("WANDB_API_KEY", None)
+    env.setdefault("OMP_NUM_THREADS", "1")  # several trainings at a time: one thread each (the baked conftest's why)
     return env
 
 
