@@ -223,6 +223,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         "tests/kill_switch.py",
         "tests/old_layout_run/checkpoints/last.ckpt",
         "tests/oom_sim.py",
+        "tests/own_modules.py",
         "tests/shard_probe.py",
         "tests/test_bench_pipeline.py",
         "tests/test_lightning_private.py",

@@ -118,12 +118,16 @@ def test_the_cosine_schedule_spans_the_epochs_optimizer_steps(train):
 
 def test_the_cosine_schedule_stays_at_its_floor_past_its_span():
     """A training resumed with more steps than it was planned for keeps the schedule it saved: past its span the
-    learning rate stays at the floor (torch's cosine would climb back to lr), through a save and a load too."""
+    learning rate stays at the floor (torch's cosine would climb back to lr), through a save and a load too. Each
+    parameter group decays from its own lr to its own floor (torch's one floor made a smaller lr climb to it)."""
     optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=0.01)
+    # a second group with a learning rate of its own (a backbone fine-tuned more gently) decays to its own floor
+    optimizer.add_param_group({"params": [torch.nn.Parameter(torch.zeros(1))], "lr": 0.0001})
     schedule = cosine(optimizer, total_steps=10, warmup_steps=3, min_lr_ratio=0.1)
-    lrs = []
+    lrs, gentle = [], []
     for step in range(30):
         lrs.append(optimizer.param_groups[0]["lr"])
+        gentle.append(optimizer.param_groups[1]["lr"])
         optimizer.step()
         schedule.step()
         if step == 15:  # a resume past the span, into a schedule built for a longer training
@@ -133,6 +137,7 @@ def test_the_cosine_schedule_stays_at_its_floor_past_its_span():
             schedule.load_state_dict(saved[1])
     assert lrs[:10] == pytest.approx([expected_cosine(step, 0.01, 3, 10, 0.1) for step in range(10)], rel=1e-6)
     assert lrs[10:] == pytest.approx([0.001] * 20, rel=1e-6)
+    assert gentle == pytest.approx([lr / 100 for lr in lrs], rel=1e-6)
 
 
 # (overrides, the one error line); each refused before training (conftest's `refused` runs them)

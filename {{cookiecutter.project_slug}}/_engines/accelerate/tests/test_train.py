@@ -14,6 +14,7 @@ from {{ cookiecutter.package_name }}.data.synthetic import SyntheticData
 from {{ cookiecutter.package_name }}.data.tokens import TokenData
 from {{ cookiecutter.package_name }}.engine.checkpoints import load_trained
 from {{ cookiecutter.package_name }}.engine.evaluation import batches, check_limit, evaluate
+from {{ cookiecutter.package_name }}.engine.loop import loss_fn
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.models.gpt import GPT
 
@@ -21,18 +22,26 @@ from {{ cookiecutter.package_name }}.models.gpt import GPT
 def test_evaluation_of_a_language_model_is_the_mean_loss_per_token():
     """model=gpt: val/loss is the mean cross-entropy over every target token (not a sum per sequence divided by
     the sequences), val/acc the share of tokens predicted; the padding sample that keeps the replicas' batch counts
-    equal (replica 1 of 2 here: 4 samples and 1 padding sample, in 3 batches as replica 0's 5) counts nowhere."""
+    equal (replica 1 of 2 here: 4 samples and 1 padding sample, in 3 batches as replica 0's 5) counts nowhere.
+    A loss of yours (loop.loss_fn changed, here to label smoothing) is the evaluation's loss too."""
     torch.manual_seed(0)
     net = GPT(vocab_size=32, max_seq_len=16, dim=32, depth=2, num_heads=2).eval()
     data = Data(partial(TokenData, vocab_size=32, seq_len=16, val_size=9), batch_size=4)
     loader = data.loader("val", replicas=2, rank=1)
     assert len(loader) == 3
-    metrics = evaluate(Accelerator(cpu=True), net, loader)
+    metrics = evaluate(Accelerator(cpu=True), net, loader, loss_fn)
     x, y = data.splits["val"][1::2]  # replica 1's samples
     with torch.no_grad():
         logits = net(x)
     assert metrics["loss"] == pytest.approx(F.cross_entropy(logits.flatten(0, 1), y.flatten()).item(), abs=1e-6)
     assert metrics["acc"] == pytest.approx((logits.argmax(dim=-1) == y).float().mean().item(), abs=1e-6)
+
+    def smoothed(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.flatten(0, -2), target.flatten(), label_smoothing=0.2)
+
+    expected = smoothed(logits, y).item()
+    assert abs(expected - metrics["loss"]) > 0.01, "label smoothing must change the loss"
+    assert evaluate(Accelerator(cpu=True), net, loader, smoothed)["loss"] == pytest.approx(expected, abs=1e-6)
 
 
 def test_limit_val_batches_evaluates_that_many_batches_as_lightning_counts_them():
@@ -45,7 +54,7 @@ def test_limit_val_batches_evaluates_that_many_batches_as_lightning_counts_them(
     torch.manual_seed(0)
     net = GPT(vocab_size=32, max_seq_len=16, dim=32, depth=2, num_heads=2).eval()
     data = Data(partial(TokenData, vocab_size=32, seq_len=16, val_size=12), batch_size=4)
-    metrics = evaluate(Accelerator(cpu=True), net, data.loader("val", replicas=1, rank=0), limit=1)
+    metrics = evaluate(Accelerator(cpu=True), net, data.loader("val", replicas=1, rank=0), loss_fn, limit=1)
     x, y = data.splits["val"][:4]
     with torch.no_grad():
         first = F.cross_entropy(net(x).flatten(0, 1), y.flatten()).item()

@@ -38,3 +38,13 @@ def test_logging_every_few_steps_still_logs_the_global_batch_loss(train, single_
     run = train(*PARITY, *overrides, "trainer.log_every_n_steps=3", launcher=launcher)
     assert run.wandb.steps("train/loss") == [2, 5]
     assert run.losses(2) == pytest.approx([single_losses[2], single_losses[5]], abs=TOLERANCE)
+
+
+def test_validation_takes_a_loss_of_yours_on_every_layout(train):
+    """A module of yours with its own loss (label smoothing): val/loss is that loss under ddp as on one device (it
+    was cross-entropy on several processes: the presets disagreed on the metric that picks the best checkpoint)."""
+    overrides = [*PARITY, "trainer.max_steps=3", "trainer.val_check_interval=3"]
+    overrides += ["+model._target_=own_modules.SmoothedClassifier"]
+    single = train(*overrides, "strategy=single").wandb.metric("val/loss")
+    ddp = train(*overrides, "strategy=ddp", "trainer.devices=2").wandb.metric("val/loss")
+    assert len(single) == 1 and ddp == pytest.approx(single, abs=TOLERANCE)

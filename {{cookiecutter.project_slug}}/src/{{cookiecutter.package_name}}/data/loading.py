@@ -59,6 +59,7 @@ class Data:
         self.num_workers, self.prefetch_factor = num_workers, prefetch_factor
         self.split_names = tuple(splits)
         self.splits: dict[str, Dataset] = {}
+        self._first_items: dict[str, Any] = {}
 
     def setup(self) -> None:
         """Construct each split's dataset (once; every process constructs its own)."""
@@ -78,6 +79,12 @@ class Data:
         if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
             raise ConfigError(f"data.dataset {name} must be a map-style Dataset (with __len__ and __getitem__)")
         return dataset
+
+    def first_item(self, split: str) -> Any:
+        """The split's first item, read once: each check before training looks at it."""
+        if split not in self._first_items:
+            self._first_items[split] = self.splits[split][0]
+        return self._first_items[split]
 
     @property
     def streams(self) -> bool:
@@ -326,10 +333,10 @@ def check_input(net: nn.Module, data: Data) -> None:
     checks = [module.check_input for module in net.modules() if callable(getattr(module, "check_input", None))]
     reads_ids = any(isinstance(module, nn.Embedding) for module in net.modules())
     data.setup()
-    for dataset in data.splits.values():
+    for split, dataset in data.splits.items():
         if isinstance(dataset, IterableDataset):  # a stream: its samples come as its reader writes them
             continue
-        sample = dataset[0]
+        sample = data.first_item(split)
         if not (isinstance(sample, tuple | list) and len(sample) == 2):
             raise ConfigError(
                 f"data.dataset {type(dataset).__name__}: an item is {type(sample).__name__}, but the training takes "
@@ -365,7 +372,7 @@ def check_output(net: nn.Module, data: Data) -> None:
     dataset = data.splits.get("train")
     if dataset is None or isinstance(dataset, IterableDataset):
         return
-    x, y = dataset[0]
+    x, y = data.first_item("train")
     try:
         x, y = torch.as_tensor(x)[None], torch.as_tensor(y)[None]
     except (TypeError, ValueError, RuntimeError):  # not arrays (e.g. a dict): the net reads them its own way
@@ -393,7 +400,8 @@ def check_output(net: nn.Module, data: Data) -> None:
         )
     if y.is_floating_point():
         return
-    labels = [torch.as_tensor(dataset[index][1]) for index in range(min(len(dataset), LABELS_READ))]
+    targets = [y[0], *(dataset[index][1] for index in range(1, min(len(dataset), LABELS_READ)))]
+    labels = [torch.as_tensor(target) for target in targets]
     if not all(label.numel() for label in labels):
         return
     largest = max(int(label.max()) for label in labels)
@@ -419,7 +427,7 @@ def first_sample(data: Data) -> torch.Tensor | None:
     training run the net on."""
     data.setup()
     try:
-        return torch.as_tensor(data.splits["train"][0][0])[None]
+        return torch.as_tensor(data.first_item("train")[0])[None]
     except (KeyError, TypeError, ValueError, RuntimeError):
         return None
 

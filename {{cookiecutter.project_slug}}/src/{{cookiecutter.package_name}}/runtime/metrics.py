@@ -1,6 +1,27 @@
 """Metrics both engines compute the same way."""
 
 import math
+from collections.abc import Callable
+
+import torch
+
+from ..data.loading import IGNORED
+
+
+def summed_loss(
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], logits: torch.Tensor, target: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """An evaluation batch's loss summed over its targets, and their number, by the engine's own loss (a mean over
+    the targets it counts; a loss of yours too): the sums add up exactly over batches and processes. The samples the
+    eval sampler padded with (every target IGNORED) are left out before the loss sees them."""
+    counted = target != IGNORED
+    count = counted.sum()
+    real = counted.reshape(len(target), -1).any(dim=1)  # per sample
+    if not real.any():
+        return logits.new_zeros((), dtype=torch.float32), count
+    if not real.all():
+        logits, target = logits[real], target[real]
+    return loss_fn(logits.float(), target).float() * count, count
 
 
 def perplexity(mean_loss: float) -> float:

@@ -2,6 +2,7 @@
 of parameter that fused kernels keep apart) and the learning-rate schedules of configs/scheduler/, built from
 torch.optim.lr_scheduler and stepped once per optimizer step."""
 
+import math
 import re
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -106,29 +107,37 @@ def constant(optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: i
 def cosine(
     optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int = 0, min_lr_ratio: float = 0.1
 ) -> LRScheduler:
-    """scheduler=cosine: linear warmup, then a cosine decay from lr to lr x min_lr_ratio at the last step."""
+    """scheduler=cosine: linear warmup, then a cosine decay from lr to lr x min_lr_ratio at the last step (each
+    parameter group from its own lr to its own floor)."""
     warmup_steps = min(warmup_steps, total_steps)
-    floor = optimizer.defaults["lr"] * min_lr_ratio
-    decay = CosineToFloor(optimizer, T_max=max(1, total_steps - warmup_steps), eta_min=floor)
+    decay = CosineToFloor(optimizer, T_max=max(1, total_steps - warmup_steps), min_lr_ratio=min_lr_ratio)
     # Always both parts, even a warmup of 0 steps or no decay left: the saved state then has one shape, and a
     # checkpoint resumes into a training of another length (which keeps the saved span).
     return SequentialLR(optimizer, [warmup(optimizer, warmup_steps), decay], milestones=[warmup_steps])
 
 
 class CosineToFloor(CosineAnnealingLR):
-    """torch's cosine decay, held at its floor once its span is over. torch's goes on along the cosine, back up to lr:
-    a training resumed with more steps than it was planned for (more epochs, a higher max_steps) keeps the span it
-    saved, and its learning rate would climb again. The same state as torch's: checkpoints load either way."""
+    """torch's cosine decay, but to a floor of its own for each parameter group (its lr x min_lr_ratio), held once
+    the span is over. torch's takes one floor for every group (eta_min): a group with a smaller lr (a backbone
+    fine-tuned more gently) would climb towards it. And torch's goes on along the cosine past its span, back up to
+    lr: a training resumed with more steps than planned (more epochs, a higher max_steps) keeps the span it saved.
+    The same state as torch's (eta_min unused): checkpoints load either way."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, T_max: int, min_lr_ratio: float) -> None:  # noqa: N803
+        self.min_lr_ratio = min_lr_ratio
+        super().__init__(optimizer, T_max=T_max, eta_min=0.0)
 
     def get_lr(self) -> list[float]:
-        if self.last_epoch >= self.T_max:
-            return [self.eta_min for _ in self.optimizer.param_groups]
-        return super().get_lr()
+        progress = min(self.last_epoch, self.T_max) / self.T_max
+        share = self.min_lr_ratio + (1 - self.min_lr_ratio) * (1 + math.cos(math.pi * progress)) / 2
+        return [base_lr * share for base_lr in self.base_lrs]
+
+    _get_closed_form_lr = get_lr  # what a scheduler's step(epoch) reads (SequentialLR's at its milestone)
 
 
 def scale_lr(optimizer: torch.optim.Optimizer, factor: float) -> None:
     """Multiply the learning rate that schedules are built from by `factor`: every group's initial_lr (the lr
-    if no schedule was built yet) and the optimizer's default (which cosine's floor reads). A schedule already
+    if no schedule was built yet) and the optimizer's default. A schedule already
     built keeps its own copy of them: build it again with respan. (Scaling group["lr"] alone would last until
     SequentialLR's milestone, which starts the decay from the unscaled learning rate.)"""
     for group in optimizer.param_groups:
@@ -165,5 +174,6 @@ def total_steps(max_steps: int, max_epochs: int | None, steps_per_epoch: int) ->
 
 
 def current_lr(optimizer: torch.optim.Optimizer) -> float:
-    """The learning rate of the step about to be taken (every group has the same; logged as train/lr)."""
+    """The learning rate of the step about to be taken, logged as train/lr: the first parameter group's (the
+    template's groups share it; groups of yours with learning rates of their own each follow the schedule)."""
     return optimizer.param_groups[0]["lr"]

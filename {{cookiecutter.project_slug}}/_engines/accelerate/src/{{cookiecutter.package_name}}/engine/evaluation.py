@@ -1,21 +1,24 @@
 """Evaluating a split over every process (each sample counted once) and logging a row to wandb."""
 
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from accelerate import Accelerator
 from torch import nn
 
-from ..data.loading import IGNORED
 from ..errors import ConfigError
-from ..runtime.metrics import perplexity
+from ..runtime.metrics import perplexity, summed_loss
 
 
 @torch.no_grad()
 def evaluate(
-    accelerator: Accelerator, model: nn.Module, loader: Any, limit: int | float | None = None
+    accelerator: Accelerator,
+    model: nn.Module,
+    loader: Any,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    limit: int | float | None = None,
 ) -> dict[str, float]:
     """Loss, accuracy and perplexity (exp of the loss) over the split, exact: per-target sums are reduced over the
     processes, then divided by the number of targets (every sample is evaluated once: the eval sampler does not
@@ -27,10 +30,10 @@ def evaluate(
         x, y = to_device(accelerator, x, y)
         with accelerator.autocast():
             logits = model(x)
-        logits, y = logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1)  # one row per target (token)
-        totals[0] += F.cross_entropy(logits, y, reduction="sum")
+        loss_sum, count = summed_loss(loss_fn, logits, y)  # the training's loss (loop.loss_fn, or yours)
+        totals[0] += loss_sum
         totals[1] += (logits.argmax(dim=-1) == y).sum()
-        totals[2] += (y != IGNORED).sum()  # not the targets the eval sampler padded with (see data.EvalSampler)
+        totals[2] += count  # not the targets the eval sampler padded with (see data.EvalSampler)
     loss_sum, correct, count = accelerator.reduce(totals, "sum").tolist()
     model.train()
     return {"loss": loss_sum / count, "acc": correct / count, "perplexity": perplexity(loss_sum / count)}

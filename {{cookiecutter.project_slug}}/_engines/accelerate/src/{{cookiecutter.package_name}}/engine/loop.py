@@ -166,7 +166,7 @@ def validate(
     if batches(cfg.trainer.limit_val_batches, len(loader)) == 0:  # validation turned off: the latest state only
         checkpoints.save(progress.global_step)
         return
-    metrics = evaluate(accelerator, model, loader, cfg.trainer.limit_val_batches)
+    metrics = evaluate(accelerator, model, loader, loss_fn, cfg.trainer.limit_val_batches)
     log(accelerator, {**prefixed("val", metrics), "epoch": epoch}, progress.global_step)
     if cfg.epoch_metrics and accelerator.is_main_process:  # the search reads it to prune a trial
         append_epoch_metrics(cfg.epoch_metrics, epoch, prefixed("val", metrics))

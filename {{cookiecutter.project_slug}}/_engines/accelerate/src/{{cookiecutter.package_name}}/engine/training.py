@@ -210,7 +210,7 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
             accelerator.wait_for_everyone()  # the main process writes the checkpoints; the others read them
             if best.is_dir():  # else no validation ran: test the weights as they are
                 checkpoints.load(best)
-            metrics = evaluate(accelerator, model, loaders["test"], cfg.trainer.limit_test_batches)
+            metrics = evaluate(accelerator, model, loaders["test"], loss_fn, cfg.trainer.limit_test_batches)
             log(accelerator, prefixed("test", metrics), step)
         failed = False
         if accelerator.is_main_process:

@@ -13,13 +13,12 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from torch import nn
 
 from ..config import build_object
-from ..data.loading import IGNORED
 from ..models.activation_checkpointing import checkpoint_blocks
 from ..models.compilation import compile_net
 from ..models.float8 import convert_float8
 from ..parallel.sharding import clip_grad_norm_, clip_grad_value_
 from ..runtime.checkpoint_forms import accept_state_by_name, by_name, parameter_names
-from ..runtime.metrics import perplexity
+from ..runtime.metrics import perplexity, summed_loss
 from ..runtime.optimization import (
     OptimizerFactory,
     SchedulerFactory,
@@ -134,9 +133,9 @@ class Classifier(L.LightningModule):
         # Several processes: Lightning's sync_dist mean truncates the summed sample count to an integer mean over
         # the ranks (101 samples on 2 ranks count as 100), so sum per target here and divide once at epoch end.
         # Targets the eval sampler padded with (IGNORED, to keep the replicas' batch counts equal) count nowhere.
-        logits, y = logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1)
-        loss_sum, correct = F.cross_entropy(logits, y, reduction="sum"), (logits.argmax(dim=-1) == y).sum()
-        totals = torch.stack([loss_sum.double(), correct.double(), (y != IGNORED).sum().double()])
+        loss_sum, count = summed_loss(self.loss, logits, y)  # the loss of this module (of yours, if you change it)
+        correct = (logits.argmax(dim=-1) == y).sum()
+        totals = torch.stack([loss_sum.double(), correct.double(), count.double()])
         self._totals[split] = self._totals.get(split, 0) + totals
 
     def _log_split_totals(self, split: str) -> None:
