@@ -16,8 +16,11 @@ WANDB_PROJECT = {{ cookiecutter.wandb_project | tojson }}
 WANDB_ENTITY = {{ cookiecutter.wandb_entity | tojson }}
 AUTHOR_EMAIL = {{ cookiecutter.author_email | tojson }}
 
-# Names a generated package must not take: they would shadow what it imports.
-TAKEN = set(sys.stdlib_module_names) | {"torch", "lightning", "hydra", "wandb", "omegaconf", "rich", "tests"}
+# Names a generated package must not take: they would shadow what it or its tests import (its dependencies and
+# extras, and the standard library with its `test` package).
+DEPENDENCIES = {"torch", "lightning", "accelerate", "hydra", "omegaconf", "wandb", "rich", "pynvml", "matplotlib"}
+EXTRAS = {"optuna", "submitit", "numpy", "transformers", "torchao", "litdata", "torchmetrics", "pytest", "ruff"}
+TAKEN = set(sys.stdlib_module_names) | DEPENDENCIES | EXTRAS | {"test", "tests"}
 SLUG = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
 WANDB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 

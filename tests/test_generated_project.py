@@ -196,6 +196,25 @@ def test_other_default_strategies_compose(bake, tmp_path, strategy):
     assert len(wandb.metric("train/loss")) == 2
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
+def test_the_quick_start_takes_a_default_strategy_of_several_processes(bake, tmp_path, strategy):
+    """The generated README's quick start (the bake's next steps print it too), with a default preset of several
+    processes: Accelerate's need its launcher, or (ddp_spawn) their number on a CPU. The command must pass the
+    training's checks (check_only: nothing trained). It was `python -m <package>.train`, refused."""
+    project = bake(engine="accelerate", default_strategy=strategy)
+    quick_start = (project / "README.md").read_text().split("## Quick start\n\n```bash\n")[1].split("```")[0]
+    (line,) = [line for line in quick_start.splitlines() if "trains the default model" in line]
+    command = line.split("#")[0].split()
+    if command[:2] == ["accelerate", "launch"]:
+        command = [sys.executable, "-m", "accelerate.commands.launch", *command[2:]]
+    else:
+        assert command[:2] == ["python", "-m"], line
+        command[0] = sys.executable
+    result = run([*command, "check_only=true"], project, tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "the command passes its checks (2 processes)" in result.stdout + result.stderr
+
+
 def test_both_engines_compute_the_same_losses(cookies, tmp_path_factory):
     """Same seed, data order and batch: the Accelerate loop's first losses equal the Lightning Trainer's."""
     losses = {}
