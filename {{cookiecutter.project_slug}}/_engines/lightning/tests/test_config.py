@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import unsplit_net
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
@@ -10,7 +11,9 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf, open_dict
 
 from {{ cookiecutter.package_name }}.config import CONFIG_DIR, check_strategy_settings, register_resolvers
+from {{ cookiecutter.package_name }}.engine.training import check_checkpoint_path
 from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
 from {{ cookiecutter.package_name }}.runtime.precision import resolve_precision
 
 MODEL_PARALLEL = ["strategy=model_parallel", "trainer.accelerator=cpu"]
@@ -185,6 +188,16 @@ BAD_INPUT = [
         ["trainer.accelerator=tpu"],
         "Trainer: Requirement 'torch_xla",
     ),
+    # a module of yours (+model._target_): these three were tracebacks, with a run folder left behind
+    (["+model._target_=oom_sim.OOMClasifier"], "model._target_=oom_sim.OOMClasifier does not import ("),
+    (
+        ["+model._target_=torch.nn.Linear"],
+        "model._target_=torch.nn.Linear is not a subclass of engine.module.Classifier",
+    ),
+    (
+        ["+model._target_=oom_sim.OOMClassifier", "+model.colour=red"],
+        "model._target_=oom_sim.OOMClassifier: Classifier.__init__() got an unexpected keyword argument 'colour'",
+    ),
 ]
 BAD_INPUT_IDS = [
     "unknown-strategy",
@@ -221,6 +234,9 @@ BAD_INPUT_IDS = [
     "interleaved-microbatches-in-unequal-rounds",
     "more-stages-than-blocks",
     "accelerator-whose-package-is-missing",
+    "module-that-does-not-import",
+    "module-that-is-not-a-classifier",
+    "module-argument-it-does-not-take",
 ]
 
 
@@ -255,3 +271,13 @@ def test_ddp_takes_the_options_of_torchs_ddp_but_no_other_added_setting():
     pipeline = OmegaConf.load(CONFIG_DIR / "strategy" / "pipeline.yaml").strategy  # a DDPStrategy that passes none on
     with pytest.raises(ConfigError, match="strategy=pipeline has no strategy.find_unused_parameters"):
         check_strategy_settings("pipeline", pipeline, ["strategy.find_unused_parameters"])
+
+
+def test_weights_alone_are_refused_as_a_checkpoint_to_continue(tmp_path):
+    """ckpt_path= a state_dict (pretrained weights, say) was taken for a checkpoint, then Lightning failed in a
+    44-line traceback (KeyError 'pytorch-lightning_version'); a checkpoint Lightning wrote passes."""
+    weights = tmp_path / "pretrained.pt"
+    torch.save(ResidualMLP(in_features=4, num_classes=2, hidden=8, depth=1).state_dict(), weights)
+    with pytest.raises(ConfigError, match=f"ckpt_path={weights} is not a training checkpoint .* 'Pretrained weights'"):
+        check_checkpoint_path(weights)
+    check_checkpoint_path(Path(__file__).parent / "old_layout_run" / "checkpoints" / "last.ckpt")

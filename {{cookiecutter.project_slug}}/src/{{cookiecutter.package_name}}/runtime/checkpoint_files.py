@@ -47,6 +47,17 @@ def written_by_torch(path: Path) -> bool:
         return file.read(2) in (b"PK", b"\x80\x02")
 
 
+def pickled_keys_include(path: Path, key: str) -> bool | None:
+    """Whether the object torch.save wrote to `path` (a zip archive) names `key`, read from its pickle alone (the
+    tensors are other members of the archive): None where that cannot be told (an older format, a damaged file)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            pickles = [name for name in archive.namelist() if name.endswith("/data.pkl")]
+            return bool(pickles) and key.encode() in archive.read(pickles[0])
+    except (zipfile.BadZipFile, OSError):
+        return None
+
+
 def dcp_damage(folder: Path) -> str:
     """A DCP folder's files checked against its metadata: each must hold the bytes the metadata places in it."""
     try:

@@ -13,6 +13,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from torch import nn
 
 from ..config import build_object
+from ..errors import ConfigError
 from ..models.activation_checkpointing import checkpoint_blocks
 from ..models.compilation import compile_net
 from ..models.float8 import convert_float8
@@ -224,21 +225,39 @@ def writes_step_metrics(trainer: L.Trainer) -> bool:
     return not (trainer.lightning_module.automatic_optimization and only_accumulates(trainer))
 
 
+def own_module(target: str) -> type[Classifier]:
+    """The class `+model._target_` names: a subclass of Classifier (refused in one line otherwise)."""
+    try:
+        module = get_class(target)
+    except (ImportError, ValueError, AttributeError) as err:  # hydra's words for a name that does not import
+        raise ConfigError(
+            f"model._target_={target} does not import ({str(err).splitlines()[0]}): give a subclass of "
+            "engine.module.Classifier, e.g. my_module.MyClassifier (its module on PYTHONPATH)"
+        ) from None
+    if not (isinstance(module, type) and issubclass(module, Classifier)):
+        raise ConfigError(f"model._target_={target} is not a subclass of engine.module.Classifier")
+    return module
+
+
 def build_module(model: DictConfig, **settings: Any) -> Classifier:
     """The LightningModule for a model config (model.net, model.optimizer, model.no_decay_norms_and_biases: the keys
     both engines read) and the run's settings. `+model._target_=my_module.MyClassifier` trains another subclass of
     Classifier, given the config's other keys too (`+model.my_option=...`); a run saved by an earlier version names
     engine.module.Classifier there."""
-    module = get_class(model._target_) if "_target_" in model else Classifier
+    module = own_module(model._target_) if "_target_" in model else Classifier
     own = {"_target_", "net", "optimizer", "no_decay_norms_and_biases"}
     extra = {key: OmegaConf.to_object(value) if isinstance(value, DictConfig | ListConfig) else value
              for key, value in model.items() if key not in own}  # fmt: skip
-    classifier = module(
-        net=build_object(model.net),
-        optimizer=build_object(model.optimizer),
-        no_decay_norms_and_biases=model.get("no_decay_norms_and_biases", True),
-        **extra,
-        **settings,
-    )
+    net, optimizer = build_object(model.net), build_object(model.optimizer)
+    try:
+        classifier = module(
+            net=net,
+            optimizer=optimizer,
+            no_decay_norms_and_biases=model.get("no_decay_norms_and_biases", True),
+            **extra,
+            **settings,
+        )
+    except TypeError as err:  # e.g. a +model.KEY its __init__ does not take
+        raise ConfigError(f"model._target_={model.get('_target_', 'Classifier')}: {err}") from None
     classifier.build_net = functools.partial(build_object, model.net)  # picklable (ddp_spawn), unlike a lambda
     return classifier

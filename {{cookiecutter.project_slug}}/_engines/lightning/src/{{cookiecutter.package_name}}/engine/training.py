@@ -28,7 +28,7 @@ from ..parallel.batchnorm import needs_sync, synchronised_message
 from ..parallel.launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
 from ..parallel.split import check_chain
 from ..runtime.async_saves import check_async
-from ..runtime.checkpoint_files import DCP_INDEX, written_by_torch
+from ..runtime.checkpoint_files import DCP_INDEX, pickled_keys_include, written_by_torch
 from ..runtime.interrupt import interrupted, mark_finished
 from ..runtime.memory import configure_allocator
 from ..runtime.optimization import check_optimization
@@ -178,6 +178,12 @@ def check_checkpoint_path(path: Path) -> None:
         raise ConfigError(
             f"ckpt_path={path} is not a checkpoint (a .ckpt file, or the .ckpt folder of a preset that writes parts); "
             "give one, e.g. <run dir>/checkpoints/last.ckpt"
+        )
+    if path.is_file() and pickled_keys_include(path, "pytorch-lightning_version") is False:
+        raise ConfigError(
+            f"ckpt_path={path} is not a training checkpoint (weights alone, say): ckpt_path continues a training "
+            "from its checkpoint (e.g. <run dir>/checkpoints/last.ckpt); to start from pretrained weights, load them "
+            "in your net (docs/your-model.md, 'Pretrained weights')"
         )
 
 
