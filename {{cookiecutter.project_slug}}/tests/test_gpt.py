@@ -142,9 +142,13 @@ def test_every_preset_trains_the_gpt_as_one_device_does(train, single_gpt, name)
 BAD_INPUT = [
     (["model=gpt", "data=synthetic"], "model=gpt reads token ids (integers), but the data gives float32 samples"),
     ([*TINY, "model.net.max_seq_len=8"], "sequences of 16 tokens are longer than the model's max_seq_len=8"),
+    # the other way round: token ids for the classifier, which was told to store them as float32 images
+    (["data=tokens"], "x is int64, but the model takes floating-point samples: store x as float32 (images scaled"),
 ]
 
 
-@pytest.mark.parametrize("case", range(len(BAD_INPUT)), ids=["float-data", "too-long"])
+@pytest.mark.parametrize("case", range(len(BAD_INPUT)), ids=["float-data", "too-long", "token-ids-for-a-classifier"])
 def test_data_the_gpt_cannot_read_is_refused_before_training(refused, case):
     refused[case].assert_rejected(BAD_INPUT[case][1])
+    if BAD_INPUT[case][0] == ["data=tokens"]:
+        assert "for token ids, train a model that embeds them (model=gpt" in refused[case].output

@@ -9,6 +9,7 @@ import os
 import shutil
 
 import pytest
+import torch
 from conftest import QUIET, make_runner
 from engine_specific import LAST, OLD_RUN_LINKS
 
@@ -39,6 +40,10 @@ def test_a_run_folder_of_the_old_layout_resumes_exactly_and_loads(tmp_path, trai
         (run_dir / link).symlink_to(target)
     net = load_trained(run_dir / LAST)  # read before the resumed training replaces the checkpoint
     assert isinstance(net if isinstance(net, ResidualMLP) else net.net, ResidualMLP)
+    by_folder = load_trained(run_dir)  # a run folder: its last checkpoint (was a traceback naming another folder)
+    assert all(map(torch.equal, net.state_dict().values(), by_folder.state_dict().values()))
+    with pytest.raises(FileNotFoundError, match="is not a checkpoint of this project: give a run folder"):
+        load_trained(run_dir / "checkpoints" / "step-9")
 
     runner = make_runner(tmp_path, train_env)
     ours = runner(*SETTINGS, "trainer.max_steps=3")  # this layout's checkpoint of the same 3 steps...

@@ -352,7 +352,8 @@ def check_input(net: nn.Module, data: Data) -> None:
             source = getattr(dataset, "path", f"data.dataset {type(dataset).__name__}")  # data=files: the file
             raise ConfigError(
                 f"{source}: x is {str(x.dtype).removeprefix('torch.')}, but the model takes floating-point samples: "
-                "store x as float32 (images scaled to [0, 1], e.g. x.astype(numpy.float32) / 255)"
+                "store x as float32 (images scaled to [0, 1], e.g. x.astype(numpy.float32) / 255), or, for token ids, "
+                "train a model that embeds them (model=gpt, or a net of yours with an nn.Embedding)"
             )
 
 

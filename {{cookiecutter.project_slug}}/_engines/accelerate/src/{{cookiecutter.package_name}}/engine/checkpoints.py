@@ -193,6 +193,13 @@ def load_trained(checkpoint: str | Path, config: str | Path | None = None) -> nn
     one state file, `WholeState`). Either way it loads on one device.
     """
     checkpoint = Path(checkpoint)
+    if (checkpoint / "checkpoints" / "last").exists():  # a run folder: its last checkpoint
+        checkpoint = checkpoint / "checkpoints" / "last"
+    if not (checkpoint / "custom_checkpoint_0.pkl").is_file():
+        raise FileNotFoundError(
+            f"{checkpoint} is not a checkpoint of this project: give a run folder or one of its checkpoints "
+            "(<run dir>/checkpoints/last)"
+        )
     config = Path(config) if config else checkpoint.parent.parent / "config.yaml"
     net = instantiate(load_saved_config(config).model.net)
     if (checkpoint / "model.safetensors").is_file():

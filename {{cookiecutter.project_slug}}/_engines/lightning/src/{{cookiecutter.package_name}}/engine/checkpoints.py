@@ -257,6 +257,13 @@ def load_trained(checkpoint: str | Path, config: str | Path | None = None) -> Cl
     stages) write, put together here.
     """
     checkpoint = Path(checkpoint)
+    if (checkpoint / "checkpoints" / "last.ckpt").exists():  # a run folder: its last checkpoint
+        checkpoint = checkpoint / "checkpoints" / "last.ckpt"
+    if not checkpoint.exists():
+        raise FileNotFoundError(
+            f"{checkpoint} is not a checkpoint of this project: give a run folder or one of its checkpoints "
+            "(<run dir>/checkpoints/last.ckpt)"
+        )
     config = Path(config) if config else checkpoint.parent.parent / "config.yaml"
     model = build_module(load_saved_config(config).model)
     if checkpoint.is_dir():
