@@ -47,11 +47,6 @@ def short_run(project, tmp_path, k: int, *overrides: str):
     return wandb
 
 
-def last_losses(project, tmp_path, k: int) -> list[float]:
-    """The first k train/loss values of a short single-device run."""
-    return short_run(project, tmp_path, k, "strategy=single").metric("train/loss")[:k]
-
-
 def passed_count(output: str) -> int:
     """Tests pytest reports as passed; 0 when it ran none (which must fail, not pass silently)."""
     summary = output.strip().splitlines()[-1]
@@ -216,11 +211,16 @@ def test_the_quick_start_takes_a_default_strategy_of_several_processes(bake, tmp
 
 
 def test_both_engines_compute_the_same_losses(cookies, tmp_path_factory):
-    """Same seed, data order and batch: the Accelerate loop's first losses equal the Lightning Trainer's."""
-    losses = {}
+    """Same seed, data order and batch: the Accelerate loop's first losses equal the Lightning Trainer's, and its
+    validation too, at the same step (it was one step later: charts of the two engines did not overlay)."""
+    runs = {}
     for engine in CHOICES["engine"]:
         result = cookies.bake(extra_context={"engine": engine})
         assert result.exit_code == 0, result.exception
-        losses[engine] = last_losses(result.project_path, tmp_path_factory.mktemp(engine), k=6)
-    assert len(losses["lightning"]) == 6
-    assert losses["accelerate"] == pytest.approx(losses["lightning"], abs=1e-5)
+        tmp_path = tmp_path_factory.mktemp(engine)
+        runs[engine] = short_run(result.project_path, tmp_path, 6, "strategy=single", "data.train_size=384")
+    lightning, accelerate = runs["lightning"], runs["accelerate"]
+    assert len(lightning.metric("train/loss")) == 6
+    assert accelerate.metric("train/loss") == pytest.approx(lightning.metric("train/loss"), abs=1e-5)
+    assert accelerate.steps("val/loss") == lightning.steps("val/loss") == [5], "the epoch's 6 steps: 0 to 5"
+    assert accelerate.metric("val/loss") == pytest.approx(lightning.metric("val/loss"), abs=1e-5)

@@ -110,8 +110,8 @@ def fit(
                 log(accelerator, {**metrics, "epoch": epoch}, progress.global_step)
             step_loss = 0.0
             progress.global_step += 1
-            if done(progress, trainer.max_steps):
-                break
+            if done(progress, trainer.max_steps) and loader.batches_done < len(loader):
+                break  # (on the epoch's last batch, its end comes first: validation, as Lightning runs it)
             checkpoints.link_written()  # a checkpoint written in the background since the last step: in place now
             saved = every_n_steps and progress.global_step % every_n_steps == 0
             if saved and loader.batches_done < len(loader):
@@ -167,7 +167,9 @@ def validate(
         checkpoints.save(progress.global_step)
         return
     metrics = evaluate(accelerator, model, loader, loss_fn, cfg.trainer.limit_val_batches)
-    log(accelerator, {**prefixed("val", metrics), "epoch": epoch}, progress.global_step)
+    # At the step of the last optimizer step taken (its train/loss's), where Lightning logs validation too: runs of
+    # both engines chart alike
+    log(accelerator, {**prefixed("val", metrics), "epoch": epoch}, max(progress.global_step - 1, 0))
     if cfg.epoch_metrics and accelerator.is_main_process:  # the search reads it to prune a trial
         append_epoch_metrics(cfg.epoch_metrics, epoch, prefixed("val", metrics))
     if cfg.oom.log_memory:
