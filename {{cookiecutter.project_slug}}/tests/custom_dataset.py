@@ -37,3 +37,26 @@ class DictItems(Parity):
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         x, y = super().__getitem__(index)
         return {"x": x, "y": y}
+
+
+class VariableLength(Dataset):
+    """Sequences of 2 to 7 steps of num_features each (x: (length, num_features)), labelled by the sign of their sum:
+    torch's default collate cannot stack them; pad_batch does."""
+
+    def __init__(self, split: str, size: int, num_features: int = 4) -> None:
+        generator = torch.Generator().manual_seed(["train", "val", "test"].index(split))
+        lengths = torch.randint(2, 8, (size,), generator=generator).tolist()
+        self.x = [torch.randn(length, num_features, generator=generator) for length in lengths]
+        self.y = [int(x.sum() > 0) for x in self.x]
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.x[index], self.y[index]
+
+
+def pad_batch(samples: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """data.collate_fn=custom_dataset.pad_batch: the sequences zero-padded to the batch's longest."""
+    xs, ys = zip(*samples, strict=True)
+    return torch.nn.utils.rnn.pad_sequence(list(xs), batch_first=True), torch.tensor(ys)

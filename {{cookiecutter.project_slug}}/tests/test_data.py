@@ -2,6 +2,9 @@
 
 import pytest
 import torch
+from conftest import PARITY, TOLERANCE
+from custom_dataset import VariableLength
+from layouts import command, layout
 
 from {{ cookiecutter.package_name }}.data.loading import Data
 from {{ cookiecutter.package_name }}.data.synthetic import data_settings
@@ -79,3 +82,19 @@ def test_a_resume_with_another_global_batch_is_refused_unless_it_starts_at_the_s
     with pytest.raises(ConfigError, match="global batches of 64: continue with a data.batch_size that divides 96"):
         Data(**data_settings(batch_size=64)).loader("train").load_state_dict(state)
     Data(**data_settings(batch_size=32)).loader("train").load_state_dict(state)
+
+
+@pytest.mark.slow
+def test_samples_of_different_lengths_train_with_a_collate_fn_of_yours(train):
+    """data.collate_fn: sequences of different lengths, padded per batch by a function of yours, train under ddp as
+    on one device (it was no setting: +data.collate_fn was dropped silently, then torch's collate failed in a
+    78-line traceback). A name that does not import is refused in one line."""
+    with pytest.raises(ConfigError, match="data.collate_fn=custom_dataset.nothing does not import"):
+        Data(VariableLength, collate_fn="custom_dataset.nothing")
+    settings = [*PARITY, "trainer.max_steps=3", "data=custom", "data.dataset._target_=custom_dataset.VariableLength"]
+    settings += ["+data.dataset.size=256", "data.num_features=4", "data.num_classes=2", "data.num_workers=0"]
+    settings += ["data.collate_fn=custom_dataset.pad_batch", "model.net._target_=own_models.SumOverTime"]
+    settings += ["~model.net.depth", "~model.net.expansion", "~model.net.norm"]
+    single = train(*settings, "strategy=single").losses(3)
+    overrides, launcher = command(layout("ddp"))
+    assert train(*settings, *overrides, launcher=launcher).losses(3) == pytest.approx(single, abs=TOLERANCE)

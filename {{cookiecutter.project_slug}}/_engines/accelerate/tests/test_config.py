@@ -40,7 +40,10 @@ BAD_INPUT = [
         f"the run folder {Path(__file__)}/run cannot be made: {Path(__file__)} is",
     ),
     (["trainer.precision=16"], "trainer.precision=16 is unknown; valid: auto, 32-true, bf16-mixed, 16-mixed"),
-    (["strategy=pipeline"], "strategy=pipeline runs one stage per process; 1 process given, use 2+"),
+    (
+        ["strategy=pipeline"],
+        "strategy=pipeline runs one stage per process; 1 process given, use 2+: launch it with `accelerate launch",
+    ),
     (["strategy=model_parallel"], "strategy=model_parallel (mode=tensor) needs 2+ processes"),
     (["strategy=fsdp"], "strategy=fsdp needs 2+ processes but this is 1; launch it with `accelerate launch"),
     (["strategy=model_parallel", "strategy.mode=pipes"], "strategy.mode='pipes' is unknown; valid: tensor, layers"),

@@ -7,6 +7,7 @@ mid-epoch resume, worker processes) is the same for all of them. `data=streaming
 exception: its training split is a stream that litdata's loader deals out and keeps the position of.
 """
 
+import importlib
 import math
 import os
 import random
@@ -43,6 +44,7 @@ class Data:
         num_workers: int | str = 0,
         prefetch_factor: int = 2,
         splits: Sequence[str] = SPLITS,
+        collate_fn: str | Callable[[list[Any]], Any] | None = None,
         **interpolated: Any,
     ) -> None:
         if not (num_workers == "auto" or (type(num_workers) is int and num_workers >= 0)):
@@ -58,6 +60,7 @@ class Data:
         self.shuffle, self.seed = shuffle, seed
         self.num_workers, self.prefetch_factor = num_workers, prefetch_factor
         self.split_names = tuple(splits)
+        self.collate_fn = importable("data.collate_fn", collate_fn) if isinstance(collate_fn, str) else collate_fn
         self.splits: dict[str, Dataset] = {}
         self._first_items: dict[str, Any] = {}
 
@@ -144,6 +147,7 @@ class Data:
                 num_workers=workers,
                 prefetch_factor=self.prefetch_factor if workers else None,
                 pin_memory=pin_memory,
+                collate_fn=self.collate_fn,
             )
         if isinstance(dataset, IterableDataset):  # data=streaming's validation or test split
             dataset = dataset.by_index()
@@ -166,6 +170,7 @@ class Data:
             persistent_workers=workers > 0,  # not restarted every epoch (and every validation)
             prefetch_factor=self.prefetch_factor if workers else None,  # batches each worker prepares ahead
             pin_memory=pin_memory,  # page-locked host memory makes host-to-GPU copies faster
+            collate_fn=self.collate_fn,  # None: torch's default, which stacks samples of one shape
             # Each pass draws its workers' base seed: from a generator of its own, not the global one, whose state a
             # resumed training restores (its dropout then draws what the uninterrupted training drew).
             generator=torch.Generator().manual_seed(self.seed),
@@ -323,6 +328,18 @@ class ResumableLoader(DataLoader):
             raise said_once(ConfigError(message), is_first_process())
         self.sampler.set_epoch(epoch)
         self._resume = (epoch, samples // self.global_batch_size)
+
+
+def importable(key: str, name: str) -> Callable[..., Any]:
+    """The function a dotted path names (`my_pkg.pad_batch`), or a one-line refusal saying which part is missing."""
+    module, _, attribute = name.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module), attribute) if module else None
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(f"{key}={name} does not import ({err}): give a function as module.name") from None
+    if not callable(found):
+        raise ConfigError(f"{key}={name} is not a function: give one as module.name (its module on PYTHONPATH)")
+    return found
 
 
 def check_input(net: nn.Module, data: Data) -> None:

@@ -170,9 +170,11 @@ def check_pipeline(
     schedule: str = "1f1b",
     per_process: int = 1,
     tensor_parallel: int = 1,
+    launch: str = "",
 ) -> None:
     """Refuse, before any process starts, a pipeline that cannot run: `replicas` pipelines over `processes`, each
-    process running `per_process` stages of `schedule`, each position's blocks sharded over `tensor_parallel`."""
+    process running `per_process` stages of `schedule`, each position's blocks sharded over `tensor_parallel`.
+    `launch`: how the engine starts several processes, said to a pipeline of one."""
     find_split(net, "pipeline")  # first: a model without a split cannot be pipelined whatever the layout
     if problem := split_problem(net, "pipeline"):
         raise ConfigError(problem)
@@ -192,7 +194,7 @@ def check_pipeline(
             f"{2 * replicas * tensor_parallel}+ processes (2+ stages per pipeline)"
         )
     if stages < 2:
-        raise ConfigError(f"strategy=pipeline runs one stage per process; {stages} process given, use 2+")
+        raise ConfigError(f"strategy=pipeline runs one stage per process; {stages} process given, use 2+{launch}")
     if tensor_parallel > 1:
         check_tensor_parallel(net, tensor_parallel)  # the plan divides over the shards (heads, features)
     if microbatches < stages:

@@ -181,7 +181,7 @@ def find_batch_size(
     start, old_global = time.perf_counter(), data.batch_size
     data.setup()
     train = data.splits["train"]
-    x, y = next(iter(DataLoader(train, batch_size=max_batch_size)))  # enough samples for the largest trial
+    x, y = next(iter(DataLoader(train, batch_size=max_batch_size, collate_fn=data.collate_fn)))  # the largest trial's
     saved = cpu_copy((model.state_dict(), optimizer.state_dict(), torch.random.get_rng_state()))
 
     def fits(size: int, steps: int = 1) -> bool:

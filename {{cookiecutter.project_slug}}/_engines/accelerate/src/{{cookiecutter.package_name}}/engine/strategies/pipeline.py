@@ -68,14 +68,18 @@ class PipelineParallel(Strategy):
         tensor_parallel = self.layout.tensor_parallel
         check_schedule_compiles(schedule, cfg.compile)
         batch, split_points = cfg.data.batch_size, self.split_points
-        if processes < 2:  # (check_pipeline says it too, without the launcher's command)
-            raise ConfigError(
-                "strategy=pipeline runs one stage per process; 1 process given, use 2+: launch it with `accelerate "
-                "launch --config_file launch/multi_process.yaml -m {{ cookiecutter.package_name }}.train "
-                "strategy=pipeline`"
-            )
         check_pipeline(
-            processes, self.microbatches, batch, net, split_points, replicas, schedule, per_process, tensor_parallel
+            processes,
+            self.microbatches,
+            batch,
+            net,
+            split_points,
+            replicas,
+            schedule,
+            per_process,
+            tensor_parallel,
+            launch=": launch it with `accelerate launch --config_file launch/multi_process.yaml -m "
+            "{{ cookiecutter.package_name }}.train strategy=pipeline`",
         )
         self.layout = PipelineLayout.over(processes, replicas, schedule, per_process, tensor_parallel)
         if cfg.trainer.accumulate_grad_batches != 1 or cfg.trainer.gradient_clip_val:

@@ -120,7 +120,8 @@ class BatchSizeFinder(L.Callback):
         oom = False
         try:
             for _ in range(self.steps_per_trial):
-                _train_on(trainer, pl_module, next(iter(DataLoader(dataset, batch_size=size))))
+                batches = DataLoader(dataset, batch_size=size, collate_fn=trainer.datamodule.data.collate_fn)
+                _train_on(trainer, pl_module, next(iter(batches)))
         except Exception as error:
             if not is_oom_error(error):
                 raise
