@@ -6,24 +6,19 @@ from pathlib import Path
 ENGINE = {{ cookiecutter.engine | tojson }}
 PROJECT_SLUG = {{ cookiecutter.project_slug | tojson }}
 PACKAGE_NAME = {{ cookiecutter.package_name | tojson }}
-DEFAULT_STRATEGY = {{ cookiecutter.default_strategy | tojson }}
 
 # _engines/<engine>/ mirrors the project tree: its files join the shared ones (model, data, configs, ...).
 engines = Path("_engines")
 shutil.copytree(engines / ENGINE, ".", dirs_exist_ok=True)
 shutil.rmtree(engines)
 
-# The README's quick start: Accelerate's presets of several processes need its launcher (ddp_spawn: their number).
-train = f"python -m {PACKAGE_NAME}.train"
-launch = f"accelerate launch --config_file launch/multi_process.yaml -m {PACKAGE_NAME}.train"
+# The training line of the generated README's quick start (a default preset of several processes launches them)
+readme = Path("README.md").read_text()
+[train] = [line.split("#")[0].strip() for line in readme.splitlines() if "# trains the default model" in line]
 if ENGINE == "accelerate":
-    multi = f"{launch} strategy=ddp"
-    if DEFAULT_STRATEGY in ("ddp", "fsdp", "model_parallel", "pipeline"):
-        train = launch
-    elif DEFAULT_STRATEGY == "ddp_spawn":
-        train += " trainer.devices=2"
+    multi = f"accelerate launch --config_file launch/multi_process.yaml -m {PACKAGE_NAME}.train strategy=ddp"
 else:
-    multi = f"{train} strategy=ddp trainer.devices=2"
+    multi = f"python -m {PACKAGE_NAME}.train strategy=ddp trainer.devices=2"
 print(
     f"""
 Created {PROJECT_SLUG}/ ({ENGINE} engine). Next:

@@ -5,6 +5,7 @@ training that stopped itself for a reason it can name, or a process that crashed
 """
 
 import hashlib
+import importlib
 import json
 import os
 import pydoc
@@ -12,6 +13,7 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from omegaconf.errors import InterpolationResolutionError, InterpolationToMissingValueError, MissingMandatoryValue
 
@@ -103,6 +105,16 @@ def not_importable(error: Exception) -> ConfigError | None:
         f"({str(cause).splitlines()[0]}); give the full import path of a class whose package is installed or on "
         "PYTHONPATH"
     )
+
+
+def located(key: str, name: str, what: str) -> Any:
+    """The object a dotted path (`module.name`) given as setting `key` names, or a one-line ConfigError saying it
+    does not import and that the setting takes `what`. (Hydra's locator logs its failures on top of raising.)"""
+    module, _, attribute = name.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError, ValueError) as err:  # ValueError: no module part ("" is not a module)
+        raise ConfigError(f"{key}={name} does not import ({err}): give {what} (its module on PYTHONPATH)") from None
 
 
 UNRESOLVED = (InterpolationResolutionError, MissingMandatoryValue)  # what OmegaConf raises for the two below

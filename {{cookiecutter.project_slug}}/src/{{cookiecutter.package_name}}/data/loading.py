@@ -7,7 +7,6 @@ mid-epoch resume, worker processes) is the same for all of them. `data=streaming
 exception: its training split is a stream that litdata's loader deals out and keeps the position of.
 """
 
-import importlib
 import math
 import os
 import random
@@ -19,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, TensorDataset
 
-from ..errors import ConfigError, said_once
+from ..errors import ConfigError, located, said_once
 from ..tracking.wandb_run import is_first_process
 
 SPLITS = ("train", "val", "test")
@@ -60,7 +59,11 @@ class Data:
         self.shuffle, self.seed = shuffle, seed
         self.num_workers, self.prefetch_factor = num_workers, prefetch_factor
         self.split_names = tuple(splits)
-        self.collate_fn = importable("data.collate_fn", collate_fn) if isinstance(collate_fn, str) else collate_fn
+        if isinstance(collate_fn, str):  # module.name, as the config gives it
+            collate_fn = located("data.collate_fn", collate_fn, "a function as module.name")
+        if not (collate_fn is None or callable(collate_fn)):
+            raise ConfigError(f"data.collate_fn={collate_fn!r} is not a function: give one as module.name")
+        self.collate_fn = collate_fn
         self.splits: dict[str, Dataset] = {}
         self._first_items: dict[str, Any] = {}
 
@@ -328,18 +331,6 @@ class ResumableLoader(DataLoader):
             raise said_once(ConfigError(message), is_first_process())
         self.sampler.set_epoch(epoch)
         self._resume = (epoch, samples // self.global_batch_size)
-
-
-def importable(key: str, name: str) -> Callable[..., Any]:
-    """The function a dotted path names (`my_pkg.pad_batch`), or a one-line refusal saying which part is missing."""
-    module, _, attribute = name.rpartition(".")
-    try:
-        found = getattr(importlib.import_module(module), attribute) if module else None
-    except (ImportError, AttributeError) as err:
-        raise ConfigError(f"{key}={name} does not import ({err}): give a function as module.name") from None
-    if not callable(found):
-        raise ConfigError(f"{key}={name} is not a function: give one as module.name (its module on PYTHONPATH)")
-    return found
 
 
 def check_input(net: nn.Module, data: Data) -> None:

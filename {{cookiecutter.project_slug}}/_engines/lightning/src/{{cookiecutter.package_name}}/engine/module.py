@@ -7,13 +7,12 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
-from hydra.utils import get_class
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from torch import nn
 
 from ..config import build_object
-from ..errors import ConfigError
+from ..errors import ConfigError, located
 from ..models.activation_checkpointing import checkpoint_blocks
 from ..models.compilation import compile_net
 from ..models.float8 import convert_float8
@@ -227,13 +226,7 @@ def writes_step_metrics(trainer: L.Trainer) -> bool:
 
 def own_module(target: str) -> type[Classifier]:
     """The class `+model._target_` names: a subclass of Classifier (refused in one line otherwise)."""
-    try:
-        module = get_class(target)
-    except (ImportError, ValueError, AttributeError) as err:  # hydra's words for a name that does not import
-        raise ConfigError(
-            f"model._target_={target} does not import ({str(err).splitlines()[0]}): give a subclass of "
-            "engine.module.Classifier, e.g. my_module.MyClassifier (its module on PYTHONPATH)"
-        ) from None
+    module = located("model._target_", target, "a subclass of engine.module.Classifier, e.g. my_module.MyClassifier")
     if not (isinstance(module, type) and issubclass(module, Classifier)):
         raise ConfigError(f"model._target_={target} is not a subclass of engine.module.Classifier")
     return module
