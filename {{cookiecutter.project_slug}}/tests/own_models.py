@@ -38,14 +38,26 @@ register_split(PositionSummed, Split(first=["embed"], blocks=["blocks.*"], last=
 class InterruptedOnce(ResidualMLP):
     """Ctrl-C from within: SIGINT to its own process in the forward of training step `at` (0-based), as a terminal
     sends it to every process of the training (`signal_name=SIGKILL`: a crash of every process instead). Only once:
-    it leaves `marker` (one per process), so the continued run trains through."""
+    it leaves `marker` (one per process), so the continued run trains through. `only_rank`: that process alone;
+    `to_launcher`: to the process that started it (torchrun's agent, which passes it on to every process)."""
 
     def __init__(
-        self, *args, marker: str, at: int = 4, signal_name: str = "SIGINT", children: bool = False, **kwargs
+        self,
+        *args,
+        marker: str,
+        at: int = 4,
+        signal_name: str = "SIGINT",
+        children: bool = False,
+        only_rank: int | None = None,
+        to_launcher: bool = False,
+        **kwargs,
     ) -> None:
         super().__init__(*args, **kwargs)
-        rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or 0  # Lightning's own workers: LOCAL_RANK
+        rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or "0"  # Lightning's own workers: LOCAL_RANK
         self.marker, self.at, self.calls = Path(f"{marker}.{rank}"), at, 0
+        if only_rank is not None and int(rank) != only_rank:  # the signal reaches that process alone
+            self.marker.touch()
+        self.to_launcher = to_launcher  # to the process that started this one: a Ctrl-C where torchrun runs
         self.signal = getattr(signal, signal_name)
         self.with_children = children  # its child processes too (wandb's service), as SLURM signals every one of a step
 
@@ -55,7 +67,7 @@ class InterruptedOnce(ResidualMLP):
                 self.marker.touch()
                 for pid in child_processes() if self.with_children else []:
                     os.kill(pid, self.signal)
-                os.kill(os.getpid(), self.signal)
+                os.kill(os.getppid() if self.to_launcher else os.getpid(), self.signal)
             self.calls += 1
         return super().forward(x)
 

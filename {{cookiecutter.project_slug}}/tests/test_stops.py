@@ -1,15 +1,15 @@
 """A training stopped before its end continues exactly, in one wandb run: killed at once with every process (wandb's
 too), it logs again from the run's metrics file the steps wandb lost; stopped with Ctrl-C, it finishes the step under
 way, saves a checkpoint there and says in one line how to continue (exit 130), and the same command with
-run_id=last continues it (a finished run is not continued)."""
+run_id=last continues it (a finished run is not continued); several processes stop together at a logged step."""
 
 import json
 import subprocess
 import sys
 
 import pytest
-from conftest import PACKAGE, QUICK, make_runner
-from engine_specific import LAST, kept_checkpoints
+from conftest import PACKAGE, QUICK, TOLERANCE, make_runner, next_main_port
+from engine_specific import DDP, DDP_LAUNCH, LAST, kept_checkpoints
 from forked import ForkedCommand, can_fork, start_module
 from own_models import paused
 from wandb_records import offline_runs
@@ -62,12 +62,12 @@ def test_a_hard_kill_of_the_whole_job_loses_no_step(tmp_path, train_env, whole):
     assert in_file == list(whole.items()), "metrics.jsonl: every step once, in order, with the same values"
 
 
-def train_in(cwd, env, *overrides: str) -> tuple[int, str]:
+def train_in(cwd, env, *overrides: str, launcher: list[str] | None = None) -> tuple[int, str]:
     """The training command run in `cwd` as a user runs it: its run folder is outputs/<experiment>/<run id>/."""
-    if can_fork(env):
+    if can_fork(env) and launcher is None:
         proc = ForkedCommand(f"{PACKAGE}.train", list(overrides), env, cwd, cwd / f"log{len(list(cwd.glob('log*')))}")
         return proc.wait(300), proc.output()
-    done = subprocess.run([sys.executable, "-m", f"{PACKAGE}.train", *overrides], cwd=cwd, env=env,
+    done = subprocess.run([*(launcher or [sys.executable, "-m"]), f"{PACKAGE}.train", *overrides], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     return done.returncode, done.stdout + done.stderr
 
@@ -97,6 +97,48 @@ def test_ctrl_c_saves_then_run_id_last_continues_exactly(tmp_path, train_env, wh
 
     code, output = train_in(tmp_path, train_env, *command, "run_id=last")
     assert code == 2 and f"error: run_id=last: the newest run of experiment=ctrl-c, {run_dir.name}, finished" in output
+
+
+def test_ctrl_c_of_several_processes_stops_them_together_at_a_logged_step(tmp_path, train_env, whole):
+    """Two processes, asked to stop during step 7, not necessarily at once: by a Ctrl-C where their launcher runs,
+    which passes it on to each process and its loader workers (accelerate launch), or by `kill -INT` to one and its
+    loader workers (Lightning's own processes: the second). The workers leave it to the training, which validates at
+    the epoch's end (step 8) on, and agrees at the next logged step (every 5th) to stop, saves it, and says how to
+    continue; the continued run trains the steps an uninterrupted one does."""
+    net = ["model.net._target_=own_models.InterruptedOnce", f"+model.net.marker={tmp_path / 'once'}", "+model.net.at=6"]
+    to = ["+model.net.only_rank=0", "+model.net.to_launcher=true"]
+    to = to if DDP_LAUNCH else ["+model.net.only_rank=1", "+model.net.children=true"]
+    command = ["experiment=ctrl-c", *SETTINGS, *DDP, *net, *to, "data.num_workers=1", "trainer.log_every_n_steps=5"]
+
+    code, output = train_in(tmp_path, ddp_env(train_env), *command, launcher=launcher())
+    [run_dir] = (tmp_path / "outputs" / "ctrl-c").iterdir()
+    stops = [line for line in output.splitlines() if line.startswith("interrupted after step")]
+    assert len(stops) == 1, output[-3000:]
+    step = int(stops[0].split()[3].rstrip(","))  # the launcher's Ctrl-C reaches them a moment later
+    assert stops[0] == (
+        f"interrupted after step {step}, saved in {run_dir / LAST}: continue with the same command plus "
+        f"run_id={run_dir.name} (or run_id=last)"
+    )
+    assert step % 5 == 0 and 7 <= step < STEPS, step
+    if DDP_LAUNCH:  # the launcher, stopped by the Ctrl-C too, exits with its own code and report
+        assert code != 0, output[-3000:]
+    else:
+        assert code == 130 and "Traceback" not in output, output[-3000:]
+
+    code, output = train_in(tmp_path, ddp_env(train_env), *command, "run_id=last", launcher=launcher())
+    assert code == 0, output[-3000:]
+    logged = losses(run_dir)
+    assert list(logged) == list(range(4, STEPS, 5)), "every 5th step, each once, in one wandb run"
+    assert logged == pytest.approx({step: whole[step] for step in logged}, abs=TOLERANCE), "as single's"
+
+
+def launcher() -> list[str] | None:
+    """What starts strategy=ddp's 2 processes (Lightning: itself), each time on a free port."""
+    return DDP_LAUNCH() if DDP_LAUNCH else None
+
+
+def ddp_env(env: dict[str, str]) -> dict[str, str]:
+    return env if DDP_LAUNCH else {**env, "MASTER_PORT": str(next_main_port())}  # (conftest.next_main_port)
 
 
 def test_a_stop_that_reaches_wandbs_service_too_says_how_to_continue(tmp_path, train_env, whole):

@@ -10,6 +10,7 @@ exception: its training split is a stream that litdata's loader deals out and ke
 import math
 import os
 import random
+import signal
 from collections.abc import Callable, Iterator, Sequence, Sized
 from typing import Any
 
@@ -151,6 +152,7 @@ class Data:
                 prefetch_factor=self.prefetch_factor if workers else None,
                 pin_memory=pin_memory,
                 collate_fn=self.collate_fn,
+                worker_init_fn=leave_ctrl_c_to_the_training,
             )
         if isinstance(dataset, IterableDataset):  # data=streaming's validation or test split
             dataset = dataset.by_index()
@@ -174,11 +176,19 @@ class Data:
             prefetch_factor=self.prefetch_factor if workers else None,  # batches each worker prepares ahead
             pin_memory=pin_memory,  # page-locked host memory makes host-to-GPU copies faster
             collate_fn=self.collate_fn,  # None: torch's default, which stacks samples of one shape
+            worker_init_fn=leave_ctrl_c_to_the_training,
             # Each pass draws its workers' base seed: from a generator of its own, not the global one, whose state a
             # resumed training restores (its dropout then draws what the uninterrupted training drew).
             generator=torch.Generator().manual_seed(self.seed),
             **extra,
         )
+
+
+def leave_ctrl_c_to_the_training(worker_id: int) -> None:
+    """A loader worker's start. Ctrl-C reaches every process of the terminal's group, loader workers too, which would
+    end (the loader with them, at its next batch, before the training stopped at a step's end): the training answers
+    it (runtime.interrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class EvalSampler(DistributedSampler):

@@ -2,11 +2,16 @@
 continue. Written here because neither engine does it: Lightning's Ctrl-C ends the run where it is, saving nothing,
 and accelerate's loop is ours. A second Ctrl-C stops at once.
 
+Several processes each get the signal (the terminal's, or the one torchrun passes on to each), not necessarily
+during the same step: at each logged step (trainer.log_every_n_steps) they ask each other (one collective of a
+flag, where the loss is read anyway) and stop together if any was asked, saving that step.
+
 SIGTERM is handled the same way when no launcher started the training (a `kill PID`); under torchrun, SLURM or
 accelerate launch, SIGTERM is the launcher's (stopping the other workers after one died, a requeue) and keeps its
 meaning: stop now.
 """
 
+import os
 import signal
 import sys
 import threading
@@ -26,10 +31,15 @@ class Interrupt:
     def __init__(self) -> None:
         self.requested = False
         self.previous: dict[int, object] = {}
+        self.installed, self.pid, self.announce, self.when = False, os.getpid(), True, "after this step"
 
-    def install(self) -> None:
+    def install(self, processes: int = 1, announce: bool = True) -> None:
+        """Answer Ctrl-C in this process, one of `processes`; `announce`: say so (the first process only)."""
         if threading.current_thread() is not threading.main_thread():
             return  # signal handlers live in the main thread only
+        self.installed, self.pid, self.announce = True, os.getpid(), announce
+        if processes > 1:
+            self.when = "every process at the next logged step (trainer.log_every_n_steps)"
         signals = [signal.SIGINT] if detect_launcher() else [signal.SIGINT, signal.SIGTERM]
         for signum in signals:
             self.previous[signum] = signal.signal(signum, self._handle)
@@ -40,23 +50,24 @@ class Interrupt:
         self.previous = {}
 
     def _handle(self, signum: int, frame: object) -> None:
+        if os.getpid() != self.pid:  # a data loader worker forked from the training: the training answers
+            return
         if self.requested:  # the second one: stop now
             self.restore()
             raise KeyboardInterrupt
         self.requested = True
-        print(
-            f"\n{signal.Signals(signum).name}: stopping after this step with a checkpoint (again: stop at once)",
-            file=sys.stderr,
-            flush=True,
-        )
+        if self.announce:
+            name = signal.Signals(signum).name
+            print(
+                f"\n{name}: stopping {self.when} with a checkpoint (again: stop at once)", file=sys.stderr, flush=True
+            )
 
 
 @contextmanager
-def ctrl_c(enabled: bool = True) -> Iterator[Interrupt]:
-    """An Interrupt answering Ctrl-C while the block runs (if `enabled`); the previous handlers afterwards."""
+def ctrl_c(processes: int = 1, announce: bool = True) -> Iterator[Interrupt]:
+    """An Interrupt answering Ctrl-C while the block runs; the previous handlers afterwards."""
     interrupt = Interrupt()
-    if enabled:
-        interrupt.install()
+    interrupt.install(processes, announce)
     try:
         yield interrupt
     finally:

@@ -132,8 +132,14 @@ def fit(
 
 
 def stop_now(accelerator: Accelerator, interrupt: Interrupt, step: int, log_every_n_steps: int) -> bool:
-    """Whether a Ctrl-C asks to stop after this step (one process; several stop at once, as before)."""
-    return accelerator.num_processes == 1 and interrupt.requested
+    """Whether a Ctrl-C asks to stop after this step: one process at once; several when any of them was asked, which
+    they find out together at each logged step."""
+    if accelerator.num_processes == 1:
+        return interrupt.requested
+    if step % log_every_n_steps:
+        return False
+    asked = torch.tensor(float(interrupt.requested), device=accelerator.device)
+    return accelerator.reduce(asked, "sum").item() > 0
 
 
 def training_steps(cfg: DictConfig, data: Data, replicas: int, rank: int) -> int:

@@ -191,7 +191,8 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
         loaders = {
             split: data.loader(split, replicas, rank, on_gpu, per_node, accumulate) for split in data.split_names
         }
-        with ctrl_c(accelerator.num_processes == 1) as interrupt:  # Ctrl-C: stop after this step, with a checkpoint
+        # Ctrl-C: stop after this step (several processes: at a logged step), with a checkpoint
+        with ctrl_c(accelerator.num_processes, announce=accelerator.is_main_process) as interrupt:
             state = (model, optimizer, scheduler, loaders, progress, checkpoints)
             try:
                 stopped = fit(accelerator, cfg, strategy, *state, recovery, interrupt)

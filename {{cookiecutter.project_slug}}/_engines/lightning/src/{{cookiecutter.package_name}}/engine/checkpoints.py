@@ -1,6 +1,7 @@
 """Checkpoints a training can trust: written every N steps and at each epoch's end, `last.ckpt` switched to a new
 one only once it is complete, found again by a restart; and loading a trained model without the Trainer."""
 
+import multiprocessing
 import os
 import random
 import shutil
@@ -85,8 +86,10 @@ class ResumeCheckpoint(ModelCheckpoint):
         self.unlinked: Path | None = None  # checkpoint.async=true: the checkpoint being written, `last` once it is
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.world_size == 1:  # several processes: Lightning's own Ctrl-C (stop at once)
-            self.interrupt.install()
+        # (After Lightning's own SIGTERM handler, which would end the training its way.) strategy=ddp_spawn's
+        # processes: the process that spawned them ends them at Ctrl-C (Lightning's), so they stop at once.
+        if multiprocessing.parent_process() is None:
+            self.interrupt.install(trainer.world_size, announce=trainer.is_global_zero)
         # Resumed from a checkpoint of an epoch's end with trainer.max_steps set, Lightning (2.6) first goes through
         # the end of that epoch again, training nothing; it calls on_train_epoch_end again (on_load_checkpoint
         # keeps this callback from writing the checkpoint it resumed from once more, in place) and counts one more
@@ -104,7 +107,13 @@ class ResumeCheckpoint(ModelCheckpoint):
             self.interrupt.restore()
 
     def _stop_now(self, trainer: L.Trainer) -> bool:
-        return self.interrupt.requested and not only_accumulates(trainer)  # at an optimizer step's end
+        if only_accumulates(trainer) or not self.interrupt.installed:  # at an optimizer step's end
+            return False
+        if trainer.world_size == 1:
+            return self.interrupt.requested
+        if trainer.global_step % trainer.log_every_n_steps:  # several processes agree at a logged step
+            return False
+        return trainer.strategy.reduce_boolean_decision(self.interrupt.requested, all=False)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._link_written(trainer, wait=True)
