@@ -14,6 +14,7 @@ from layouts import command, layout
 from restarts import losses_by_step
 
 from {{ cookiecutter.package_name }}.engine.checkpoints import load_trained
+from {{ cookiecutter.package_name }}.parallel.pipelining import bubble_fraction
 
 pytestmark = pytest.mark.slow
 
@@ -25,6 +26,14 @@ def test_a_pipeline_logging_every_few_steps_logs_the_batch_loss(train, single_lo
     wandb = train(*PARITY, *overrides, "trainer.log_every_n_steps=3", launcher=launcher).wandb
     assert wandb.steps("train/loss") == wandb.steps("pipeline/idle_fraction/stage1") == [2, 5]
     assert wandb.metric("train/loss") == pytest.approx([single_losses[2], single_losses[5]], abs=TOLERANCE)
+    # how it is pipelined, in the config as the Lightning engine logs it
+    summary = wandb.config["pipeline"]
+    counts, microbatches = summary.pop("parameters_per_stage"), summary["microbatches"]
+    assert summary == {
+        **{"stages": 2, "stages_per_process": 1, "pipelines": 1, "tensor_parallel_size": 1, "schedule": "gpipe"},
+        **{"microbatches": microbatches, "bubble_fraction": round(bubble_fraction(2, microbatches, "gpipe"), 4)},
+    }
+    assert len(counts) == 2 and min(counts) > 0, counts
 
 
 def test_a_pipeline_killed_while_saving_resumes_each_stage_from_its_own_part(train, single_losses, tmp_path):

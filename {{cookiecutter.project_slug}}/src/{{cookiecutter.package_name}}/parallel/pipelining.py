@@ -238,6 +238,7 @@ class Pipeline:
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule={schedule!r} is unknown; valid: {', '.join(SCHEDULES)}")
         self.net, self.device, self.layout = net, device, net.layout
+        self.microbatches, self.schedule_name = microbatches, schedule
         self.rank, self.stages, self.replicas = net.index, net.layout.stages, net.layout.replicas
         held = net.layout.stages_at(net.index)
         self.first, self.last = 0 in held, net.layout.num_stages - 1 in held
@@ -258,6 +259,23 @@ class Pipeline:
         self.schedule = SCHEDULES[schedule](self.parts if looped else self.parts[0], microbatches, loss_fn=loss_fn)
         # The copies of tied weights this process holds, each with the group of the processes holding one
         self.tied = [([net.stage.get_parameter(name) for name in names], group) for names, group in net.tied]
+
+    def summary(self) -> dict[str, Any]:
+        """How the net is pipelined, as both engines log it (the wandb config's `pipeline`, and a line): the split
+        (parameters per stage: is it balanced?) and the theoretical bubble. A collective: every process calls it."""
+        per_process = len(self.parts)
+        return {
+            "stages": self.stages,
+            "stages_per_process": per_process,
+            "pipelines": self.replicas,
+            "tensor_parallel_size": self.layout.tensor_parallel,
+            "microbatches": self.microbatches,
+            "schedule": self.schedule_name,
+            "parameters_per_stage": self.parameter_counts(),
+            "bubble_fraction": round(
+                bubble_fraction(self.stages, self.microbatches, self.schedule_name, per_process), 4
+            ),
+        }
 
     def parameter_counts(self) -> list[int]:
         """Parameters held by each stage (is the split balanced?), on every process."""

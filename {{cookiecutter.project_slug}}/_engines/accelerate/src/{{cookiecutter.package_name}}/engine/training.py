@@ -254,7 +254,6 @@ def start_wandb(accelerator: Accelerator, cfg: DictConfig, strategy: Strategy, r
         "data_parallel_size": replicas,
         "per_device_batch_size": per_device_batch_size(batch, replicas, accumulation(cfg)),
         "layout": strategy.device_layout(processes).as_config(),
-        **strategy.describe(),
     }
     accelerator.init_trackers(cfg.logger.project, config=config)
     accelerator.get_tracker("wandb", unwrap=True).define_metric("*", step_metric="trainer/global_step")

@@ -146,7 +146,3 @@ class Strategy:
         """State that every process writes and reads its own part of (`save(folder)`, `load(folder)`, collective),
         next to save_state's files: a sharded net is never gathered on one process."""
         return None
-
-    def describe(self) -> dict[str, Any]:
-        """This preset's layout, logged with the run's config."""
-        return {}

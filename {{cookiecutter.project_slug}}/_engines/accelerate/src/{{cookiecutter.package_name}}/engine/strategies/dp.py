@@ -73,9 +73,6 @@ class DataParallel(Strategy):
     def device_layout(self, processes: int) -> Layout:  # replicas in threads of this process, one per GPU
         return Layout(replicas=max(len(self.replica_devices), 1))
 
-    def describe(self) -> dict[str, int]:
-        return {"replica_devices": self.devices}
-
 
 class AutocastReplica(nn.Module):
     """What nn.DataParallel replicates: the net, run under the run's autocast (`accelerator.autocast`). Autocast is

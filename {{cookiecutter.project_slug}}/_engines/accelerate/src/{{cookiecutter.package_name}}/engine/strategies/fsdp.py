@@ -37,6 +37,3 @@ class Fsdp(ModelParallel):
         check_precision(self.name, cfg.trainer.precision)
         self.precision = cfg.trainer.precision
         check_fsdp(net, processes, self.fsdp)
-
-    def describe(self) -> dict[str, Any]:
-        return {"replicas": self.fsdp.replicas, "shards": self.sizes[0] // self.fsdp.replicas}

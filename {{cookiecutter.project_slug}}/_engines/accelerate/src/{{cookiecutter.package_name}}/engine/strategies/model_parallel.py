@@ -174,12 +174,6 @@ class ModelParallel(Strategy):
             return Layout(stages=len(self.layer_devices))
         return self.fsdp.layout(*self.sizes)
 
-    def describe(self) -> dict[str, Any]:
-        if self.mode == "layers":
-            return {"mode": "layers", "devices": [str(device) for device in self.layer_devices]}
-        dp, tp = self.sizes
-        return {"mode": "tensor", "data_parallel_size": dp, "tensor_parallel_size": tp, "replicas": self.fsdp.replicas}
-
 
 class ShardedState:
     """The sharded net and optimizer, written and read by every process with torch.distributed.checkpoint (DCP):

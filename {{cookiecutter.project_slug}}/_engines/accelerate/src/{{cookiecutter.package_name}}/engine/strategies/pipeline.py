@@ -22,7 +22,6 @@ from ...parallel.pipelining import (
     Pipeline,
     PipelinedNet,
     PipelineLayout,
-    bubble_fraction,
     check_pipeline,
     check_pipeline_settings,
     check_schedule_compiles,
@@ -131,10 +130,19 @@ class PipelineParallel(Strategy):
         the loop reads the loss on those steps alone."""
         if self.pipeline is None:
             self.pipeline = Pipeline(model, accelerator.device, self.microbatches, self.schedule, loss_fn)
+            self._log_layout(accelerator)
         with accelerator.autocast():
             loss, idle = self.pipeline.train_step(x, y, measure=logged)
         self.idle = idle or []
         return loss
+
+    def _log_layout(self, accelerator: Accelerator) -> None:
+        """Record the split (parameters per stage: is it balanced?) and the theoretical bubble."""
+        summary = self.pipeline.summary()
+        if accelerator.is_main_process:
+            if accelerator.trackers:  # (logger=none: no wandb run)
+                accelerator.get_tracker("wandb", unwrap=True).config.update({"pipeline": summary})
+            print(f"pipeline: {summary} (bubble: pipelining.bubble_fraction)")
 
     def step_metrics(self) -> dict[str, float]:
         return {f"pipeline/idle_fraction/stage{rank}": idle for rank, idle in enumerate(self.idle)}
@@ -144,19 +152,6 @@ class PipelineParallel(Strategy):
 
     def device_layout(self, processes: int) -> Layout:
         return self.layout.as_layout()
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "stages": self.layout.stages,
-            "stages_per_process": self.per_process,
-            "pipelines": self.layout.replicas,
-            "tensor_parallel_size": self.layout.tensor_parallel,
-            "microbatches": self.microbatches,
-            "schedule": self.schedule,
-            "bubble_fraction": round(
-                bubble_fraction(self.layout.stages, self.microbatches, self.schedule, self.per_process), 4
-            ),
-        }
 
 
 class StageState(ShardedState):

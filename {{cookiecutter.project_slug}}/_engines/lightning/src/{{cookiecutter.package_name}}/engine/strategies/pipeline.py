@@ -31,7 +31,6 @@ from ...parallel.pipelining import (
     Pipeline,
     PipelinedNet,
     PipelineLayout,
-    bubble_fraction,
     check_pipeline,
     check_pipeline_settings,
     check_schedule_compiles,
@@ -99,10 +98,6 @@ class PipelineStrategy(DDPStrategy):
         return self.layout.as_layout()
 
     @property
-    def bubble_fraction(self) -> float:  # in theory
-        return bubble_fraction(self.stages, self.microbatches, self.schedule, self.per_process)
-
-    @property
     def distributed_sampler_kwargs(self) -> dict[str, int]:
         return {"num_replicas": self.data_parallel_size, "rank": self.data_parallel_rank}
 
@@ -158,20 +153,11 @@ class PipelineStrategy(DDPStrategy):
 
     def _log_layout(self, trainer: L.Trainer) -> None:
         """Record the split (parameters per stage: is it balanced?) and the theoretical bubble."""
-        layout = {
-            "stages": self.stages,
-            "stages_per_process": self.per_process,
-            "pipelines": self.replicas,
-            "tensor_parallel_size": self.tensor_parallel_size,
-            "microbatches": self.microbatches,
-            "schedule": self.schedule,
-            "parameters_per_stage": self._pipeline.parameter_counts(),
-            "bubble_fraction": round(self.bubble_fraction, 4),
-        }
+        summary = self._pipeline.summary()
         for logger in trainer.loggers:
-            logger.log_hyperparams({"pipeline": layout})
+            logger.log_hyperparams({"pipeline": summary})
         if self.is_global_zero:
-            print(f"pipeline: {layout} (bubble: pipelining.bubble_fraction)")
+            print(f"pipeline: {summary} (bubble: pipelining.bubble_fraction)")
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         module = self.lightning_module
