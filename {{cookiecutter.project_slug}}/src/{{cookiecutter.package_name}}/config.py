@@ -62,7 +62,8 @@ def check_overrides(overrides: list[str], config_name: str) -> None:
         return  # Hydra reports a line it cannot parse in one line of its own
     values = [o for o in parsed if o.type == OverrideType.CHANGE and o.package is None and _is_key(o)]
     added = {arg: o.key_or_group for arg, o in zip(overrides, parsed, strict=True) if _adds_strategy_setting(o)}
-    if not (values or added) or any(o.is_sweep_override() for o in parsed):
+    data_keys = [o.key_or_group for o in parsed if _adds_data_setting(o)]
+    if not (values or added or data_keys) or any(o.is_sweep_override() for o in parsed):
         return
     presets = [arg for arg, o in zip(overrides, parsed, strict=True) if o not in values]
     try:
@@ -75,6 +76,7 @@ def check_overrides(overrides: list[str], config_name: str) -> None:
     if added:
         check_strategy_settings(declared.hydra.runtime.choices.strategy, declared.strategy, list(added.values()))
     keys = dict(_leaves(config))
+    check_data_settings(data_keys, keys)
     for override in values:
         key, value = override.key_or_group, override.value()
         if not key.startswith("hydra.") and key not in keys:
@@ -87,6 +89,32 @@ def check_overrides(overrides: list[str], config_name: str) -> None:
                 raise ConfigError(f"{key}={value} is not true or false (the default is {str(default).lower()})")
             if isinstance(default, int | float):
                 raise ConfigError(f"{key}={value} is not a number (the default is {default})")
+
+
+def _adds_data_setting(override: Override) -> bool:
+    """`+data.KEY=...` (not `+data.dataset.KEY`, which the dataset takes or refuses)."""
+    return (
+        override.type == OverrideType.ADD
+        and override.key_or_group.count(".") == 1
+        and (override.key_or_group.startswith("data."))
+    )
+
+
+def check_data_settings(added: list[str], keys: dict[str, Any]) -> None:
+    """Refuse `+data.KEY=...` that neither the loaders take (data.loading.Data's settings) nor a setting of the
+    config reads (`${...KEY}`, as the dataset's and model's keys read data.num_features), in one line. Taken in, it
+    was dropped without a word: `+data.root=DIR` meant for the dataset (data.dataset.root), `+data.pin_memory=true`."""
+    from .data.loading import Data  # (torch: only when such a key is given)
+
+    taken = set(inspect.signature(Data.__init__).parameters) - {"self", "interpolated"}
+    read = " ".join(value for value in keys.values() if isinstance(value, str) and "${" in value)
+    for key in added:
+        name = key.partition(".")[2]
+        if name not in taken and not any(f"{start}{name}" + "}" in read for start in (".", "{")):
+            raise ConfigError(
+                f"+{key} is not a setting the data loaders take ({', '.join(sorted(taken - {'dataset'}))}) and no "
+                f"setting reads it; one for your dataset's class goes under data.dataset: +data.dataset.{name}=..."
+            )
 
 
 def _adds_strategy_setting(override: Override) -> bool:

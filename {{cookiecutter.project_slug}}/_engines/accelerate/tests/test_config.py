@@ -93,6 +93,12 @@ BAD_INPUT = [
     (["trainer.devices=0"], "trainer.devices=0 is not a device count; valid: 1, 2, ..., or auto (or -1)"),
     (["strategy=ddp_spawn", "trainer.devices=abc"], "trainer.devices=abc is not a device count; valid: 1, 2,"),
     (["trainer.devices=2"], "strategy=single runs one device but trainer.devices=2; use strategy=ddp for several"),
+    (  # taken in, it was dropped without a word
+        ["+data.root=/data"],
+        "+data.root is not a setting the data loaders take (batch_size, collate_fn, num_workers, prefetch_factor, "
+        "seed, shuffle, splits) and no setting reads it; one for your dataset's class goes under data.dataset: "
+        "+data.dataset.root=...",
+    ),
 ]
 if not torch.cuda.is_available():  # what a machine without GPUs refuses
     BAD_INPUT += [
@@ -128,6 +134,7 @@ BAD_INPUT_IDS = [
     "no-devices",
     "devices-not-a-number",
     "several-devices-under-single",
+    "data-setting-nothing-takes",
     *(["gpu-without-one", "ddp-spawn-of-one-process"] if not torch.cuda.is_available() else []),
 ]
 

@@ -198,6 +198,12 @@ BAD_INPUT = [
         ["+model._target_=oom_sim.OOMClassifier", "+model.colour=red"],
         "model._target_=oom_sim.OOMClassifier: Classifier.__init__() got an unexpected keyword argument 'colour'",
     ),
+    (  # taken in, it was dropped without a word
+        ["+data.root=/data"],
+        "+data.root is not a setting the data loaders take (batch_size, collate_fn, num_workers, prefetch_factor, "
+        "seed, shuffle, splits) and no setting reads it; one for your dataset's class goes under data.dataset: "
+        "+data.dataset.root=...",
+    ),
 ]
 BAD_INPUT_IDS = [
     "unknown-strategy",
@@ -237,6 +243,7 @@ BAD_INPUT_IDS = [
     "module-that-does-not-import",
     "module-that-is-not-a-classifier",
     "module-argument-it-does-not-take",
+    "data-setting-nothing-takes",
 ]
 
 
