@@ -36,10 +36,20 @@ def check_group_choices(overrides: list[str]) -> None:
         return
     for override in overrides:
         group, has_value, choice = override.lstrip("+").partition("=")
+        if has_value and (CONFIG_DIR / group).is_dir() and group not in training_groups():  # Hydra: 4 lines
+            raise ConfigError(
+                f"{group}={choice}: the {group} presets are for `python -m {__package__}.{group}`, not this command"
+            )
         if has_value and (CONFIG_DIR / group).is_dir() and "," not in choice:  # "a,b" is a --multirun sweep
             choices = sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml"))
             if choice not in choices:
                 raise ConfigError(f"unknown {group} {choice!r}; valid: {', '.join(choices)}")
+
+
+def training_groups() -> set[str]:
+    """The config groups of the training's config (train.yaml's defaults list; the doctor and bench start from it)."""
+    defaults = OmegaConf.load(CONFIG_DIR / "train.yaml").defaults
+    return {next(iter(entry)) for entry in defaults if isinstance(entry, DictConfig)} - {"override hydra/job_logging"}
 
 
 # Settings whose default is a number but which also take text (Lightning's devices: "auto", "0,1").

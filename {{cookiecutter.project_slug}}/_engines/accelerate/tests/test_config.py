@@ -99,6 +99,7 @@ BAD_INPUT = [
         "seed, shuffle, splits) and no setting reads it; one for your dataset's class goes under data.dataset: "
         "+data.dataset.root=...",
     ),
+    (["search=gpt"], "search=gpt: the search presets are for `python -m {{ cookiecutter.package_name }}.search`, not"),
 ]
 if not torch.cuda.is_available():  # what a machine without GPUs refuses
     BAD_INPUT += [
@@ -135,6 +136,7 @@ BAD_INPUT_IDS = [
     "devices-not-a-number",
     "several-devices-under-single",
     "data-setting-nothing-takes",
+    "preset-of-another-command",
     *(["gpu-without-one", "ddp-spawn-of-one-process"] if not torch.cuda.is_available() else []),
 ]
 

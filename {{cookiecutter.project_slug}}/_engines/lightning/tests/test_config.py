@@ -204,6 +204,7 @@ BAD_INPUT = [
         "seed, shuffle, splits) and no setting reads it; one for your dataset's class goes under data.dataset: "
         "+data.dataset.root=...",
     ),
+    (["search=gpt"], "search=gpt: the search presets are for `python -m {{ cookiecutter.package_name }}.search`, not"),
 ]
 BAD_INPUT_IDS = [
     "unknown-strategy",
@@ -244,6 +245,7 @@ BAD_INPUT_IDS = [
     "module-that-is-not-a-classifier",
     "module-argument-it-does-not-take",
     "data-setting-nothing-takes",
+    "preset-of-another-command",
 ]
 
 
