@@ -2,20 +2,24 @@
 Dataset class), in the engine this project was generated with."""
 
 import itertools
+import math
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import QUICK
 from custom_dataset import NoisyParity, Parity
 from torch import nn
+from torch.utils.data import TensorDataset
 
 from {{ cookiecutter.package_name }}.data.files import FilesDataset, describe
 from {{ cookiecutter.package_name }}.data.loading import Data, check_input, check_output
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
+from {{ cookiecutter.package_name }}.runtime.metrics import summed_loss
 
 SHAPE, CLASSES = (3, 4), 5  # image-like samples: flattened to 12 features for the classifier's MLP
 
@@ -190,22 +194,60 @@ def test_a_net_the_loss_cannot_train_on_this_data_is_refused_before_training(tmp
     write_split(tmp_path / "train.npz", 10, seed=0)
     write_split(tmp_path / "val.npz", 10, seed=1)
     data = Data(partial(FilesDataset, dir=str(tmp_path)), splits=["train", "val"])
-    check_output(on_meta(lambda: ResidualMLP(12, CLASSES, hidden=8, depth=1)), data)
+    check_output(on_meta(lambda: ResidualMLP(12, CLASSES, hidden=8, depth=1)), data, cross_entropy)
     largest = int(np.load(tmp_path / "train.npz")["y"].max())
     assert largest >= 2
     with pytest.raises(ConfigError) as refused:
-        check_output(on_meta(lambda: ResidualMLP(12, 2, hidden=8, depth=1)), data)
+        check_output(on_meta(lambda: ResidualMLP(12, 2, hidden=8, depth=1)), data, cross_entropy)
     assert str(refused.value) == (
         f"the data has target {largest} (in its first 10 training samples), but model.net ResidualMLP gives 2 "
         "classes (0 to 1): set data.num_classes (or the model's size) to the largest target + 1"
     )
     with pytest.raises(ConfigError, match="model.net DictOutput returns a dict, but the loss takes one tensor of"):
-        check_output(on_meta(DictOutput), data)
+        check_output(on_meta(DictOutput), data, cross_entropy)
     with pytest.raises(ConfigError, match=r"cannot take the data's samples of shape \(12,\) \(a and b must have"):
-        check_output(on_meta(lambda: nn.Linear(7, CLASSES)), data)
+        check_output(on_meta(lambda: nn.Linear(7, CLASSES)), data, cross_entropy)
     two_rows = lambda: nn.Sequential(nn.Linear(12, 2 * CLASSES), nn.Unflatten(1, (2, CLASSES)))  # noqa: E731
     with pytest.raises(ConfigError, match=r"gives logits of shape \(2, 5\) per sample for targets of shape \(\)"):
-        check_output(on_meta(two_rows), data)
+        check_output(on_meta(two_rows), data, cross_entropy)
+
+
+def cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The engines' loss (Lightning's Classifier.loss, Accelerate's loop.loss_fn)."""
+    return F.cross_entropy(logits.flatten(0, -2), y.flatten())
+
+
+def values(split: str, shape: tuple[int, ...] = ()) -> TensorDataset:
+    """A regression split: 8 samples of 12 features, float targets of `shape` each."""
+    return TensorDataset(torch.randn(8, 12), torch.randn(8, *shape))
+
+
+def test_the_loss_is_checked_on_what_the_net_gives_for_the_datas_targets():
+    """Float targets (regression) with the engines' cross-entropy, a loss of yours that would broadcast (B, 1)
+    against (B,), are refused in one line before training; the same data with a loss and output that fit passes."""
+    data = Data(values, splits=["train"])
+    with pytest.raises(ConfigError) as refused:
+        check_output(on_meta(lambda: nn.Linear(12, CLASSES)), data, cross_entropy)
+    assert str(refused.value).startswith(
+        "the loss cannot train model.net Linear on this data (output (5,) per sample, targets () float32): "
+    ) and str(refused.value).endswith("cross-entropy takes class indices: store y as integers, or, for values "
+                                      "(regression), train with a loss of yours (docs/your-model.md)")  # fmt: skip
+    with pytest.raises(ConfigError) as refused:
+        check_output(on_meta(lambda: nn.Linear(12, 1)), data, F.mse_loss)
+    assert str(refused.value) == (
+        "the loss would broadcast model.net Linear's output against the targets (output (1,) per sample, targets () "
+        "float32), comparing every prediction with every target: give them one shape (e.g. squeeze the output's last "
+        "dimension)"
+    )
+    check_output(on_meta(lambda: nn.Sequential(nn.Linear(12, 1), nn.Flatten(0))), data, F.mse_loss)
+    check_output(on_meta(lambda: nn.Linear(12, 1)), Data(partial(values, shape=(1,)), splits=["train"]), F.mse_loss)
+
+
+def test_a_regression_target_of_minus_100_counts_in_the_metrics():
+    """The eval sampler's padding sample: class targets IGNORED (-100), value targets NaN, so a real -100.0 counts."""
+    predictions, targets = torch.zeros(3, 1), torch.tensor([[-100.0], [1.0], [math.nan]])
+    loss_sum, count = summed_loss(F.mse_loss, predictions, targets)
+    assert count == 2 and loss_sum == pytest.approx((100.0**2 + 1.0) / 2 * 2)
 
 
 def test_data_dir_must_be_given():

@@ -138,6 +138,11 @@ def test_a_forward_that_is_not_its_splits_chain_is_refused_and_a_chain_passes():
     check_chain(ResidualMLP(in_features=8, num_classes=3, hidden=16, depth=2), torch.randn(1, 8))
     gpt = GPT(vocab_size=32, max_seq_len=8, dim=16, depth=2, num_heads=2)
     check_chain(gpt, torch.randint(0, 32, (1, 8)))
+    # a dict of inputs (its Split a chain or not): the stages pass one tensor; it was a traceback from each process
+    with pytest.raises(
+        ConfigError, match="strategy=pipeline passes one tensor from stage to stage, the data's x to the"
+    ):
+        check_chain(ResidualMLP(in_features=8, num_classes=3, hidden=16, depth=2), {"a": torch.randn(1, 8)})
 
 
 def test_a_tensor_parallel_plan_over_layers_torch_cannot_shard_is_refused():

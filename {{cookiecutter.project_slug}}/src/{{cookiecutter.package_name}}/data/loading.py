@@ -11,6 +11,7 @@ import math
 import os
 import random
 import signal
+import warnings
 from collections.abc import Callable, Iterator, Sequence, Sized
 from typing import Any
 
@@ -23,7 +24,7 @@ from ..errors import ConfigError, located, said_once
 from ..tracking.wandb_run import is_first_process
 
 SPLITS = ("train", "val", "test")
-IGNORED = -100  # a target no loss or metric counts (F.cross_entropy's ignore_index): EvalSampler's padding
+IGNORED = -100  # a class target no loss or metric counts (F.cross_entropy's ignore_index): EvalSampler's padding
 EVALUATION = 2**32 - 1  # the "epoch" of every evaluation pass, for each sample's seed (SeededSamples)
 
 
@@ -220,7 +221,7 @@ class EvalSampler(DistributedSampler):
 
 class WithPadding(Dataset):
     """An evaluation split that also answers EvalSampler's padding index, len(dataset): its first sample, with every
-    target IGNORED, so that the forward runs and the metrics count nothing of it."""
+    target padding (padding_target), so that the forward runs and the metrics count nothing of it."""
 
     def __init__(self, dataset: Dataset) -> None:
         self.dataset = dataset
@@ -232,7 +233,17 @@ class WithPadding(Dataset):
         if index < len(self.dataset):
             return self.dataset[index]
         x, y = self.dataset[0]
-        return x, torch.full_like(torch.as_tensor(y), IGNORED)
+        return x, padding_target(torch.as_tensor(y))
+
+
+def padding_target(y: torch.Tensor) -> torch.Tensor:
+    """The targets of a padding sample: IGNORED for classes; NaN for values (regression), where -100 may be real."""
+    return torch.full_like(y, math.nan if y.is_floating_point() else IGNORED)
+
+
+def counted(target: torch.Tensor) -> torch.Tensor:
+    """Which targets are real, not padding (see padding_target)."""
+    return ~target.isnan() if target.is_floating_point() else target != IGNORED
 
 
 class ResumableSampler(DistributedSampler):
@@ -381,12 +392,14 @@ SHAPE_ERRORS = ("must have same reduction dim", "is invalid for input of size", 
 LABELS_READ = 64  # the training split's first samples whose targets are checked against the net's classes
 
 
-def check_output(net: nn.Module, data: Data) -> None:
-    """Refuse, in one line before training, a net the loss cannot train on this data: its forward cannot take the
-    samples, it returns something else than one tensor of logits (a dict, a tuple), its logits do not give one row
-    per target, or a target is not one of its classes. `net` is on the meta device: the forward runs on shapes alone
-    (no memory, no compute), on the training split's first sample; one the meta device cannot run (shapes that
-    depend on values) is left to the training."""
+def check_output(net: nn.Module, data: Data, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+    """Refuse, in one line before training, a net the loss (the engine's, or one of yours) cannot train on this data:
+    its forward cannot take the samples, it returns something else than one tensor (a dict, a tuple), the loss
+    cannot take its output with the data's targets (float targets for cross-entropy, shapes that do not match) or
+    would broadcast them (a prediction of shape (B, 1) for targets (B,)), or a class target is not one of its
+    classes. `net` is on the meta device: the forward and the loss run on shapes alone (no memory, no compute), on
+    the training split's first sample; what the meta device cannot run (shapes that depend on values) is left to
+    the training."""
     data.setup()
     dataset = data.splits.get("train")
     if dataset is None or isinstance(dataset, IterableDataset):
@@ -411,13 +424,8 @@ def check_output(net: nn.Module, data: Data) -> None:
         net.train(training)
     if not isinstance(logits, torch.Tensor):
         raise not_logits(name, logits)
-    if logits.dim() < 2 or logits.shape[:-1].numel() != y.numel():
-        raise ConfigError(
-            f"model.net {name} gives logits of shape {tuple(logits.shape[1:])} per sample for targets of shape "
-            f"{tuple(y.shape[1:])}: the loss takes one row of logits per target ((classes,) for a label, "
-            "(positions, vocabulary) for a sequence)"
-        )
-    if y.is_floating_point():
+    check_loss(loss, logits, y.to("meta"), name)
+    if y.is_floating_point():  # values (regression): no classes to count
         return
     targets = [y[0], *(dataset[index][1] for index in range(1, min(len(dataset), LABELS_READ)))]
     labels = [torch.as_tensor(target) for target in targets]
@@ -432,6 +440,41 @@ def check_output(net: nn.Module, data: Data) -> None:
         )
 
 
+def check_loss(
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], output: torch.Tensor, y: torch.Tensor, name: str
+) -> None:
+    """The loss on the net's output for a batch of one (meta tensors): refused in one line if it fails, or if torch
+    warns that it broadcasts the two (its regression losses do, for (B, 1) against (B,))."""
+    shapes = f"output {tuple(output.shape[1:])} per sample, targets {tuple(y.shape[1:])} {str(y.dtype).removeprefix('torch.')}"
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        try:
+            loss(output, y)
+        except Exception as error:  # noqa: BLE001 (the loss's own words, in the one line)
+            if "meta" in str(error).lower():  # what the meta device cannot run: the training will
+                return
+            if not y.is_floating_point() and (output.dim() < 2 or output.shape[:-1].numel() != y.numel()):
+                raise ConfigError(
+                    f"model.net {name} gives logits of shape {tuple(output.shape[1:])} per sample for targets of "
+                    f"shape {tuple(y.shape[1:])}: the loss takes one row of logits per target ((classes,) for a "
+                    "label, (positions, vocabulary) for a sequence)"
+                ) from None
+            hint = (
+                "cross-entropy takes class indices: store y as integers, or, for values (regression), train with a "
+                "loss of yours (docs/your-model.md)"
+                if y.is_floating_point()
+                else "make the model's output and the loss fit the targets (docs/your-model.md)"
+            )
+            raise ConfigError(
+                f"the loss cannot train model.net {name} on this data ({shapes}): {str(error).splitlines()[0]}; {hint}"
+            ) from None
+    if any("different to the input size" in str(warning.message) for warning in warned):
+        raise ConfigError(
+            f"the loss would broadcast model.net {name}'s output against the targets ({shapes}), comparing every "
+            "prediction with every target: give them one shape (e.g. squeeze the output's last dimension)"
+        )
+
+
 def not_logits(name: str, output: object) -> ConfigError:
     """The refusal of a net whose forward returns `output`, not one tensor of logits (a dict, a tuple)."""
     return ConfigError(
@@ -441,14 +484,19 @@ def not_logits(name: str, output: object) -> ConfigError:
     )
 
 
-def first_sample(data: Data) -> torch.Tensor | None:
-    """The training split's first sample, as a batch of one (None when it is not an array): what the checks before
-    training run the net on."""
+def first_sample(data: Data) -> Any:
+    """The training split's first sample, as a batch of one: a tensor, or what the dataset gives when that is not
+    an array (a dict of tensors, say); None when the split cannot be read by index (a stream). What the checks
+    before training run the net on."""
     data.setup()
     try:
-        return torch.as_tensor(data.first_item("train")[0])[None]
-    except (KeyError, TypeError, ValueError, RuntimeError):
+        x = data.first_item("train")[0]
+    except (KeyError, TypeError, ValueError, RuntimeError, NotImplementedError):
         return None
+    try:
+        return torch.as_tensor(x)[None]
+    except (TypeError, ValueError, RuntimeError):
+        return x
 
 
 # The batch arithmetic, in one place (the data, every strategy, the batch-size finders and the OOM recovery use it):

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
+from typing import Any
 
 import torch
 from torch import nn
@@ -182,12 +183,18 @@ class Chain(nn.Module):
         return x
 
 
-def check_chain(model: nn.Module, example: torch.Tensor | None, preset: str = "pipeline") -> None:
+def check_chain(model: nn.Module, example: Any, preset: str = "pipeline") -> None:
     """Refuse, before training, a Split whose chain of parts is not the net's forward: what a pipeline runs would be
     another model, trained without a word (a forward that adds a position embedding between the embedding and the
     first block, say). Runs the net's forward and the chain on `example` (a sample or two), in eval mode, without
     gradients, and names the first part whose input differs. A net on the meta device is not checked."""
     net, first, blocks, last = layers(model, preset)
+    if example is not None and not isinstance(example, torch.Tensor):  # (the stages' send and receive)
+        raise ConfigError(
+            f"strategy={preset} passes one tensor from stage to stage, the data's x to the first, but x is a "
+            f"{type(example).__name__}: give {type(net).__name__} one tensor (e.g. the inputs concatenated), or train "
+            "it with strategy=fsdp or model_parallel, which take any input"
+        )
     if example is None or any(param.is_meta for param in net.parameters()):
         return
     names, seen = [*first, *blocks, *last], {}

@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..data.loading import IGNORED
+from ..data.loading import counted
 
 
 def summed_loss(
@@ -13,10 +13,10 @@ def summed_loss(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """An evaluation batch's loss summed over its targets, and their number, by the engine's own loss (a mean over
     the targets it counts; a loss of yours too): the sums add up exactly over batches and processes. The samples the
-    eval sampler padded with (every target IGNORED) are left out before the loss sees them."""
-    counted = target != IGNORED
-    count = counted.sum()
-    real = counted.reshape(len(target), -1).any(dim=1)  # per sample
+    eval sampler padded with (data.loading.padding_target) are left out before the loss sees them."""
+    real_targets = counted(target)
+    count = real_targets.sum()
+    real = real_targets.reshape(len(target), -1).any(dim=1)  # per sample
     if not real.any():
         return logits.new_zeros((), dtype=torch.float32), count
     if not real.all():

@@ -115,7 +115,7 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     data = build(cfg.data)
     data.check_replicas(replicas, processes)
     check_input(net, data)  # e.g. model=gpt with data that is not token ids, or uint8 images
-    check_output(net, data)  # logits the loss can take, for the data's targets (`net` is on meta: shapes only)
+    check_output(net, data, loss_fn)  # what the loss can take, for the data's targets (`net` on meta: shapes)
     check_activation_checkpointing(net, cfg.activation_checkpointing)
     check_optimization(cfg, build(cfg.model.optimizer))
     for limit in ("limit_val_batches", "limit_test_batches"):

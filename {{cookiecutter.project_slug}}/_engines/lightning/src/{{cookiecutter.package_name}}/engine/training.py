@@ -161,9 +161,9 @@ def prepare(cfg: DictConfig, with_logger: bool = True) -> tuple[L.Trainer, L.Lig
     check_layout(preset(), trainer, cfg.data.batch_size, model, synchronised)  # now, not inside a worker process
     datamodule.data.check_replicas(data_parallel_size(trainer), trainer.world_size)
     check_input(model.net, datamodule.data)  # e.g. model=gpt with data that is not token ids, or uint8 images
-    with torch.device("meta"):  # logits the loss can take, for the data's targets: a forward on shapes alone
+    with torch.device("meta"):  # what the loss can take, for the data's targets: a forward on shapes alone
         shapes_only = build(cfg.model.net)
-    check_output(shapes_only, datamodule.data)
+    check_output(shapes_only, datamodule.data, model.loss)  # the module's loss (of yours, if you change it)
     if preset() == "pipeline":  # the stages run the Split's chain, not the model's forward: the same model?
         check_chain(model.net, first_sample(datamodule.data))
     return trainer, model, datamodule
