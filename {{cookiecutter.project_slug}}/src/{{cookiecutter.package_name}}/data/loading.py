@@ -445,7 +445,8 @@ def check_loss(
 ) -> None:
     """The loss on the net's output for a batch of one (meta tensors): refused in one line if it fails, or if torch
     warns that it broadcasts the two (its regression losses do, for (B, 1) against (B,))."""
-    shapes = f"output {tuple(output.shape[1:])} per sample, targets {tuple(y.shape[1:])} {str(y.dtype).removeprefix('torch.')}"
+    dtype = str(y.dtype).removeprefix("torch.")
+    shapes = f"output {tuple(output.shape[1:])} per sample, targets {tuple(y.shape[1:])} {dtype}"
     with warnings.catch_warnings(record=True) as warned:
         warnings.simplefilter("always")
         try:
