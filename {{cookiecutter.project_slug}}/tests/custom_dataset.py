@@ -60,3 +60,18 @@ def pad_batch(samples: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, to
     """data.collate_fn=custom_dataset.pad_batch: the sequences zero-padded to the batch's longest."""
     xs, ys = zip(*samples, strict=True)
     return torch.nn.utils.rnn.pad_sequence(list(xs), batch_first=True), torch.tensor(ys)
+
+
+class Images(Dataset):
+    """Images of 3 x 8 x 8 with one of 4 labels, as a vision dataset gives them (not flat vectors)."""
+
+    def __init__(self, split: str, size: int = 16) -> None:
+        generator = torch.Generator().manual_seed(["train", "val", "test"].index(split))
+        self.x = torch.rand(size, 3, 8, 8, generator=generator)
+        self.y = torch.randint(4, (size,), generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[index], self.y[index]

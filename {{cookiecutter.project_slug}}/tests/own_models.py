@@ -287,3 +287,16 @@ class SumOverTime(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.embed(x).sum(dim=1))
+
+
+class SmallCNN(nn.Module):
+    """A convolutional net of images (batch, 3, H, W), which a flat batch of data.num_features values does not fit;
+    it takes the classifier config's other keys (hidden, depth, ...) and leaves them."""
+
+    def __init__(self, in_features: int, num_classes: int, **unused) -> None:
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.head = nn.Linear(8, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))

@@ -165,6 +165,16 @@ def test_activations_are_sized_at_the_precision_training_uses():
     assert step_seconds(cfg, mixed, 16, host_memory_gb=8, precision="bf16-mixed") > 0
 
 
+def test_the_model_is_measured_on_a_batch_shaped_like_the_datas_samples():
+    """A dataset of images (3 x 8 x 8) and a convolutional net: the doctor sizes and times the net on a batch shaped
+    as the data's first sample (a batch of data.num_features values was a traceback from the first convolution)."""
+    images = ["data=custom", "data.dataset._target_=custom_dataset.Images", "data.num_features=192"]
+    cfg = config(*images, "data.num_classes=4", "model.net._target_=own_models.SmallCNN")
+    facts = model_facts(cfg, 4, [2], "32-true")
+    assert facts.activation_bytes_per_sample >= FP32 * 8 * 8 * 8, "the convolution's output, per sample"
+    assert step_seconds(cfg, facts, 4, host_memory_gb=8, precision="32-true") > 0
+
+
 def test_dp_fills_device_0_first():
     """dp's device 0 keeps the optimizer state (and the reduced gradients) that the other devices do  not, and,
     where the engine gathers them there for the loss (Accelerate), the whole batch's outputs."""

@@ -153,11 +153,11 @@ def step_seconds(cfg: DictConfig, facts: ModelFacts, batch: int, host_memory_gb:
     torch.manual_seed(cfg.seed)
     net = instantiate(cfg.model.net).to(device)
     optimizer = instantiate(cfg.model.optimizer)(net.parameters())
-    x = torch.zeros(batch, cfg.data.num_features, device=device)
-    if example_input(cfg, net, 1).dtype == torch.long:  # token ids
-        x = torch.randint(cfg.data.num_classes, x.shape, device=device)
+    example = example_input(cfg, net, batch)  # shaped like the data's samples
+    if example.dtype == torch.long:  # token ids
+        x = torch.randint(cfg.data.num_classes, example.shape, device=device)
     else:
-        x.normal_()
+        x = torch.randn(example.shape, device=device)
     dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
     times, y = [], None
     for _ in range(4):
@@ -165,8 +165,10 @@ def step_seconds(cfg: DictConfig, facts: ModelFacts, batch: int, host_memory_gb:
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
             out = net(x)
         if y is None:  # a target per output position: one per sample, or one per token
-            y = torch.randint(cfg.data.num_classes, out.shape[:-1], device=device)
-        F.cross_entropy(out.flatten(0, -2).float(), y.flatten()).backward()
+            y = torch.randint(out.shape[-1], out.shape[:-1], device=device) if out.dim() > 1 else None
+        # cross-entropy over the logits, as the training's; a model of values (regression): their mean square
+        loss = out.float().square().mean() if y is None else F.cross_entropy(out.flatten(0, -2).float(), y.flatten())
+        loss.backward()
         optimizer.step()
         optimizer.zero_grad()
         if device.type == "cuda":

@@ -19,6 +19,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch import nn
+from torch.utils.data import IterableDataset
 
 from ..data.loading import not_logits
 from ..engine.launching import DP_GATHERS_OUTPUTS
@@ -87,13 +88,36 @@ def model_facts(cfg: DictConfig, batch: int, stage_counts: list[int], precision:
 
 
 def example_input(cfg: DictConfig, net: nn.Module, batch: int) -> torch.Tensor:
-    """A meta batch shaped like the data's inputs: num_features values per sample, token ids (int64) for a net
-    that reads them (one with an nn.Embedding, as data.check_input decides), else float32 features."""
+    """A meta batch shaped like the data's inputs: the shape and dtype of the training split's first sample (images
+    of a dataset of yours, say); for a stream, which cannot be read by index, num_features values per sample,
+    token ids (int64) for a net that reads them (one with an nn.Embedding, as data.check_input decides), else
+    float32 features."""
+    if (sample := first_input(cfg)) is not None:
+        return torch.zeros(batch, *sample.shape, dtype=sample.dtype, device="meta")
     if "num_features" not in cfg.data:
         raise ConfigError("the model is sized from data.num_features; this data config has none")
     reads_ids = any(isinstance(module, nn.Embedding) for module in net.modules())
     dtype = torch.long if reads_ids else torch.float32
     return torch.zeros(batch, cfg.data.num_features, dtype=dtype, device="meta")
+
+
+def first_input(cfg: DictConfig) -> torch.Tensor | None:
+    """The training split's first x, from the configured dataset (None: a stream, or data without a dataset)."""
+    from ..config import build_object  # (config imports the data layer, which imports this package's parts)
+
+    if cfg.data.get("dataset") is None:
+        return None
+    dataset = build_object(cfg.data.dataset)(split="train")
+    if isinstance(dataset, IterableDataset):
+        return None
+    x = dataset[0][0]
+    try:
+        return torch.as_tensor(x)
+    except (TypeError, ValueError, RuntimeError):
+        raise ConfigError(
+            f"the doctor and the bench size the model on its input as one tensor, but the data's x is a "
+            f"{type(x).__name__}: measure it on a model and data that take one (the training takes yours as it is)"
+        ) from None
 
 
 def tokens_per_sample(output: torch.Tensor) -> int:
