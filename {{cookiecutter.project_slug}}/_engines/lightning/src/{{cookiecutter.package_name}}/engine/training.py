@@ -92,6 +92,8 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
             failed = False
             last = run_dir / "checkpoints" / LAST
             raise interrupted(resume.interrupted_at, last) if trainer.is_global_zero else Interrupted("")
+        if preset() == "ddp_spawn" and (run_dir / "checkpoints" / LAST).exists():
+            restore_loop_counters(trainer, run_dir / "checkpoints" / LAST)
         if cfg.test_after_fit and "test" in datamodule.data.split_names:  # data=files: test is optional
             best = trainer.checkpoint_callback and trainer.checkpoint_callback.best_model_path
             trainer.test(model, datamodule=datamodule, ckpt_path=best or None)  # "best" warns: 2 ModelCheckpoints
@@ -101,6 +103,14 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
     finally:
         finish_wandb(failed)
     return {name: float(value) for name, value in trainer.callback_metrics.items()}
+
+
+def restore_loop_counters(trainer: L.Trainer, checkpoint: Path) -> None:
+    """strategy=ddp_spawn trained in processes of its own, whose loop counters (steps, epochs) this process's trainer
+    never saw: the test would be logged at step 0, epoch 0. They are read back from the last checkpoint (mmap: its
+    tensors are not read)."""
+    loops = torch.load(checkpoint, map_location="cpu", mmap=True, weights_only=False)["loops"]
+    trainer.fit_loop.load_state_dict(loops["fit_loop"])
 
 
 def prepare(cfg: DictConfig, with_logger: bool = True) -> tuple[L.Trainer, L.LightningModule, L.LightningDataModule]:
