@@ -168,6 +168,20 @@ def make_runner(base_dir: Path, base_env: dict[str, str]):
     return run
 
 
+# Command-line mistakes both engines refuse alike, each in one line before anything is written: (overrides, the
+# line), in each engine's test_config.py table (BAD_INPUT), with their ids.
+COMMAND_LINE_REFUSALS = [
+    (  # taken in, it was dropped without a word
+        ["+data.root=/data"],
+        "+data.root is not a setting the data loaders take (batch_size, collate_fn, num_workers, prefetch_factor, "
+        "seed, shuffle, splits) and no setting reads it; one for your dataset's class goes under data.dataset: "
+        "+data.dataset.root=...",
+    ),
+    (["search=gpt"], "search=gpt: the search presets are for `python -m {{ cookiecutter.package_name }}.search`, not"),
+]
+COMMAND_LINE_REFUSAL_IDS = ["data-setting-nothing-takes", "preset-of-another-command"]
+
+
 # Loss parity: same seed, same data order, same GLOBAL batch; the first K train/loss values of every preset
 # must equal strategy=single's within TOLERANCE (differences come only from the order of floating-point sums).
 K = 6

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import unsplit_net
+from conftest import COMMAND_LINE_REFUSAL_IDS, COMMAND_LINE_REFUSALS, unsplit_net
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
@@ -93,13 +93,7 @@ BAD_INPUT = [
     (["trainer.devices=0"], "trainer.devices=0 is not a device count; valid: 1, 2, ..., or auto (or -1)"),
     (["strategy=ddp_spawn", "trainer.devices=abc"], "trainer.devices=abc is not a device count; valid: 1, 2,"),
     (["trainer.devices=2"], "strategy=single runs one device but trainer.devices=2; use strategy=ddp for several"),
-    (  # taken in, it was dropped without a word
-        ["+data.root=/data"],
-        "+data.root is not a setting the data loaders take (batch_size, collate_fn, num_workers, prefetch_factor, "
-        "seed, shuffle, splits) and no setting reads it; one for your dataset's class goes under data.dataset: "
-        "+data.dataset.root=...",
-    ),
-    (["search=gpt"], "search=gpt: the search presets are for `python -m {{ cookiecutter.package_name }}.search`, not"),
+    *COMMAND_LINE_REFUSALS,  # (conftest: the same in both engines)
 ]
 if not torch.cuda.is_available():  # what a machine without GPUs refuses
     BAD_INPUT += [
@@ -135,8 +129,7 @@ BAD_INPUT_IDS = [
     "no-devices",
     "devices-not-a-number",
     "several-devices-under-single",
-    "data-setting-nothing-takes",
-    "preset-of-another-command",
+    *COMMAND_LINE_REFUSAL_IDS,
     *(["gpu-without-one", "ddp-spawn-of-one-process"] if not torch.cuda.is_available() else []),
 ]
 

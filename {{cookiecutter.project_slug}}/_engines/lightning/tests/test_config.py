@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import unsplit_net
+from conftest import COMMAND_LINE_REFUSAL_IDS, COMMAND_LINE_REFUSALS, unsplit_net
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
@@ -198,13 +198,7 @@ BAD_INPUT = [
         ["+model._target_=oom_sim.OOMClassifier", "+model.colour=red"],
         "model._target_=oom_sim.OOMClassifier: Classifier.__init__() got an unexpected keyword argument 'colour'",
     ),
-    (  # taken in, it was dropped without a word
-        ["+data.root=/data"],
-        "+data.root is not a setting the data loaders take (batch_size, collate_fn, num_workers, prefetch_factor, "
-        "seed, shuffle, splits) and no setting reads it; one for your dataset's class goes under data.dataset: "
-        "+data.dataset.root=...",
-    ),
-    (["search=gpt"], "search=gpt: the search presets are for `python -m {{ cookiecutter.package_name }}.search`, not"),
+    *COMMAND_LINE_REFUSALS,  # (conftest: the same in both engines)
 ]
 BAD_INPUT_IDS = [
     "unknown-strategy",
@@ -244,8 +238,7 @@ BAD_INPUT_IDS = [
     "module-that-does-not-import",
     "module-that-is-not-a-classifier",
     "module-argument-it-does-not-take",
-    "data-setting-nothing-takes",
-    "preset-of-another-command",
+    *COMMAND_LINE_REFUSAL_IDS,
 ]
 
 
