@@ -6,6 +6,8 @@ run_id=last continues it (a finished run is not continued); several processes st
 import json
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 from conftest import PACKAGE, QUICK, TOLERANCE, make_runner, next_main_port
@@ -155,6 +157,36 @@ def test_a_stop_that_reaches_wandbs_service_too_says_how_to_continue(tmp_path, t
     code, output = train_in(tmp_path, train_env, *command, f"run_id={run_dir.name}")
     assert code == 0, output[-3000:]
     assert losses(run_dir) == whole
+
+
+def test_a_worker_stops_when_its_torchrun_agent_is_killed(tmp_path, train_env):
+    """kill -9 of a node's torchrun (its agent): the worker, which torchrun starts in a session of its own, stops
+    with it. It trained on as an orphan, writing checkpoints and metrics that the restarted run disagreed with."""
+    net = ["model.net._target_=own_models.PausedOnce", f"+model.net.marker={tmp_path / 'pause'}"]
+    agent_command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", "-m"]
+    command = [*agent_command, f"{PACKAGE}.train", f"hydra.run.dir={tmp_path / 'run'}", *SETTINGS, *net]
+    with open(tmp_path / "agent.log", "w") as log:
+        agent = subprocess.Popen(command, env=train_env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        assert paused(tmp_path / "pause", agent), (tmp_path / "agent.log").read_text()[-3000:]
+        worker = int((tmp_path / "pause.paused").read_text())
+        agent.kill()
+        agent.wait()
+        for _ in range(200):
+            if not running(worker):
+                break
+            time.sleep(0.05)
+        assert not running(worker), "the worker trains on without its agent"
+    finally:
+        (tmp_path / "pause.go").touch()
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` runs (an orphan that ended may stay a zombie where nothing reaps it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def written(run_dir) -> tuple[str, list]:

@@ -1,7 +1,9 @@
 """What the launcher says: who started this process (torchrun, SLURM or nothing), the layout of the processes it
 started, and the run id they share, so that every rank, node and restart of one training uses one run folder."""
 
+import ctypes
 import os
+import signal
 import socket
 import sys
 import time
@@ -86,6 +88,23 @@ def fit_layout_to_launcher(
             "leave both out to use the launcher's layout"
         )
     return num_nodes, devices
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_launcher() -> None:
+    """Under torchrun (accelerate launch too), stop this process when its agent dies (kill -9 of a node's torchrun,
+    the node's job step ended): torch's agent starts its workers in sessions of their own and does not ask the
+    kernel to, so they trained on as orphans, writing checkpoints and metrics the restarted run then disagreed
+    with. SIGKILL: Lightning answers SIGTERM by finishing its step, and a worker paused in a collective would wait
+    on. Linux (prctl); elsewhere nothing changes."""
+    launcher = detect_launcher()
+    if launcher is None or launcher.name != "torchrun" or not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:  # the agent died before the line above: nobody would tell us
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def warn_if_restarts_can_hang() -> None:

@@ -25,7 +25,7 @@ from ..models.activation_checkpointing import check_activation_checkpointing, ch
 from ..models.compilation import compile_net
 from ..models.float8 import check_float8, check_float8_layers, convert_float8
 from ..parallel.batchnorm import micro_batch_split_problem, oom_handling_problem, uses_batchnorm
-from ..parallel.launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
+from ..parallel.launcher import die_with_launcher, fit_layout_to_launcher, warn_if_restarts_can_hang
 from ..parallel.split import check_chain
 from ..runtime.async_saves import check_async
 from ..runtime.interrupt import ctrl_c, interrupted, mark_finished
@@ -95,6 +95,7 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     check_devices(cfg.trainer.accelerator, cfg.trainer.devices, preset)
     _, devices = fit_layout_to_launcher(preset, cfg.trainer.num_nodes, cfg.trainer.devices, overrides)
     warn_if_restarts_can_hang()
+    die_with_launcher()  # an orphan of a dead torchrun agent trained on
     if devices in ("auto", -1):  # every visible GPU, as in Lightning (1 on CPU)
         devices = max(torch.cuda.device_count(), 1)
     processes = strategy.processes(launched, devices)

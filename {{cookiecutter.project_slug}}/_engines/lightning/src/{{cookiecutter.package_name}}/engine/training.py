@@ -25,7 +25,7 @@ from ..errors import ConfigError, Interrupted, said_once, spawned_failure, unuse
 from ..models.activation_checkpointing import check_activation_checkpointing
 from ..models.float8 import check_float8, check_float8_layers
 from ..parallel.batchnorm import needs_sync, synchronised_message
-from ..parallel.launcher import fit_layout_to_launcher, warn_if_restarts_can_hang
+from ..parallel.launcher import die_with_launcher, fit_layout_to_launcher, warn_if_restarts_can_hang
 from ..parallel.split import check_chain
 from ..runtime.async_saves import check_async
 from ..runtime.checkpoint_files import DCP_INDEX, pickled_keys_include, written_by_torch
@@ -133,6 +133,7 @@ def prepare(cfg: DictConfig, with_logger: bool = True) -> tuple[L.Trainer, L.Lig
         preset(), cfg.trainer.num_nodes, cfg.trainer.devices, HydraConfig.get().overrides.task
     )
     warn_if_restarts_can_hang()
+    die_with_launcher()  # an orphan of a dead torchrun agent trained on
     cfg.trainer.precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # auto: bf16 on GPUs
     plugins = [build(plugin) for plugin in cfg.trainer.get("plugins") or []]  # the user's, e.g. a CheckpointIO
     if not any(isinstance(plugin, CheckpointIO) for plugin in plugins) and not has_checkpoint_io(cfg.strategy):
