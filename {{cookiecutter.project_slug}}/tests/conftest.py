@@ -178,8 +178,9 @@ COMMAND_LINE_REFUSALS = [
         "+data.dataset.root=...",
     ),
     (["search=gpt"], "search=gpt: the search presets are for `python -m {{ cookiecutter.package_name }}.search`, not"),
+    (["foo=1"], "unknown setting foo (to add a new key: +foo=...)"),  # not a far-fetched `did you mean oom?`
 ]
-COMMAND_LINE_REFUSAL_IDS = ["data-setting-nothing-takes", "preset-of-another-command"]
+COMMAND_LINE_REFUSAL_IDS = ["data-setting-nothing-takes", "preset-of-another-command", "unknown-setting-like-none"]
 
 
 # Loss parity: same seed, same data order, same GLOBAL batch; the first K train/loss values of every preset

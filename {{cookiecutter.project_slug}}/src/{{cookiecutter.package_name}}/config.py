@@ -90,9 +90,9 @@ def check_overrides(overrides: list[str], config_name: str) -> None:
     for override in values:
         key, value = override.key_or_group, override.value()
         if not key.startswith("hydra.") and key not in keys:
-            near = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
-            hint = f"did you mean {near[0]}? " if near else ""
-            raise ConfigError(f"unknown setting {key}; {hint}(to add a new key: +{key}=...)")
+            near = difflib.get_close_matches(key, keys, n=1, cutoff=0.75)  # (0.6 offered `oom` for `foo`)
+            hint = f"; did you mean {near[0]}?" if near else ""
+            raise ConfigError(f"unknown setting {key}{hint} (to add a new key: +{key}=...)")
         default = keys.get(key)
         if isinstance(value, str) and "${" not in value and key not in TEXT_ALSO:
             if isinstance(default, bool):

@@ -18,13 +18,20 @@ HARMLESS_WARNINGS = [  # (message regex, the module that warns)
         r"lightning\.fabric\.plugins\.environments\.slurm",
     ),
 ]
-# Lightning's advertisement for another logger, on every start (logged, not warned).
-LIGHTNING_TIP = "💡 Tip: For seamless cloud logging and experiment tracking"
+# Lightning's advertisement for another logger, and its accelerators' availability (TPU and HPU on every machine;
+# the run's devices are in its wandb config, run.*), on every start: logged, not warned. Before a refusal they made
+# the one-line error the last of several, as the Accelerate engine's is not.
+SAID_EVERY_START = (
+    "💡 Tip: For seamless cloud logging and experiment tracking",
+    "GPU available: ",
+    "TPU available: ",
+    "HPU available: ",
+)
 
 
 class _WithoutTip(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(LIGHTNING_TIP)
+        return not record.getMessage().startswith(SAID_EVERY_START)
 
 
 def silence_harmless_messages() -> None:

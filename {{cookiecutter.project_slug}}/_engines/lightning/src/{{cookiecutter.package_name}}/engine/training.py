@@ -119,7 +119,7 @@ def prepare(cfg: DictConfig, with_logger: bool = True) -> tuple[L.Trainer, L.Lig
     its first trial (without the logger), so that a config every trial would refuse is refused before the first."""
     if cfg.ckpt_path:
         check_checkpoint_path(Path(cfg.ckpt_path))
-    L.seed_everything(cfg.seed, workers=True)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)  # (the seed is in the config it logs)
 
     datamodule = build(cfg.data)
     callbacks = [build(callback) for callback in (cfg.callbacks or {}).values()]
