@@ -202,14 +202,29 @@ class TestRecommendation:
         return memory_per_device(default_model(), preset, devices, per_node, batch, 4, "1f1b")[0]
 
     def advise(
-        self, usable: float, per_node: int, speed: Speed = fast, pcie_only: bool | None = False, batch: int = 256
+        self,
+        usable: float,
+        per_node: int,
+        speed: Speed = fast,
+        pcie_only: bool | None = False,
+        batch: int = 256,
+        overrides: tuple[str, ...] = ("seed=1",),
     ) -> dict:
         plan = OmegaConf.create({"min_speedup": 1.2, "max_nodes": 4})
-        return recommend(default_model(), usable, per_node, plan, batch, self.pipe, speed, pcie_only, ["seed=1"])
+        return recommend(default_model(), usable, per_node, plan, batch, self.pipe, speed, pcie_only, list(overrides))
 
     def test_one_device(self):
         advice = self.advise(usable=1e12, per_node=1)
         assert advice["preset"] == "single" and advice["command"] == f"python -m {PACKAGE}.train strategy=single seed=1"
+
+    def test_the_layout_of_the_doctors_command_line_gives_way_to_the_recommended_one(self):
+        """The doctor's command line with a strategy: the recommended command has the recommended one only (it
+        had both, `strategy=single strategy=ddp`, which the training refused); a batch that divides over none of
+        the devices says so (it said there was one device)."""
+        mine = ("strategy=ddp", "trainer.devices=2", "strategy.find_unused_parameters=true", "seed=1")
+        advice = self.advise(usable=1e12, per_node=2, batch=255, overrides=mine)
+        assert advice["command"] == f"python -m {PACKAGE}.train strategy=single seed=1"
+        assert "data.batch_size=255 (the global batch) divides over none of the other device counts" in advice["why"]
 
     def test_ddp_when_it_is_faster(self):
         advice = self.advise(usable=1e12, per_node=4)

@@ -177,6 +177,9 @@ def step_seconds(cfg: DictConfig, facts: ModelFacts, batch: int, host_memory_gb:
     return statistics.median(times[1:])
 
 
+LAYOUT_SETTINGS = ("strategy=", "strategy.", "trainer.devices=", "trainer.num_nodes=")  # what a recommendation sets
+
+
 def recommend(
     facts: ModelFacts,
     usable: float,
@@ -212,7 +215,9 @@ def recommend(
         tensor: int | None = None,
         pipelines: int = 1,
     ) -> dict[str, Any]:
-        command = train_command(preset, devices, nodes, [*extra, *overrides])
+        # The user's own settings, but not those of the layout the recommendation replaces (strategy=ddp twice)
+        kept = [o for o in overrides if not o.lstrip("+~").startswith(LAYOUT_SETTINGS)]
+        command = train_command(preset, devices, nodes, [*extra, *kept])
         return {
             "preset": preset,
             "devices_per_node": devices,
@@ -224,8 +229,14 @@ def recommend(
 
     data_parallel = max((n for n in range(1, per_node + 1) if batch % n == 0), default=1)
     if fits("single", 1):
-        if data_parallel == 1:
+        if data_parallel == 1 and per_node == 1:
             return advice("single", 1, 1, "the model fits on one device and there is one device to use")
+        if data_parallel == 1:
+            why = (
+                f"the model fits on one device, and data.batch_size={batch} (the global batch) divides over none of "
+                f"the other device counts up to {per_node}: give a multiple of {per_node} to train on all of them"
+            )
+            return advice("single", 1, 1, why)
         if speed.unknown:
             why = f"a replica fits on each device; ddp's speed-up over one device is not estimated: {speed.unknown}"
             return advice("ddp", data_parallel, 1, why)
