@@ -149,8 +149,8 @@ def test_the_torchrun_script_stops_a_refused_command_before_torchrun(tmp_path, t
     """launch/torchrun_multinode.sh checks the command first (check_only=true, with the layout torchrun would give):
     started, torchrun would run a refused command 4 times (--max-restarts=3), then end in a traceback."""
     script = Path(__file__).resolve().parents[1] / "launch/torchrun_multinode.sh"
-    command = ["bash", str(script), "127.0.0.1", "refused", *TRAIN, "data.batch_size=3"]
-    env = {**train_env, "NPROC_PER_NODE": "1"}
+    command = ["bash", str(script), *TRAIN, "strategy=ddp", "data.batch_size=3"]
+    env = {**train_env, "HEAD": "127.0.0.1:29500", "RUN_ID": "refused", "NNODES": "2", "NPROC_PER_NODE": "1"}
     proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         output = "".join(proc.communicate(timeout=120))
