@@ -62,9 +62,13 @@ def test_killed_while_saving_then_run_again_continues_exactly(tmp_path, train_en
 
     fresh = run_in(run_dir, train_env, *DROPOUT, "trainer.max_steps=2", "resume=false")
     assert fresh.returncode == 0, fresh.stdout + fresh.stderr
-    assert f"resume=false: starting afresh; removing the checkpoints in {checkpoints}" in fresh.stdout
+    assert (
+        f"resume=false: starting afresh, removing the earlier training's checkpoints and wandb files in {run_dir}"
+        in (fresh.stdout)
+    )
     assert (checkpoints / "last").resolve() == checkpoints / "step-0000002"
-    assert len(offline_runs(run_dir)) == 2, "and a new wandb run"
+    [run] = offline_runs(run_dir)  # a new wandb run; the overwritten training's is gone (wandb sync would upload it)
+    assert run.starts == 1 and run.steps("train/loss") == [0, 1]
 
 
 def test_shards_are_not_resumed_on_another_mesh(tmp_path, train_env):

@@ -4,13 +4,15 @@ and accelerate's loop is ours. A second Ctrl-C stops at once.
 
 Several processes each get the signal (the terminal's, or the one torchrun passes on to each), not necessarily
 during the same step: at each logged step (trainer.log_every_n_steps) they ask each other (one collective of a
-flag, where the loss is read anyway) and stop together if any was asked, saving that step.
+flag, where the loss is read anyway) and stop together if any was asked, saving that step. strategy=ddp_spawn's
+processes stop at once: the process that started them ends them.
 
 SIGTERM is handled the same way when no launcher started the training (a `kill PID`); under torchrun, SLURM or
 accelerate launch, SIGTERM is the launcher's (stopping the other workers after one died, a requeue) and keeps its
 meaning: stop now.
 """
 
+import multiprocessing
 import os
 import signal
 import sys
@@ -37,6 +39,8 @@ class Interrupt:
         """Answer Ctrl-C in this process, one of `processes`; `announce`: say so (the first process only)."""
         if threading.current_thread() is not threading.main_thread():
             return  # signal handlers live in the main thread only
+        if multiprocessing.parent_process() is not None:  # strategy=ddp_spawn's: the process that started them
+            return  # stops them at once, and says how to continue
         self.installed, self.pid, self.announce = True, os.getpid(), announce
         if processes > 1:
             self.when = "every process at the next logged step (trainer.log_every_n_steps)"

@@ -44,6 +44,17 @@ MOVED_MODULES = {
 }
 
 
+def resuming_message(last: Path) -> str:
+    """What a training says when it continues from the run's last checkpoint (both engines)."""
+    hint = "" if restart_count() else " (resume=false starts afresh)"  # a restart's first line said why not
+    return f"resuming from {last.resolve()}{hint}"
+
+
+def afresh_message(run_dir: Path) -> str:
+    """What resume=false says when it overwrites an earlier training in `run_dir` (both engines)."""
+    return f"resume=false: starting afresh, removing the earlier training's checkpoints and wandb files in {run_dir}"
+
+
 def restart_count() -> int:
     """How often a launcher has started this training again: torchrun's restarts of its processes
     (--max-restarts), SLURM's requeues of its job."""

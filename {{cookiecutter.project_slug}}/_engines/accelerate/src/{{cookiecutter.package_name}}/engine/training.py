@@ -32,7 +32,7 @@ from ..runtime.interrupt import ctrl_c, interrupted, mark_finished
 from ..runtime.memory import configure_allocator
 from ..runtime.optimization import check_optimization, grouped_optimizer, respan
 from ..runtime.precision import resolve_precision, use_tensor_cores
-from ..runtime.resuming import starting_point
+from ..runtime.resuming import afresh_message, resuming_message, starting_point
 from ..tracking.wandb_run import finish_wandb, forget_wandb_run, write_atomically
 from .checkpoints import Checkpoints
 from .evaluation import batches, check_limit, evaluate, log, prefixed
@@ -229,13 +229,13 @@ def resume_point(accelerator: Accelerator, cfg: DictConfig, checkpoints: Checkpo
         return Path(cfg.ckpt_path)
     if not cfg.resume:
         if checkpoints.last:
-            accelerator.print(f"resume=false: starting afresh; removing the checkpoints in {checkpoints.folder}")
+            accelerator.print(afresh_message(checkpoints.folder.parent))
         if accelerator.is_main_process:
             forget_wandb_run(checkpoints.folder.parent)  # and a new wandb run
         checkpoints.clear()
         return None
     if checkpoints.last:
-        accelerator.print(f"resuming from {checkpoints.last.resolve()} (resume=false starts afresh)")
+        accelerator.print(resuming_message(checkpoints.last))
     return checkpoints.last
 
 

@@ -1,7 +1,6 @@
 """Checkpoints a training can trust: written every N steps and at each epoch's end, `last.ckpt` switched to a new
 one only once it is complete, found again by a restart; and loading a trained model without the Trainer."""
 
-import multiprocessing
 import os
 import random
 import shutil
@@ -19,7 +18,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpo
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from ..runtime.interrupt import Interrupt
-from ..runtime.resuming import check_keep_last, load_saved_config
+from ..runtime.resuming import afresh_message, check_keep_last, load_saved_config, resuming_message
 from ..tracking.wandb_run import forget_wandb_run, is_first_process
 from .lightning_private import (
     batches_that_stepped,
@@ -86,10 +85,8 @@ class ResumeCheckpoint(ModelCheckpoint):
         self.unlinked: Path | None = None  # checkpoint.async=true: the checkpoint being written, `last` once it is
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # (After Lightning's own SIGTERM handler, which would end the training its way.) strategy=ddp_spawn's
-        # processes: the process that spawned them ends them at Ctrl-C (Lightning's), so they stop at once.
-        if multiprocessing.parent_process() is None:
-            self.interrupt.install(trainer.world_size, announce=trainer.is_global_zero)
+        # After Lightning's own SIGTERM handler, which would end the training its way
+        self.interrupt.install(trainer.world_size, announce=trainer.is_global_zero)
         # Resumed from a checkpoint of an epoch's end with trainer.max_steps set, Lightning (2.6) first goes through
         # the end of that epoch again, training nothing; it calls on_train_epoch_end again (on_load_checkpoint
         # keeps this callback from writing the checkpoint it resumed from once more, in place) and counts one more
@@ -248,9 +245,9 @@ def resume_from(run_dir: Path, ckpt_path: str | None, resume: bool) -> str | Non
     if not last.exists():
         return None
     if resume:
-        rank_zero_info(f"resuming from {last.resolve()} (resume=false starts afresh)")
+        rank_zero_info(resuming_message(last))
         return os.path.realpath(last)
-    rank_zero_info(f"resume=false: starting afresh, overwriting the training in {run_dir}")
+    rank_zero_info(afresh_message(run_dir))
     if is_first_process():
         shutil.rmtree(run_dir / "checkpoints")
         forget_wandb_run(run_dir)
