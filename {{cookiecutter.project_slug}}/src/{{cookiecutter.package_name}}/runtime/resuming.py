@@ -16,8 +16,7 @@ from .checkpoint_files import damage
 # What a checkpoint is made of: changed, it cannot be loaded (the net's shapes) or not continued where it stopped (its
 # position in the epoch counts global batches and micro-batches). Anything else may change between starts: more
 # epochs, another learning rate, more processes, another preset (checkpoint_forms.py; but see check_same_mesh).
-# model._target_: a LightningModule of yours (+model._target_), with its own loss and maybe parameters.
-MUST_MATCH = ("model.net", "model._target_", "data.batch_size", "trainer.accumulate_grad_batches")
+MUST_MATCH = ("model.net", "data.batch_size", "trainer.accumulate_grad_batches")
 PACKAGE = __package__.partition(".")[0]
 # Where a `_target_` of a run folder saved before the package was laid out in folders (its config.yaml) lives now.
 # The old module names are not kept as aliases: `data` and `tracking` are packages now, so aliases would collide.
