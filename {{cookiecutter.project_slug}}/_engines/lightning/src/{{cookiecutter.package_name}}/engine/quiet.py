@@ -20,12 +20,14 @@ HARMLESS_WARNINGS = [  # (message regex, the module that warns)
 ]
 # Lightning's advertisement for another logger, and its accelerators' availability (TPU and HPU on every machine;
 # the run's devices are in its wandb config, run.*), on every start: logged, not warned. Before a refusal they made
-# the one-line error the last of several, as the Accelerate engine's is not.
+# the one-line error the last of several, as the Accelerate engine's is not. And the fit loop's end, which said
+# "`max_epochs=1` reached" before a Ctrl-C's "interrupted after step 14" too.
 SAID_EVERY_START = (
     "💡 Tip: For seamless cloud logging and experiment tracking",
     "GPU available: ",
     "TPU available: ",
     "HPU available: ",
+    "`Trainer.fit` stopped: ",
 )
 
 
