@@ -75,3 +75,11 @@ class Images(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.x[index], self.y[index]
+
+
+class Values(Parity):
+    """A regression: the float target of each vector is the sum of its features."""
+
+    def __init__(self, split: str, size: int, num_features: int = 6) -> None:
+        super().__init__(split, size, num_features)
+        self.y = self.x.sum(dim=1)

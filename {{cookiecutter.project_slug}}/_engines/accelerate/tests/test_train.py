@@ -8,6 +8,8 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from conftest import QUICK
 from launchers import accelerate_launch
+from torch import nn
+from torch.utils.data import TensorDataset
 
 from {{ cookiecutter.package_name }}.data.loading import Data
 from {{ cookiecutter.package_name }}.data.synthetic import SyntheticData
@@ -42,6 +44,19 @@ def test_evaluation_of_a_language_model_is_the_mean_loss_per_token():
     expected = smoothed(logits, y).item()
     assert abs(expected - metrics["loss"]) > 0.01, "label smoothing must change the loss"
     assert evaluate(Accelerator(cpu=True), net, loader, smoothed)["loss"] == pytest.approx(expected, abs=1e-6)
+
+
+def test_evaluation_of_values_is_their_loss_alone():
+    """Targets that are values (a regression, loop.loss_fn changed to MSE): val/loss is that loss over every target,
+    a real -100.0 too (the eval sampler's padding is NaN there); no accuracy or perplexity, meaningless for values."""
+    x, y = torch.randn(5, 3), torch.tensor([[-100.0], [1.0], [2.0], [0.5], [3.0]])
+    data = Data(lambda split: TensorDataset(x, y), batch_size=2, splits=["val"])
+    net = nn.Linear(3, 1)
+    for rank in range(2):  # rank 0: samples 0, 2, 4 (-100.0 among them); rank 1: 1, 3 and a padding sample
+        metrics = evaluate(Accelerator(cpu=True), net, data.loader("val", replicas=2, rank=rank), F.mse_loss)
+        with torch.no_grad():
+            expected = F.mse_loss(net(x[rank::2]), y[rank::2]).item()
+        assert metrics == {"loss": pytest.approx(expected, rel=1e-6)}
 
 
 def test_limit_val_batches_evaluates_that_many_batches_as_lightning_counts_them():

@@ -40,6 +40,25 @@ def test_logging_every_few_steps_still_logs_the_global_batch_loss(train, single_
     assert run.losses(2) == pytest.approx([single_losses[2], single_losses[5]], abs=TOLERANCE)
 
 
+def test_a_regression_logs_its_loss_alone_and_alike_on_every_layout(train):
+    """Float targets and a module of yours with MSE (docs/your-model.md): val/loss is that loss, the same under ddp
+    as on one device; no val/acc or val/perplexity, which mean nothing for values."""
+    values = [
+        "data=custom",
+        "data.dataset._target_=custom_dataset.Values",
+        "+data.dataset.size=96",
+        "data.num_workers=0",
+    ]
+    values += ["data.num_features=6", "data.num_classes=1", "+model._target_=own_modules.Regressor"]
+    overrides = [*PARITY, *values, "trainer.max_steps=1", "trainer.val_check_interval=1"]
+    single, ddp = (
+        train(*overrides, "strategy=single").wandb,
+        train(*overrides, "strategy=ddp", "trainer.devices=2").wandb,
+    )
+    assert len(single.metric("val/loss")) == 1 and ddp.metric("val/loss") == pytest.approx(single.metric("val/loss"))
+    assert single.metric("val/acc") == ddp.metric("val/acc") == single.metric("val/perplexity") == []
+
+
 def test_validation_takes_a_loss_of_yours_on_every_layout(train):
     """A module of yours with its own loss (label smoothing): val/loss is that loss under ddp as on one device (it
     was cross-entropy on several processes: the presets disagreed on the metric that picks the best checkpoint)."""

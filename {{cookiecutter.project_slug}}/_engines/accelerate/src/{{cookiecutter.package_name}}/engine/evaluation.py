@@ -20,13 +20,15 @@ def evaluate(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     limit: int | float | None = None,
 ) -> dict[str, float]:
-    """Loss, accuracy and perplexity (exp of the loss) over the split, exact: per-target sums are reduced over the
+    """Loss, accuracy and perplexity (exp of the loss; for classes, not values) over the split, exact: per-target sums are reduced over the
     processes, then divided by the number of targets (every sample is evaluated once: the eval sampler does not
     repeat any). `limit`: Lightning's limit_val_batches/limit_test_batches, batches per process (an int) or a share
     of them (a float); None: all."""
     model.eval()
     totals = torch.zeros(3, dtype=torch.float64, device=accelerator.device)
+    values = False  # float targets (regression): no accuracy, no perplexity
     for x, y in itertools.islice(loader, batches(limit, len(loader))):
+        values = y.is_floating_point()
         x, y = to_device(accelerator, x, y)
         with accelerator.autocast():
             logits = model(x)
@@ -36,6 +38,8 @@ def evaluate(
         totals[2] += count  # not the targets the eval sampler padded with (see data.EvalSampler)
     loss_sum, correct, count = accelerator.reduce(totals, "sum").tolist()
     model.train()
+    if values:
+        return {"loss": loss_sum / count}
     return {"loss": loss_sum / count, "acc": correct / count, "perplexity": perplexity(loss_sum / count)}
 
 

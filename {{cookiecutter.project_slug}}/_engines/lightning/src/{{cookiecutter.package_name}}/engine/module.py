@@ -53,6 +53,7 @@ class Classifier(L.LightningModule):
         self.build_net: Callable[[], nn.Module] | None = None  # the net's build again (model_parallel's init=full)
         self._totals: dict[str, torch.Tensor] = {}  # per split: loss sum, correct, targets (several processes)
         self._batch_losses: dict[str, torch.Tensor] = {}  # per split: loss sum, targets (one process)
+        self._value_targets: dict[str, bool] = {}  # per split: float targets (regression), not classes
         self._step_loss: torch.Tensor | float = 0.0  # of the optimizer step's accumulated batches so far
         self._step_lr = 0.0  # the learning rate of the last optimizer step
 
@@ -128,13 +129,15 @@ class Classifier(L.LightningModule):
         if not has_trainer(self) or self.trainer.world_size == 1:  # one process (dp too): Lightning's mean is exact
             loss = self.loss(logits, y)
             self.log(f"{split}/loss", loss)
-            self.log(f"{split}/acc", (logits.argmax(dim=-1) == y).float().mean())
+            if not y.is_floating_point():  # classes; targets that are values (regression) have no accuracy
+                self.log(f"{split}/acc", (logits.argmax(dim=-1) == y).float().mean())
             return loss.detach()  # (dp: the mean over the replicas' chunks) for the perplexity, summed in the root
         # Several processes: Lightning's sync_dist mean truncates the summed sample count to an integer mean over
         # the ranks (101 samples on 2 ranks count as 100), so sum per target here and divide once at epoch end.
         # Targets the eval sampler padded with (IGNORED, to keep the replicas' batch counts equal) count nowhere.
         loss_sum, count = summed_loss(self.loss, logits, y)  # the loss of this module (of yours, if you change it)
         correct = (logits.argmax(dim=-1) == y).sum()
+        self._value_targets[split] = y.is_floating_point()
         totals = torch.stack([loss_sum.double(), correct.double(), count.double()])
         self._totals[split] = self._totals.get(split, 0) + totals
 
@@ -142,9 +145,11 @@ class Classifier(L.LightningModule):
         """Loss, accuracy and perplexity (exp of the loss) over every sample of the split, evaluated once each (the
         eval sampler repeats none); processes that share a batch (tensor or pipeline parallel) count it in the sum
         and in the count alike."""
+        classes = not self._value_targets.pop(split, False)  # values (regression): no accuracy, no perplexity
         if split in self._batch_losses:  # one process: Lightning logged loss and acc, the perplexity is left
             loss_sum, count = self._batch_losses.pop(split).tolist()
-            self.log(f"{split}/perplexity", perplexity(loss_sum / count))
+            if classes:
+                self.log(f"{split}/perplexity", perplexity(loss_sum / count))
         if split not in self._totals:
             return
         loss_sum, correct, count = self.trainer.strategy.reduce(self._totals.pop(split), reduce_op="sum").tolist()
@@ -152,8 +157,9 @@ class Classifier(L.LightningModule):
         # over 3 could round), and Lightning no longer recommends syncing them.
         synced = {"sync_dist": True, "reduce_fx": "max"}
         self.log(f"{split}/loss", loss_sum / count, **synced)
-        self.log(f"{split}/acc", correct / count, **synced)
-        self.log(f"{split}/perplexity", perplexity(loss_sum / count), **synced)
+        if classes:
+            self.log(f"{split}/acc", correct / count, **synced)
+            self.log(f"{split}/perplexity", perplexity(loss_sum / count), **synced)
 
     def _add_batch_loss(self, loss: torch.Tensor | None, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> None:
         """One process: add up the batch's mean loss x its targets, for {split}/perplexity = exp(the split's mean
@@ -161,6 +167,7 @@ class Classifier(L.LightningModule):
         replicas. (Several processes: _evaluate sums everything itself.)"""
         if loss is None:
             return
+        self._value_targets[split] = batch[1].is_floating_point()
         targets = batch[1].numel()  # as Lightning weighs the batch means: every batch has T targets per sample
         totals = torch.stack([loss.double() * targets, loss.new_tensor(targets, dtype=torch.float64)])
         self._batch_losses[split] = self._batch_losses.get(split, 0) + totals
