@@ -20,9 +20,9 @@ def evaluate(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     limit: int | float | None = None,
 ) -> dict[str, float]:
-    """Loss, accuracy and perplexity (exp of the loss; for classes, not values) over the split, exact: per-target sums are reduced over the
-    processes, then divided by the number of targets (every sample is evaluated once: the eval sampler does not
-    repeat any). `limit`: Lightning's limit_val_batches/limit_test_batches, batches per process (an int) or a share
+    """Loss, accuracy and perplexity (exp of the loss; both for classes, not values) over the split, exact:
+    per-target sums are reduced over the processes, then divided by the number of targets (every sample is
+    evaluated once: the eval sampler does not repeat any). `limit`: Lightning's limit_val_batches/limit_test_batches, batches per process (an int) or a share
     of them (a float); None: all."""
     model.eval()
     totals = torch.zeros(3, dtype=torch.float64, device=accelerator.device)
