@@ -22,8 +22,8 @@ def evaluate(
 ) -> dict[str, float]:
     """Loss, accuracy and perplexity (exp of the loss; both for classes, not values) over the split, exact:
     per-target sums are reduced over the processes, then divided by the number of targets (every sample is
-    evaluated once: the eval sampler does not repeat any). `limit`: Lightning's limit_val_batches/limit_test_batches, batches per process (an int) or a share
-    of them (a float); None: all."""
+    evaluated once: the eval sampler does not repeat any). `limit`: Lightning's limit_val_batches or
+    limit_test_batches, batches per process (an int) or a share of them (a float); None: all."""
     model.eval()
     totals = torch.zeros(3, dtype=torch.float64, device=accelerator.device)
     values = False  # float targets (regression): no accuracy, no perplexity
