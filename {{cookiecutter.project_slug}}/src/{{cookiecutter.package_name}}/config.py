@@ -86,7 +86,7 @@ def check_overrides(overrides: list[str], config_name: str) -> None:
     if added:
         check_strategy_settings(declared.hydra.runtime.choices.strategy, declared.strategy, list(added.values()))
     keys = dict(_leaves(config))
-    check_data_settings(data_keys, keys)
+    check_data_settings(data_keys, [*keys.values(), *(override.value() for override in values)])
     for override in values:
         key, value = override.key_or_group, override.value()
         if not key.startswith("hydra.") and key not in keys:
@@ -110,14 +110,15 @@ def _adds_data_setting(override: Override) -> bool:
     )
 
 
-def check_data_settings(added: list[str], keys: dict[str, Any]) -> None:
+def check_data_settings(added: list[str], settings: list[Any]) -> None:
     """Refuse `+data.KEY=...` that neither the loaders take (data.loading.Data's settings) nor a setting of the
-    config reads (`${...KEY}`, as the dataset's and model's keys read data.num_features), in one line. Taken in, it
-    was dropped without a word: `+data.root=DIR` meant for the dataset (data.dataset.root), `+data.pin_memory=true`."""
+    config or the command line reads (`${...KEY}`, as the model's keys read data.num_features), in one line. Taken
+    in, it was dropped without a word: `+data.root=DIR` meant for the dataset (data.dataset.root),
+    `+data.pin_memory=true`."""
     from .data.loading import Data  # (torch: only when such a key is given)
 
     taken = set(inspect.signature(Data.__init__).parameters) - {"self", "interpolated"}
-    read = " ".join(value for value in keys.values() if isinstance(value, str) and "${" in value)
+    read = " ".join(value for value in settings if isinstance(value, str) and "${" in value)
     for key in added:
         name = key.partition(".")[2]
         if name not in taken and not any(f"{start}{name}" + "}" in read for start in (".", "{")):

@@ -215,8 +215,11 @@ def recommend(
         tensor: int | None = None,
         pipelines: int = 1,
     ) -> dict[str, Any]:
-        # The user's own settings, but not those of the layout the recommendation replaces (strategy=ddp twice)
-        kept = [o for o in overrides if not o.lstrip("+~").startswith(LAYOUT_SETTINGS)]
+        # The user's own settings, but not those of the layout the recommendation replaces (strategy=ddp twice);
+        # the preset's own settings (strategy.X) where it recommends the preset the command line gave
+        mine = next((o.partition("=")[2] for o in overrides if o.startswith("strategy=")), None)
+        replaced = LAYOUT_SETTINGS if preset != mine else tuple(o for o in LAYOUT_SETTINGS if o != "strategy.")
+        kept = [o for o in overrides if not o.lstrip("+~").startswith(replaced)]
         command = train_command(preset, devices, nodes, [*extra, *kept])
         return {
             "preset": preset,

@@ -62,13 +62,9 @@ def test_killed_while_saving_then_run_again_continues_exactly(tmp_path, train_en
 
     fresh = run_in(run_dir, train_env, *DROPOUT, "trainer.max_steps=2", "resume=false")
     assert fresh.returncode == 0, fresh.stdout + fresh.stderr
-    assert (
-        f"resume=false: starting afresh, removing the earlier training's checkpoints and wandb files in {run_dir}"
-        in (fresh.stdout)
-    )
+    assert f"resume=false: starting afresh, removing the earlier training's checkpoints in {run_dir}" in fresh.stdout
     assert (checkpoints / "last").resolve() == checkpoints / "step-0000002"
-    [run] = offline_runs(run_dir)  # a new wandb run; the overwritten training's is gone (wandb sync would upload it)
-    assert run.starts == 1 and run.steps("train/loss") == [0, 1]
+    assert len(offline_runs(run_dir)) == 2, "and a new wandb run"
 
 
 def test_shards_are_not_resumed_on_another_mesh(tmp_path, train_env):
@@ -100,6 +96,6 @@ def test_ctrl_c_stops_the_processes_ddp_spawn_started_in_one_line(tmp_path, trai
     code, output = proc.wait(120), (tmp_path / "log").read_text()
     assert code == 130 and "Traceback" not in output, output[-3000:]
     assert output.strip().splitlines()[-1] == (
-        "SIGINT: the 2 processes stopped at once (several processes save no checkpoint on a stop); continue from "
+        "SIGINT: the 2 processes stopped at once (ddp_spawn's processes save no checkpoint on a stop); continue from "
         "the last one with the same command plus run_id=run (or run_id=last)"
     )

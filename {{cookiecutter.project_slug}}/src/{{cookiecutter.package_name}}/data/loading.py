@@ -390,6 +390,8 @@ def check_input(net: nn.Module, data: Data) -> None:
 # from the CPU's "mat1 and mat2 shapes cannot be multiplied")
 SHAPE_ERRORS = ("must have same reduction dim", "is invalid for input of size", "must match the size of tensor")
 LABELS_READ = 64  # the training split's first samples whose targets are checked against the net's classes
+# a loss's words for an output and targets that do not fit each other (torch's cross-entropy and regression losses)
+LOSS_SHAPE_ERRORS = ("batch_size", "size of tensor", "must match", "same size", "shape")
 
 
 def check_output(net: nn.Module, data: Data, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
@@ -446,14 +448,17 @@ def check_loss(
     """The loss on the net's output for a batch of one (meta tensors): refused in one line if it fails, or if torch
     warns that it broadcasts the two (its regression losses do, for (B, 1) against (B,))."""
     dtype = str(y.dtype).removeprefix("torch.")
-    shapes = f"output {tuple(output.shape[1:])} per sample, targets {tuple(y.shape[1:])} {dtype}"
+    pair = f"output {tuple(output.shape[1:])} per sample, targets {tuple(y.shape[1:])} {dtype}"
     with warnings.catch_warnings(record=True) as warned:
         warnings.simplefilter("always")
         try:
             loss(output, y)
         except Exception as error:  # noqa: BLE001 (the loss's own words, in the one line)
-            if "meta" in str(error).lower():  # what the meta device cannot run: the training will
-                return
+            message = str(error)
+            shapes = any(words in message for words in LOSS_SHAPE_ERRORS)
+            values_for_classes = y.is_floating_point() and "dtype" in message  # cross-entropy of float targets
+            if "meta" in message.lower() or not (shapes or values_for_classes):
+                return  # what the meta device, or a loss that reads more than its two tensors, cannot run here
             if not y.is_floating_point() and (output.dim() < 2 or output.shape[:-1].numel() != y.numel()):
                 raise ConfigError(
                     f"model.net {name} gives logits of shape {tuple(output.shape[1:])} per sample for targets of "
@@ -463,15 +468,15 @@ def check_loss(
             hint = (
                 "cross-entropy takes class indices: store y as integers, or, for values (regression), train with a "
                 "loss of yours (docs/your-model.md)"
-                if y.is_floating_point()
+                if values_for_classes
                 else "make the model's output and the loss fit the targets (docs/your-model.md)"
             )
             raise ConfigError(
-                f"the loss cannot train model.net {name} on this data ({shapes}): {str(error).splitlines()[0]}; {hint}"
+                f"the loss cannot train model.net {name} on this data ({pair}): {message.splitlines()[0]}; {hint}"
             ) from None
     if any("different to the input size" in str(warning.message) for warning in warned):
         raise ConfigError(
-            f"the loss would broadcast model.net {name}'s output against the targets ({shapes}), comparing every "
+            f"the loss would broadcast model.net {name}'s output against the targets ({pair}), comparing every "
             "prediction with every target: give them one shape (e.g. squeeze the output's last dimension)"
         )
 

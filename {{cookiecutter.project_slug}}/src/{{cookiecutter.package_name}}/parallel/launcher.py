@@ -102,8 +102,9 @@ def die_with_launcher() -> None:
     launcher = detect_launcher()
     if launcher is None or launcher.name != "torchrun" or not sys.platform.startswith("linux"):
         return
+    agent = os.getppid()
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() == 1:  # the agent died before the line above: nobody would tell us
+    if os.getppid() != agent:  # it died before the line above: nobody would tell us (torchrun may be PID 1)
         os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -33,7 +33,7 @@ class Interrupt:
     def __init__(self) -> None:
         self.requested = False
         self.previous: dict[int, object] = {}
-        self.installed, self.pid, self.announce, self.when = False, os.getpid(), True, "after this step"
+        self.pid, self.announce, self.when = os.getpid(), True, "after this step"
 
     def install(self, processes: int = 1, announce: bool = True) -> None:
         """Answer Ctrl-C in this process, one of `processes`; `announce`: say so (the first process only)."""
@@ -41,7 +41,7 @@ class Interrupt:
             return  # signal handlers live in the main thread only
         if multiprocessing.parent_process() is not None:  # strategy=ddp_spawn's: the process that started them
             return  # stops them at once, and says how to continue
-        self.installed, self.pid, self.announce = True, os.getpid(), announce
+        self.pid, self.announce = os.getpid(), announce
         if processes > 1:
             self.when = "every process at the next logged step (trainer.log_every_n_steps)"
         signals = [signal.SIGINT] if detect_launcher() else [signal.SIGINT, signal.SIGTERM]

@@ -51,7 +51,7 @@ def resuming_message(last: Path) -> str:
 
 def afresh_message(run_dir: Path) -> str:
     """What resume=false says when it overwrites an earlier training in `run_dir` (both engines)."""
-    return f"resume=false: starting afresh, removing the earlier training's checkpoints and wandb files in {run_dir}"
+    return f"resume=false: starting afresh, removing the earlier training's checkpoints in {run_dir}"
 
 
 def restart_count() -> int:

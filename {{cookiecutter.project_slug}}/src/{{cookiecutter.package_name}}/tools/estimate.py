@@ -19,9 +19,8 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch import nn
-from torch.utils.data import IterableDataset
 
-from ..data.loading import not_logits
+from ..data.loading import Data, not_logits
 from ..engine.launching import DP_GATHERS_OUTPUTS
 from ..errors import ConfigError
 from ..parallel.pipelining import bubble_fraction
@@ -102,15 +101,19 @@ def example_input(cfg: DictConfig, net: nn.Module, batch: int) -> torch.Tensor:
 
 
 def first_input(cfg: DictConfig) -> torch.Tensor | None:
-    """The training split's first x, from the configured dataset (None: a stream, or data without a dataset)."""
+    """The training split's first x, read as the training reads it (None: a stream, an empty split, or data without
+    a dataset)."""
     from ..config import build_object  # (config imports the data layer, which imports this package's parts)
 
     if cfg.data.get("dataset") is None:
         return None
-    dataset = build_object(cfg.data.dataset)(split="train")
-    if isinstance(dataset, IterableDataset):
+    data = Data(build_object(cfg.data.dataset), splits=["train"])
+    if data.streams:  # not read by index (and maybe remote)
         return None
-    x = dataset[0][0]
+    data.setup()  # a dataset class that refuses its arguments: one line (data.loading.Data)
+    if len(data.splits["train"]) == 0:
+        return None
+    x = data.first_item("train")[0]
     try:
         return torch.as_tensor(x)
     except (TypeError, ValueError, RuntimeError):

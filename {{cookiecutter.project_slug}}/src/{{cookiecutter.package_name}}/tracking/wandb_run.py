@@ -6,7 +6,6 @@ import contextlib
 import netrc
 import os
 import secrets
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -84,9 +83,8 @@ def keep_wandb_run_id(run_dir: Path, run_id: str) -> None:
 
 
 def forget_wandb_run(run_dir: Path) -> None:
-    """Start the next training in `run_dir` as a new wandb run, with a new metrics file (resume=false). The earlier
-    training's wandb files go too: `wandb sync <run>/wandb` would upload the overwritten training beside it."""
-    shutil.rmtree(run_dir / "wandb", ignore_errors=True)
+    """Start the next training in `run_dir` as a new wandb run, with a new metrics file (resume=false)."""
+    (run_dir / "wandb" / "run_id").unlink(missing_ok=True)
     (run_dir / "metrics.jsonl").unlink(missing_ok=True)  # tracking/metrics_file.py
 
 

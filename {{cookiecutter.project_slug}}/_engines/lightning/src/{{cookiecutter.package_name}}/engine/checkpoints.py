@@ -104,11 +104,12 @@ class ResumeCheckpoint(ModelCheckpoint):
             self.interrupt.restore()
 
     def _stop_now(self, trainer: L.Trainer) -> bool:
-        if only_accumulates(trainer) or not self.interrupt.installed:  # at an optimizer step's end
+        if only_accumulates(trainer):  # at an optimizer step's end
             return False
         if trainer.world_size == 1:
             return self.interrupt.requested
-        if trainer.global_step % trainer.log_every_n_steps:  # several processes agree at a logged step
+        # Several processes agree at a logged step; every one asks, with its handler or without (ddp_spawn's)
+        if trainer.global_step % trainer.log_every_n_steps:
             return False
         return trainer.strategy.reduce_boolean_decision(self.interrupt.requested, all=False)
 

@@ -92,7 +92,7 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
             failed = False
             last = run_dir / "checkpoints" / LAST
             raise interrupted(resume.interrupted_at, last) if trainer.is_global_zero else Interrupted("")
-        if preset() == "ddp_spawn" and (run_dir / "checkpoints" / LAST).exists():
+        if preset() == "ddp_spawn" and (run_dir / "checkpoints" / LAST).is_file():  # (a folder: another preset's)
             restore_loop_counters(trainer, run_dir / "checkpoints" / LAST)
         if cfg.test_after_fit and "test" in datamodule.data.split_names:  # data=files: test is optional
             best = trainer.checkpoint_callback and trainer.checkpoint_callback.best_model_path

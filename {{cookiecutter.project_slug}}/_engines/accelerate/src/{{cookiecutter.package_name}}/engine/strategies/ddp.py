@@ -91,8 +91,8 @@ class DDPSpawn(DDP):
         except SignalException as err:  # Ctrl-C (or SIGTERM) reached this command: its processes stopped at once
             run_id = Path(HydraConfig.get().runtime.output_dir).name
             raise Interrupted(
-                f"{signal.Signals(err.sigval).name}: the {devices} processes stopped at once (several processes save "
-                f"no checkpoint on a stop); continue from the last one with the same command plus run_id={run_id} "
+                f"{signal.Signals(err.sigval).name}: the {devices} processes stopped at once (ddp_spawn's processes "
+                f"save no checkpoint on a stop); continue from the last one with the same command plus run_id={run_id} "
                 "(or run_id=last)"
             ) from None
         except ChildFailedError as err:

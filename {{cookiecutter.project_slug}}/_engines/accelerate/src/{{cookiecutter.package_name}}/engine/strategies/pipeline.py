@@ -141,7 +141,8 @@ class PipelineParallel(Strategy):
         summary = self.pipeline.summary()
         if accelerator.is_main_process:
             if accelerator.trackers:  # (logger=none: no wandb run)
-                accelerator.get_tracker("wandb", unwrap=True).config.update({"pipeline": summary})
+                tracker = accelerator.get_tracker("wandb", unwrap=True)  # (a resumed run may have had other stages)
+                tracker.config.update({"pipeline": summary}, allow_val_change=True)
             print(f"pipeline: {summary} (bubble: pipelining.bubble_fraction)")
 
     def step_metrics(self) -> dict[str, float]:
