@@ -103,11 +103,8 @@ def check_overrides(overrides: list[str], config_name: str) -> None:
 
 def _adds_data_setting(override: Override) -> bool:
     """`+data.KEY=...` (not `+data.dataset.KEY`, which the dataset takes or refuses)."""
-    return (
-        override.type == OverrideType.ADD
-        and override.key_or_group.count(".") == 1
-        and (override.key_or_group.startswith("data."))
-    )
+    key = override.key_or_group
+    return override.type == OverrideType.ADD and key.startswith("data.") and key.count(".") == 1
 
 
 def check_data_settings(added: list[str], settings: list[Any]) -> None:

@@ -492,12 +492,12 @@ def not_logits(name: str, output: object) -> ConfigError:
 
 def first_sample(data: Data) -> Any:
     """The training split's first sample, as a batch of one: a tensor, or what the dataset gives when that is not
-    an array (a dict of tensors, say); None when the split cannot be read by index (a stream). What the checks
-    before training run the net on."""
+    an array (a dict of tensors, say); None when the split cannot be read by index (a stream) or is empty. What the
+    checks before training, the doctor and the bench run the net on."""
     data.setup()
     try:
         x = data.first_item("train")[0]
-    except (KeyError, TypeError, ValueError, RuntimeError, NotImplementedError):
+    except (KeyError, IndexError, TypeError, ValueError, RuntimeError, NotImplementedError):  # (IndexError: empty)
         return None
     try:
         return torch.as_tensor(x)[None]

@@ -20,7 +20,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch import nn
 
-from ..data.loading import Data, not_logits
+from ..config import build_object
+from ..data.loading import Data, first_sample, not_logits
 from ..engine.launching import DP_GATHERS_OUTPUTS
 from ..errors import ConfigError
 from ..parallel.pipelining import bubble_fraction
@@ -103,24 +104,18 @@ def example_input(cfg: DictConfig, net: nn.Module, batch: int) -> torch.Tensor:
 def first_input(cfg: DictConfig) -> torch.Tensor | None:
     """The training split's first x, read as the training reads it (None: a stream, an empty split, or data without
     a dataset)."""
-    from ..config import build_object  # (config imports the data layer, which imports this package's parts)
-
     if cfg.data.get("dataset") is None:
         return None
     data = Data(build_object(cfg.data.dataset), splits=["train"])
-    if data.streams:  # not read by index (and maybe remote)
+    if data.streams:  # not read by index (and maybe remote): not opened
         return None
-    data.setup()  # a dataset class that refuses its arguments: one line (data.loading.Data)
-    if len(data.splits["train"]) == 0:
-        return None
-    x = data.first_item("train")[0]
-    try:
-        return torch.as_tensor(x)
-    except (TypeError, ValueError, RuntimeError):
-        raise ConfigError(
-            f"the doctor and the bench size the model on its input as one tensor, but the data's x is a "
-            f"{type(x).__name__}: measure it on a model and data that take one (the training takes yours as it is)"
-        ) from None
+    sample = first_sample(data)  # a dataset class that refuses its arguments: one line (data.loading.Data)
+    if sample is None or isinstance(sample, torch.Tensor):
+        return None if sample is None else sample[0]
+    raise ConfigError(
+        f"the doctor and the bench size the model on its input as one tensor, but the data's x is a "
+        f"{type(sample).__name__}: measure it on a model and data that take one (the training takes yours as it is)"
+    )
 
 
 def tokens_per_sample(output: torch.Tensor) -> int:
