@@ -60,6 +60,10 @@ def test_killed_while_saving_then_run_again_continues_exactly(tmp_path, train_en
     assert (checkpoints / "last").resolve() == checkpoints / f"step-{STEPS:07d}"
     assert load_trained(checkpoints / "last") is not None
 
+    kept = sorted(path.name for path in checkpoints.iterdir())
+    bad = run_in(run_dir, train_env, *DROPOUT, "resume=false", "checkpoint.async=true")  # refused: deletes nothing
+    Run(bad.returncode, bad.stdout + bad.stderr, run_dir).assert_rejected("checkpoint.async=true", in_existing_run=True)
+    assert sorted(path.name for path in checkpoints.iterdir()) == kept and len(offline_runs(run_dir)) == 1
     fresh = run_in(run_dir, train_env, *DROPOUT, "trainer.max_steps=2", "resume=false")
     assert fresh.returncode == 0, fresh.stdout + fresh.stderr
     assert f"resume=false: starting afresh, removing the earlier training's checkpoints in {run_dir}" in fresh.stdout

@@ -15,7 +15,7 @@ from kill_switch import WANDB_FLUSH_SECONDS
 from slurm_jobs import ENDED, job_state, wait_for
 from wandb_records import offline_runs, sync_dry_run
 
-from {{ cookiecutter.package_name }}.engine.checkpoints import resume_from
+from {{ cookiecutter.package_name }}.engine.checkpoints import prepare_run_folder
 from {{ cookiecutter.package_name }}.parallel.launcher import free_port
 
 pytestmark = pytest.mark.slow
@@ -123,6 +123,12 @@ def test_a_finished_training_run_again_resumes_unless_resume_is_false(train, uni
     refused.assert_rejected(differences, in_existing_run=True)
     assert "give resume=false to start afresh there" in refused.output and "or run_id=NAME" in refused.output
     assert (done.run_dir / "config.yaml").read_text() == config
+    # A refused resume=false deletes nothing (async saving is refused under single after the config is built).
+    checkpoints = sorted(path.name for path in (done.run_dir / "checkpoints").iterdir())
+    bad = train(*TRAIN, "strategy=single", "resume=false", "checkpoint.async=true", run_dir=done.run_dir, check=False)
+    bad.assert_rejected("checkpoint.async=true", in_existing_run=True)
+    assert sorted(path.name for path in (done.run_dir / "checkpoints").iterdir()) == checkpoints
+    assert len(offline_runs(done.run_dir)) == 1 and "starting afresh" not in bad.output
     afresh = train(*TRAIN, "strategy=single", "trainer.max_epochs=1", "resume=false", run_dir=done.run_dir)
     assert "resume=false: starting afresh, removing the earlier training's checkpoints in" in afresh.output
     runs = offline_runs(afresh.run_dir)
@@ -255,5 +261,5 @@ def test_a_checkpoint_of_lightnings_slurm_requeue_is_removed_not_resumed(tmp_pat
     otherwise restore it by itself in a run that starts afresh there, and it would fill the disk."""
     monkeypatch.delenv("RANK", raising=False)
     (tmp_path / "hpc_ckpt_1.ckpt").write_bytes(b"PK")
-    assert resume_from(tmp_path, None, resume=True) is None
+    prepare_run_folder(tmp_path, None, resume=True)
     assert not (tmp_path / "hpc_ckpt_1.ckpt").exists()

@@ -233,26 +233,31 @@ def point_last_at(checkpoint: Path) -> None:
 
 def resume_from(run_dir: Path, ckpt_path: str | None, resume: bool) -> str | None:
     """The checkpoint this training starts from: `ckpt_path` if given, else the run's last complete one (a restart
-    with the same run id), else none. resume=false instead deletes a previous training's checkpoints and wandb
-    run id in this folder (first process), so that it starts afresh."""
+    with the same run id), else none. Changes nothing: prepare_run_folder acts on it once the config is checked."""
+    last = run_dir / "checkpoints" / LAST
+    if ckpt_path:
+        return os.path.realpath(ckpt_path)  # a link (last.ckpt) to the checkpoint it points at
+    return os.path.realpath(last) if resume and last.exists() else None
+
+
+def prepare_run_folder(run_dir: Path, ckpt_path: str | None, resume: bool) -> None:
+    """Say where the training starts; resume=false deletes a previous training's checkpoints and wandb run id in
+    this folder (first process), so that it starts afresh. Run after every check: a refused command deletes nothing."""
     for stale in sorted(run_dir.glob("hpc_ckpt_*.ckpt")) if is_first_process() else []:
         # Lightning's SLURM auto-requeue (SIGUSR1 to the tasks) saved it wherever the signal landed, maybe inside a
         # step: not continued exactly, and Lightning would restore it by itself in a run starting afresh here.
         rank_zero_info(f"removing {stale.name}, Lightning's SLURM checkpoint (the run resumes from its own)")
         stale.unlink()
-    if ckpt_path:
-        return os.path.realpath(ckpt_path)  # a link (last.ckpt) to the checkpoint it points at
     last = run_dir / "checkpoints" / LAST
-    if not last.exists():
-        return None
+    if ckpt_path or not last.exists():
+        return
     if resume:
         rank_zero_info(resuming_message(last))
-        return os.path.realpath(last)
+        return
     rank_zero_info(afresh_message(run_dir))
     if is_first_process():
         shutil.rmtree(run_dir / "checkpoints")
         forget_wandb_run(run_dir)
-    return None
 
 
 def load_trained(checkpoint: str | Path, config: str | Path | None = None) -> Classifier:

@@ -59,7 +59,7 @@ def check_trial(cfg: DictConfig, preset: str, processes: int) -> None:
     from .training import prepare  # torch and Lightning: only now, since they take seconds to import
 
     with quiet_lightning():
-        prepare(cfg, with_logger=False)
+        prepare(cfg)
 
 
 @contextmanager

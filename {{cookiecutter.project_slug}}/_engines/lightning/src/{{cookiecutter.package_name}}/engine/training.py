@@ -5,7 +5,6 @@ command, `python -m {{ cookiecutter.package_name }}.train`, calls train() and re
 """
 
 import functools
-import os
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ from ..runtime.precision import resolve_precision
 from ..runtime.resuming import check_same_mesh, starting_point
 from ..tracking.wandb_run import finish_wandb, write_atomically
 from .callbacks.epoch_metrics import EpochMetricsFile
-from .checkpoints import LAST, AnyPresetCheckpointIO, ResumeCheckpoint, resume_from
+from .checkpoints import LAST, AnyPresetCheckpointIO, ResumeCheckpoint, prepare_run_folder, resume_from
 from .module import build_module
 from .profiler import NoProfiler
 from .strategies import BatchNormSync, check_layout, data_parallel_size, device_layout, model_init_context
@@ -66,10 +65,8 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
     configure_allocator()  # before anything initialises CUDA
     # A restart continues from the run's last checkpoint; checkpoints of another training are refused.
     cfg.ckpt_path, cfg.resume = starting_point(run_dir, cfg, run_dir / "checkpoints" / LAST)
-    # Before the logger: resume=false forgets the run (but check_only writes nothing, deletes nothing).
-    ckpt_path = None if cfg.check_only else resume_from(run_dir, cfg.ckpt_path, cfg.resume)
-    trainer, model, datamodule = prepare(cfg)
-    start = ckpt_path if not cfg.check_only else planned_start(run_dir, cfg)
+    trainer, model, datamodule = prepare(cfg)  # checked before anything is written or deleted
+    start = resume_from(run_dir, cfg.ckpt_path, cfg.resume)
     tensor_parallel = getattr(trainer.strategy, "tensor_parallel_size", 1)  # another one than the checkpoint's?
     check_same_mesh(Path(start) if start else None, data_parallel_size(trainer), tensor_parallel, preset())
     if synchronised_batchnorm(cfg, model, trainer):
@@ -79,6 +76,9 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
         print(f"check_only: the command passes its checks ({counted}); nothing was trained")
         return {}
 
+    prepare_run_folder(run_dir, cfg.ckpt_path, cfg.resume)
+    # After it: the logger continues the run's wandb run, which resume=false has just forgotten.
+    trainer.loggers = [build(cfg.logger)] if cfg.logger else []
     failed = True
     try:
         if trainer.is_global_zero:
@@ -86,7 +86,7 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
             mark_finished(run_dir, False)
             for logger in trainer.loggers:  # the resolved config and the run's layout, rank 0 only
                 logger.log_hyperparams(run_summary(cfg, trainer))
-        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+        trainer.fit(model, datamodule=datamodule, ckpt_path=start)
         resume = next((callback for callback in trainer.callbacks if isinstance(callback, ResumeCheckpoint)), None)
         if resume and resume.interrupted_at is not None:  # Ctrl-C: saved, stopped; say how to continue
             failed = False
@@ -113,10 +113,11 @@ def restore_loop_counters(trainer: L.Trainer, checkpoint: Path) -> None:
     trainer.fit_loop.load_state_dict(loops["fit_loop"])
 
 
-def prepare(cfg: DictConfig, with_logger: bool = True) -> tuple[L.Trainer, L.LightningModule, L.LightningDataModule]:
+def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningDataModule]:
     """The trainer, model and data of this config, checked: everything that can refuse the config does so
     here, before a process starts or a file is written (raises ConfigError). The search runs it on the config of
-    its first trial (without the logger), so that a config every trial would refuse is refused before the first."""
+    its first trial, so that a config every trial would refuse is refused before the first. Without a logger: see
+    fit_and_test."""
     if cfg.ckpt_path:
         check_checkpoint_path(Path(cfg.ckpt_path))
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # (the seed is in the config it logs)
@@ -127,7 +128,6 @@ def prepare(cfg: DictConfig, with_logger: bool = True) -> tuple[L.Trainer, L.Lig
         callbacks = [callback for callback in callbacks if not isinstance(callback, ProgressBar)]
     if cfg.epoch_metrics:  # the search reads it to prune a trial
         callbacks.append(EpochMetricsFile(cfg.epoch_metrics))
-    logger = build(cfg.logger) if cfg.logger and with_logger else False
     # Under torchrun or SLURM the launcher's layout, unless the command line gave one (checked against it).
     num_nodes, devices = fit_layout_to_launcher(
         preset(), cfg.trainer.num_nodes, cfg.trainer.devices, HydraConfig.get().overrides.task
@@ -146,7 +146,7 @@ def prepare(cfg: DictConfig, with_logger: bool = True) -> tuple[L.Trainer, L.Lig
         devices=devices,
         strategy=cfg.strategy,
         callbacks=callbacks,
-        logger=logger,
+        logger=False,  # fit_and_test gives it, once the run folder is ready for it
         plugins=plugins or None,
         profiler=cfg.trainer.profiler or NoProfiler(),
     )
@@ -201,12 +201,6 @@ def check_checkpoint_path(path: Path) -> None:
 def has_checkpoint_io(strategy: Any) -> bool:
     """Whether the strategy's config gives a CheckpointIO of its own (Lightning refuses one there and in plugins)."""
     return OmegaConf.is_config(strategy) and strategy.get("checkpoint_io") is not None
-
-
-def planned_start(run_dir: Path, cfg: DictConfig) -> str | None:
-    """The checkpoint a training would start from (check_only: resume_from, which may delete, is not run)."""
-    last = run_dir / "checkpoints" / LAST
-    return cfg.ckpt_path or (os.path.realpath(last) if cfg.resume and last.exists() else None)
 
 
 def synchronised_batchnorm(cfg: DictConfig, model: L.LightningModule, trainer: L.Trainer) -> bool:
