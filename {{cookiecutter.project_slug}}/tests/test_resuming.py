@@ -147,6 +147,9 @@ def test_a_damaged_checkpoint_is_refused_naming_the_newest_whole_one(run_dir, tm
     (folder / "last").unlink()
     (folder / "last").symlink_to(newer.name)
     assert starting_point(run_dir, training(), folder / "last") == (None, True)  # whole: resumed
+    (folder / "notes.txt").write_text("not a checkpoint, and newer than any")  # never suggested
+    (folder / ".step000012.partial").mkdir()  # nor one being written
+    (folder / ".step000012.partial" / "model.safetensors").write_bytes(b"")
     cut_short(newer)
     with pytest.raises(ConfigError) as refused:
         starting_point(run_dir, training(), folder / "last")
@@ -177,7 +180,10 @@ def test_a_damaged_checkpoint_is_refused_naming_the_newest_whole_one(run_dir, tm
     torch.save(state, accelerate_like / "optimizer.bin")
     starting_point(elsewhere, training(ckpt_path=str(accelerate_like)), elsewhere / "checkpoints" / "last")
     cut_short(accelerate_like / "model.safetensors", keep=200)
-    with pytest.raises(ConfigError, match="cannot be read: model.safetensors: not a whole safetensors file"):
+    (accelerate_like.parent / "copy.log").write_text("beside it, no checkpoint")
+    with pytest.raises(
+        ConfigError, match="model.safetensors: not a whole safetensors file.*; give another checkpoint$"
+    ):
         starting_point(elsewhere, training(ckpt_path=str(accelerate_like)), elsewhere / "checkpoints" / "last")
 
 

@@ -123,6 +123,10 @@ def test_a_finished_training_run_again_resumes_unless_resume_is_false(train, uni
     refused.assert_rejected(differences, in_existing_run=True)
     assert "give resume=false to start afresh there" in refused.output and "or run_id=NAME" in refused.output
     assert (done.run_dir / "config.yaml").read_text() == config
+    past = train(
+        *TRAIN, "strategy=single", "trainer.max_epochs=1", "trainer.max_steps=3", run_dir=done.run_dir, check=False
+    )
+    past.assert_rejected(f"has trained 1 epoch ({STEPS // 2} steps), past trainer.max_steps=3", in_existing_run=True)
     # A refused resume=false deletes nothing (async saving is refused under single after the config is built).
     checkpoints = sorted(path.name for path in (done.run_dir / "checkpoints").iterdir())
     bad = train(*TRAIN, "strategy=single", "resume=false", "checkpoint.async=true", run_dir=done.run_dir, check=False)

@@ -40,6 +40,17 @@ def file_damage(path: Path) -> str:
     return ""
 
 
+def looks_like_checkpoint(path: Path) -> bool:
+    """Whether `path` is a checkpoint to suggest: a file torch.save wrote, or a folder of one (DCP's, accelerate's);
+    not a link (`last`), nor one still being written (a hidden name: `.step-0000006.partial`)."""
+    if path.is_symlink() or path.name.startswith("."):
+        return False
+    if path.is_file():
+        return path.suffix in TORCH_FILES and written_by_torch(path)
+    parts = {".safetensors", *TORCH_FILES}
+    return path.is_dir() and any(part.name == DCP_INDEX or part.suffix in parts for part in path.iterdir())
+
+
 def written_by_torch(path: Path) -> bool:
     """Whether the file `path` is one torch.save writes: a zip archive (a whole one, or one cut short), or the
     pickle of torch before 1.6."""

@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..errors import ConfigError, said_once
 from ..tracking.wandb_run import is_first_process
-from .checkpoint_files import damage
+from .checkpoint_files import damage, looks_like_checkpoint
 
 # What a checkpoint is made of: changed, it cannot be loaded (the net's shapes) or not continued where it stopped (its
 # position in the epoch counts global batches and micro-batches). Anything else may change between starts: more
@@ -99,6 +99,22 @@ def check_same_training(run_dir: Path, cfg: DictConfig) -> None:
         )
 
 
+def check_not_past_the_end(checkpoint: Path, epochs: int, steps: int, max_epochs: int, max_steps: int) -> None:
+    """Refuse, in one line, to continue a checkpoint that has trained past this training's end: it would train
+    nothing (Lightning refuses fewer epochs itself, but only once the wandb run started). `epochs`, `steps`: the
+    whole epochs and the optimizer steps it has done; -1 (or None) for a limit: none."""
+    over = []
+    if max_epochs not in (None, -1) and epochs > max_epochs:
+        over.append(f"trainer.max_epochs={max_epochs}")
+    if max_steps not in (None, -1) and steps > max_steps:
+        over.append(f"trainer.max_steps={max_steps}")
+    if over:
+        raise ConfigError(
+            f"{checkpoint} has trained {epochs} epoch{'s' * (epochs != 1)} ({steps} steps), past {' and '.join(over)}: to train it "
+            "further give more; to train afresh give resume=false, or run_id=NAME for a new run folder"
+        )
+
+
 def check_whole(checkpoint: Path, given: bool) -> None:
     """Refuse, in one line, to start from a checkpoint whose files are damaged (checkpoint_files.py), naming the run's
     newest whole one to continue from instead. `given`: named by ckpt_path= (else the run's last one). Every process
@@ -106,7 +122,7 @@ def check_whole(checkpoint: Path, given: bool) -> None:
     if not checkpoint.exists() or not (problem := damage(checkpoint)):
         return
     others = sorted(
-        (path for path in checkpoint.parent.iterdir() if not path.is_symlink() and path != checkpoint),
+        (path for path in checkpoint.parent.iterdir() if path != checkpoint and looks_like_checkpoint(path)),
         key=lambda path: path.stat().st_mtime,
         reverse=True,
     )

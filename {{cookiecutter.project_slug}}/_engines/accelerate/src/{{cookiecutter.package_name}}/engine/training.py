@@ -32,7 +32,7 @@ from ..runtime.interrupt import ctrl_c, interrupted, mark_finished
 from ..runtime.memory import configure_allocator
 from ..runtime.optimization import check_optimization, grouped_optimizer, respan
 from ..runtime.precision import resolve_precision, use_tensor_cores
-from ..runtime.resuming import afresh_message, resuming_message, starting_point
+from ..runtime.resuming import afresh_message, check_not_past_the_end, resuming_message, starting_point
 from ..tracking.wandb_run import finish_wandb, forget_wandb_run, write_atomically
 from .checkpoints import Checkpoints
 from .evaluation import batches, check_limit, evaluate, log, prefixed
@@ -63,6 +63,9 @@ def train(cfg: DictConfig) -> None:
     last = run_dir / "checkpoints" / "last"
     start = Path(cfg.ckpt_path) if cfg.ckpt_path else last if cfg.resume and last.exists() else None
     strategy.check_resume(start, processes)
+    if start:  # custom_checkpoint_0: the loop's Progress
+        done = torch.load(start / "custom_checkpoint_0.pkl", map_location="cpu", weights_only=False)
+        check_not_past_the_end(start, done["epoch"], done["global_step"], cfg.trainer.max_epochs, cfg.trainer.max_steps)
     if cfg.check_only:
         counted = f"{processes} process{'es' if processes > 1 else ''}"
         print(f"check_only: the command passes its checks ({counted}); nothing was trained")

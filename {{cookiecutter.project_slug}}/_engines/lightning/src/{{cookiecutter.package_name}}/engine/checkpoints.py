@@ -29,7 +29,7 @@ from .lightning_private import (
     step_interval,
 )
 from .module import Classifier, build_module
-from .strategies.sharded_checkpoints import read_whole
+from .strategies.sharded_checkpoints import META, read_whole
 
 LAST = "last.ckpt"
 
@@ -238,6 +238,16 @@ def resume_from(run_dir: Path, ckpt_path: str | None, resume: bool) -> str | Non
     if ckpt_path:
         return os.path.realpath(ckpt_path)  # a link (last.ckpt) to the checkpoint it points at
     return os.path.realpath(last) if resume and last.exists() else None
+
+
+def trained_so_far(checkpoint: str) -> tuple[int, int]:
+    """(whole epochs, optimizer steps) a checkpoint has trained, from its fit loop's counters (a folder's: its
+    meta.pt); mmap: its tensors are not read."""
+    path = Path(checkpoint)
+    saved = torch.load(
+        path / META if path.is_dir() else path, map_location="cpu", mmap=path.is_file(), weights_only=False
+    )
+    return saved["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"], saved["global_step"]
 
 
 def prepare_run_folder(run_dir: Path, ckpt_path: str | None, resume: bool) -> None:

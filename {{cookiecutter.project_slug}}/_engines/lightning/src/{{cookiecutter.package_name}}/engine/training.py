@@ -32,10 +32,17 @@ from ..runtime.interrupt import interrupted, mark_finished
 from ..runtime.memory import configure_allocator
 from ..runtime.optimization import check_optimization
 from ..runtime.precision import resolve_precision
-from ..runtime.resuming import check_same_mesh, starting_point
+from ..runtime.resuming import check_not_past_the_end, check_same_mesh, starting_point
 from ..tracking.wandb_run import finish_wandb, write_atomically
 from .callbacks.epoch_metrics import EpochMetricsFile
-from .checkpoints import LAST, AnyPresetCheckpointIO, ResumeCheckpoint, prepare_run_folder, resume_from
+from .checkpoints import (
+    LAST,
+    AnyPresetCheckpointIO,
+    ResumeCheckpoint,
+    prepare_run_folder,
+    resume_from,
+    trained_so_far,
+)
 from .module import build_module
 from .profiler import NoProfiler
 from .strategies import BatchNormSync, check_layout, data_parallel_size, device_layout, model_init_context
@@ -67,6 +74,8 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
     cfg.ckpt_path, cfg.resume = starting_point(run_dir, cfg, run_dir / "checkpoints" / LAST)
     trainer, model, datamodule = prepare(cfg)  # checked before anything is written or deleted
     start = resume_from(run_dir, cfg.ckpt_path, cfg.resume)
+    if start:
+        check_not_past_the_end(Path(start), *trained_so_far(start), cfg.trainer.max_epochs, cfg.trainer.max_steps)
     tensor_parallel = getattr(trainer.strategy, "tensor_parallel_size", 1)  # another one than the checkpoint's?
     check_same_mesh(Path(start) if start else None, data_parallel_size(trainer), tensor_parallel, preset())
     if synchronised_batchnorm(cfg, model, trainer):
