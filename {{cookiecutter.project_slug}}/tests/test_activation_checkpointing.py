@@ -32,6 +32,11 @@ NETS = {
         torch.randn(8, 16),
         torch.randint(4, (8,)),
     ),
+    "mlp-batchnorm": lambda: (
+        ResidualMLP(16, 4, hidden=32, depth=3, norm="batch"),
+        torch.randn(8, 16),
+        torch.randint(4, (8,)),
+    ),
     "gpt": lambda: (GPT(64, 16, dim=32, depth=2, num_heads=2), torch.randint(64, (4, 16)), torch.randint(64, (4, 16))),
 }
 
@@ -49,6 +54,8 @@ def test_same_loss_and_gradients_with_fewer_activations_kept(mode, name):
     assert all(torch.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(grads, expected_grads, strict=True))
     assert saved < expected_saved, f"{mode} keeps {saved} numbers for the backward, none keeps {expected_saved}"
     assert net.state_dict().keys() == reference.state_dict().keys(), "checkpoints stay the same"
+    # BatchNorm's running statistics too: the recomputed forward must not update them a second time
+    assert all(torch.equal(a, b) for a, b in zip(net.buffers(), reference.buffers(), strict=True))
 
 
 @pytest.mark.slow

@@ -9,11 +9,14 @@ compute per step. Per block of the model's Split, as torchtitan does, in both en
 In place, like compile=true (compilation.py): each block's `forward` is wrapped, the net keeps its class and
 parameter names (checkpoints are the same with it on or off), and the preset shards, wraps or cuts the net as
 before; with compile=true the compiler sees the wrapped blocks. Random numbers (dropout) are replayed in the
-recomputation, so the losses equal activation_checkpointing=none.
+recomputation, so the losses equal activation_checkpointing=none; BatchNorm's running statistics are put back after
+it, as one forward leaves them.
 """
 
 import functools
 from collections.abc import Callable
+from contextlib import nullcontext
+from typing import Any
 
 import torch
 from torch import nn
@@ -53,9 +56,10 @@ def checkpoint_blocks(net: nn.Module, mode: str) -> None:
     if mode == "none" or getattr(net, "_activation_checkpointing", None):
         return
     split_net, _, blocks, _ = layers(net, f"activation_checkpointing={mode}")
-    context = _selective_context if mode == "selective" else None
     for name in blocks:
         block = split_net.get_submodule(name)
+        norms = [m for m in block.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+        context = functools.partial(_contexts, mode == "selective", norms) if norms or mode == "selective" else None
         block.forward = functools.partial(_recomputed, block.forward, context)
     net._activation_checkpointing = mode
 
@@ -65,9 +69,33 @@ def _recomputed(forward: Callable, context: Callable | None, *args, **kwargs):
     return checkpoint(forward, *args, use_reentrant=False, **extra, **kwargs)
 
 
+def _contexts(selective: bool, norms: list[nn.Module]) -> tuple[Any, Any]:
+    """(forward's, recomputation's) contexts: selective's policy, and BatchNorm's running statistics kept as the
+    forward left them (the recomputation, in training mode, would update them a second time)."""
+    forward, recompute = create_selective_checkpoint_contexts(_keep_costly_ops) if selective else (nullcontext(),) * 2
+    return forward, _RunningStatsKept(norms, recompute) if norms else recompute
+
+
+class _RunningStatsKept:
+    """Around a recomputation (outside `inner`, selective's, which must see its ops only): BatchNorm's running
+    statistics as they were before it."""
+
+    NAMES = ("running_mean", "running_var", "num_batches_tracked")
+
+    def __init__(self, norms: list[nn.Module], inner: Any) -> None:
+        self.norms, self.inner = norms, inner
+
+    def __enter__(self) -> None:
+        self.saved = [[getattr(norm, name).clone() for name in self.NAMES] for norm in self.norms]
+        self.inner.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self.inner.__exit__(*exc)
+        with torch.no_grad():
+            for norm, values in zip(self.norms, self.saved, strict=True):
+                for name, value in zip(self.NAMES, values, strict=True):
+                    getattr(norm, name).copy_(value)
+
+
 def _keep_costly_ops(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
-
-
-def _selective_context():
-    return create_selective_checkpoint_contexts(_keep_costly_ops)

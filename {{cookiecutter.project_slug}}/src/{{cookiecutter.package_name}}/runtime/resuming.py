@@ -110,8 +110,8 @@ def check_not_past_the_end(checkpoint: Path, epochs: int, steps: int, max_epochs
         over.append(f"trainer.max_steps={max_steps}")
     if over:
         raise ConfigError(
-            f"{checkpoint} has trained {epochs} epoch{'s' * (epochs != 1)} ({steps} steps), past {' and '.join(over)}: to train it "
-            "further give more; to train afresh give resume=false, or run_id=NAME for a new run folder"
+            f"{checkpoint} has trained {epochs} epoch{'s' * (epochs != 1)} ({steps} steps), past {' and '.join(over)}: "
+            "to train it further give more; to train afresh give resume=false, or run_id=NAME for a new run folder"
         )
 
 
