@@ -92,6 +92,7 @@ def test_samples_of_different_lengths_train_with_a_collate_fn_of_yours(train):
     with pytest.raises(ConfigError, match="data.collate_fn=custom_dataset.nothing does not import"):
         Data(VariableLength, collate_fn="custom_dataset.nothing")
     settings = [*PARITY, "trainer.max_steps=3", "data=custom", "data.dataset._target_=custom_dataset.VariableLength"]
+    settings += ["trainer.max_epochs=-1"]  # no limit of epochs, as in Lightning (the accelerate loop trained none)
     settings += ["+data.dataset.size=256", "data.num_features=4", "data.num_classes=2", "data.num_workers=0"]
     settings += ["data.collate_fn=custom_dataset.pad_batch", "model.net._target_=own_models.SumOverTime"]
     settings += ["~model.net.depth", "~model.net.expansion", "~model.net.norm"]

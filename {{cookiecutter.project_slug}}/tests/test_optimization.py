@@ -221,6 +221,9 @@ BAD_INPUT = [
     # Taken in silence before: gradient ascent, a learning rate above lr; or a traceback at the first step.
     (["trainer.gradient_clip_val=-1"], "trainer.gradient_clip_val=-1 is not a gradient norm: give the largest norm"),
     (["trainer.log_every_n_steps=0"], "trainer.log_every_n_steps=0: give 1 or more (train/loss every that many"),
+    (["trainer.max_epochs=0"], "trainer.max_epochs=0: give 1 or more, or -1 for no limit of that kind"),
+    (["trainer.max_epochs=-1"], "trainer.max_epochs=-1 and trainer.max_steps=-1 set no end"),  # LinearLR's traceback
+    (["checkpoint.every_n_steps=-3"], "checkpoint.every_n_steps=-3: give 1 or more"),
     (["scheduler.warmup_steps=-1"], "scheduler.warmup_steps=-1: give a number of optimizer steps, 0 or more"),
     (["scheduler.min_lr_ratio=2"], "scheduler.min_lr_ratio=2: the last step's learning rate as a share of model."),
     (
@@ -254,6 +257,9 @@ CASE_NAMES = [
     "items-that-are-not-pairs",
     "negative-gradient-clipping",
     "logging-every-0-steps",
+    "no-epoch",
+    "no-end",
+    "checkpoints-every-negative-steps",
     "negative-warmup",
     "learning-rate-floor-above-1",
     "optimizer-without-fused",

@@ -32,6 +32,7 @@ def check_optimization(cfg: DictConfig, optimizer: OptimizerFactory) -> None:
         )
     if not (is_number(every) and int(every) == every >= 1):
         raise ConfigError(f"trainer.log_every_n_steps={every}: give 1 or more (train/loss every that many steps)")
+    check_training_length(cfg.trainer.max_epochs, cfg.trainer.max_steps, cfg.checkpoint.every_n_steps)
     warmup_steps, floor = cfg.scheduler.get("warmup_steps", 0), cfg.scheduler.get("min_lr_ratio", 0)
     if not (is_number(warmup_steps) and int(warmup_steps) == warmup_steps >= 0):
         raise ConfigError(f"scheduler.warmup_steps={warmup_steps}: give a number of optimizer steps, 0 or more")
@@ -162,6 +163,23 @@ def batches_per_epoch(batches: int, limit: int | float | None) -> int:
     if limit is None:
         return batches
     return min(batches, limit) if isinstance(limit, int) else int(batches * limit)
+
+
+def check_training_length(max_epochs: Any, max_steps: Any, every_n_steps: Any) -> None:
+    """Where the training ends (-1: no limit of that kind, as in Lightning), which the schedule spans, and how often
+    it saves: refused in one line rather than a scheduler's traceback or a training of no step."""
+    for name, value in (("max_epochs", max_epochs), ("max_steps", max_steps)):
+        if not (is_number(value) and int(value) == value and (value >= 1 or value == -1)):
+            raise ConfigError(f"trainer.{name}={value}: give 1 or more, or -1 for no limit of that kind")
+    if max_epochs == max_steps == -1:
+        raise ConfigError(
+            "trainer.max_epochs=-1 and trainer.max_steps=-1 set no end, and the learning-rate schedule spans the "
+            "training: give either"
+        )
+    if not (is_number(every_n_steps) and int(every_n_steps) == every_n_steps >= 1):
+        raise ConfigError(
+            f"checkpoint.every_n_steps={every_n_steps}: give 1 or more (a checkpoint every that many steps)"
+        )
 
 
 def total_steps(max_steps: int, max_epochs: int | None, steps_per_epoch: int) -> int:

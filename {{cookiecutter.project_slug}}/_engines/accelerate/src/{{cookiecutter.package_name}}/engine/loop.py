@@ -3,6 +3,7 @@ recovery's steps), the checkpoints every checkpoint.every_n_steps steps and afte
 the loop stands (Progress), which every checkpoint saves so that a resumed run continues with the next batch."""
 
 from dataclasses import dataclass, field
+from math import inf
 from typing import Any
 
 import torch
@@ -65,7 +66,9 @@ def fit(
     trainer, every_n_steps = cfg.trainer, cfg.checkpoint.every_n_steps
     step_loss = 0.0  # the sum of the optimizer step's micro-batch losses so far
     model.train()
-    while progress.epoch < trainer.max_epochs and not done(progress, trainer.max_steps):
+    while progress.epoch < (trainer.max_epochs if trainer.max_epochs >= 0 else inf) and not done(
+        progress, trainer.max_steps
+    ):
         epoch, loader = progress.epoch, loaders["train"]
         # This epoch's seeded shuffle, from the first batch not trained yet: a resumed run goes on with the
         # next batch, and its sampler (or stream) leaves out the ones before it (nothing is read twice).

@@ -131,6 +131,7 @@ def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningD
         check_checkpoint_path(Path(cfg.ckpt_path))
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # (the seed is in the config it logs)
 
+    check_optimization(cfg, build(cfg.model.optimizer))  # before the callbacks, which take some of its settings
     datamodule = build(cfg.data)
     callbacks = [build(callback) for callback in (cfg.callbacks or {}).values()]
     if not cfg.trainer.enable_progress_bar:  # one switch hides the bar, whichever bar callback is configured
@@ -169,7 +170,6 @@ def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningD
             float8=cfg.float8,
         )
     check_activation_checkpointing(model.net, cfg.activation_checkpointing)
-    check_optimization(cfg, build(cfg.model.optimizer))
     tensor_parallel = getattr(trainer.strategy, "tensor_parallel_size", 1)
     check_float8(cfg.float8, preset(), cfg.trainer.accelerator, tensor_parallel)
     writer = getattr(trainer.strategy, "checkpoint_writer", None)  # the presets whose processes each write a part
