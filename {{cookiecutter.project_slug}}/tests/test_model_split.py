@@ -129,6 +129,14 @@ def test_presets_that_split_the_model_refuse_batchnorm_they_would_not_train_like
     check_tensor_parallel(layer_norm, tensor_parallel_size=2)
 
 
+class CountsCalls(ResidualMLP):
+    """A chain, with a buffer of the net itself, outside the Split's parts."""
+
+    def __init__(self, **kwargs: int) -> None:
+        super().__init__(**kwargs)
+        self.register_buffer("calls", torch.zeros(()))
+
+
 def test_a_forward_that_is_not_its_splits_chain_is_refused_and_a_chain_passes():
     """A pipeline runs the Split's parts one after another: a forward that adds a position vector after the embedding
     would be another model. The check names the first part whose input differs; the template's models pass."""
@@ -138,6 +146,10 @@ def test_a_forward_that_is_not_its_splits_chain_is_refused_and_a_chain_passes():
     check_chain(ResidualMLP(in_features=8, num_classes=3, hidden=16, depth=2), torch.randn(1, 8))
     gpt = GPT(vocab_size=32, max_seq_len=8, dim=16, depth=2, num_heads=2)
     check_chain(gpt, torch.randint(0, 32, (1, 8)))
+    # a buffer (or weight) outside the Split's parts, its forward a chain: no stage held or saved it, and the
+    # checkpoint failed to load under any other preset ("Missing key(s) in state_dict: calls")
+    with pytest.raises(ConfigError, match="but calls lie outside them: no stage would train or save them"):
+        check_chain(CountsCalls(in_features=8, num_classes=3, hidden=16, depth=2), torch.randn(1, 8))
     # a dict of inputs (its Split a chain or not): the stages pass one tensor; it was a traceback from each process
     with pytest.raises(
         ConfigError, match="strategy=pipeline passes one tensor from stage to stage, the data's x to the"

@@ -195,9 +195,10 @@ def check_chain(model: nn.Module, example: Any, preset: str = "pipeline") -> Non
             f"{type(example).__name__}: give {type(net).__name__} one tensor (e.g. the inputs concatenated), or train "
             "it with strategy=fsdp or model_parallel, which take any input"
         )
-    if example is None or any(param.is_meta for param in net.parameters()):
-        return
     names, seen = [*first, *blocks, *last], {}
+    if example is None or any(param.is_meta for param in net.parameters()):
+        check_all_in_parts(net, names, preset)
+        return
 
     def recorder(name: str):
         def hook(module: nn.Module, args: tuple) -> None:
@@ -233,6 +234,20 @@ def check_chain(model: nn.Module, example: Any, preset: str = "pipeline") -> Non
         for handle in handles:
             handle.remove()
         net.train(training)
+    check_all_in_parts(net, names, preset)
+
+
+def check_all_in_parts(net: nn.Module, names: list[str], preset: str) -> None:
+    """Refuse a net with weights or buffers outside its Split's parts: the stages hold the parts only, so these would
+    be neither trained nor saved (a checkpoint that then fails to load under any other preset)."""
+    inside = tuple(f"{name}." for name in names)
+    outside = [key for key in net.state_dict(keep_vars=True) if not key.startswith(inside)]
+    if outside:
+        raise ConfigError(
+            f"strategy={preset} keeps only the parts of {type(net).__name__}'s Split (first, blocks, last) in its "
+            f"stages, but {', '.join(outside[:3])}{' ...' if len(outside) > 3 else ''} lie outside them: no stage "
+            "would train or save them. Move them into a part, or use a preset that keeps the whole net (ddp, fsdp)"
+        )
 
 
 def _same(a: object, b: object) -> bool:
