@@ -39,6 +39,14 @@ class DictItems(Parity):
         return {"x": x, "y": y}
 
 
+class TwoViews(Parity):
+    """x of two tensors, (the vector, its square): a model of two inputs."""
+
+    def __getitem__(self, index: int) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+        x, y = super().__getitem__(index)
+        return (x, x * x), y
+
+
 class VariableLength(Dataset):
     """Sequences of 2 to 7 steps of num_features each (x: (length, num_features)), labelled by the sign of their sum:
     torch's default collate cannot stack them; pad_batch does."""

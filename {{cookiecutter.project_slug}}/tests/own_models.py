@@ -300,3 +300,15 @@ class SmallCNN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))
+
+
+class TwoInputs(nn.Module):
+    """A net of two inputs, x = (a, b): one Linear each, summed, a head."""
+
+    def __init__(self, in_features: int, num_classes: int, hidden: int = 16, **_: object) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(in_features, hidden), nn.Linear(in_features, hidden)
+        self.head = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return self.head(torch.relu(self.a(x[0]) + self.b(x[1])))

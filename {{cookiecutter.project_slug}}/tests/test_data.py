@@ -85,6 +85,15 @@ def test_a_resume_with_another_global_batch_is_refused_unless_it_starts_at_the_s
 
 
 @pytest.mark.slow
+def test_an_x_of_two_tensors_trains(train):
+    """x as a tuple (a model of two inputs): the engine moves each tensor to the device (the Accelerate loop called
+    .to on the tuple: a traceback after the run folder was written)."""
+    settings = [*PARITY, "trainer.max_steps=2", "data=custom", "data.dataset._target_=custom_dataset.TwoViews"]
+    settings += ["+data.dataset.size=128", "data.num_features=6", "data.num_classes=2", "data.num_workers=0"]
+    settings += ["model.net._target_=own_models.TwoInputs", "~model.net.depth", "~model.net.expansion"]
+    assert len(train(*settings, "~model.net.norm", "strategy=single").losses(2)) == 2
+
+
 def test_samples_of_different_lengths_train_with_a_collate_fn_of_yours(train):
     """data.collate_fn: sequences of different lengths, padded per batch by a function of yours, train under ddp as
     on one device (it was no setting: +data.collate_fn was dropped silently, then torch's collate failed in a

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import send_to_device
 from torch import nn
 
 from ..errors import ConfigError
@@ -61,9 +62,10 @@ def check_limit(name: str, limit: Any) -> None:
         raise ConfigError(f"trainer.{name}={limit} must be a number of batches (0 or more) or a share from 0.0 to 1.0")
 
 
-def to_device(accelerator: Accelerator, *tensors: torch.Tensor) -> list[torch.Tensor]:
-    """Host-to-device copies that overlap with compute on a GPU (the loaders pin their memory there)."""
-    return [tensor.to(accelerator.device, non_blocking=True) for tensor in tensors]
+def to_device(accelerator: Accelerator, *batch: Any) -> list[Any]:
+    """Host-to-device copies that overlap with compute on a GPU (the loaders pin their memory there); an x of several
+    tensors (a tuple, a dict) too, as Lightning moves it."""
+    return [send_to_device(part, accelerator.device, non_blocking=True) for part in batch]
 
 
 def prefixed(split: str, metrics: dict[str, float]) -> dict[str, float]:
