@@ -24,7 +24,7 @@ def training(**changes):
             "ckpt_path": None,
             "resume": True,
             "strategy": {"_target_": "lightning.pytorch.strategies.DDPStrategy"},
-            "model": {"net": {"hidden": 128, "depth": 4}, "optimizer": {"lr": 0.001}},
+            "model": {"net": {"hidden": 128, "depth": 4}, "optimizer": {"_target_": "torch.optim.AdamW", "lr": 0.001}},
             "data": {"batch_size": 32, "num_workers": 0},
             "trainer": {"accumulate_grad_batches": 1, "max_epochs": 2},
         }
@@ -76,6 +76,8 @@ def test_checkpoints_of_another_training_are_refused_naming_what_differs(run_dir
         starting_point(run_dir, training(**another_model), last)
     with pytest.raises(ConfigError, match="trainer.accumulate_grad_batches: 1 then, 2 now"):
         starting_point(run_dir, training(**{"trainer.accumulate_grad_batches": 2}), last)
+    with pytest.raises(ConfigError, match="model.optimizer._target_: torch.optim.AdamW then, torch.optim.SGD now"):
+        starting_point(run_dir, training(**{"model.optimizer._target_": "torch.optim.SGD"}), last)  # KeyError at step 1
     # What a checkpoint does not depend on may change, the preset too (test_resume_layouts.py); afresh, or from a
     # given checkpoint, nothing is compared.
     allowed = {"trainer.max_epochs": 5, "model.optimizer.lr": 0.01, "data.num_workers": 2, "strategy": "auto"}

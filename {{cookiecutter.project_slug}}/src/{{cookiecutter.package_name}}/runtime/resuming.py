@@ -16,7 +16,9 @@ from .checkpoint_files import damage, looks_like_checkpoint
 # What a checkpoint is made of: changed, it cannot be loaded (the net's shapes) or not continued where it stopped (its
 # position in the epoch counts global batches and micro-batches). Anything else may change between starts: more
 # epochs, another learning rate, more processes, another preset (checkpoint_forms.py; but see check_same_mesh).
-MUST_MATCH = ("model.net", "data.batch_size", "trainer.accumulate_grad_batches")
+# The optimizer's class too: its saved state is another's (SGD's momentum buffers are no AdamW's), a KeyError at the
+# first step; its settings (lr, ...) may change.
+MUST_MATCH = ("model.net", "model.optimizer._target_", "data.batch_size", "trainer.accumulate_grad_batches")
 PACKAGE = __package__.partition(".")[0]
 # Where a `_target_` of a run folder saved before the package was laid out in folders (its config.yaml) lives now.
 # The old module names are not kept as aliases: `data` and `tracking` are packages now, so aliases would collide.
@@ -197,10 +199,12 @@ def check_same_mesh(folder: Path | None, data_parallel: int, tensor_parallel: in
 
 def check_loadable(checkpoint: Path, cfg: DictConfig) -> None:
     """Refuse, in one line, an explicit `ckpt_path=` whose training (the config.yaml of the run folder it was saved
-    in, if there is one) had another net: loading it would fail deep inside the engine. The batch and the
-    accumulation may change: a checkpoint given by hand may be fine-tuned differently."""
+    in, if there is one) had another net or optimizer class: loading it would fail deep inside the engine. The batch
+    and the accumulation may change: a checkpoint given by hand may be fine-tuned differently."""
     run_dir = next((folder.parent for folder in checkpoint.absolute().parents if folder.name == "checkpoints"), None)
-    if run_dir is not None and (differ := differences(run_dir / "config.yaml", cfg, ("model.net",))):
+    if run_dir is not None and (
+        differ := differences(run_dir / "config.yaml", cfg, ("model.net", "model.optimizer._target_"))
+    ):
         raise ConfigError(
             f"ckpt_path={checkpoint} was saved by a training that differs from this one in {differ}: give the "
             f"model settings of {run_dir / 'config.yaml'}, or another checkpoint"
