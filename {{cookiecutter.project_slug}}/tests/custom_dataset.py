@@ -71,7 +71,7 @@ def pad_batch(samples: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, to
 
 
 class Images(Dataset):
-    """Images of 3 x 8 x 8 with one of 4 labels, as a vision dataset gives them (not flat vectors)."""
+    """Images of 3 x 8 x 8 with one of 4 labels, as a vision dataset gives them (not flat vectors), flipped at random."""
 
     def __init__(self, split: str, size: int = 16) -> None:
         generator = torch.Generator().manual_seed(["train", "val", "test"].index(split))
@@ -82,7 +82,8 @@ class Images(Dataset):
         return len(self.x)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.x[index], self.y[index]
+        flip = torch.rand(()).item() < 0.5  # an augmentation deciding on a random number (a CPU one)
+        return self.x[index].flip(-1) if flip else self.x[index], self.y[index]
 
 
 class Values(Parity):

@@ -19,6 +19,7 @@ from {{ cookiecutter.package_name }}.bench import (
     left_out,
     main,
     memory,
+    model_figures,
     peak_bf16_flops,
     peak_flops,
     phase,
@@ -28,6 +29,7 @@ from {{ cookiecutter.package_name }}.config import CONFIG_DIR, register_resolver
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
 from {{ cookiecutter.package_name }}.runtime import hardware
+from {{ cookiecutter.package_name }}.tools.estimate import count_parameters
 
 PACKAGE = "{{ cookiecutter.package_name }}"
 PROJECT = Path(__file__).resolve().parent.parent  # the launchers' configs (launch/) are relative to it
@@ -50,6 +52,15 @@ def config(name: str, *overrides: str):
     register_resolvers()
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         return compose(name, overrides=list(overrides))
+
+
+def test_the_model_is_sized_on_the_datas_samples():
+    """Images and a convolutional net: the bench's forward on meta takes a batch shaped as the data's first sample
+    (read on the CPU: under the meta device it was a batch of data.num_features values, a conv2d traceback)."""
+    images = ["data=custom", "data.dataset._target_=custom_dataset.Images", "data.num_features=192"]
+    cfg = config("bench", *images, "data.num_classes=4", "model.net._target_=own_models.SmallCNN")
+    net, parameters, tokens, _ = model_figures(cfg)
+    assert tokens == 1 and parameters == count_parameters(net) > 0
 
 
 @pytest.mark.slow  # each point is a training

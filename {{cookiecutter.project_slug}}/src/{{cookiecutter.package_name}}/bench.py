@@ -115,7 +115,9 @@ def model_figures(cfg: DictConfig) -> tuple[torch.nn.Module, int, int, float | N
     device's peak FLOP/s (None: no MFU)."""
     with torch.device("meta"):
         net = instantiate(cfg.model.net)
-        tokens = tokens_per_sample(net(example_input(cfg, net, 2)))  # 2: BatchNorm refuses 1
+    example = example_input(cfg, net, 2)  # 2: BatchNorm refuses 1; the data read on the CPU, not on meta
+    with torch.device("meta"):
+        tokens = tokens_per_sample(net(example))
     return net, count_parameters(net), tokens, peak_flops(cfg)
 
 
