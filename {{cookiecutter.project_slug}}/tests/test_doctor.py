@@ -1,6 +1,7 @@
 """`python -m {{ cookiecutter.package_name }}.doctor`, run for real on this machine (CPU, gloo, no NVML here), and its
 parts in-process: the sizes at each precision, the decision tree, and NVML's answers on a made-up GPU machine."""
 
+import dataclasses
 import functools
 import json
 import subprocess
@@ -254,6 +255,17 @@ class TestRecommendation:
         assert advice["preset"] == "fsdp" and advice["devices_per_node"] == 4 and advice["nodes"] == 1
         assert advice["bytes_per_device"] <= usable < self.need("fsdp", 2) * 1.1
         assert "strategy=fsdp" in advice["command"]
+
+    def test_no_preset_that_refuses_batchnorm(self):
+        """A model with BatchNorm that fits no replica: fsdp, model_parallel and pipeline refuse it (statistics not
+        the whole batch's), so none is recommended (fsdp was, whose command then failed) nor priced in the table."""
+        usable = 1.05 * self.need("fsdp", 2)
+        batchnorm = dataclasses.replace(default_model(), batchnorm=True)
+        advice = recommend(batchnorm, usable, 4, OmegaConf.create({"min_speedup": 1.2, "max_nodes": 4}), 256,
+                           self.pipe, self.fast, False, [])  # fmt: skip
+        assert advice["preset"] is None
+        for preset in ("fsdp", "model_parallel", "pipeline", "dp"):
+            assert memory_per_device(batchnorm, preset, 2, 4, 256, 4, "1f1b")[1].startswith("the preset refuses")
 
     def test_model_parallel_when_fsdp_over_the_node_does_not_fit(self):
         """A tensor-parallel group reads one batch: a batch of 2 does not split over 4 FSDP2 processes, it does over

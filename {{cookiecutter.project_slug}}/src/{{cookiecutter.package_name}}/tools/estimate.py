@@ -24,6 +24,7 @@ from ..config import build_object
 from ..data.loading import Data, first_sample, not_logits
 from ..engine.launching import DP_GATHERS_OUTPUTS
 from ..errors import ConfigError
+from ..parallel.batchnorm import uses_batchnorm
 from ..parallel.pipelining import bubble_fraction
 from ..parallel.split import find_split, has_split, layers, matches, pipeline_stage
 
@@ -42,6 +43,7 @@ class ModelFacts:
     blocks: int  # the blocks a pipeline cuts between (0: the model has no Split)
     stage_parameters: dict[int, list[int]]  # pipeline stages -> parameters of each stage
     stage_activation_bytes_per_sample: dict[int, list[float]]
+    batchnorm: bool = False  # fsdp, model_parallel, pipeline and dp over 2+ devices refuse it (parallel/batchnorm.py)
 
     @property
     def state_bytes(self) -> int:
@@ -84,6 +86,7 @@ def model_facts(cfg: DictConfig, batch: int, stage_counts: list[int], precision:
         blocks=len(layers(net, "pipeline")[2]) if stages else 0,
         stage_parameters=stages,
         stage_activation_bytes_per_sample=stage_activations,
+        batchnorm=uses_batchnorm(net),
     )
 
 
@@ -192,6 +195,8 @@ def memory_per_device(
     grads = facts.parameters * FP32
     if preset == "single":
         return (state + act * batch, "everything") if devices == 1 else (None, "one device only")
+    if facts.batchnorm and (preset in ("fsdp", "model_parallel", "pipeline") or preset == "dp" and devices > 1):
+        return None, "the preset refuses BatchNorm (its statistics would not be the whole batch's)"
     if preset in ("ddp", "dp") and batch % devices:
         return None, f"batch {batch} does not split over {devices}"
     if preset == "ddp":
