@@ -93,6 +93,11 @@ BAD_INPUT = [
     (["trainer.devices=0"], "trainer.devices=0 is not a device count; valid: 1, 2, ..., or auto (or -1)"),
     (["strategy=ddp_spawn", "trainer.devices=abc"], "trainer.devices=abc is not a device count; valid: 1, 2,"),
     (["trainer.devices=2"], "strategy=single runs one device but trainer.devices=2; use strategy=ddp for several"),
+    (  # Hydra adds it, and the loop ignored it: value clipping was silently norm clipping
+        ["+trainer.gradient_clip_algorithm=value"],
+        "trainer.gradient_clip_algorithm is not a setting of this loop (Lightning's Trainer has more); it reads: "
+        "accelerator, devices,",
+    ),
     *COMMAND_LINE_REFUSALS,  # (conftest: the same in both engines)
 ]
 if not torch.cuda.is_available():  # what a machine without GPUs refuses
@@ -129,6 +134,7 @@ BAD_INPUT_IDS = [
     "no-devices",
     "devices-not-a-number",
     "several-devices-under-single",
+    "lightning-only-trainer-setting",
     *COMMAND_LINE_REFUSAL_IDS,
     *(["gpu-without-one", "ddp-spawn-of-one-process"] if not torch.cuda.is_available() else []),
 ]

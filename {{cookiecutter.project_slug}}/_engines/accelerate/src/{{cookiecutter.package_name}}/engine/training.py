@@ -18,6 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from ..config import CONFIG_DIR
 from ..config import build_object as build
 from ..data.loading import check_input, check_output, first_sample, per_device_batch_size
 from ..errors import ConfigError, Interrupted, said_once, unused_parameters
@@ -85,6 +86,11 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     if cfg.ckpt_path and not (Path(cfg.ckpt_path) / "custom_checkpoint_0.pkl").is_file():
         raise ConfigError(
             f"ckpt_path={cfg.ckpt_path} is not a checkpoint folder; give one, e.g. <run dir>/checkpoints/last"
+        )
+    if unread := sorted(set(cfg.trainer) - set(OmegaConf.load(CONFIG_DIR / "trainer" / "default.yaml"))):
+        raise ConfigError(  # +trainer.KEY of Lightning's Trainer: Hydra takes it, and this loop would ignore it
+            f"trainer.{unread[0]} is not a setting of this loop (Lightning's Trainer has more); it reads: "
+            f"{', '.join(OmegaConf.load(CONFIG_DIR / 'trainer' / 'default.yaml'))}"
         )
     cfg.trainer.precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # auto: bf16 on GPUs
     strategy: Strategy = build(cfg.strategy)
