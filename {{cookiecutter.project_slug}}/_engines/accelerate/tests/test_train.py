@@ -1,5 +1,6 @@
 """The default training learns and logs one wandb run; checkpoints resume and reload; evaluation's reduction."""
 
+import json
 from functools import partial
 
 import pytest
@@ -87,6 +88,8 @@ def test_default_training_learns_and_logs_offline_to_wandb(train):
     assert wandb.group == "default" and wandb.exit_code == 0
     assert wandb.config["data"]["batch_size"] == 256 and wandb.config["run"]["engine"] == "accelerate"
     assert "wandb sync" in run.output and (run.run_dir / "config.yaml").is_file()
+    rows = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1].keys() >= {"test/acc", "epoch"} and rows[-1]["epoch"] == 3, "as Lightning's test row"
 
     # The last checkpoint reloads on its own and reproduces the last logged validation loss.
     model = load_trained(run.run_dir / "checkpoints" / "last")

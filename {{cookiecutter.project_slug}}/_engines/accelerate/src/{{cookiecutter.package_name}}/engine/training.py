@@ -222,7 +222,7 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
             if best.is_dir():  # else no validation ran: test the weights as they are
                 checkpoints.load(best)
             metrics = evaluate(accelerator, model, loaders["test"], loss_fn, cfg.trainer.limit_test_batches)
-            log(accelerator, prefixed("test", metrics), step)
+            log(accelerator, {**prefixed("test", metrics), "epoch": progress.epoch}, step)  # as Lightning's row
         failed = False
         if accelerator.is_main_process:
             mark_finished(run_dir, True)  # run_id=last continues unfinished runs only
