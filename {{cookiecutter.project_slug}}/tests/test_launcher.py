@@ -17,7 +17,7 @@ SLURM_1x2 = {"SLURM_JOB_ID": "7", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_N
 
 @pytest.fixture
 def launched_by(monkeypatch):
-    for name in {*TORCHRUN_2x2, *SLURM_1x2}:
+    for name in {*TORCHRUN_2x2, *SLURM_1x2, "ACCELERATE_MIXED_PRECISION"}:
         monkeypatch.delenv(name, raising=False)
 
     def set_env(env: dict[str, str]) -> None:
@@ -45,6 +45,9 @@ def test_a_layout_that_contradicts_the_launcher_is_refused_naming_both(launched_
     launched_by(TORCHRUN_2x2)
     message = r"trainer.num_nodes=1 x trainer.devices=2 = 2 processes, but torchrun started 4 \(2 nodes x 2\)"
     with pytest.raises(ConfigError, match=message):
+        fit_layout_to_launcher("ddp", 1, 2, ["trainer.num_nodes=1"])
+    launched_by({"ACCELERATE_MIXED_PRECISION": "no"})  # accelerate launch (torch's agent): named as the user typed
+    with pytest.raises(ConfigError, match="but accelerate launch started 4"):
         fit_layout_to_launcher("ddp", 1, 2, ["trainer.num_nodes=1"])
 
 

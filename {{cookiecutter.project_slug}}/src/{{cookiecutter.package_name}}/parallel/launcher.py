@@ -38,7 +38,7 @@ SINGLE_MACHINE_PRESETS = {
 class Launcher:
     """The processes a launcher started for this training, all nodes together."""
 
-    name: str  # "torchrun" (also accelerate launch, which runs torch's elastic agent) or "SLURM"
+    name: str  # "torchrun", "accelerate launch" (which runs torch's elastic agent) or "SLURM"
     world_size: int  # processes in all
     num_nodes: int
     per_node: int  # processes per node
@@ -54,7 +54,8 @@ def detect_launcher() -> Launcher | None:
     env = os.environ
     if "TORCHELASTIC_RUN_ID" in env and "LOCAL_WORLD_SIZE" in env:
         world, per_node = int(env["WORLD_SIZE"]), int(env["LOCAL_WORLD_SIZE"])
-        return Launcher("torchrun", world, int(env.get("GROUP_WORLD_SIZE", world // per_node)), per_node)
+        name = "accelerate launch" if "ACCELERATE_MIXED_PRECISION" in env else "torchrun"  # (accelerate's: torchrun's)
+        return Launcher(name, world, int(env.get("GROUP_WORLD_SIZE", world // per_node)), per_node)
     if "SLURM_STEP_NUM_TASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
         world, nodes = int(env["SLURM_STEP_NUM_TASKS"]), int(env.get("SLURM_STEP_NUM_NODES", 1))
         if world > 1:
@@ -100,7 +101,7 @@ def die_with_launcher() -> None:
     with. SIGKILL: Lightning answers SIGTERM by finishing its step, and a worker paused in a collective would wait
     on. Linux (prctl); elsewhere nothing changes."""
     launcher = detect_launcher()
-    if launcher is None or launcher.name != "torchrun" or not sys.platform.startswith("linux"):
+    if launcher is None or launcher.name == "SLURM" or not sys.platform.startswith("linux"):
         return
     agent = os.getppid()
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
