@@ -179,8 +179,45 @@ COMMAND_LINE_REFUSALS = [
     ),
     (["search=gpt"], "search=gpt: the search presets are for `python -m {{ cookiecutter.package_name }}.search`, not"),
     (["foo=1"], "unknown setting foo (to add a new key: +foo=...)"),  # not a far-fetched `did you mean oom?`
+    # each value of a --multirun sweep, checked as one value is (Hydra: its own lines, exit 1, a multirun folder)
+    (["-m", "strategy=single,ddpp"], "unknown strategy 'ddpp'; valid: ddp, ddp_spawn, dp, fsdp, model_parallel,"),
+    (["-m", "trainer.max_epoch=1,2"], "unknown setting trainer.max_epoch; did you mean trainer.max_epochs?"),
+    (["-m", "model.optimizer.lr=0.1,abc"], "model.optimizer.lr=abc is not a number (the default is 0.001)"),
+    # ~ of what the training reads: a traceback (ConfigAttributeError) after the run folder was made
+    (["~trainer"], "~trainer: the training needs its trainer settings; choose a preset (trainer=default) or set"),
+    (["~data.batch_size"], "~data.batch_size: the training reads data.batch_size; set it instead"),
+    # a ~ before a typo: Hydra's "Could not override", not the typo's line; a typo in a ~: "Could not delete"
+    (
+        ["data=custom", "data.num_features=768", "data.num_classes=4", "~model.net.in_features", "model.net.width=5"],
+        "unknown setting model.net.width; did you mean model.net.depth?",
+    ),
+    (
+        ["~model.net.nrom"],
+        "~model.net.nrom: there is no setting model.net.nrom to remove; did you mean model.net.norm?",
+    ),
+    (
+        ["+trainer.max_epochs=2"],
+        "+trainer.max_epochs: trainer.max_epochs exists; set it without +: trainer.max_epochs=2",
+    ),
+    # a float batch reached the DataLoader (a traceback); a list, the optimizer ("'<=' not supported ...")
+    (["data.batch_size=12.0"], "data.batch_size=12.0 must be a whole number of samples (the global batch)"),
+    (["model.optimizer.lr=[1,2]"], "model.optimizer.lr=[1,2] is not a number (the default is 0.001)"),
 ]
-COMMAND_LINE_REFUSAL_IDS = ["data-setting-nothing-takes", "preset-of-another-command", "unknown-setting-like-none"]
+COMMAND_LINE_REFUSAL_IDS = [
+    "data-setting-nothing-takes",
+    "preset-of-another-command",
+    "unknown-setting-like-none",
+    "multirun-preset-typo",
+    "multirun-key-typo",
+    "multirun-value-not-a-number",
+    "remove-a-config-group",
+    "remove-a-setting-the-training-reads",
+    "typo-after-a-removal",
+    "typo-in-a-removal",
+    "add-a-key-that-exists",
+    "batch-size-not-whole",
+    "lr-a-list",
+]
 
 
 # Loss parity: same seed, same data order, same GLOBAL batch; the first K train/loss values of every preset

@@ -71,7 +71,8 @@ def pad_batch(samples: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, to
 
 
 class Images(Dataset):
-    """Images of 3 x 8 x 8 with one of 4 labels, as a vision dataset gives them (not flat vectors), flipped at random."""
+    """Images of 3 x 8 x 8 with one of 4 labels, as a vision dataset gives them (not flat vectors); flipped at
+    random."""
 
     def __init__(self, split: str, size: int = 16) -> None:
         generator = torch.Generator().manual_seed(["train", "val", "test"].index(split))

@@ -141,6 +141,9 @@ def test_an_unknown_benchmark_or_mode_is_refused_in_one_line(tmp_path, monkeypat
     with pytest.raises(SystemExit) as exit_:
         main()
     assert exit_.value.code == 2 and "valid benchmarks: scaling, memory" in capsys.readouterr().err
+    monkeypatch.setattr(sys, "argv", ["bench", "--help"])
+    main()  # the usage, exit 0 (it was the refusal above, exit 2)
+    assert "usage: python -m" in capsys.readouterr().out
     with pytest.raises(
         ConfigError,
         match=r"bench.activation_checkpointing=\['none', 'partial'\] must list modes among none, full, selective",

@@ -113,7 +113,7 @@ def processes_running(folder: str) -> list[int]:
 def default_val_loss(tmp_path_factory, train_env) -> float:
     """val/loss of the training config as it is, after the same tiny training as every trial."""
     run_dir = tmp_path_factory.mktemp("default")
-    args = [f"hydra.run.dir={run_dir}", "logger=none", *TINY, f"epoch_metrics={run_dir / 'epochs.jsonl'}"]
+    args = [f"hydra.run.dir={run_dir}", "~logger", *TINY, f"epoch_metrics={run_dir / 'epochs.jsonl'}"]  # =none
     proc = run_module(f"{PACKAGE}.train", args, train_env, PROJECT, 300, preload=f"{PACKAGE}.train")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return epochs(run_dir)[-1]["val/loss"]
@@ -485,6 +485,12 @@ def test_bad_input_is_refused_before_the_first_trial(search_command, tmp_path, s
     errors = [line for line in output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and message in errors[0], output[-3000:]
     assert "Traceback" not in output
+    assert not (tmp_path / "s").exists()
+
+
+def test_help_prints_the_usage(search_command, tmp_path):
+    code, output = search_command("--help")  # was `error: training overrides --help: LexerNoViableAltException`
+    assert code == 0 and output.startswith("usage: python -m") and "docs/search.md" in output, output[-3000:]
     assert not (tmp_path / "s").exists()
 
 

@@ -457,6 +457,12 @@ def run(cfg: DictConfig) -> None:
 
 def main() -> None:
     global benchmark
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        print(
+            "usage: python -m {{ cookiecutter.package_name }}.bench scaling|memory [overrides]: the scaling of a preset "
+            "over process counts, or the largest batch that fits (docs/doctor-and-bench.md)"
+        )
+        return
     if sys.argv[1:2] not in ([name] for name in BENCHMARKS):
         print(
             "error: usage: python -m {{ cookiecutter.package_name }}.bench scaling|memory [overrides]; valid "

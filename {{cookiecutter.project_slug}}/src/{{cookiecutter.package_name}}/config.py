@@ -11,7 +11,7 @@ from typing import Any
 
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override, OverrideType
+from hydra.core.override_parser.types import ChoiceSweep, Override, OverrideType
 from hydra.errors import HydraException, InstantiationException
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -27,7 +27,8 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 
 
 def check_group_choices(overrides: list[str]) -> None:
-    """Reject `strategy=typo` (or any config group) in one line that lists the valid choices.
+    """Reject `strategy=typo` (or any config group) in one line that lists the valid choices; each value of a
+    --multirun sweep (`strategy=single,ddp`, `choice(...)`) too.
 
     Hydra would reject it too, but with a multi-line report of its search path. Extra config folders
     (--config-dir, hydra.searchpath) can add choices, so then Hydra alone checks.
@@ -40,10 +41,27 @@ def check_group_choices(overrides: list[str]) -> None:
             raise ConfigError(
                 f"{group}={choice}: the {group} presets are for `python -m {__package__}.{group}`, not this command"
             )
-        if has_value and (CONFIG_DIR / group).is_dir() and "," not in choice:  # "a,b" is a --multirun sweep
+        if has_value and (CONFIG_DIR / group).is_dir():
             choices = sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml"))
-            if choice not in choices:
-                raise ConfigError(f"unknown {group} {choice!r}; valid: {', '.join(choices)}")
+            for value in _sweep_values(override, [choice]):
+                if value not in choices:
+                    raise ConfigError(f"unknown {group} {value!r}; valid: {', '.join(choices)}")
+
+
+def _sweep_values(override: str, single: list[str]) -> list[str]:
+    """The values of a --multirun sweep (`a,b`, `choice(a,b)`, `range(1,4)`) or of a list (`callbacks=[a,b]`) as
+    text; `single` for one value; none for a sweep that lists no values (`interval(...)`, `glob(...)`)."""
+    try:
+        parsed = OverridesParser.create().parse_override(override)
+    except HydraException:
+        return single
+    if not parsed.is_sweep_override():
+        value = parsed.value()
+        return [str(item) for item in value] if isinstance(value, list) else single
+    try:
+        return list(parsed.sweep_string_iterator())
+    except (HydraException, TypeError, ValueError, AttributeError):
+        return []
 
 
 def training_groups() -> set[str]:
@@ -56,49 +74,134 @@ def training_groups() -> set[str]:
 TEXT_ALSO = {"trainer.devices"}
 
 
+MULTIRUN = ("-m", "--multirun")
+
+
 def check_overrides(overrides: list[str], config_name: str) -> None:
     """Refuse, before Hydra makes a run folder, a `key=value` whose key the config lacks (naming the nearest key)
-    or whose value is text where the default is a number or true/false (`model.optimizer.lr=abc`).
+    or whose value is not a number or true/false where the default is one (`model.optimizer.lr=abc`, `=[1,2]`);
+    a `+key=...` of a key that is there, a `~key` of one that is not, or of settings the training reads. Each value
+    of a --multirun sweep too (`trainer.max_epoch=1,2`: Hydra left a multirun folder behind).
 
     Hydra checks keys too, but after several lines of its own, with no suggestion; it does not check types at all
     (the YAML files are untyped), so `lr=abc` reached the optimizer after a wandb run was created. One compose of
-    the config with the command line's presets (~0.1 s), and only when a key is set: Hydra composes again to run.
+    the config with the command line's presets (~0.1 s; a second with all of it where a key is added or removed),
+    and only when a key is set: Hydra composes again to run.
     """
-    if any(arg.startswith("-") for arg in overrides):  # --multirun, --config-dir, --cfg ...: Hydra's to check
+    args = [arg for arg in overrides if arg not in MULTIRUN]
+    if any(arg.startswith("-") for arg in args):  # --config-dir, --cfg, --help ...: Hydra's to check
         return
     try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
+        parsed = OverridesParser.create().parse_overrides(args)
     except HydraException:
         return  # Hydra reports a line it cannot parse in one line of its own
-    values = [o for o in parsed if o.type == OverrideType.CHANGE and o.package is None and _is_key(o)]
-    added = {arg: o.key_or_group for arg, o in zip(overrides, parsed, strict=True) if _adds_strategy_setting(o)}
-    data_keys = [o.key_or_group for o in parsed if _adds_data_setting(o)]
-    if not (values or added or data_keys) or any(o.is_sweep_override() for o in parsed):
+    settings = [o for o in parsed if _is_key(o) and not o.key_or_group.startswith("hydra")]
+    groups = training_groups()
+    for override in parsed:
+        group = override.key_or_group
+        if not _is_key(override) and override.type == OverrideType.DEL:
+            raise ConfigError(f"~{group}: {_not_removable(group, groups)}")
+        if not _is_key(override) and override.type == OverrideType.ADD and group in groups:
+            raise ConfigError(f"+{group}: a {group} preset is chosen already; choose another without +: {group}=...")
+    if not settings:
         return
-    presets = [arg for arg, o in zip(overrides, parsed, strict=True) if o not in values]
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR), job_name=config_name):
+        presets = [_first_value(o) for o in parsed if o not in settings]
+        declared = _compose(config_name, [arg for arg in presets if arg], args, return_hydra_config=True)
+        keys = {key: value for key, value in _leaves(declared) if key != "hydra" and not key.startswith("hydra.")}
+        added = [o.key_or_group for o in settings if _adds_strategy_setting(o)]
+        if added:
+            check_strategy_settings(declared.hydra.runtime.choices.strategy, declared.strategy, added)
+        given = [value for o in settings for value in _values(o)]
+        check_data_settings([o.key_or_group for o in settings if _adds_data_setting(o)], [*keys.values(), *given])
+        for override in settings:  # in order: a key added (+key) or removed (~key) earlier on the line counts
+            check_setting(override, keys, groups)
+        if any(o.type != OverrideType.CHANGE for o in settings):  # + and ~: what else Hydra would refuse
+            _compose(config_name, [arg for arg in map(_first_value, parsed) if arg], args)
+
+
+def _compose(config_name: str, overrides: list[str], args: list[str], **kwargs: Any) -> DictConfig:
+    """The config, or Hydra's refusal of the command line in one line (as every refusal)."""
     try:
-        with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR), job_name=config_name):
-            config = compose(config_name, overrides=presets)
-            if added:
-                declared = compose(config_name, [arg for arg in presets if arg not in added], return_hydra_config=True)
-    except HydraException:
-        return  # e.g. a + or ~ of a key that is not there: Hydra's own one-line message says so
-    if added:
-        check_strategy_settings(declared.hydra.runtime.choices.strategy, declared.strategy, list(added.values()))
-    keys = dict(_leaves(config))
-    check_data_settings(data_keys, [*keys.values(), *(override.value() for override in values)])
-    for override in values:
-        key, value = override.key_or_group, override.value()
-        if not key.startswith("hydra.") and key not in keys:
-            near = difflib.get_close_matches(key, keys, n=1, cutoff=0.75)  # (0.6 offered `oom` for `foo`)
-            hint = f"; did you mean {near[0]}?" if near else ""
-            raise ConfigError(f"unknown setting {key}{hint} (to add a new key: +{key}=...)")
-        default = keys.get(key)
-        if isinstance(value, str) and "${" not in value and key not in TEXT_ALSO:
-            if isinstance(default, bool):
-                raise ConfigError(f"{key}={value} is not true or false (the default is {str(default).lower()})")
-            if isinstance(default, int | float):
-                raise ConfigError(f"{key}={value} is not a number (the default is {default})")
+        return compose(config_name, overrides=overrides, **kwargs)
+    except HydraException as err:
+        raise ConfigError(f"{' '.join(args)}: {str(err).strip().splitlines()[0]}") from None
+
+
+def check_setting(override: Override, keys: dict[str, Any], groups: set[str]) -> None:
+    """One `key=value`, `+key=value` or `~key` against the config's `keys` (dotted key: default), which it updates."""
+    key, kind = override.key_or_group, override.type
+    if kind == OverrideType.ADD and key in keys:
+        shown = override.get_value_element_as_str()
+        raise ConfigError(f"+{key}: {key} exists; set it without +: {key}={shown} (or ++{key}={shown} to force)")
+    if kind in (OverrideType.CHANGE, OverrideType.DEL) and key not in keys:
+        near = difflib.get_close_matches(key, keys, n=1, cutoff=0.75)  # (0.6 offered `oom` for `foo`)
+        hint = f"; did you mean {near[0]}?" if near else ""
+        if kind == OverrideType.DEL:
+            raise ConfigError(f"~{key}: there is no setting {key} to remove{hint}")
+        raise ConfigError(f"unknown setting {key}{hint} (to add a new key: +{key}=...)")
+    if kind == OverrideType.DEL:
+        parent, _, name = key.rpartition(".")
+        node = keys.get(parent)
+        argument = isinstance(node, dict) and "_target_" in node and parent not in READ and not name.startswith("_")
+        if not (argument or parent == "callbacks" and "callbacks" in groups):
+            raise ConfigError(f"~{key}: {_not_removable(key, groups)}")
+        for removed in [other for other in keys if other == key or other.startswith(f"{key}.")]:
+            del keys[removed]
+        return
+    if kind != OverrideType.CHANGE:  # +key, ++key
+        keys.setdefault(key, None)
+        return
+    default = keys[key]
+    for value in _values(override):
+        if key in TEXT_ALSO or not isinstance(value, str | list | dict) or "${" in str(value):
+            continue
+        shown = value if isinstance(value, str) else override.get_value_element_as_str()
+        if isinstance(default, bool):
+            raise ConfigError(f"{key}={shown} is not true or false (the default is {str(default).lower()})")
+        if isinstance(default, int | float):
+            raise ConfigError(f"{key}={shown} is not a number (the default is {default})")
+
+
+# Nodes whose keys the training reads itself (its data module, Lightning's Trainer): none may be removed with ~.
+READ = {"data", "trainer"}
+
+
+def _not_removable(key: str, groups: set[str]) -> str:
+    """Why `~key` is refused (the training reads the key: a traceback after the run folder was made), and what ~
+    may remove instead."""
+    callbacks = ", a callback (~callbacks.NAME)" if "callbacks" in groups else ""
+    may = f"~ removes an argument of a class (e.g. ~model.optimizer.fused){callbacks} or the logger (~logger)"
+    if (CONFIG_DIR / key).is_dir():
+        choices = ", ".join(sorted(path.stem for path in (CONFIG_DIR / key).glob("*.yaml")))
+        return f"the training needs its {key} settings; choose a preset ({key}={choices}) or set its keys; {may}"
+    return f"the training reads {key}; set it instead ({key}=...); {may}"
+
+
+def without_logger(overrides: list[str]) -> list[str]:
+    """`~logger` is `logger=none`: no logger (the training reads cfg.logger: removed, it was a traceback)."""
+    return ["logger=none" if arg == "~logger" or arg.startswith("~logger=") else arg for arg in overrides]
+
+
+def _values(override: Override) -> list[Any]:
+    """The value of `key=value`, or each value of a --multirun sweep that lists them (`a,b`, `choice(a,b)`)."""
+    if not override.is_sweep_override():
+        return [override.value()]
+    sweep = override.value()
+    return list(sweep.list) if isinstance(sweep, ChoiceSweep) else []
+
+
+def _first_value(override: Override) -> str | None:
+    """The override as one value: a sweep's first (the keys it composes are the same for every value); None for a
+    sweep that lists no values (`interval(...)`: a sweeper plugin's)."""
+    if not override.is_sweep_override():
+        return override.input_line
+    values = _sweep_values(override.input_line, [])
+    if not values:
+        return None
+    prefix = {OverrideType.ADD: "+", OverrideType.FORCE_ADD: "++"}.get(override.type, "")
+    package = f"@{override.package}" if override.package else ""
+    return f"{prefix}{override.key_or_group}{package}={values[0]}"
 
 
 def _adds_data_setting(override: Override) -> bool:
@@ -173,6 +276,7 @@ def run_cli(run: Callable[[], None], config_name: str = "train") -> None:
     launch without a run id, is refused in one line; run_id=last becomes the id of the run to continue; then Hydra
     runs `run`."""
     try:
+        sys.argv[1:] = without_logger(sys.argv[1:])
         check_group_choices(sys.argv[1:])
         check_overrides(sys.argv[1:], config_name)
         check_run_id(sys.argv[1:])

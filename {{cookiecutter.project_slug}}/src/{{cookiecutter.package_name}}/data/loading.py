@@ -523,6 +523,15 @@ def per_device_batch_size(global_batch_size: int, replicas: int, accumulate: int
     """The micro-batch each replica computes at once: the global batch divided over the data-parallel replicas
     and the micro-batches accumulated per optimizer step (trainer.accumulate_grad_batches); a clear error if it
     does not divide."""
+    if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int | np.integer):
+        # (12.0 reached the DataLoader: a traceback after the run folder and the wandb run were made)
+        finite = isinstance(global_batch_size, float) and math.isfinite(global_batch_size)
+        low = math.floor(global_batch_size) if finite else None
+        hint = "" if low is None else f": data.batch_size={low}" if low == global_batch_size else ""
+        hint = hint or ("" if low is None else f"; nearest: {low} or {low + 1}")
+        raise ConfigError(
+            f"data.batch_size={global_batch_size} must be a whole number of samples (the global batch){hint}"
+        )
     if accumulate < 1:
         raise ConfigError(f"trainer.accumulate_grad_batches={accumulate} must be 1 or more (micro-batches per step)")
     parts = batch_parts(replicas, accumulate)

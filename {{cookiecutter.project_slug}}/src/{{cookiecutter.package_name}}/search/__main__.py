@@ -17,6 +17,7 @@ import re
 import shutil
 import signal
 import sys
+from dataclasses import fields
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from optuna.trial import TrialState
 
-from ..config import CONFIG_DIR, check_group_choices, check_overrides, register_resolvers
+from ..config import CONFIG_DIR, check_group_choices, check_overrides, register_resolvers, without_logger
 from ..engine.launching import processes_per_trial, slurm_tasks, trial_command
 from ..errors import ConfigError, fail
 from ..parallel.launcher import free_port
@@ -54,9 +55,26 @@ from .wandb_sweep import write_wandb_sweep
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 
 
+def usage() -> str:
+    """`--help`: what the command takes, in a few lines (all of it: docs/search.md)."""
+    names = ", ".join(f"search.{field.name}" for field in fields(Settings) if field.name != "space")
+    return (
+        f"usage: python -m {__package__} [search=<space>] [search.<setting>=<value> ...] [--export-wandb-sweep FILE]"
+        " [training overrides]\n\n"
+        "Searches a space of training settings with Optuna (search=default: configs/search/default.yaml), one\n"
+        "training per trial, in outputs/search/<study>/; training overrides (strategy=ddp trainer.devices=2 ...)\n"
+        "apply to every trial. --export-wandb-sweep FILE writes the search as a wandb sweep instead of running it.\n"
+        f"Settings: {names}.\nAll of it: docs/search.md"
+    )
+
+
 def main() -> None:
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        print(usage())
+        return
     try:
         settings, overrides, sweep_file = parse_command_line(sys.argv[1:])
+        overrides = without_logger(overrides)  # ~logger: no logger, as logger=none
         check_group_choices(overrides)  # as the training command checks its command line: what is valid, the
         check_overrides(overrides, "train")  # nearest key to a typo, a value of the wrong type
         cfg, groups = compose_training(overrides)
