@@ -141,7 +141,13 @@ def test_the_cosine_schedule_stays_at_its_floor_past_its_span():
 
 
 # (overrides, the one error line); each refused before training (conftest's `refused` runs them)
-CUSTOM_DATA = ["data=custom", "+data.dataset.size=64", "data.num_features=6", "data.num_classes=2"]
+CUSTOM_DATA = [
+    "data=custom",
+    "+data.dataset.size=64",
+    "data.num_features=6",
+    "data.num_classes=2",
+    "data.batch_size=32",
+]
 BAD_INPUT = [
     (
         ["strategy=ddp_spawn", "trainer.devices=2", "data.batch_size=64", "trainer.accumulate_grad_batches=3"],
@@ -214,6 +220,10 @@ BAD_INPUT = [
         [*CUSTOM_DATA, "data.dataset._target_=custom_dataset.Parity", "data.prefetch_factor=0"],
         "data.prefetch_factor=0 must be 1 or more (batches each worker prepares ahead)",
     ),
+    (  # it trained no step, exit 0
+        [*CUSTOM_DATA, "data.dataset._target_=custom_dataset.Parity", "data.batch_size=128"],
+        "the training split has 64 samples, fewer than one global batch (data.batch_size=128): no step would train",
+    ),
     (
         [*CUSTOM_DATA, "data.dataset._target_=custom_dataset.DictItems"],
         "data.dataset DictItems: an item is dict, but the training takes (x, y) pairs: return x, y from __getitem__",
@@ -254,6 +264,7 @@ CASE_NAMES = [
     "no-micro-batch-per-step",
     "negative-loader-workers",
     "no-batch-prepared-ahead",
+    "a-split-smaller-than-a-batch",
     "items-that-are-not-pairs",
     "negative-gradient-clipping",
     "logging-every-0-steps",

@@ -103,7 +103,14 @@ class Data:
     def check_replicas(self, replicas: int, processes: int) -> None:
         """Refuse, before training, a layout this data cannot feed: a stream is dealt out to the processes, each
         its own part, so processes that must read the same batches (tensor-parallel or pipeline ranks) cannot
-        share one."""
+        share one; and a training split smaller than one global batch (whole batches only: no step would train)."""
+        if "train" in self.split_names and not self.streams:
+            self.setup()
+            if (samples := len(self.splits["train"])) < self.batch_size:
+                raise ConfigError(
+                    f"the training split has {samples} samples, fewer than one global batch (data.batch_size="
+                    f"{self.batch_size}): no step would train; give data.batch_size={samples} or less, or more data"
+                )
         if self.streams and replicas != processes:
             raise ConfigError(
                 f"data=streaming gives each process its own part of the stream, but these {processes} processes are "
