@@ -210,6 +210,9 @@ def test_a_net_the_loss_cannot_train_on_this_data_is_refused_before_training(tmp
     two_rows = lambda: nn.Sequential(nn.Linear(12, 2 * CLASSES), nn.Unflatten(1, (2, CLASSES)))  # noqa: E731
     with pytest.raises(ConfigError, match=r"gives logits of shape \(2, 5\) per sample for targets of shape \(\)"):
         check_output(on_meta(two_rows), data, cross_entropy)
+    one_score = lambda: nn.Sequential(nn.Linear(12, 1), nn.Flatten(0))  # noqa: E731 (it was "gives 1 classes")
+    with pytest.raises(ConfigError, match=r"gives logits of shape \(\) per sample for targets of shape \(\)"):
+        check_output(on_meta(one_score), data, cross_entropy)
 
 
 def cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -436,6 +436,8 @@ def check_output(net: nn.Module, data: Data, loss: Callable[[torch.Tensor, torch
     check_loss(loss, logits, y.to("meta"), name)
     if y.is_floating_point():  # values (regression): no classes to count
         return
+    if not rows_per_target(logits, y):  # one score per sample, say: "gives 1 classes (0 to 0)" before
+        raise logits_per_target(name, logits, y)
     targets = [y[0], *(dataset[index][1] for index in range(1, min(len(dataset), LABELS_READ)))]
     labels = [torch.as_tensor(target) for target in targets]
     if not all(label.numel() for label in labels):
@@ -466,12 +468,8 @@ def check_loss(
             values_for_classes = y.is_floating_point() and "dtype" in message  # cross-entropy of float targets
             if "meta" in message.lower() or not (shapes or values_for_classes):
                 return  # what the meta device, or a loss that reads more than its two tensors, cannot run here
-            if not y.is_floating_point() and (output.dim() < 2 or output.shape[:-1].numel() != y.numel()):
-                raise ConfigError(
-                    f"model.net {name} gives logits of shape {tuple(output.shape[1:])} per sample for targets of "
-                    f"shape {tuple(y.shape[1:])}: the loss takes one row of logits per target ((classes,) for a "
-                    "label, (positions, vocabulary) for a sequence)"
-                ) from None
+            if not y.is_floating_point() and not rows_per_target(output, y):
+                raise logits_per_target(name, output, y) from None
             hint = (
                 "cross-entropy takes class indices: store y as integers, or, for values (regression), train with a "
                 "loss of yours (docs/your-model.md)"
@@ -486,6 +484,19 @@ def check_loss(
             f"the loss would broadcast model.net {name}'s output against the targets ({pair}), comparing every "
             "prediction with every target: give them one shape (e.g. squeeze the output's last dimension)"
         )
+
+
+def rows_per_target(logits: torch.Tensor, y: torch.Tensor) -> bool:
+    """Whether `logits` has one row of class scores per class target of `y` (a batch of one)."""
+    return logits.dim() >= 2 and logits.shape[:-1].numel() == y.numel()
+
+
+def logits_per_target(name: str, logits: torch.Tensor, y: torch.Tensor) -> ConfigError:
+    return ConfigError(
+        f"model.net {name} gives logits of shape {tuple(logits.shape[1:])} per sample for targets of shape "
+        f"{tuple(y.shape[1:])}: the loss takes one row of logits per target ((classes,) for a label, (positions, "
+        "vocabulary) for a sequence)"
+    )
 
 
 def not_logits(name: str, output: object) -> ConfigError:
