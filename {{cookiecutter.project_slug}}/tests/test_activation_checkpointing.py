@@ -58,6 +58,20 @@ def test_same_loss_and_gradients_with_fewer_activations_kept(mode, name):
     assert all(torch.equal(a, b) for a, b in zip(net.buffers(), reference.buffers(), strict=True))
 
 
+def test_a_compiled_batchnorm_block_is_one_graph_and_updates_its_statistics_once():
+    """compile=true: the eager restore of BatchNorm's statistics is left out (torch compiles a checkpoint's contexts
+    only as dispatch modes: it broke the graph, and the net ran uncompiled without a word); the compiled
+    recomputation does not replay the update."""
+    torch.manual_seed(0)
+    net, x, y = NETS["mlp-batchnorm"]()
+    reference = copy.deepcopy(net)
+    checkpoint_blocks(net, "full")
+    compiled = torch.compile(net, backend="aot_eager", fullgraph=True)  # fullgraph: a graph break raises
+    F.cross_entropy(compiled(x), y).backward()
+    F.cross_entropy(reference(x), y).backward()
+    assert all(torch.allclose(a, b) for a, b in zip(net.buffers(), reference.buffers(), strict=True))
+
+
 @pytest.mark.slow
 def test_trainings_with_it_have_the_losses_of_one_device_without(tmp_path, train_env):
     runner = make_runner(tmp_path, train_env)

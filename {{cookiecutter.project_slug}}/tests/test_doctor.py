@@ -266,6 +266,7 @@ class TestRecommendation:
         assert advice["preset"] is None
         for preset in ("fsdp", "model_parallel", "pipeline", "dp"):
             assert memory_per_device(batchnorm, preset, 2, 4, 256, 4, "1f1b")[1].startswith("the preset refuses")
+        assert memory_per_device(batchnorm, "fsdp", 1, 4, 256, 4, "1f1b")[0], "one process: BatchNorm over the batch"
 
     def test_model_parallel_when_fsdp_over_the_node_does_not_fit(self):
         """A tensor-parallel group reads one batch: a batch of 2 does not split over 4 FSDP2 processes, it does over

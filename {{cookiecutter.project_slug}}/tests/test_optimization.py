@@ -16,12 +16,12 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
 
-from {{ cookiecutter.package_name }}.config import CONFIG_DIR, register_resolvers
+from {{ cookiecutter.package_name }}.config import CONFIG_DIR, check_overrides, register_resolvers
 from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
 from {{ cookiecutter.package_name }}.parallel.batchnorm import SynchronisedBatchNorm
 from {{ cookiecutter.package_name }}.parallel.sharding import clip_grad_norm_, clip_grad_value_
 from {{ cookiecutter.package_name }}.parallel.split import find_split
-from {{ cookiecutter.package_name }}.runtime.optimization import cosine, grouped_optimizer
+from {{ cookiecutter.package_name }}.runtime.optimization import check_training_length, cosine, grouped_optimizer
 
 
 @pytest.mark.parametrize("norm", ["layer", "batch"])
@@ -231,8 +231,8 @@ BAD_INPUT = [
     # Taken in silence before: gradient ascent, a learning rate above lr; or a traceback at the first step.
     (["trainer.gradient_clip_val=-1"], "trainer.gradient_clip_val=-1 is not a gradient norm: give the largest norm"),
     (["trainer.log_every_n_steps=0"], "trainer.log_every_n_steps=0: give 1 or more (train/loss every that many"),
-    (["trainer.max_epochs=0"], "trainer.max_epochs=0: give 1 or more, or -1 for no limit of that kind"),
-    (["trainer.max_epochs=-1"], "trainer.max_epochs=-1 and trainer.max_steps=-1 set no end"),  # LinearLR's traceback
+    (["trainer.max_epochs=0"], "trainer.max_epochs=0: give 1 or more, or -1 (null) for no limit of that kind"),
+    (["trainer.max_epochs=-1"], "trainer.max_epochs and trainer.max_steps set no end"),  # LinearLR's traceback
     (["checkpoint.every_n_steps=-3"], "checkpoint.every_n_steps=-3: give 1 or more"),
     (["scheduler.warmup_steps=-1"], "scheduler.warmup_steps=-1: give a number of optimizer steps, 0 or more"),
     (["scheduler.min_lr_ratio=2"], "scheduler.min_lr_ratio=2: the last step's learning rate as a share of model."),
@@ -278,6 +278,14 @@ CASE_NAMES = [
     "batchnorm-under-pipeline",
     "hsdp-replicas-that-do-not-divide-the-data-parallel-size",
 ]
+
+
+def test_what_the_checks_take_as_lightning_does():
+    """Lightning's "no limit" (null or -1) for one of the two ends, 0 or null for no step checkpoints, `auto`
+    loader workers where the default is a number, and a wandb argument removed with ~ (both engines)."""
+    for ends in [(None, 5, None), (-1, 5, 0), (3, None, 500), (3, -1, 1)]:
+        check_training_length(*ends)
+    check_overrides(["data.num_workers=auto", "~logger.group"], "train")
 
 
 @pytest.mark.parametrize("case", range(len(BAD_INPUT)), ids=CASE_NAMES[: len(BAD_INPUT)])

@@ -13,6 +13,7 @@ import torch
 from conftest import PACKAGE, refuse_all
 from engine_specific import QUIET, STREAMING_REFUSALS
 from layouts import command, layout
+from torch.utils.data import TensorDataset
 
 from {{ cookiecutter.package_name }}.data.loading import Data
 from {{ cookiecutter.package_name }}.errors import ConfigError
@@ -126,7 +127,8 @@ def test_presets_whose_processes_share_batches_refuse_a_stream(streamed):
     data.check_replicas(replicas=4, processes=4)  # ddp, or model_parallel as FSDP only
     with pytest.raises(ConfigError, match="data=streaming gives each process its own part of the stream"):
         data.check_replicas(replicas=2, processes=4)  # dp2 x tp2
-    Data(lambda split: None).check_replicas(replicas=1, processes=2)  # a pipeline reads map-style data
+    pairs = lambda split: TensorDataset(torch.zeros(4, 2), torch.zeros(4))  # noqa: E731
+    Data(pairs, batch_size=4).check_replicas(replicas=1, processes=2)  # a pipeline reads map-style data
 
 
 BAD_INPUT = [

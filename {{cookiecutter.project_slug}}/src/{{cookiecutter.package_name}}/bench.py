@@ -187,7 +187,7 @@ def memory(cfg: DictConfig, overrides: list[str], run_dir: Path, console: Consol
             finder = batch_size_finder_overrides(cfg.bench.max_batch_size)
             found = run_point(
                 cfg, "single", 1, cfg.data.batch_size, None, [*settings, *finder], run_dir, name=f"{mode}-find_batch",
-                steps=1, train_size=2 * cfg.bench.max_batch_size,
+                steps=1, train_size=2 * max(cfg.bench.max_batch_size, cfg.data.batch_size),
             )  # fmt: skip
             row["largest_batch"] = found["largest_batch"]
         rows.append(row)

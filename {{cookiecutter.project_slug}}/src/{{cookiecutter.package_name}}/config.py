@@ -71,7 +71,7 @@ def training_groups() -> set[str]:
 
 
 # Settings whose default is a number but which also take text (Lightning's devices: "auto", "0,1").
-TEXT_ALSO = {"trainer.devices"}
+TEXT_ALSO = {"trainer.devices", "data.num_workers"}  # a number, or auto
 
 
 MULTIRUN = ("-m", "--multirun")
@@ -144,7 +144,7 @@ def check_setting(override: Override, keys: dict[str, Any], groups: set[str]) ->
         parent, _, name = key.rpartition(".")
         node = keys.get(parent)
         argument = isinstance(node, dict) and "_target_" in node and parent not in READ and not name.startswith("_")
-        if not (argument or parent == "callbacks" and "callbacks" in groups):
+        if not (argument or parent == "logger" or parent == "callbacks" and "callbacks" in groups):  # (wandb's)
             raise ConfigError(f"~{key}: {_not_removable(key, groups)}")
         for removed in [other for other in keys if other == key or other.startswith(f"{key}.")]:
             del keys[removed]

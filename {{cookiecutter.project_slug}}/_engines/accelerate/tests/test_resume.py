@@ -61,10 +61,10 @@ def test_killed_while_saving_then_run_again_continues_exactly(tmp_path, train_en
     assert load_trained(checkpoints / "last") is not None
 
     kept = sorted(path.name for path in checkpoints.iterdir())
-    past = run_in(run_dir, train_env, *DROPOUT, "trainer.max_steps=2")  # nothing to train: refused, not a no-op
+    past = run_in(run_dir, train_env, *DROPOUT, *killed_at_step_6, "trainer.max_steps=2")  # not a no-op: refused
     past = Run(past.returncode, past.stdout + past.stderr, run_dir)
     past.assert_rejected(f"has trained 2 epochs ({STEPS} steps), past trainer.max_steps=2", in_existing_run=True)
-    bad = run_in(run_dir, train_env, *DROPOUT, "resume=false", "checkpoint.async=true")  # refused: deletes nothing
+    bad = run_in(run_dir, train_env, *DROPOUT, "resume=false", "checkpoint.async=true")  # refused, deletes nothing
     Run(bad.returncode, bad.stdout + bad.stderr, run_dir).assert_rejected("checkpoint.async=true", in_existing_run=True)
     assert sorted(path.name for path in checkpoints.iterdir()) == kept and len(offline_runs(run_dir)) == 1
     fresh = run_in(run_dir, train_env, *DROPOUT, "trainer.max_steps=2", "resume=false")

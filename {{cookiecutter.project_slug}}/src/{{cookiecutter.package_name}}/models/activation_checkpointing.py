@@ -58,22 +58,33 @@ def checkpoint_blocks(net: nn.Module, mode: str) -> None:
     split_net, _, blocks, _ = layers(net, f"activation_checkpointing={mode}")
     for name in blocks:
         block = split_net.get_submodule(name)
-        norms = [m for m in block.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
-        context = functools.partial(_contexts, mode == "selective", norms) if norms or mode == "selective" else None
-        block.forward = functools.partial(_recomputed, block.forward, context)
+        norms = any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats for m in block.modules())
+        block.forward = functools.partial(_recomputed, block.forward, mode == "selective", block if norms else None)
     net._activation_checkpointing = mode
 
 
-def _recomputed(forward: Callable, context: Callable | None, *args, **kwargs):
+def _recomputed(forward: Callable, selective: bool, with_norms: nn.Module | None, *args, **kwargs):
+    """The block's forward, checkpointed. `with_norms`: the block, if it has BatchNorm's running statistics, which
+    its eager recomputation would update a second time; a compiled one does not replay them (and torch takes only
+    dispatch modes as a compiled checkpoint's contexts)."""
+    if with_norms is not None and not torch.compiler.is_compiling():
+        context = functools.partial(_contexts, selective, with_norms)
+    else:
+        context = _selective_contexts if selective else None
     extra = {"context_fn": context} if context else {}
     return checkpoint(forward, *args, use_reentrant=False, **extra, **kwargs)
 
 
-def _contexts(selective: bool, norms: list[nn.Module]) -> tuple[Any, Any]:
+def _selective_contexts() -> tuple[Any, Any]:
+    return create_selective_checkpoint_contexts(_keep_costly_ops)
+
+
+def _contexts(selective: bool, block: nn.Module) -> tuple[Any, Any]:
     """(forward's, recomputation's) contexts: selective's policy, and BatchNorm's running statistics kept as the
-    forward left them (the recomputation, in training mode, would update them a second time)."""
-    forward, recompute = create_selective_checkpoint_contexts(_keep_costly_ops) if selective else (nullcontext(),) * 2
-    return forward, _RunningStatsKept(norms, recompute) if norms else recompute
+    forward left them."""
+    forward, recompute = _selective_contexts() if selective else (nullcontext(), nullcontext())
+    norms = [m for m in block.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    return forward, _RunningStatsKept(norms, recompute)
 
 
 class _RunningStatsKept:

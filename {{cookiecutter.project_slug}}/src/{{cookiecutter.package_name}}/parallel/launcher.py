@@ -159,7 +159,7 @@ def check_run_id(overrides: Iterable[str]) -> None:
     if launcher and launcher.num_nodes > 1 and not has_id and not given & {"run_id", "hydra.run.dir"}:
         raise ConfigError(
             f"{launcher.name} started {launcher.num_nodes} nodes without a run id, so each would write its own run "
-            "folder: give run_id=NAME (or torchrun --rdzv-id=NAME)"
+            "folder: give run_id=NAME" + (" (or torchrun --rdzv-id=NAME)" if launcher.name == "torchrun" else "")
         )
 
 

@@ -166,19 +166,21 @@ def batches_per_epoch(batches: int, limit: int | float | None) -> int:
 
 
 def check_training_length(max_epochs: Any, max_steps: Any, every_n_steps: Any) -> None:
-    """Where the training ends (-1: no limit of that kind, as in Lightning), which the schedule spans, and how often
-    it saves: refused in one line rather than a scheduler's traceback or a training of no step."""
+    """Where the training ends (-1 or null: no limit of that kind, as in Lightning), which the schedule spans, and
+    how often it saves (0 or null: at epoch ends only): refused in one line rather than a scheduler's traceback or a
+    training of no step."""
     for name, value in (("max_epochs", max_epochs), ("max_steps", max_steps)):
-        if not (is_number(value) and int(value) == value and (value >= 1 or value == -1)):
-            raise ConfigError(f"trainer.{name}={value}: give 1 or more, or -1 for no limit of that kind")
-    if max_epochs == max_steps == -1:
+        if value is not None and not (is_number(value) and int(value) == value and (value >= 1 or value == -1)):
+            raise ConfigError(f"trainer.{name}={value}: give 1 or more, or -1 (null) for no limit of that kind")
+    if max_epochs in (None, -1) and max_steps in (None, -1):
         raise ConfigError(
-            "trainer.max_epochs=-1 and trainer.max_steps=-1 set no end, and the learning-rate schedule spans the "
-            "training: give either"
+            "trainer.max_epochs and trainer.max_steps set no end (-1 or null), and the learning-rate schedule spans "
+            "the training: give either"
         )
-    if not (is_number(every_n_steps) and int(every_n_steps) == every_n_steps >= 1):
+    if every_n_steps is not None and not (is_number(every_n_steps) and int(every_n_steps) == every_n_steps >= 0):
         raise ConfigError(
-            f"checkpoint.every_n_steps={every_n_steps}: give 1 or more (a checkpoint every that many steps)"
+            f"checkpoint.every_n_steps={every_n_steps}: give 1 or more (a checkpoint every that many steps), or 0 "
+            "for epoch ends only"
         )
 
 

@@ -101,10 +101,12 @@ def check_same_training(run_dir: Path, cfg: DictConfig) -> None:
         )
 
 
-def check_not_past_the_end(checkpoint: Path, epochs: int, steps: int, max_epochs: int, max_steps: int) -> None:
+def check_not_past_the_end(
+    checkpoint: Path, epochs: int, steps: int, max_epochs: int, max_steps: int, given: bool = False
+) -> None:
     """Refuse, in one line, to continue a checkpoint that has trained past this training's end: it would train
     nothing (Lightning refuses fewer epochs itself, but only once the wandb run started). `epochs`, `steps`: the
-    whole epochs and the optimizer steps it has done; -1 (or None) for a limit: none."""
+    whole epochs and the optimizer steps it has done; -1 (or None) for a limit: none. `given`: named by ckpt_path=."""
     over = []
     if max_epochs not in (None, -1) and epochs > max_epochs:
         over.append(f"trainer.max_epochs={max_epochs}")
@@ -113,7 +115,12 @@ def check_not_past_the_end(checkpoint: Path, epochs: int, steps: int, max_epochs
     if over:
         raise ConfigError(
             f"{checkpoint} has trained {epochs} epoch{'s' * (epochs != 1)} ({steps} steps), past {' and '.join(over)}: "
-            "to train it further give more; to train afresh give resume=false, or run_id=NAME for a new run folder"
+            "to train it further give more; "
+            + (
+                "start from another checkpoint, or none"
+                if given
+                else "to train afresh give resume=false, or run_id=NAME"
+            )
         )
 
 

@@ -195,7 +195,7 @@ def memory_per_device(
     grads = facts.parameters * FP32
     if preset == "single":
         return (state + act * batch, "everything") if devices == 1 else (None, "one device only")
-    if facts.batchnorm and (preset in ("fsdp", "model_parallel", "pipeline") or preset == "dp" and devices > 1):
+    if facts.batchnorm and (preset in ("model_parallel", "pipeline") or preset in ("fsdp", "dp") and devices > 1):
         return None, "the preset refuses BatchNorm (its statistics would not be the whole batch's)"
     if preset in ("ddp", "dp") and batch % devices:
         return None, f"batch {batch} does not split over {devices}"

@@ -66,9 +66,8 @@ def fit(
     trainer, every_n_steps = cfg.trainer, cfg.checkpoint.every_n_steps
     step_loss = 0.0  # the sum of the optimizer step's micro-batch losses so far
     model.train()
-    while progress.epoch < (trainer.max_epochs if trainer.max_epochs >= 0 else inf) and not done(
-        progress, trainer.max_steps
-    ):
+    epochs = inf if trainer.max_epochs in (None, -1) else trainer.max_epochs  # as in Lightning: no limit
+    while progress.epoch < epochs and not done(progress, trainer.max_steps):
         epoch, loader = progress.epoch, loaders["train"]
         # This epoch's seeded shuffle, from the first batch not trained yet: a resumed run goes on with the
         # next batch, and its sampler (or stream) leaves out the ones before it (nothing is read twice).

@@ -62,11 +62,13 @@ def train(cfg: DictConfig) -> None:
     cfg.ckpt_path, cfg.resume = starting_point(run_dir, cfg, run_dir / "checkpoints" / "last")
     strategy, processes, recovery = check_config(cfg, launched=int(os.environ.get("WORLD_SIZE", 1)))
     last = run_dir / "checkpoints" / "last"
-    start = Path(cfg.ckpt_path) if cfg.ckpt_path else last if cfg.resume and last.exists() else None
+    given = bool(cfg.ckpt_path)
+    start = Path(cfg.ckpt_path) if given else last if cfg.resume and last.exists() else None
     strategy.check_resume(start, processes)
     if start:  # custom_checkpoint_0: the loop's Progress
         done = torch.load(start / "custom_checkpoint_0.pkl", map_location="cpu", weights_only=False)
-        check_not_past_the_end(start, done["epoch"], done["global_step"], cfg.trainer.max_epochs, cfg.trainer.max_steps)
+        trainer = cfg.trainer
+        check_not_past_the_end(start, done["epoch"], done["global_step"], trainer.max_epochs, trainer.max_steps, given)
     if cfg.check_only:
         counted = f"{processes} process{'es' if processes > 1 else ''}"
         print(f"check_only: the command passes its checks ({counted}); nothing was trained")
