@@ -101,7 +101,7 @@ def check_overrides(overrides: list[str], config_name: str) -> None:
         group = override.key_or_group
         if not _is_key(override) and override.type == OverrideType.DEL:
             raise ConfigError(f"~{group}: {_not_removable(group, groups)}")
-        if not _is_key(override) and override.type == OverrideType.ADD and group in groups:
+        if not _is_key(override) and override.type == OverrideType.ADD and group in groups and not override.package:
             raise ConfigError(f"+{group}: a {group} preset is chosen already; choose another without +: {group}=...")
     if not settings:
         return

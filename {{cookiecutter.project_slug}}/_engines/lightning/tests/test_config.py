@@ -10,7 +10,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import OmegaConf, open_dict
 
-from {{ cookiecutter.package_name }}.config import CONFIG_DIR, check_strategy_settings, register_resolvers
+from {{ cookiecutter.package_name }}.config import CONFIG_DIR, check_overrides, check_strategy_settings, register_resolvers
 from {{ cookiecutter.package_name }}.engine.training import check_checkpoint_path
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
@@ -261,6 +261,14 @@ def test_a_mistake_lightning_finds_during_fit_is_one_line_too(train):
     assert "Traceback" not in run.output
     [error] = [line for line in run.output.splitlines() if line.startswith("error:")]
     assert "val/accc" in error and "val/acc" in error.replace("val/accc", "")
+
+
+def test_a_second_callbacks_preset_is_added_under_a_package_of_its_own():
+    """+callbacks@callbacks.NAME=PRESET adds a preset's callbacks beside the chosen ones (Hydra's package syntax); a
+    plain +callbacks=PRESET is refused (a callbacks preset is chosen already)."""
+    check_overrides(["+callbacks@callbacks.extra=progress_bar"], "train")
+    with pytest.raises(ConfigError, match="a callbacks preset is chosen already"):
+        check_overrides(["+callbacks=progress_bar"], "train")
 
 
 def test_ddp_takes_the_options_of_torchs_ddp_but_no_other_added_setting():
