@@ -18,7 +18,7 @@ from torch.distributed.tensor.parallel import parallelize_module
 
 from {{ cookiecutter.package_name }}.config import CONFIG_DIR, check_overrides, register_resolvers
 from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
-from {{ cookiecutter.package_name }}.parallel.batchnorm import SynchronisedBatchNorm
+from {{ cookiecutter.package_name }}.parallel.batchnorm import SynchronisedBatchNorm, accumulation_note
 from {{ cookiecutter.package_name }}.parallel.sharding import clip_grad_norm_, clip_grad_value_
 from {{ cookiecutter.package_name }}.parallel.split import find_split
 from {{ cookiecutter.package_name }}.runtime.optimization import check_training_length, cosine, grouped_optimizer
@@ -278,6 +278,13 @@ CASE_NAMES = [
     "batchnorm-under-pipeline",
     "hsdp-replicas-that-do-not-divide-the-data-parallel-size",
 ]
+
+
+def test_accumulation_with_batchnorm_is_said():
+    """Not refused (vision models do it), but not the whole batch's optimisation: said in one line."""
+    batchnorm, layernorm = (ResidualMLP(8, 2, hidden=8, depth=1, norm=norm) for norm in ("batch", "layer"))
+    assert "each micro-batch is normalised by its own statistics" in accumulation_note(batchnorm, 2)
+    assert accumulation_note(batchnorm, 1) is None and accumulation_note(layernorm, 2) is None
 
 
 def test_what_the_checks_take_as_lightning_does():

@@ -114,6 +114,17 @@ def micro_batch_split_problem(policy_key: str) -> str:
     )
 
 
+def accumulation_note(net: nn.Module, accumulate: int) -> str | None:
+    """Said, not refused, when gradient accumulation meets BatchNorm: a common choice for vision models, but not the
+    optimisation of the whole batch in one step (each micro-batch is normalised by its own statistics)."""
+    if accumulate > 1 and uses_batchnorm(net):
+        return (
+            f"note: trainer.accumulate_grad_batches={accumulate} with BatchNorm: each micro-batch is normalised by its "
+            "own statistics, so the losses differ from the run without accumulation (docs/optimisation.md)"
+        )
+    return None
+
+
 def data_parallel_problem(net: nn.Module, replicas: int) -> str | None:
     """Why strategy=dp refuses `net` on `replicas` GPUs, if it does. nn.DataParallel computes BatchNorm statistics
     per GPU and cannot synchronise them (its replicas are threads of one process; SyncBatchNorm needs a process

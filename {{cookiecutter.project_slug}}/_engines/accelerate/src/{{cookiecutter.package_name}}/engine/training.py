@@ -8,6 +8,7 @@ The command, `python -m {{ cookiecutter.package_name }}.train` (or `accelerate l
 import functools
 import logging
 import os
+import sys
 from pathlib import Path
 
 import accelerate.optimizer
@@ -25,7 +26,7 @@ from ..errors import ConfigError, Interrupted, said_once, unused_parameters
 from ..models.activation_checkpointing import check_activation_checkpointing, checkpoint_blocks
 from ..models.compilation import compile_net
 from ..models.float8 import check_float8, check_float8_layers, convert_float8
-from ..parallel.batchnorm import micro_batch_split_problem, oom_handling_problem, uses_batchnorm
+from ..parallel.batchnorm import accumulation_note, micro_batch_split_problem, oom_handling_problem, uses_batchnorm
 from ..parallel.launcher import die_with_launcher, fit_layout_to_launcher, warn_if_restarts_can_hang
 from ..parallel.split import check_chain
 from ..runtime.async_saves import check_async
@@ -34,7 +35,7 @@ from ..runtime.memory import configure_allocator
 from ..runtime.optimization import check_optimization, grouped_optimizer, respan
 from ..runtime.precision import resolve_precision, use_tensor_cores
 from ..runtime.resuming import afresh_message, check_not_past_the_end, resuming_message, starting_point
-from ..tracking.wandb_run import finish_wandb, forget_wandb_run, write_atomically
+from ..tracking.wandb_run import finish_wandb, forget_wandb_run, is_first_process, write_atomically
 from .checkpoints import Checkpoints
 from .evaluation import batches, check_limit, evaluate, log, prefixed
 from .logger import ResumingWandBTracker
@@ -126,6 +127,8 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     per_device_batch_size(cfg.data.batch_size, replicas, accumulation(cfg))
     data = build(cfg.data)
     data.check_replicas(replicas, processes)
+    if (note := accumulation_note(net, cfg.trainer.accumulate_grad_batches)) and is_first_process():
+        print(note, file=sys.stderr)
     check_input(net, data)  # e.g. model=gpt with data that is not token ids, or uint8 images
     check_output(net, data, loss_fn)  # what the loss can take, for the data's targets (`net` on meta: shapes)
     check_activation_checkpointing(net, cfg.activation_checkpointing)

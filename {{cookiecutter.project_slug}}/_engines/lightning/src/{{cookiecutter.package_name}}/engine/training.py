@@ -5,6 +5,7 @@ command, `python -m {{ cookiecutter.package_name }}.train`, calls train() and re
 """
 
 import functools
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from ..data.loading import check_input, check_output, first_sample, per_device_b
 from ..errors import ConfigError, Interrupted, said_once, spawned_failure, unused_parameters
 from ..models.activation_checkpointing import check_activation_checkpointing
 from ..models.float8 import check_float8, check_float8_layers
-from ..parallel.batchnorm import needs_sync, synchronised_message
+from ..parallel.batchnorm import accumulation_note, needs_sync, synchronised_message
 from ..parallel.launcher import die_with_launcher, fit_layout_to_launcher, warn_if_restarts_can_hang
 from ..parallel.split import check_chain
 from ..runtime.async_saves import check_async
@@ -33,7 +34,7 @@ from ..runtime.memory import configure_allocator
 from ..runtime.optimization import check_optimization
 from ..runtime.precision import resolve_precision
 from ..runtime.resuming import check_not_past_the_end, check_same_mesh, starting_point
-from ..tracking.wandb_run import finish_wandb, write_atomically
+from ..tracking.wandb_run import finish_wandb, is_first_process, write_atomically
 from .callbacks.epoch_metrics import EpochMetricsFile
 from .checkpoints import (
     LAST,
@@ -169,6 +170,8 @@ def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningD
             activation_checkpointing=cfg.activation_checkpointing,
             float8=cfg.float8,
         )
+    if (note := accumulation_note(model.net, cfg.trainer.accumulate_grad_batches)) and is_first_process():
+        print(note, file=sys.stderr)
     check_activation_checkpointing(model.net, cfg.activation_checkpointing)
     tensor_parallel = getattr(trainer.strategy, "tensor_parallel_size", 1)
     check_float8(cfg.float8, preset(), cfg.trainer.accelerator, tensor_parallel)
