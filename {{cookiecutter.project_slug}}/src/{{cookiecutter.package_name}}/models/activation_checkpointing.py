@@ -58,7 +58,8 @@ def checkpoint_blocks(net: nn.Module, mode: str) -> None:
     split_net, _, blocks, _ = layers(net, f"activation_checkpointing={mode}")
     for name in blocks:
         block = split_net.get_submodule(name)
-        norms = any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats for m in block.modules())
+        norms = [m for m in block.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+        block._running_norms = norms  # found once; a plain list (not submodules: the state dict stays the same)
         block.forward = functools.partial(_recomputed, block.forward, mode == "selective", block if norms else None)
     net._activation_checkpointing = mode
 
@@ -83,8 +84,7 @@ def _contexts(selective: bool, block: nn.Module) -> tuple[Any, Any]:
     """(forward's, recomputation's) contexts: selective's policy, and BatchNorm's running statistics kept as the
     forward left them."""
     forward, recompute = _selective_contexts() if selective else (nullcontext(), nullcontext())
-    norms = [m for m in block.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
-    return forward, _RunningStatsKept(norms, recompute)
+    return forward, _RunningStatsKept(block._running_norms, recompute)
 
 
 class _RunningStatsKept:

@@ -34,6 +34,8 @@ from ..errors import ConfigError
 from ..runtime.checkpoint_forms import is_numbered, nested, read_parts
 from ..runtime.resuming import check_keep_last, load_saved_config
 
+PROGRESS = "custom_checkpoint_0.pkl"  # accelerate's name for the first registered object's state: the loop's Progress
+
 
 class Checkpoints:
     """`<run dir>/checkpoints/`: complete `step-<N>/` folders, `last` and `best` pointing at them.
@@ -176,6 +178,12 @@ def as_whole(checkpoint: Path, net: nn.Module) -> Iterator[Path]:
         yield whole
 
 
+def trained_so_far(checkpoint: Path) -> tuple[int, int]:
+    """(whole epochs, optimizer steps) a checkpoint has trained, from its Progress."""
+    progress = torch.load(checkpoint / PROGRESS, map_location="cpu", weights_only=False)
+    return progress["epoch"], progress["global_step"]
+
+
 def saved_by_layers(checkpoint: Path) -> bool:
     """Whether `checkpoint` was saved by model_parallel mode=layers: its net and optimizer in save_state's first custom
     object after the progress (WholeState), where the other presets keep their learning-rate schedule."""
@@ -195,7 +203,7 @@ def load_trained(checkpoint: str | Path, config: str | Path | None = None) -> nn
     checkpoint = Path(checkpoint)
     if (checkpoint / "checkpoints" / "last").exists():  # a run folder: its last checkpoint
         checkpoint = checkpoint / "checkpoints" / "last"
-    if not (checkpoint / "custom_checkpoint_0.pkl").is_file():
+    if not (checkpoint / PROGRESS).is_file():
         raise FileNotFoundError(
             f"{checkpoint} is not a checkpoint of this project: give a run folder or one of its checkpoints "
             "(<run dir>/checkpoints/last)"

@@ -36,7 +36,7 @@ from ..runtime.optimization import check_optimization, grouped_optimizer, respan
 from ..runtime.precision import resolve_precision, use_tensor_cores
 from ..runtime.resuming import afresh_message, check_not_past_the_end, resuming_message, starting_point
 from ..tracking.wandb_run import finish_wandb, forget_wandb_run, is_first_process, write_atomically
-from .checkpoints import Checkpoints
+from .checkpoints import PROGRESS, Checkpoints, trained_so_far
 from .evaluation import batches, check_limit, evaluate, log, prefixed
 from .logger import ResumingWandBTracker
 from .loop import Progress, accumulation, fit, loss_fn, training_steps
@@ -66,10 +66,8 @@ def train(cfg: DictConfig) -> None:
     given = bool(cfg.ckpt_path)
     start = Path(cfg.ckpt_path) if given else last if cfg.resume and last.exists() else None
     strategy.check_resume(start, processes)
-    if start:  # custom_checkpoint_0: the loop's Progress
-        done = torch.load(start / "custom_checkpoint_0.pkl", map_location="cpu", weights_only=False)
-        trainer = cfg.trainer
-        check_not_past_the_end(start, done["epoch"], done["global_step"], trainer.max_epochs, trainer.max_steps, given)
+    if start:
+        check_not_past_the_end(start, *trained_so_far(start), cfg.trainer.max_epochs, cfg.trainer.max_steps, given)
     if cfg.check_only:
         counted = f"{processes} process{'es' if processes > 1 else ''}"
         print(f"check_only: the command passes its checks ({counted}); nothing was trained")
@@ -86,14 +84,15 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     that a launcher started in `launched` processes (1 without a launcher): raises ConfigError. Returns the
     strategy, the processes the training will have, and the OOM recovery. The search runs it on the config of
     its first trial, so that a config every trial would refuse is refused before the first one."""
-    if cfg.ckpt_path and not (Path(cfg.ckpt_path) / "custom_checkpoint_0.pkl").is_file():
+    if cfg.ckpt_path and not (Path(cfg.ckpt_path) / PROGRESS).is_file():
         raise ConfigError(
             f"ckpt_path={cfg.ckpt_path} is not a checkpoint folder; give one, e.g. <run dir>/checkpoints/last"
         )
-    if unread := sorted(set(cfg.trainer) - set(OmegaConf.load(CONFIG_DIR / "trainer" / "default.yaml"))):
+    read = list(OmegaConf.load(CONFIG_DIR / "trainer" / "default.yaml"))  # what the loop reads
+    if unread := sorted(set(cfg.trainer) - set(read)):
         raise ConfigError(  # +trainer.KEY of Lightning's Trainer: Hydra takes it, and this loop would ignore it
             f"trainer.{unread[0]} is not a setting of this loop (Lightning's Trainer has more); it reads: "
-            f"{', '.join(OmegaConf.load(CONFIG_DIR / 'trainer' / 'default.yaml'))}"
+            f"{', '.join(read)}"
         )
     cfg.trainer.precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # auto: bf16 on GPUs
     strategy: Strategy = build(cfg.strategy)

@@ -240,13 +240,18 @@ def resume_from(run_dir: Path, ckpt_path: str | None, resume: bool) -> str | Non
     return os.path.realpath(last) if resume and last.exists() else None
 
 
-def trained_so_far(checkpoint: str) -> tuple[int, int] | None:
-    """(whole epochs, optimizer steps) a checkpoint has trained, from its fit loop's counters (a folder's: its
-    meta.pt; None without them); mmap: its tensors are not read."""
+def saved_state(checkpoint: str | Path) -> dict[str, Any]:
+    """A checkpoint's non-tensor part (loop counters, callbacks): the file itself, or a folder's meta.pt; mmap: the
+    tensors are not read."""
     path = Path(checkpoint)
-    saved = torch.load(
+    return torch.load(
         path / META if path.is_dir() else path, map_location="cpu", mmap=path.is_file(), weights_only=False
     )
+
+
+def trained_so_far(checkpoint: str) -> tuple[int, int] | None:
+    """(whole epochs, optimizer steps) a checkpoint has trained, from its fit loop's counters (None without them)."""
+    saved = saved_state(checkpoint)
     if "loops" not in saved or "global_step" not in saved:
         return None
     return saved["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"], saved["global_step"]

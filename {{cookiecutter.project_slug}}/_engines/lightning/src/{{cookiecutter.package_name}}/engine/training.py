@@ -42,6 +42,7 @@ from .checkpoints import (
     ResumeCheckpoint,
     prepare_run_folder,
     resume_from,
+    saved_state,
     trained_so_far,
 )
 from .module import build_module
@@ -117,10 +118,8 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
 
 def restore_loop_counters(trainer: L.Trainer, checkpoint: Path) -> None:
     """strategy=ddp_spawn trained in processes of its own, whose loop counters (steps, epochs) this process's trainer
-    never saw: the test would be logged at step 0, epoch 0. They are read back from the last checkpoint (mmap: its
-    tensors are not read)."""
-    loops = torch.load(checkpoint, map_location="cpu", mmap=True, weights_only=False)["loops"]
-    trainer.fit_loop.load_state_dict(loops["fit_loop"])
+    never saw: the test would be logged at step 0, epoch 0. They are read back from the last checkpoint."""
+    trainer.fit_loop.load_state_dict(saved_state(checkpoint)["loops"]["fit_loop"])
 
 
 def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningDataModule]:
