@@ -195,6 +195,7 @@ COMMAND_LINE_REFUSALS = [
         ["~model.net.nrom"],
         "~model.net.nrom: there is no setting model.net.nrom to remove; did you mean model.net.norm?",
     ),
+    (["~logger.entity"], "~logger.entity: logger.entity is null, which Hydra cannot remove; leave it as it is"),
     (
         ["+trainer.max_epochs=2"],
         "+trainer.max_epochs: trainer.max_epochs exists; set it without +: trainer.max_epochs=2",
@@ -214,6 +215,7 @@ COMMAND_LINE_REFUSAL_IDS = [
     "remove-a-setting-the-training-reads",
     "typo-after-a-removal",
     "typo-in-a-removal",
+    "remove-a-null-setting",
     "add-a-key-that-exists",
     "batch-size-not-whole",
     "lr-a-list",

@@ -7,6 +7,7 @@ import json
 import subprocess
 from pathlib import Path
 
+import custom_dataset
 import pytest
 import torch
 from fake_nvml import FakeGPU, FakeNVML
@@ -166,14 +167,19 @@ def test_activations_are_sized_at_the_precision_training_uses():
     assert step_seconds(cfg, mixed, 16, host_memory_gb=8, precision="bf16-mixed") > 0
 
 
-def test_the_model_is_measured_on_a_batch_shaped_like_the_datas_samples():
+def test_the_model_is_measured_on_a_batch_shaped_like_the_datas_samples(monkeypatch):
     """A dataset of images (3 x 8 x 8) and a convolutional net: the doctor sizes and times the net on a batch shaped
-    as the data's first sample (a batch of data.num_features values was a traceback from the first convolution)."""
+    as the data's first sample (a batch of data.num_features values was a traceback from the first convolution),
+    building the dataset once (yours may read files for minutes)."""
+    built = []
+    build = custom_dataset.Images.__init__
+    monkeypatch.setattr(custom_dataset.Images, "__init__", lambda self, *a, **k: built.append(build(self, *a, **k)))
     images = ["data=custom", "data.dataset._target_=custom_dataset.Images", "data.num_features=192"]
     cfg = config(*images, "data.num_classes=4", "model.net._target_=own_models.SmallCNN")
     facts = model_facts(cfg, 4, [2], "32-true")
     assert facts.activation_bytes_per_sample >= FP32 * 8 * 8 * 8, "the convolution's output, per sample"
     assert step_seconds(cfg, facts, 4, host_memory_gb=8, precision="32-true") > 0
+    assert len(built) == 1, "the training split, once"
 
 
 def test_dp_fills_device_0_first():

@@ -62,6 +62,9 @@ def test_a_stopped_fsdp_training_continues_exactly_from_its_shards(tmp_path, tra
     train = make_runner(tmp_path, train_env)
     single = train(*SETTINGS, "strategy=single").losses(STEPS)
     assert len(single) == STEPS
+    # One process without a launcher (python -m): FSDP2 over a group of that one, as offload on one GPU needs.
+    one = train(*SETTINGS, "strategy=fsdp", "trainer.devices=1")
+    assert one.losses(STEPS) == pytest.approx(single, abs=TOLERANCE)
 
     # Every process killed in the forward of step 7, right after the checkpoint of step 6.
     net = ["model.net._target_=own_models.InterruptedOnce", f"+model.net.marker={tmp_path / 'once'}",

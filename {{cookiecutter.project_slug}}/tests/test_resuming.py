@@ -78,6 +78,8 @@ def test_checkpoints_of_another_training_are_refused_naming_what_differs(run_dir
         starting_point(run_dir, training(**{"trainer.accumulate_grad_batches": 2}), last)
     with pytest.raises(ConfigError, match="model.optimizer._target_: torch.optim.AdamW then, torch.optim.SGD now"):
         starting_point(run_dir, training(**{"model.optimizer._target_": "torch.optim.SGD"}), last)  # KeyError at step 1
+    with pytest.raises(ConfigError, match="model._target_: None then, my_models.Regressor now"):
+        starting_point(run_dir, training(**{"model._target_": "my_models.Regressor"}), last)  # a module of your own
     # What a checkpoint does not depend on may change, the preset too (test_resume_layouts.py); afresh, or from a
     # given checkpoint, nothing is compared.
     allowed = {"trainer.max_epochs": 5, "model.optimizer.lr": 0.01, "data.num_workers": 2, "strategy": "auto"}

@@ -146,6 +146,10 @@ def check_setting(override: Override, keys: dict[str, Any], groups: set[str]) ->
         argument = isinstance(node, dict) and "_target_" in node and parent not in READ and not name.startswith("_")
         if not (argument or parent == "logger" or parent == "callbacks" and "callbacks" in groups):  # (wandb's)
             raise ConfigError(f"~{key}: {_not_removable(key, groups)}")
+        if keys[key] is None:  # Hydra's words for it: "'KEY' does not exist"
+            raise ConfigError(
+                f"~{key}: {key} is null, which Hydra cannot remove; leave it as it is, or set it: {key}=..."
+            )
         for removed in [other for other in keys if other == key or other.startswith(f"{key}.")]:
             del keys[removed]
         return

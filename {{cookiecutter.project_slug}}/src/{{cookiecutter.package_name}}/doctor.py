@@ -35,7 +35,6 @@ from .tools.estimate import (
     USABLE,
     ModelFacts,
     dp_memory,
-    example_input,
     gradient_traffic,
     memory_per_device,
     mesh,
@@ -153,11 +152,11 @@ def step_seconds(cfg: DictConfig, facts: ModelFacts, batch: int, host_memory_gb:
     torch.manual_seed(cfg.seed)
     net = instantiate(cfg.model.net).to(device)
     optimizer = instantiate(cfg.model.optimizer)(net.parameters())
-    example = example_input(cfg, net, batch)  # shaped like the data's samples
-    if example.dtype == torch.long:  # token ids
-        x = torch.randint(cfg.data.num_classes, example.shape, device=device)
+    shape = (batch, *facts.sample.shape)  # shaped like the data's samples
+    if facts.sample.dtype == torch.long:  # token ids
+        x = torch.randint(cfg.data.num_classes, shape, device=device)
     else:
-        x = torch.randn(example.shape, device=device)
+        x = torch.randn(shape, device=device)
     dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
     times, y = [], None
     for _ in range(4):

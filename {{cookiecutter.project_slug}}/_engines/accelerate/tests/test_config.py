@@ -45,7 +45,6 @@ BAD_INPUT = [
         "strategy=pipeline runs one stage per process; 1 process given, use 2+: launch it with `accelerate launch",
     ),
     (["strategy=model_parallel"], "strategy=model_parallel (mode=tensor) needs 2+ processes"),
-    (["strategy=fsdp"], "strategy=fsdp needs 2+ processes but this is 1; launch it with `accelerate launch"),
     (["strategy=model_parallel", "strategy.mode=pipes"], "strategy.mode='pipes' is unknown; valid: tensor, layers"),
     (["strategy=pipeline", "oom.find_batch_size=true"], "oom.find_batch_size works with single, ddp"),
     (
@@ -115,7 +114,6 @@ BAD_INPUT_IDS = [
     "unknown-precision",
     "pipeline-one-stage",
     "tensor-parallel-one-process",
-    "fsdp-one-process",
     "unknown-mode",
     "batch-search-on-pipeline",
     "pipeline-fp16",

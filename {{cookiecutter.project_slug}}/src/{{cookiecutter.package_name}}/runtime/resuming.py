@@ -17,8 +17,15 @@ from .checkpoint_files import damage, looks_like_checkpoint
 # position in the epoch counts global batches and micro-batches). Anything else may change between starts: more
 # epochs, another learning rate, more processes, another preset (checkpoint_forms.py; but see check_same_mesh).
 # The optimizer's class too: its saved state is another's (SGD's momentum buffers are no AdamW's), a KeyError at the
-# first step; its settings (lr, ...) may change.
-MUST_MATCH = ("model.net", "model.optimizer._target_", "data.batch_size", "trainer.accumulate_grad_batches")
+# first step; its settings (lr, ...) may change. And the Lightning engine's LightningModule of your own
+# (+model._target_): its own parameters, loss and metrics are another training's.
+MUST_MATCH = (
+    "model.net",
+    "model._target_",
+    "model.optimizer._target_",
+    "data.batch_size",
+    "trainer.accumulate_grad_batches",
+)
 PACKAGE = __package__.partition(".")[0]
 # Where a `_target_` of a run folder saved before the package was laid out in folders (its config.yaml) lives now.
 # The old module names are not kept as aliases: `data` and `tracking` are packages now, so aliases would collide.

@@ -43,6 +43,7 @@ class ModelFacts:
     blocks: int  # the blocks a pipeline cuts between (0: the model has no Split)
     stage_parameters: dict[int, list[int]]  # pipeline stages -> parameters of each stage
     stage_activation_bytes_per_sample: dict[int, list[float]]
+    sample: torch.Tensor  # one sample's x on the meta device (shape, dtype): the doctor builds a dataset once
     batchnorm: bool = False  # fsdp, model_parallel, pipeline and dp over 2+ devices refuse it (parallel/batchnorm.py)
 
     @property
@@ -87,6 +88,7 @@ def model_facts(cfg: DictConfig, batch: int, stage_counts: list[int], precision:
         stage_parameters=stages,
         stage_activation_bytes_per_sample=stage_activations,
         batchnorm=uses_batchnorm(net),
+        sample=example[0],
     )
 
 

@@ -5,12 +5,14 @@ fully_shard, which also runs on CPU/gloo, where Accelerate's FSDP plugin needs G
 (`replicas`), keeping gathered weights from forward to backward, and CPU offload (sharding.FsdpSettings).
 """
 
+import os
+from collections.abc import Callable
 from typing import Any
 
 from omegaconf import DictConfig
 from torch import nn
 
-from ...errors import ConfigError
+from ...parallel.launcher import free_port
 from ...parallel.sharding import FsdpSettings, check_fsdp, check_precision
 from .model_parallel import ModelParallel
 
@@ -28,12 +30,17 @@ class Fsdp(ModelParallel):
         self.sizes = (launched, 1)
         return launched
 
+    def launch(self, run: Callable[[], None], devices: int) -> None:
+        if "LOCAL_RANK" not in os.environ:
+            # python -m: a process group of this one process, as `torchrun --nproc_per_node=1` would start (FSDP2
+            # shards over a DeviceMesh, which needs one; Lightning's engine makes the same). One process sharding
+            # over itself is what strategy.offload=true needs to train a model larger than its device.
+            port = os.environ.get("MASTER_PORT") or str(free_port())
+            os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+            os.environ.update(MASTER_ADDR=os.environ.get("MASTER_ADDR", "127.0.0.1"), MASTER_PORT=port)
+        run()
+
     def check_layout(self, processes: int, net: nn.Module, cfg: DictConfig) -> None:
-        if processes < 2:  # python -m starts no process group (the Lightning engine makes one of one process)
-            raise ConfigError(
-                "strategy=fsdp needs 2+ processes but this is 1; launch it with `accelerate launch --config_file "
-                "launch/multi_process.yaml -m {{ cookiecutter.package_name }}.train strategy=fsdp`, or use strategy=single"
-            )
         check_precision(self.name, cfg.trainer.precision)
         self.precision = cfg.trainer.precision
         check_fsdp(net, processes, self.fsdp)
