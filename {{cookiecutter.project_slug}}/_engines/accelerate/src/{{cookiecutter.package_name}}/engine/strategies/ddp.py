@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate import Accelerator, notebook_launcher
+from accelerate import Accelerator, launchers, notebook_launcher
 from accelerate.utils import DistributedDataParallelKwargs
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
@@ -87,6 +87,10 @@ class DDPSpawn(DDP):
             # A free port unless MASTER_PORT names one: accelerate's default, 29500, is taken by any other
             # ddp_spawn training on this machine (Lightning's ddp_spawn picks a free one too).
             port = os.environ.get("MASTER_PORT") or str(free_port())
+            # Its own line says "Launching training on N CUDAs." on any machine (accelerate 1.15 names CUDA when it
+            # finds no other accelerator): this one says what starts.
+            launchers.print = lambda *args, **kwargs: None
+            print(f"strategy=ddp_spawn: starting {devices} processes")
             notebook_launcher(run, num_processes=devices, use_port=port)
         except SignalException as err:  # Ctrl-C (or SIGTERM) reached this command: its processes stopped at once
             run_id = Path(HydraConfig.get().runtime.output_dir).name
