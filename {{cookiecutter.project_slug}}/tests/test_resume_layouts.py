@@ -11,8 +11,10 @@ from conftest import QUICK, TOLERANCE, make_runner
 from engine_specific import launcher_of
 
 # Shuffled, so the data position matters; a checkpoint every 2 steps. A constant learning rate: a schedule spans
-# trainer.max_steps, which changes between the two starts (4, then 8).
-SETTINGS = [*QUICK, "trainer.accelerator=cpu", "data.shuffle=true", "data.train_size=512", "data.batch_size=64",
+# trainer.max_steps, which changes between the two starts (4, then 8). An epoch of 16 steps: trainer.max_steps, not
+# the epoch's end, stops the continued training (Lightning's pipeline counted its steps apart from the other presets,
+# which then trained past it).
+SETTINGS = [*QUICK, "trainer.accelerator=cpu", "data.shuffle=true", "data.train_size=1024", "data.batch_size=64",
             "checkpoint.every_n_steps=2", "scheduler=constant"]  # fmt: skip
 STEPS = 8
 GPT = ["model=gpt", "data.vocab_size=32", "data.seq_len=16", "model.net.dim=16", "model.net.num_heads=2"]

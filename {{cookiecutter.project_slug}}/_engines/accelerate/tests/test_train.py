@@ -90,6 +90,9 @@ def test_default_training_learns_and_logs_offline_to_wandb(train):
     assert "wandb sync" in run.output and (run.run_dir / "config.yaml").is_file()
     rows = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1].keys() >= {"test/acc", "epoch"} and rows[-1]["epoch"] == 3, "as Lightning's test row"
+    # On the console, as Lightning's: a progress bar of the optimizer steps, then the test metrics' table.
+    assert "Training: 100%" in run.output and " 96/96 [" in run.output
+    assert f"│ test/acc        │ {wandb.metric('test/acc')[-1]:.6g} │" in run.output
 
     # The last checkpoint reloads on its own and reproduces the last logged validation loss.
     model = load_trained(run.run_dir / "checkpoints" / "last")
@@ -113,6 +116,7 @@ def test_resume_continues_where_the_run_stopped(train, preset):
     last = first.run_dir / "checkpoints" / "last"
     rest = train(*common, "trainer.max_steps=10", f"ckpt_path={last}", launcher=accelerate_launch())
     assert rest.wandb.steps("train/loss") == list(range(5, 10))
+    assert " 5/10 [" in rest.output, "the progress bar starts where the run stopped"
     assert rest.losses(5) == pytest.approx(whole[5:], abs=1e-5)
     # Whatever the preset, the checkpoint reloads on one device for evaluation.
     assert sum(p.numel() for p in load_trained(last).parameters()) > 0

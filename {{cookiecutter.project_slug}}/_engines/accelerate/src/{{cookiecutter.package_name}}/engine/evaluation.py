@@ -7,6 +7,8 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate.utils import send_to_device
+from rich.console import Console
+from rich.table import Table
 from torch import nn
 
 from ..errors import ConfigError
@@ -76,3 +78,11 @@ def log(accelerator: Accelerator, metrics: dict[str, float], step: int) -> None:
     """One wandb row (main process only). The step is a metric, as Lightning's WandbLogger logs it, so runs
     of both engines chart alike."""
     accelerator.log({**metrics, "trainer/global_step": step})
+
+
+def show(metrics: dict[str, float]) -> None:
+    """The test metrics as a table on the console, as Lightning's trainer.test prints them."""
+    table = Table("Test metric", "Value")
+    for name, value in sorted(metrics.items()):
+        table.add_row(name, f"{value:.6g}")
+    Console().print(table)

@@ -12,6 +12,7 @@ from accelerate import Accelerator
 from omegaconf import DictConfig
 from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
+from tqdm import tqdm
 
 from ..data.loading import Data
 from ..parallel.sharding import clip_grad_norm_
@@ -60,9 +61,10 @@ def fit(
     checkpoints: Checkpoints,
     recovery: OOMRecovery | None,
     interrupt: Interrupt,
+    bar: tqdm,
 ) -> int | None:
     """Train to trainer.max_epochs or trainer.max_steps; returns the step a Ctrl-C (`interrupt`) stopped it after,
-    saved, or None."""
+    saved, or None. `bar`: the progress bar (step_bar), advanced at every optimizer step."""
     trainer, every_n_steps = cfg.trainer, cfg.checkpoint.every_n_steps
     step_loss = 0.0  # the sum of the optimizer step's micro-batch losses so far
     model.train()
@@ -110,8 +112,10 @@ def fit(
                 loss = accelerator.reduce(step_loss / accumulation(cfg), "mean").item()
                 metrics = {"train/loss": loss, "train/lr": lr, **strategy.step_metrics()}
                 log(accelerator, {**metrics, "epoch": epoch}, progress.global_step)
+                bar.set_postfix(epoch=epoch, loss=f"{loss:.4g}", refresh=False)
             step_loss = 0.0
             progress.global_step += 1
+            bar.update()
             if done(progress, trainer.max_steps) and loader.batches_done < len(loader):
                 break  # (on the epoch's last batch, its end comes first: validation, as Lightning runs it)
             checkpoints.link_written()  # a checkpoint written in the background since the last step: in place now
@@ -131,6 +135,14 @@ def fit(
         progress.loader = loader.state_dict()
         checkpoints.save(progress.global_step)  # stopped at trainer.max_steps
     return None
+
+
+def step_bar(accelerator: Accelerator, cfg: DictConfig, total: int, done: int) -> tqdm:
+    """The training's progress bar on the first process (trainer.enable_progress_bar, as in Lightning): optimizer
+    steps done of the `total`, from `done` (a resumed run's), the epoch and the last logged loss. tqdm redraws it
+    at most 10 times a second; a step costs it a counter and a clock read."""
+    shown = cfg.trainer.enable_progress_bar and accelerator.is_main_process
+    return tqdm(total=total, initial=done, desc="Training", unit="step", dynamic_ncols=True, disable=not shown)
 
 
 def stop_now(accelerator: Accelerator, interrupt: Interrupt, step: int, log_every_n_steps: int) -> bool:

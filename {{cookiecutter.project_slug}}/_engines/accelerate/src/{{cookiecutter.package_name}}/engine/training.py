@@ -37,9 +37,9 @@ from ..runtime.precision import resolve_precision, use_tensor_cores
 from ..runtime.resuming import afresh_message, check_not_past_the_end, resuming_message, starting_point
 from ..tracking.wandb_run import finish_wandb, forget_wandb_run, is_first_process, write_atomically
 from .checkpoints import PROGRESS, Checkpoints, trained_so_far
-from .evaluation import batches, check_limit, evaluate, log, prefixed
+from .evaluation import batches, check_limit, evaluate, log, prefixed, show
 from .logger import ResumingWandBTracker
-from .loop import Progress, accumulation, fit, loss_fn, training_steps
+from .loop import Progress, accumulation, fit, loss_fn, step_bar, training_steps
 from .oom import OOMRecovery, find_batch_size
 from .strategies import Strategy, check_devices
 
@@ -206,10 +206,14 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
             split: data.loader(split, replicas, rank, on_gpu, per_node, accumulate) for split in data.split_names
         }
         # Ctrl-C: stop after this step (several processes: at a logged step), with a checkpoint
-        with ctrl_c(accelerator.num_processes, announce=accelerator.is_main_process) as interrupt:
+        steps = training_steps(cfg, data, replicas, rank)
+        with (
+            ctrl_c(accelerator.num_processes, announce=accelerator.is_main_process) as interrupt,
+            step_bar(accelerator, cfg, steps, progress.global_step) as bar,
+        ):
             state = (model, optimizer, scheduler, loaders, progress, checkpoints)
             try:
-                stopped = fit(accelerator, cfg, strategy, *state, recovery, interrupt)
+                stopped = fit(accelerator, cfg, strategy, *state, recovery, interrupt, bar)
             except RuntimeError as err:  # DDP's, for a parameter a step did not use: what to set, in one line
                 trained = [name for name, p in accelerator.unwrap_model(model).named_parameters() if p.requires_grad]
                 if refusal := unused_parameters(str(err), strategy.name, trained):
@@ -227,6 +231,8 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
                 checkpoints.load(best)
             metrics = evaluate(accelerator, model, loaders["test"], loss_fn, cfg.trainer.limit_test_batches)
             log(accelerator, {**prefixed("test", metrics), "epoch": progress.epoch}, step)  # as Lightning's row
+            if accelerator.is_main_process:
+                show(prefixed("test", metrics))
         failed = False
         if accelerator.is_main_process:
             mark_finished(run_dir, True)  # run_id=last continues unfinished runs only

@@ -7,6 +7,7 @@ are listed in PRIVATE_MEMBERS and checked too.
 """
 
 from datetime import timedelta
+from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -35,6 +36,21 @@ PRIVATE_MEMBERS = {  # what the test checks is still there, and where it is used
 def only_accumulates(trainer: L.Trainer) -> bool:
     """Whether this training batch only accumulates gradients (no optimizer step): the fit loop's own test."""
     return trainer.fit_loop._should_accumulate()
+
+
+def count_steps_in_both_loops(checkpoint: dict[str, Any]) -> None:
+    """Make a checkpoint's two optimizer-step counters agree: strategy=pipeline steps by hand (manual optimization)
+    and Lightning counts those steps apart from the automatic optimization's of the other presets; global_step (what
+    trainer.max_steps stops at) reads the counter of the loop that runs. A run continued under the other kind would
+    start counting from 0 and train past trainer.max_steps. The checkpoint's `loops` layout is Lightning's own."""
+    loops = checkpoint.get("loops", {}).get("fit_loop", {})
+    automatic = loops.get("epoch_loop.automatic_optimization.optim_progress", {}).get("optimizer", {}).get("step")
+    manual = loops.get("epoch_loop.manual_optimization.optim_step_progress")
+    if not (automatic and manual):
+        return
+    for span in ("total", "current"):
+        for field in ("ready", "completed"):
+            automatic[span][field] = manual[span][field] = max(automatic[span][field], manual[span][field])
 
 
 def batches_that_stepped(trainer: L.Trainer) -> int:

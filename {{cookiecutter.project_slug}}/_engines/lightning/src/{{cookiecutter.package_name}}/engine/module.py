@@ -29,7 +29,7 @@ from ..runtime.optimization import (
     total_steps,
 )
 from ..runtime.precision import use_tensor_cores
-from .lightning_private import batches_that_stepped, has_trainer, only_accumulates
+from .lightning_private import batches_that_stepped, count_steps_in_both_loops, has_trainer, only_accumulates
 
 
 class Classifier(L.LightningModule):
@@ -200,6 +200,11 @@ class Classifier(L.LightningModule):
             names, optimizers = self._parameter_names(), self.trainer.optimizers
             states = zip(checkpoint["optimizer_states"], optimizers, strict=True)
             checkpoint["optimizer_states"] = [by_name(state, optimizer, names) for state, optimizer in states]
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Before Lightning restores its loops from it: a checkpoint of strategy=pipeline continues under the other
+        # presets (and theirs under pipeline) with its optimizer steps counted.
+        count_steps_in_both_loops(checkpoint)
 
     def on_fit_start(self) -> None:
         # After the callbacks' on_fit_start: the batch-size finder may have changed the steps per epoch, and scaled
