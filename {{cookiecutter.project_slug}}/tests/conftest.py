@@ -195,6 +195,11 @@ COMMAND_LINE_REFUSALS = [
         ["~model.net.nrom"],
         "~model.net.nrom: there is no setting model.net.nrom to remove; did you mean model.net.norm?",
     ),
+    (
+        ["data=custom", "~model.net.in_features", "data.num_features=4", "data.num_classes=3"],
+        "~model.net.in_features reads data.num_features, which is not set yet at that point of the command line: give",
+    ),
+    (["+model.net.dropuot=0.1"], "argument 'dropuot'; it takes in_features, num_classes, hidden, depth, expansion"),
     (["~logger.entity"], "~logger.entity: logger.entity is null, which Hydra cannot remove; leave it as it is"),
     (
         ["+trainer.max_epochs=2"],
@@ -215,6 +220,8 @@ COMMAND_LINE_REFUSAL_IDS = [
     "remove-a-setting-the-training-reads",
     "typo-after-a-removal",
     "typo-in-a-removal",
+    "removal-before-what-it-reads",
+    "argument-the-net-does-not-take",
     "remove-a-null-setting",
     "add-a-key-that-exists",
     "batch-size-not-whole",

@@ -15,6 +15,7 @@ from hydra.core.override_parser.types import ChoiceSweep, Override, OverrideType
 from hydra.errors import HydraException, InstantiationException
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationToMissingValueError
 
 from .data.files import resolve as data_files
 from .data.streaming_shapes import streamed_shapes
@@ -125,6 +126,14 @@ def _compose(config_name: str, overrides: list[str], args: list[str], **kwargs: 
     try:
         return compose(config_name, overrides=overrides, **kwargs)
     except HydraException as err:
+        # `~model.net.in_features data.num_features=4`: Hydra applies them in order and resolves the removed value
+        # first, which reads the still unset data.num_features ("Error merging override ~model.net.in_features").
+        if isinstance(err.__cause__, InterpolationToMissingValueError) and str(err).startswith("Error merging"):
+            unset = str(err.__cause__).split("Missing mandatory value: ")[-1].split()[0]
+            raise ConfigError(
+                f"{str(err).split()[-1]} reads {unset}, which is not set yet at that point of the command line: "
+                f"give {unset}=... before it"
+            ) from None
         raise ConfigError(f"{' '.join(args)}: {str(err).strip().splitlines()[0]}") from None
 
 
@@ -338,5 +347,19 @@ def build_object(node: DictConfig, *, bad_arguments: tuple[type[Exception], ...]
         if (unimportable := not_importable(err)) is not None:  # e.g. data.dataset._target_=my_pkg.Typo
             raise unimportable from err
         if isinstance(cause, (ValueError, TypeError, ImportError, *bad_arguments)):
-            raise ConfigError(f"{node.get('_target_', 'config')}: {cause}") from err
+            raise ConfigError(f"{node.get('_target_', 'config')}: {cause}{_arguments_taken(node, cause)}") from err
         raise
+
+
+def _arguments_taken(node: DictConfig, cause: Exception) -> str:
+    """For "got an unexpected keyword argument 'X'": the arguments the class takes, and the nearest to X."""
+    unexpected = str(cause).partition("unexpected keyword argument ")[2].strip("'\"")
+    try:
+        parameters = inspect.signature(get_object(node._target_)).parameters
+    except (AttributeError, TypeError, ValueError, ImportError):
+        return ""
+    names = [name for name, p in parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if not unexpected or not names:
+        return ""
+    near = difflib.get_close_matches(unexpected, names, n=1, cutoff=0.75)
+    return f"; it takes {', '.join(names)}" + (f" (did you mean {near[0]}?)" if near else "")
