@@ -83,4 +83,5 @@ def test_a_stopped_training_continues_exactly_on_another_layout(
     # The same run folder: resumes from step 4, on the other layout.
     again = train(*SETTINGS, f"trainer.max_steps={STEPS}", *after, run_dir=run_dir, **launched(after))
     assert "resuming from" in again.output
+    assert "with manual optimization" not in first.output, "Lightning's warning about its pipeline's checkpoints"
     assert again.losses(STEPS + 1) == pytest.approx(single, abs=TOLERANCE)  # one wandb run, each step once

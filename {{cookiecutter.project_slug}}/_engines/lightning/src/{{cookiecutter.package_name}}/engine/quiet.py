@@ -11,6 +11,13 @@ HARMLESS_WARNINGS = [  # (message regex, the module that warns)
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", r"lightning\.pytorch\.utilities\._pytree"),
     # A run that continues in its own folder (restart, run_id=...) finds its checkpoints there: by design.
     (r"Checkpoint directory .* exists and is not empty\.", r"lightning\.pytorch\.callbacks\.model_checkpoint"),
+    # strategy=pipeline steps its optimizer by hand (manual optimization); its checkpoint at step N holds the state
+    # after N steps, as every other preset's does (which is what resuming needs), not the "pre-optimization" state
+    # Lightning's 20-line warning, with example code, offers to save.
+    (
+        r"Using ModelCheckpoint with manual optimization and every_n_train_steps",
+        r"lightning\.pytorch\.callbacks\.model_checkpoint",
+    ),
     # On any machine with SLURM installed, a training started without srun (on purpose: the template's sbatch
     # scripts use srun themselves, a run started with python is a local one).
     (
