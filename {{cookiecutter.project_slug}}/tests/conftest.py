@@ -200,6 +200,7 @@ COMMAND_LINE_REFUSALS = [
         "~model.net.in_features reads data.num_features, which is not set yet at that point of the command line: give",
     ),
     (["+model.net.dropuot=0.1"], "argument 'dropuot'; it takes in_features, num_classes, hidden, depth, expansion"),
+    (["model.net.depth=0"], "model.net.depth=0 must be a whole number >= 1"),  # trained a net of no blocks
     (["~logger.entity"], "~logger.entity: logger.entity is null, which Hydra cannot remove; leave it as it is"),
     (
         ["+trainer.max_epochs=2"],
@@ -222,6 +223,7 @@ COMMAND_LINE_REFUSAL_IDS = [
     "typo-in-a-removal",
     "removal-before-what-it-reads",
     "argument-the-net-does-not-take",
+    "a-net-of-no-blocks",
     "remove-a-null-setting",
     "add-a-key-that-exists",
     "batch-size-not-whole",
