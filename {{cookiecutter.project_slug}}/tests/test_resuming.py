@@ -80,6 +80,8 @@ def test_checkpoints_of_another_training_are_refused_naming_what_differs(run_dir
         starting_point(run_dir, training(**{"model.optimizer._target_": "torch.optim.SGD"}), last)  # KeyError at step 1
     with pytest.raises(ConfigError, match="model._target_: None then, my_models.Regressor now"):
         starting_point(run_dir, training(**{"model._target_": "my_models.Regressor"}), last)  # a module of your own
+    named = {"model._target_": "{{ cookiecutter.package_name }}.engine.module.Classifier"}  # (older layouts named it)
+    assert starting_point(run_dir, training(**named), last) == (None, True)
     # What a checkpoint does not depend on may change, the preset too (test_resume_layouts.py); afresh, or from a
     # given checkpoint, nothing is compared.
     allowed = {"trainer.max_epochs": 5, "model.optimizer.lr": 0.01, "data.num_workers": 2, "strategy": "auto"}

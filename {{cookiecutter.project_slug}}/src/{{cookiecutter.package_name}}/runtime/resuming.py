@@ -231,6 +231,9 @@ def differences(saved: Path, cfg: DictConfig, keys: tuple[str, ...]) -> str:
     if not saved.is_file():
         return ""
     then, now = flat(load_saved_config(saved), keys), flat(cfg, keys)
+    for values in (then, now):  # the Lightning engine's own module, named (an older layout) or not
+        if values.get("model._target_") == f"{PACKAGE}.engine.module.Classifier":
+            values["model._target_"] = None
     names = sorted(then.keys() | now.keys())
     differ = [f"{key}: {then.get(key)} then, {now.get(key)} now" for key in names if then.get(key) != now.get(key)]
     if len(differ) > 4:  # another model altogether: its first few keys say enough
