@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 from wandb_records import offline_runs
 
 from {{ cookiecutter.package_name }}.bench import (
+    check_one_epoch,
     left_out,
     main,
     memory,
@@ -61,6 +62,18 @@ def test_the_model_is_sized_on_the_datas_samples():
     cfg = config("bench", *images, "data.num_classes=4", "model.net._target_=own_models.SmallCNN")
     net, parameters, tokens, _ = model_figures(cfg)
     assert tokens == 1 and parameters == count_parameters(net) > 0
+
+
+def test_points_whose_timed_steps_reach_the_epochs_end_are_refused():
+    """A dataset of yours has its own length (the template's are sized for the steps): 16 images make 2 steps of a
+    global batch of 8, fewer than the 2 + 2 a point runs, so the epoch's end (validation, a checkpoint) would have
+    been timed as a step (a helper's 2-process point read 96 ms where its steps took 52)."""
+    images = ["data=custom", "data.dataset._target_=custom_dataset.Images", "data.num_features=192"]
+    cfg = config("bench", *images, "data.num_classes=4", "bench.warmup_steps=2", "bench.steps=2")
+    check_one_epoch(cfg, {1: 4})  # 4 steps of 4: the last timed step ends the epoch, nothing after it is timed
+    with pytest.raises(ConfigError, match="with 2 process.es. the global batch is 8, and the training split's 16 "
+                       "samples make 2 steps of it, fewer than the 4 run"):  # fmt: skip
+        check_one_epoch(cfg, {1: 4, 2: 8})
 
 
 @pytest.mark.slow  # each point is a training
