@@ -270,8 +270,12 @@ class TestRecommendation:
         advice = recommend(batchnorm, usable, 4, OmegaConf.create({"min_speedup": 1.2, "max_nodes": 4}), 256,
                            self.pipe, self.fast, False, [])  # fmt: skip
         assert advice["preset"] is None
+        assert "fsdp, model_parallel's tensor mode and pipeline refuse it" in advice["why"]  # more nodes cannot help
+        assert "more nodes" not in advice["why"] and "strategy.mode=layers" in advice["why"]
         for preset in ("fsdp", "model_parallel", "pipeline", "dp"):
-            assert memory_per_device(batchnorm, preset, 2, 4, 256, 4, "1f1b")[1].startswith("the preset refuses")
+            held = memory_per_device(batchnorm, preset, 2, 4, 256, 4, "1f1b")[1]
+            assert held.startswith(f"{preset} refuses BatchNorm")
+        assert "strategy.mode=layers" in memory_per_device(batchnorm, "model_parallel", 2, 4, 256, 4, "1f1b")[1]
         assert memory_per_device(batchnorm, "fsdp", 1, 4, 256, 4, "1f1b")[0], "one process: BatchNorm over the batch"
 
     def test_model_parallel_when_fsdp_over_the_node_does_not_fit(self):

@@ -317,6 +317,15 @@ def recommend(
                 f"it needs {nodes} nodes: tensor parallel x{tensor} inside each node, FSDP over {data} replicas"
                 + unknown_links,
             )
+    if facts.batchnorm:  # more nodes cannot help: every preset that shards the model refuses BatchNorm
+        return {
+            "preset": None,
+            "why": "with BatchNorm, fsdp, model_parallel's tensor mode and pipeline refuse it, and single and ddp hold "
+            "the whole model on each device, which does not fit one; use a smaller data.batch_size or a smaller model, "
+            "a norm that shards (LayerNorm, GroupNorm), or model_parallel strategy.mode=layers (its layers spread "
+            "over one machine's devices; not priced here)",
+            "command": None,
+        }
     return {
         "preset": None,
         "why": f"it does not fit even on {plan.max_nodes} nodes x {per_node} devices; use a smaller data.batch_size, "
@@ -395,6 +404,8 @@ def show(report: dict[str, Any], console: Console) -> None:
         cells = {row["devices"]: row for row in report["memory"] if row["preset"] == preset}
         table.add_row(preset, *(_size(cells[n]["bytes"]) for n in counts))
     console.print(table)
+    for why in dict.fromkeys(row["holds"] for row in report["memory"] if "refuses BatchNorm" in row["holds"]):
+        console.print(f"  -: {why}")  # what a "-" means when it is not memory
     if unequal := [row for row in report["memory"] if "other_devices_bytes" in row]:
         row = unequal[-1]
         console.print(

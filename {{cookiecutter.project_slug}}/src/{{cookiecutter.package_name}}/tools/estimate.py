@@ -198,7 +198,10 @@ def memory_per_device(
     if preset == "single":
         return (state + act * batch, "everything") if devices == 1 else (None, "one device only")
     if facts.batchnorm and (preset in ("model_parallel", "pipeline") or preset in ("fsdp", "dp") and devices > 1):
-        return None, "the preset refuses BatchNorm (its statistics would not be the whole batch's)"
+        layers = " (strategy.mode=layers, one process over a machine's devices, trains it)" * (
+            preset == "model_parallel"
+        )
+        return None, f"{preset} refuses BatchNorm: its statistics would not be the whole batch's{layers}"
     if preset in ("ddp", "dp") and batch % devices:
         return None, f"batch {batch} does not split over {devices}"
     if preset == "ddp":
