@@ -138,6 +138,7 @@ def test_memory_finds_a_larger_batch_with_activation_checkpointing(tmp_path, tra
 
     assert (none["activation_checkpointing"], full["activation_checkpointing"]) == ("none", "full")
     assert 4 <= int(none["largest_batch"]) < int(full["largest_batch"]) / 2 < 64 / 2  # 11 and 50
+    assert f"largest batch {full['largest_batch']}\n" in proc.stdout, "below bench.max_batch_size: not flagged"
     for row in (none, full):
         assert float(row["peak_memory_mib"]) > 0 and float(row["step_ms"]) > 0
         assert float(row["samples_per_s"]) == pytest.approx(4 / (float(row["step_ms"]) / 1e3))

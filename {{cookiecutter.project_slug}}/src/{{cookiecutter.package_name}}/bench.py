@@ -218,8 +218,11 @@ def memory(cfg: DictConfig, overrides: list[str], run_dir: Path, console: Consol
             )  # fmt: skip
             row["largest_batch"] = found["largest_batch"]
         rows.append(row)
-        console.print(f"  {mode}: {row['step_ms']:.1f} ms/step, peak {row['peak_memory_mib']:.0f} MiB"
-                      + (f", largest batch {row['largest_batch']}" if cfg.bench.find_batch else ""))  # fmt: skip
+        largest = ""
+        if cfg.bench.find_batch:
+            capped = row["largest_batch"] >= cfg.bench.max_batch_size  # the search's limit, not the memory's
+            largest = f", largest batch {row['largest_batch']}" + " (bench.max_batch_size: more may fit)" * capped
+        console.print(f"  {mode}: {row['step_ms']:.1f} ms/step, peak {row['peak_memory_mib']:.0f} MiB{largest}")
     return rows
 
 
