@@ -20,8 +20,8 @@ from optuna.trial import TrialState
 from wandb_records import offline_runs
 
 from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.search.__main__ import hold_lock, make_pruner, requeue_interrupted
 from {{ cookiecutter.package_name }}.search.__main__ import main as search_main
-from {{ cookiecutter.package_name }}.search.__main__ import make_pruner, requeue_interrupted
 from {{ cookiecutter.package_name }}.search.report import parallel_coordinate
 from {{ cookiecutter.package_name }}.search.settings import Settings
 from {{ cookiecutter.package_name }}.search.slurm import gpus_per_trial
@@ -444,6 +444,17 @@ def search_command(tmp_path, monkeypatch, capsys):
 
 
 REFUSED_BATCH = "the training refuses the first trial's config: data.batch_size=64 is the global batch and must be"
+
+
+def test_a_second_search_of_a_study_is_refused_while_the_first_holds_it(tmp_path):
+    """One search per study: its lock is held by the search, its trials and their guards (which stop a killed
+    search's trials within their grace period), and a second search is told so in one line."""
+    first = hold_lock(tmp_path)
+    with pytest.raises(ConfigError, match=r"another search is running study .*, or a trial of a killed one is still "
+                       r"stopping \(its guard ends it within about 10 s"):  # fmt: skip
+        hold_lock(tmp_path)
+    first.close()
+    hold_lock(tmp_path).close()  # free again once the holder is gone
 
 
 @pytest.mark.parametrize(

@@ -35,6 +35,7 @@ from ..errors import ConfigError, fail
 from ..parallel.launcher import free_port
 from ..runtime.interrupt import FINISHED_FILE
 from ..tracking.epoch_metrics import read_epoch_metrics
+from .guard import GRACE_SECONDS
 from .report import summarize
 from .settings import Settings, parse_command_line
 from .slurm import SlurmTrial, gpus_per_trial, slurm_executor
@@ -189,8 +190,9 @@ def hold_lock(study_dir: Path) -> Any:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         raise ConfigError(
-            f"another search is running study {study_dir}, or a trial of a killed one still trains (a process holds "
-            f"{study_dir / 'search.lock'}: fuser -v it); wait for it or stop it first"
+            f"another search is running study {study_dir}, or a trial of a killed one is still stopping (its guard ends "
+            f"it within about {GRACE_SECONDS} s; a process holds {study_dir / 'search.lock'}: fuser -v it); wait for "
+            "it or stop it first"
         ) from None
     return lock
 
