@@ -30,7 +30,7 @@ from {{ cookiecutter.package_name }}.config import CONFIG_DIR, register_resolver
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
 from {{ cookiecutter.package_name }}.runtime import hardware
-from {{ cookiecutter.package_name }}.tools.estimate import count_parameters
+from {{ cookiecutter.package_name }}.tools.estimate import count_parameters, training_split
 
 PACKAGE = "{{ cookiecutter.package_name }}"
 PROJECT = Path(__file__).resolve().parent.parent  # the launchers' configs (launch/) are relative to it
@@ -70,10 +70,11 @@ def test_points_whose_timed_steps_reach_the_epochs_end_are_refused():
     been timed as a step (a helper's 2-process point read 96 ms where its steps took 52)."""
     images = ["data=custom", "data.dataset._target_=custom_dataset.Images", "data.num_features=192"]
     cfg = config("bench", *images, "data.num_classes=4", "bench.warmup_steps=2", "bench.steps=2")
-    check_one_epoch(cfg, {1: 4})  # 4 steps of 4: the last timed step ends the epoch, nothing after it is timed
+    split = training_split(cfg)
+    check_one_epoch(cfg, {1: 4}, split)  # 4 steps of 4: the last timed step ends the epoch, nothing after it is timed
     with pytest.raises(ConfigError, match="with 2 process.es. the global batch is 8, and the training split's 16 "
                        "samples make 2 steps of it, fewer than the 4 run"):  # fmt: skip
-        check_one_epoch(cfg, {1: 4, 2: 8})
+        check_one_epoch(cfg, {1: 4, 2: 8}, split)
 
 
 @pytest.mark.slow  # each point is a training

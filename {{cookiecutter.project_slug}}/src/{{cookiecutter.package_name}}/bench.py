@@ -42,7 +42,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from .config import build_object, register_resolvers, run_cli
+from .config import register_resolvers, run_cli
 from .data.loading import Data
 from .engine.launching import batch_size_finder_overrides, train_command
 from .errors import ConfigError, fail
@@ -50,7 +50,7 @@ from .models.activation_checkpointing import MODES, check_activation_checkpointi
 from .parallel.pipelining import LOOPED, SCHEDULES, bubble_fraction, check_stages_per_process
 from .parallel.split import layers
 from .runtime.precision import resolve_precision
-from .tools.estimate import count_parameters, example_input, tokens_per_sample
+from .tools.estimate import count_parameters, example_input, tokens_per_sample, training_split
 from .tools.steptimes import ENV, STEPS_ENV, WARMUP_ENV, progress_file
 from .tracking.wandb_run import finish_wandb, wandb_mode
 
@@ -85,8 +85,9 @@ def scaling(cfg: DictConfig, overrides: list[str], run_dir: Path, console: Conso
         raise ConfigError(f"bench.devices={counts} must list process counts >= 1, e.g. [1,2,4]")
     check_steps(cfg)
     weak = preset in DATA_PARALLEL
-    check_one_epoch(cfg, {n: cfg.data.batch_size * (n if weak else 1) for n in counts})
-    net, parameters, tokens, peak = model_figures(cfg)
+    split = training_split(cfg)  # built once: a dataset of yours may read files for minutes
+    check_one_epoch(cfg, {n: cfg.data.batch_size * (n if weak else 1) for n in counts}, split)
+    net, parameters, tokens, peak = model_figures(cfg, split)
     console.print(
         f"bench scaling: strategy={preset}, {'weak' if weak else 'strong'} scaling "
         + (f"(global batch = N x {cfg.data.batch_size})" if weak else f"(global batch {cfg.data.batch_size})")
@@ -112,12 +113,12 @@ def scaling(cfg: DictConfig, overrides: list[str], run_dir: Path, console: Conso
     return rows
 
 
-def model_figures(cfg: DictConfig) -> tuple[torch.nn.Module, int, int, float | None]:
+def model_figures(cfg: DictConfig, split: Data | None = None) -> tuple[torch.nn.Module, int, int, float | None]:
     """The net (on the meta device: shapes only), its parameters, the positions each sample predicts, and one
-    device's peak FLOP/s (None: no MFU)."""
+    device's peak FLOP/s (None: no MFU). `split`: the training split, if built already (training_split)."""
     with torch.device("meta"):
         net = instantiate(cfg.model.net)
-    example = example_input(cfg, net, 2)  # 2: BatchNorm refuses 1; the data read on the CPU, not on meta
+    example = example_input(cfg, net, 2, split)  # 2: BatchNorm refuses 1; the data read on the CPU, not on meta
     with torch.device("meta"):
         tokens = tokens_per_sample(net(example))
     return net, count_parameters(net), tokens, peak_flops(cfg)
@@ -165,18 +166,15 @@ def check_steps(cfg: DictConfig) -> None:
         raise ConfigError("bench.steps must be >= 2 and bench.warmup_steps >= 1")
 
 
-def check_one_epoch(cfg: DictConfig, batches: dict[int, int]) -> None:
+def check_one_epoch(cfg: DictConfig, batches: dict[int, int], split: Data | None) -> None:
     """Refuse points whose timed steps would reach the end of the first epoch (its validation and checkpoint would be
     timed as a step: a 2-process point read 96 ms where its steps took 52). `batches`: processes -> global batch.
-    The template's datasets are sized for the steps (data.train_size, run_point); one of yours has its own length."""
-    if "train_size" in cfg.data or cfg.data.get("dataset") is None:
+    The template's datasets are sized for the steps (data.train_size, run_point); one of yours has its own length.
+    `split`: the training split (training_split; None: a stream, whose length is not known before it is read)."""
+    if "train_size" in cfg.data or split is None:
         return
-    data = Data(build_object(cfg.data.dataset), splits=["train"])
-    if data.streams:  # not read by index: its length is not known before it is read
-        return
-    data.setup()
     try:
-        samples = len(data.splits["train"])
+        samples = len(split.splits["train"])
     except TypeError:  # a dataset without a length
         return
     steps = cfg.bench.warmup_steps + cfg.bench.steps
@@ -193,13 +191,14 @@ def memory(cfg: DictConfig, overrides: list[str], run_dir: Path, console: Consol
     """One row per activation checkpointing mode: data.batch_size timed (step time, peak memory), and the largest
     batch the finder fits (bench.find_batch)."""
     check_steps(cfg)
-    check_one_epoch(cfg, {1: cfg.data.batch_size})
+    split = training_split(cfg)
+    check_one_epoch(cfg, {1: cfg.data.batch_size}, split)
     modes = list(cfg.bench.activation_checkpointing)
     if not modes or set(modes) - set(MODES):
         raise ConfigError(f"bench.activation_checkpointing={modes} must list modes among {', '.join(MODES)}")
     if cfg.bench.find_batch and cfg.bench.max_batch_size < 1:
         raise ConfigError(f"bench.max_batch_size={cfg.bench.max_batch_size} must be >= 1")
-    net, parameters, tokens, peak = model_figures(cfg)
+    net, parameters, tokens, peak = model_figures(cfg, split)
     for mode in modes:  # a net without a Split: refused here, in one line, not by a point's training
         check_activation_checkpointing(net, mode)
     own = [o for o in overrides if not o.startswith(("activation_checkpointing=", "strategy."))]

@@ -8,7 +8,7 @@ from torch import nn
 
 from {{ cookiecutter.package_name }}.runtime.optimization import grouped_optimizer
 
-QUIET = []  # the loop draws no progress bar
+QUIET = ["trainer.enable_progress_bar=false"]  # no progress bar in a test's log
 OOM_TOOLKIT = "oom=toolkit"
 OOM_RECOVERY = "oom.recovery"  # where the OOM recovery's settings are
 LAST = "checkpoints/last"

@@ -45,6 +45,7 @@ BAD_INPUT = [
         "strategy=pipeline runs one stage per process; 1 process given, use 2+: launch it with `accelerate launch",
     ),
     (["strategy=model_parallel"], "strategy=model_parallel (mode=tensor) needs 2+ processes"),
+    (["strategy=fsdp", "trainer.devices=2"], "strategy=fsdp over 2 devices needs a process each but this is 1"),
     (["strategy=model_parallel", "strategy.mode=pipes"], "strategy.mode='pipes' is unknown; valid: tensor, layers"),
     (["strategy=pipeline", "oom.find_batch_size=true"], "oom.find_batch_size works with single, ddp"),
     (
@@ -114,6 +115,7 @@ BAD_INPUT_IDS = [
     "unknown-precision",
     "pipeline-one-stage",
     "tensor-parallel-one-process",
+    "fsdp-of-several-devices-without-launcher",
     "unknown-mode",
     "batch-search-on-pipeline",
     "pipeline-fp16",

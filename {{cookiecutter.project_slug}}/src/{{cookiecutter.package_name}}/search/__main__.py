@@ -190,9 +190,9 @@ def hold_lock(study_dir: Path) -> Any:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         raise ConfigError(
-            f"another search is running study {study_dir}, or a trial of a killed one is still stopping (its guard ends "
-            f"it within about {GRACE_SECONDS} s; a process holds {study_dir / 'search.lock'}: fuser -v it); wait for "
-            "it or stop it first"
+            f"another search is running study {study_dir}, or a trial of a killed one is still stopping (its guard "
+            f"ends it within about {GRACE_SECONDS} s; a process holds {study_dir / 'search.lock'}: fuser -v it); wait "
+            "for it or stop it first"
         ) from None
     return lock
 

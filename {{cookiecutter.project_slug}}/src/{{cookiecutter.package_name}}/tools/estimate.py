@@ -92,12 +92,12 @@ def model_facts(cfg: DictConfig, batch: int, stage_counts: list[int], precision:
     )
 
 
-def example_input(cfg: DictConfig, net: nn.Module, batch: int) -> torch.Tensor:
+def example_input(cfg: DictConfig, net: nn.Module, batch: int, split: Data | None = None) -> torch.Tensor:
     """A meta batch shaped like the data's inputs: the shape and dtype of the training split's first sample (images
     of a dataset of yours, say); for a stream, which cannot be read by index, num_features values per sample,
     token ids (int64) for a net that reads them (one with an nn.Embedding, as data.check_input decides), else
-    float32 features."""
-    if (sample := first_input(cfg)) is not None:
+    float32 features. `split`: the training split, if built already (training_split)."""
+    if (sample := first_input(cfg, split)) is not None:
         return torch.zeros(batch, *sample.shape, dtype=sample.dtype, device="meta")
     if "num_features" not in cfg.data:
         raise ConfigError("the model is sized from data.num_features; this data config has none")
@@ -106,15 +106,25 @@ def example_input(cfg: DictConfig, net: nn.Module, batch: int) -> torch.Tensor:
     return torch.zeros(batch, cfg.data.num_features, dtype=dtype, device="meta")
 
 
-def first_input(cfg: DictConfig) -> torch.Tensor | None:
-    """The training split's first x, read as the training reads it (None: a stream, an empty split, or data without
-    a dataset)."""
+def training_split(cfg: DictConfig) -> Data | None:
+    """The data with its training split built (None: a stream, which is not read by index and maybe remote, or data
+    without a dataset). A dataset class that refuses its arguments: one line (data.loading.Data)."""
     if cfg.data.get("dataset") is None:
         return None
     data = Data(build_object(cfg.data.dataset), splits=["train"])
-    if data.streams:  # not read by index (and maybe remote): not opened
+    if data.streams:
         return None
-    sample = first_sample(data)  # a dataset class that refuses its arguments: one line (data.loading.Data)
+    data.setup()
+    return data
+
+
+def first_input(cfg: DictConfig, split: Data | None = None) -> torch.Tensor | None:
+    """The training split's first x, read as the training reads it (None: a stream, an empty split, or data without
+    a dataset). `split`: the training split, if built already (training_split)."""
+    data = split or training_split(cfg)
+    if data is None:
+        return None
+    sample = first_sample(data)
     if sample is None or isinstance(sample, torch.Tensor):
         return None if sample is None else sample[0]
     raise ConfigError(

@@ -107,3 +107,4 @@ class DDPSpawn(DDP):
             raise spawned_failure(rank, str(record) or f"exit code {failure.exitcode}") from None
         finally:
             launcher_log.setLevel(level)
+            vars(launchers).pop("print", None)  # its print is the builtin again (a notebook may launch more)

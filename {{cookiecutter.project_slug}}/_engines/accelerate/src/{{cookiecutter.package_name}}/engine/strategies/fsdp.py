@@ -12,6 +12,7 @@ from typing import Any
 from omegaconf import DictConfig
 from torch import nn
 
+from ...errors import ConfigError
 from ...parallel.launcher import free_port
 from ...parallel.sharding import FsdpSettings, check_fsdp, check_precision
 from .model_parallel import ModelParallel
@@ -27,6 +28,15 @@ class Fsdp(ModelParallel):
         self.fsdp = FsdpSettings(replicas, reshard_after_forward, offload)
 
     def processes(self, launched: int, devices: int) -> int:
+        if launched == 1 and (devices > 1 or "ACCELERATE_MIXED_PRECISION" in os.environ):
+            # One process where several were meant: trainer.devices=N (or SLURM's tasks) without a launcher, or
+            # `accelerate launch --cpu --num_processes N`, which starts one. python -m alone shards over one.
+            asked = f"{devices} devices" if devices > 1 else "accelerate launch (--cpu starts one process)"
+            raise ConfigError(
+                f"strategy=fsdp over {asked} needs a process each but this is 1; launch them with `accelerate launch "
+                "--config_file launch/multi_process.yaml --num_processes N -m {{ cookiecutter.package_name }}.train "
+                "strategy=fsdp`, or run python -m for fsdp over one process (trainer.devices=1)"
+            )
         self.sizes = (launched, 1)
         return launched
 
