@@ -267,6 +267,16 @@ register_split(
 )
 
 
+class CrashesInTraining(ResidualMLP):
+    """A net with a bug that shows once it sees data: the checks before training pass (they run the forward on the
+    meta device), the first real forward raises. A search's failing trial."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "meta":
+            raise RuntimeError("a bug in the forward")
+        return super().forward(x)
+
+
 class WithUnusedHead(ResidualMLP):
     """The template's net with an auxiliary head its forward leaves out (one a user trains in some runs only).
     Made after the net's own layers, so that the net starts as ResidualMLP does with the same seed."""

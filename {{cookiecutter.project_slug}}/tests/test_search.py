@@ -227,16 +227,16 @@ def test_ddp_trials_with_two_processes_and_a_huge_lr_pruned(search):
 @pytest.mark.slow
 @pytest.mark.engine_neutral
 def test_failing_trials_are_recorded_with_their_log_and_stop_the_search(search):
-    space = {"model.net.hidden": {"type": "categorical", "choices": [-1]}}  # a layer of negative width crashes
+    space = {"model.net._target_": {"type": "categorical", "choices": ["own_models.CrashesInTraining"]}}
     result = search("search.max_failures=2", "search.n_trials=5", "logger=none", *TINY, space=space, check=False)
     assert result.returncode == 1, result.output[-3000:]
     failed = result.trials(TrialState.FAIL)
     assert len(failed) == 2
     logs = [Path(trial.user_attrs["log"]) for trial in failed]
-    assert all("negative dimension" in log.read_text() for log in logs)
+    assert all("a bug in the forward" in log.read_text() for log in logs)
     assert f"error: search stopped: 2 trials in a row failed; the last one's log: {logs[-1]}" in result.output
     # one line per failed trial, with the training's error: no traceback of the search's own
-    crash = "RuntimeError('Trying to create tensor with negative dimension -1"
+    crash = "RuntimeError: a bug in the forward"
     for trial, log in zip(failed, logs, strict=True):
         (line,) = [line for line in result.output.splitlines() if line.startswith(f"trial {trial.number} failed")]
         assert crash in line and line.endswith(f"; log: {log}"), line
