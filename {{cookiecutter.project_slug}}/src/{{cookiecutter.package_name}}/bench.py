@@ -191,13 +191,13 @@ def memory(cfg: DictConfig, overrides: list[str], run_dir: Path, console: Consol
     """One row per activation checkpointing mode: data.batch_size timed (step time, peak memory), and the largest
     batch the finder fits (bench.find_batch)."""
     check_steps(cfg)
-    split = training_split(cfg)
-    check_one_epoch(cfg, {1: cfg.data.batch_size}, split)
     modes = list(cfg.bench.activation_checkpointing)
     if not modes or set(modes) - set(MODES):
         raise ConfigError(f"bench.activation_checkpointing={modes} must list modes among {', '.join(MODES)}")
     if cfg.bench.find_batch and cfg.bench.max_batch_size < 1:
         raise ConfigError(f"bench.max_batch_size={cfg.bench.max_batch_size} must be >= 1")
+    split = training_split(cfg)  # after the settings' checks: a dataset of yours may take minutes to build
+    check_one_epoch(cfg, {1: cfg.data.batch_size}, split)
     net, parameters, tokens, peak = model_figures(cfg, split)
     for mode in modes:  # a net without a Split: refused here, in one line, not by a point's training
         check_activation_checkpointing(net, mode)

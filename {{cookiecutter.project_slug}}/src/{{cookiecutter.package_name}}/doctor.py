@@ -32,6 +32,7 @@ from .runtime import hardware
 from .runtime.precision import resolve_precision, use_tensor_cores
 from .tools.estimate import (
     DP_DEVICE_0,
+    REFUSES_BATCHNORM,
     USABLE,
     ModelFacts,
     dp_memory,
@@ -404,7 +405,7 @@ def show(report: dict[str, Any], console: Console) -> None:
         cells = {row["devices"]: row for row in report["memory"] if row["preset"] == preset}
         table.add_row(preset, *(_size(cells[n]["bytes"]) for n in counts))
     console.print(table)
-    for why in dict.fromkeys(row["holds"] for row in report["memory"] if "refuses BatchNorm" in row["holds"]):
+    for why in dict.fromkeys(row["holds"] for row in report["memory"] if REFUSES_BATCHNORM in row["holds"]):
         console.print(f"  -: {why}")  # what a "-" means when it is not memory
     if unequal := [row for row in report["memory"] if "other_devices_bytes" in row]:
         row = unequal[-1]

@@ -30,6 +30,7 @@ from ..parallel.split import find_split, has_split, layers, matches, pipeline_st
 
 FP32 = 4
 USABLE = 0.9  # share of a device's memory a plan may fill
+REFUSES_BATCHNORM = "refuses BatchNorm"  # a memory row's reason for no figure that is not memory (doctor.show)
 
 
 @dataclass
@@ -211,7 +212,7 @@ def memory_per_device(
         layers = " (strategy.mode=layers, one process over a machine's devices, trains it)" * (
             preset == "model_parallel"
         )
-        return None, f"{preset} refuses BatchNorm: its statistics would not be the whole batch's{layers}"
+        return None, f"{preset} {REFUSES_BATCHNORM}: its statistics would not be the whole batch's{layers}"
     if preset in ("ddp", "dp") and batch % devices:
         return None, f"batch {batch} does not split over {devices}"
     if preset == "ddp":

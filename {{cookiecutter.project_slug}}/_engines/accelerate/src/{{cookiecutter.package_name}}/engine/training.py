@@ -172,7 +172,8 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
     if cfg.compile:  # the net in place, inside ddp's wrapper, after sharding; compiled at its first call
         compile_net(net, per_block=strategy.compiles_per_block)
     replicas, rank = strategy.data_parallel(accelerator.process_index, accelerator.num_processes)
-    scheduler = build(cfg.scheduler)(optimizer, total_steps=training_steps(cfg, data, replicas, rank))
+    steps = training_steps(cfg, data, replicas, rank)  # the schedule's span, and the progress bar's
+    scheduler = build(cfg.scheduler)(optimizer, total_steps=steps)
     progress = Progress()
     # The strategy's objects come right after the progress: load_trained reads the first of them.
     accelerator.register_for_checkpointing(progress, *strategy.checkpoint_objects(model, optimizer), scheduler)
@@ -199,14 +200,14 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
             finder = {**cfg.oom.batch_size_finder, "accumulation": accumulation(cfg)}
             find_batch_size(accelerator, strategy, model, optimizer, data, replicas, loss_fn, **finder)
             progress.found_batch_size = data.batch_size
-            respan(scheduler, build(cfg.scheduler), training_steps(cfg, data, replicas, rank))  # of the batch found
+            steps = training_steps(cfg, data, replicas, rank)  # of the batch found
+            respan(scheduler, build(cfg.scheduler), steps)
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes))
         on_gpu, accumulate = accelerator.device.type == "cuda", accumulation(cfg)
         loaders = {
             split: data.loader(split, replicas, rank, on_gpu, per_node, accumulate) for split in data.split_names
         }
         # Ctrl-C: stop after this step (several processes: at a logged step), with a checkpoint
-        steps = training_steps(cfg, data, replicas, rank)
         with (
             ctrl_c(accelerator.num_processes, announce=accelerator.is_main_process) as interrupt,
             step_bar(accelerator, cfg, steps, progress.global_step) as bar,
