@@ -178,7 +178,10 @@ COMMAND_LINE_REFUSALS = [
         "+data.dataset.root=...",
     ),
     (["search=gpt"], "search=gpt: the search presets are for `python -m {{ cookiecutter.package_name }}.search`, not"),
-    (["foo=1"], "unknown setting foo (to add a new key: +foo=...)"),  # not a far-fetched `did you mean oom?`
+    (["foo=1"], "unknown setting foo"),  # not a far-fetched `did you mean oom?`
+    # taken in, nothing read them: a top-level key, or one the training's checkpoint settings do not have
+    (["+foo=1"], "+foo: no part of the training reads a top-level foo"),
+    (["+checkpoint.every=3"], "+checkpoint.every: the training reads no checkpoint.every, only the settings it has: "),
     # each value of a --multirun sweep, checked as one value is (Hydra: its own lines, exit 1, a multirun folder)
     (["-m", "strategy=single,ddpp"], "unknown strategy 'ddpp'; valid: ddp, ddp_spawn, dp, fsdp, model_parallel,"),
     (["-m", "trainer.max_epoch=1,2"], "unknown setting trainer.max_epoch; did you mean trainer.max_epochs?"),
@@ -214,6 +217,8 @@ COMMAND_LINE_REFUSAL_IDS = [
     "data-setting-nothing-takes",
     "preset-of-another-command",
     "unknown-setting-like-none",
+    "add-a-top-level-key",
+    "add-a-checkpoint-setting",
     "multirun-preset-typo",
     "multirun-key-typo",
     "multirun-value-not-a-number",

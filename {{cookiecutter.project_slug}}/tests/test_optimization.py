@@ -21,7 +21,12 @@ from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
 from {{ cookiecutter.package_name }}.parallel.batchnorm import SynchronisedBatchNorm, accumulation_note
 from {{ cookiecutter.package_name }}.parallel.sharding import clip_grad_norm_, clip_grad_value_
 from {{ cookiecutter.package_name }}.parallel.split import find_split
-from {{ cookiecutter.package_name }}.runtime.optimization import check_training_length, cosine, grouped_optimizer
+from {{ cookiecutter.package_name }}.runtime.optimization import (
+    check_training_length,
+    constant,
+    cosine,
+    grouped_optimizer,
+)
 
 
 @pytest.mark.parametrize("norm", ["layer", "batch"])
@@ -89,17 +94,17 @@ def test_fused_steps_and_clipping_take_shards_next_to_plain_parameters(one_proce
 
 def expected_cosine(step: int, lr: float, warmup: int, total: int, ratio: float) -> float:
     """The schedule as configs/scheduler/cosine.yaml describes it: linear from lr / warmup to lr, then a cosine
-    from lr down to lr x ratio at the end of training."""
+    from lr at step `warmup` down to lr x ratio at the training's last step (total - 1)."""
     if step < warmup:
         return lr * (1 / warmup + (1 - 1 / warmup) * step / warmup)
     floor = lr * ratio
-    return floor + (lr - floor) * (1 + math.cos(math.pi * (step - warmup) / (total - warmup))) / 2
+    return floor + (lr - floor) * (1 + math.cos(math.pi * (step - warmup) / (total - 1 - warmup))) / 2
 
 
 @pytest.mark.slow
 def test_the_cosine_schedule_spans_the_epochs_optimizer_steps(train):
     """One epoch of 672 samples in global batches of 64, each 2 accumulated micro-batches: 10 optimizer steps (the
-    half batch left over is not trained), and the schedule warms up over 3 of them and ends near its floor."""
+    half batch left over is not trained), and the schedule warms up over 3 of them and ends at its floor."""
     run = train(
         *QUICK,
         "trainer.accelerator=cpu",
@@ -114,6 +119,7 @@ def test_the_cosine_schedule_spans_the_epochs_optimizer_steps(train):
     assert run.wandb.steps("train/lr") == list(range(10))
     expected = [expected_cosine(step, 0.01, 3, 10, 0.1) for step in range(10)]
     assert run.wandb.metric("train/lr") == pytest.approx(expected, rel=1e-6)
+    assert run.wandb.metric("train/lr")[-1] == pytest.approx(0.001, rel=1e-6)  # the last step at the floor
 
 
 def test_the_cosine_schedule_stays_at_its_floor_past_its_span():
@@ -138,6 +144,20 @@ def test_the_cosine_schedule_stays_at_its_floor_past_its_span():
     assert lrs[:10] == pytest.approx([expected_cosine(step, 0.01, 3, 10, 0.1) for step in range(10)], rel=1e-6)
     assert lrs[10:] == pytest.approx([0.001] * 20, rel=1e-6)
     assert gentle == pytest.approx([lr / 100 for lr in lrs], rel=1e-6)
+
+
+@pytest.mark.parametrize("schedule", [constant, cosine])
+def test_a_warmup_longer_than_the_training_is_not_shortened(schedule):
+    """warmup_steps=10 in a training of 2 steps: lr / 10, then 2 x lr / 10, as the settings say (it was shortened
+    to the training's length without a word, starting at lr / 2)."""
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    steps = schedule(optimizer, total_steps=2, warmup_steps=10)
+    lrs = []
+    for _ in range(2):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        steps.step()
+    assert lrs == pytest.approx([expected_cosine(step, 1.0, 10, 2, 0.1) for step in range(2)]) == [0.1, 0.19]
 
 
 # (overrides, the one error line); each refused before training (conftest's `refused` runs them)

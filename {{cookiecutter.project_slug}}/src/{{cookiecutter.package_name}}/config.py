@@ -115,8 +115,9 @@ def check_overrides(overrides: list[str], config_name: str) -> None:
             check_strategy_settings(declared.hydra.runtime.choices.strategy, declared.strategy, added)
         given = [value for o in settings for value in _values(o)]
         check_data_settings([o.key_or_group for o in settings if _adds_data_setting(o)], [*keys.values(), *given])
+        read = interpolations([*keys.values(), *given])
         for override in settings:  # in order: a key added (+key) or removed (~key) earlier on the line counts
-            check_setting(override, keys, groups)
+            check_setting(override, keys, groups, read)
         if any(o.type != OverrideType.CHANGE for o in settings):  # + and ~: what else Hydra would refuse
             _compose(config_name, [arg for arg in map(_first_value, parsed) if arg], args)
 
@@ -137,17 +138,27 @@ def _compose(config_name: str, overrides: list[str], args: list[str], **kwargs: 
         raise ConfigError(f"{' '.join(args)}: {str(err).strip().splitlines()[0]}") from None
 
 
-def check_setting(override: Override, keys: dict[str, Any], groups: set[str]) -> None:
-    """One `key=value`, `+key=value` or `~key` against the config's `keys` (dotted key: default), which it updates."""
+# Each engine's config group for the same thing, by the other engine's name: `oom=toolkit` in a Lightning project
+# (callbacks=oom there) made a top-level key that nothing reads.
+OTHER_ENGINE_GROUPS = {"oom": "callbacks", "callbacks": "oom"}
+
+
+def check_setting(override: Override, keys: dict[str, Any], groups: set[str], read: str) -> None:
+    """One `key=value`, `+key=value` or `~key` against the config's `keys` (dotted key: default), which it updates;
+    `read`: the interpolations (`${...}`) of the config and the command line."""
     key, kind = override.key_or_group, override.type
     if kind == OverrideType.ADD and key in keys:
         shown = override.get_value_element_as_str()
         raise ConfigError(f"+{key}: {key} exists; set it without +: {key}={shown} (or ++{key}={shown} to force)")
+    if kind in (OverrideType.ADD, OverrideType.FORCE_ADD) and key not in keys:
+        _check_added(key, keys, read)
     if kind in (OverrideType.CHANGE, OverrideType.DEL) and key not in keys:
         near = difflib.get_close_matches(key, keys, n=1, cutoff=0.75)  # (0.6 offered `oom` for `foo`)
         hint = f"; did you mean {near[0]}?" if near else ""
         if kind == OverrideType.DEL:
             raise ConfigError(f"~{key}: there is no setting {key} to remove{hint}")
+        if "." not in key or _closed(key.rpartition(".")[0], keys):
+            raise ConfigError(f"unknown setting {key}{hint or _other_engines(key)}")
         raise ConfigError(f"unknown setting {key}{hint} (to add a new key: +{key}=...)")
     if kind == OverrideType.DEL:
         parent, _, name = key.rpartition(".")
@@ -178,6 +189,39 @@ def check_setting(override: Override, keys: dict[str, Any], groups: set[str]) ->
 
 # Nodes whose keys the training reads itself (its data module, Lightning's Trainer): none may be removed with ~.
 READ = {"data", "trainer"}
+
+
+def _check_added(key: str, keys: dict[str, Any], read: str) -> None:
+    """Refuse `+KEY=...` that nothing would read: a top-level key, or one in a node the training reads key by key
+    (`checkpoint`, and the engine's CLOSED_NODES), unless an interpolation reads it (`+base=.. lr=${base}`).
+    Taken in, it was dropped without a word (`+oom=toolkit` in a Lightning project)."""
+    parent, _, name = key.rpartition(".")
+    if not (parent == "" or _closed(parent, keys)) or _is_read(name, read):
+        return
+    if parent == "":
+        raise ConfigError(f"+{key}: no part of the training reads a top-level {key}{_other_engines(key)}")
+    taken = ", ".join(sorted(str(other) for other in keys[parent]))
+    raise ConfigError(f"+{key}: the training reads no {key}, only the settings it has: {taken}")
+
+
+def _closed(node: str, keys: dict[str, Any]) -> bool:
+    """Whether the training reads `node`'s settings one by one, so that one added to it would be ignored."""
+    from .engine.launching import CLOSED_NODES
+
+    return node in {"checkpoint", *CLOSED_NODES} and isinstance(keys.get(node), dict)
+
+
+def _is_read(name: str, read: str) -> bool:
+    """Whether an interpolation in `read` ends in the key `name` (`${name}`, `${node.name}`)."""
+    return any(f"{start}{name}" + "}" in read for start in (".", "{"))
+
+
+def _other_engines(key: str) -> str:
+    other = OTHER_ENGINE_GROUPS.get(key.partition(".")[0])
+    if not other or not (CONFIG_DIR / other).is_dir():
+        return ""
+    choices = ", ".join(sorted(path.stem for path in (CONFIG_DIR / other).glob("*.yaml")))
+    return f" ({key.partition('.')[0]} is the other engine's config group; this project's is {other}: {choices})"
 
 
 def _not_removable(key: str, groups: set[str]) -> str:
@@ -231,14 +275,19 @@ def check_data_settings(added: list[str], settings: list[Any]) -> None:
     from .data.loading import Data  # (torch: only when such a key is given)
 
     taken = set(inspect.signature(Data.__init__).parameters) - {"self", "interpolated"}
-    read = " ".join(value for value in settings if isinstance(value, str) and "${" in value)
+    read = interpolations(settings)
     for key in added:
         name = key.partition(".")[2]
-        if name not in taken and not any(f"{start}{name}" + "}" in read for start in (".", "{")):
+        if name not in taken and not _is_read(name, read):
             raise ConfigError(
                 f"+{key} is not a setting the data loaders take ({', '.join(sorted(taken - {'dataset'}))}) and no "
                 f"setting reads it; one for your dataset's class goes under data.dataset: +data.dataset.{name}=..."
             )
+
+
+def interpolations(settings: list[Any]) -> str:
+    """The settings that read others (`${...}`), as one text."""
+    return " ".join(value for value in settings if isinstance(value, str) and "${" in value)
 
 
 def _adds_strategy_setting(override: Override) -> bool:

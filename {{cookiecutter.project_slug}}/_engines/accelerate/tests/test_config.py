@@ -86,7 +86,7 @@ BAD_INPUT = [
     (["model.optimizer.lr=abc"], "model.optimizer.lr=abc is not a number (the default is 0.001)"),
     (
         ["trainer.max_epoch=2"],
-        "unknown setting trainer.max_epoch; did you mean trainer.max_epochs? (to add a new key: +trainer.max_epoch=",
+        "unknown setting trainer.max_epoch; did you mean trainer.max_epochs?",
     ),
     (["data.shuffle=sometimes"], "data.shuffle=sometimes is not true or false (the default is true)"),
     (["trainer.accelerator=gpuu"], "trainer.accelerator=gpuu is unknown; valid: auto, cpu, gpu, cuda"),
@@ -95,9 +95,14 @@ BAD_INPUT = [
     (["trainer.devices=2"], "strategy=single runs one device but trainer.devices=2; use strategy=ddp for several"),
     (  # Hydra adds it, and the loop ignored it: value clipping was silently norm clipping
         ["+trainer.gradient_clip_algorithm=value"],
-        "trainer.gradient_clip_algorithm is not a setting of this loop (Lightning's Trainer has more); it reads: "
-        "accelerator, devices,",
+        "+trainer.gradient_clip_algorithm: the training reads no trainer.gradient_clip_algorithm, only the settings "
+        "it has: accelerator, accumulate_grad_batches,",
     ),
+    (  # the Lightning engine's way to another loss: taken in, and the loop trained with its own
+        ["+model._target_=my_module.SmoothedLoss"],
+        "+model._target_: the training reads no model._target_, only the settings it has: net, no_decay_norms_and_b",
+    ),
+    (["callbacks=oom"], "unknown setting callbacks (callbacks is the other engine's config group; this project's is"),
     *COMMAND_LINE_REFUSALS,  # (conftest: the same in both engines)
 ]
 if not torch.cuda.is_available():  # what a machine without GPUs refuses
@@ -135,6 +140,8 @@ BAD_INPUT_IDS = [
     "devices-not-a-number",
     "several-devices-under-single",
     "lightning-only-trainer-setting",
+    "lightning-model-class",
+    "lightning-callbacks-group",
     *COMMAND_LINE_REFUSAL_IDS,
     *(["gpu-without-one", "ddp-spawn-of-one-process"] if not torch.cuda.is_available() else []),
 ]

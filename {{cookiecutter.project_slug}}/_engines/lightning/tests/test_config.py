@@ -198,6 +198,7 @@ BAD_INPUT = [
         ["+model._target_=oom_sim.OOMClassifier", "+model.colour=red"],
         "model._target_=oom_sim.OOMClassifier: Classifier.__init__() got an unexpected keyword argument 'colour'",
     ),
+    (["+oom=toolkit"], "+oom: no part of the training reads a top-level oom (oom is the other engine's config group;"),
     *COMMAND_LINE_REFUSALS,  # (conftest: the same in both engines)
 ]
 BAD_INPUT_IDS = [
@@ -238,6 +239,7 @@ BAD_INPUT_IDS = [
     "module-that-does-not-import",
     "module-that-is-not-a-classifier",
     "module-argument-it-does-not-take",
+    "accelerate-oom-group",
     *COMMAND_LINE_REFUSAL_IDS,
 ]
 

@@ -96,13 +96,14 @@ def by_placement(group: dict[str, Any]) -> list[dict[str, Any]]:
 
 def warmup(optimizer: torch.optim.Optimizer, warmup_steps: int) -> LinearLR:
     """The learning rate rising linearly from lr / warmup_steps at the first step to lr at step warmup_steps,
-    then constant (warmup_steps=0: constant from the start)."""
+    then constant (warmup_steps=0: constant from the start). A warmup longer than the training is not shortened:
+    the training then ends before the learning rate reaches lr, as the settings say."""
     return LinearLR(optimizer, start_factor=1 / warmup_steps if warmup_steps else 1.0, total_iters=warmup_steps)
 
 
 def constant(optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int = 0) -> LRScheduler:
     """scheduler=constant: model.optimizer.lr throughout, after an optional linear warmup."""
-    return warmup(optimizer, min(warmup_steps, total_steps))
+    return warmup(optimizer, warmup_steps)
 
 
 def cosine(
@@ -110,8 +111,9 @@ def cosine(
 ) -> LRScheduler:
     """scheduler=cosine: linear warmup, then a cosine decay from lr to lr x min_lr_ratio at the last step (each
     parameter group from its own lr to its own floor)."""
-    warmup_steps = min(warmup_steps, total_steps)
-    decay = CosineToFloor(optimizer, T_max=max(1, total_steps - warmup_steps), min_lr_ratio=min_lr_ratio)
+    # The decay's first step (step warmup_steps) is at lr, its last (step total_steps - 1, the training's last) at
+    # the floor: total_steps - 1 - warmup_steps steps apart.
+    decay = CosineToFloor(optimizer, T_max=max(1, total_steps - 1 - warmup_steps), min_lr_ratio=min_lr_ratio)
     # Always both parts, even a warmup of 0 steps or no decay left: the saved state then has one shape, and a
     # checkpoint resumes into a training of another length (which keeps the saved span).
     return SequentialLR(optimizer, [warmup(optimizer, warmup_steps), decay], milestones=[warmup_steps])
