@@ -9,10 +9,10 @@ from torch.utils.data import Dataset
 class Parity(Dataset):
     """Is the sum of a vector's signs even? Each split drawn from its own seed."""
 
-    def __init__(self, split: str, size: int, num_features: int = 6) -> None:
+    def __init__(self, split: str, size: int, num_features: int = 6, label_dtype: str = "int64") -> None:
         generator = torch.Generator().manual_seed(["train", "val", "test"].index(split))
         self.x = torch.randn(size, num_features, generator=generator)
-        self.y = ((self.x > 0).sum(dim=1) % 2).long()
+        self.y = ((self.x > 0).sum(dim=1) % 2).to(getattr(torch, label_dtype))
 
     def __len__(self) -> int:
         return len(self.x)

@@ -60,6 +60,7 @@ def test_a_dataset_class_of_your_own_trains(tmp_path, train):
         "data=custom",
         "data.dataset._target_=custom_dataset.Parity",
         "+data.dataset.size=256",
+        "+data.dataset.label_dtype=int32",  # (cross-entropy takes int64: the loss converts them)
         "data.num_features=6",
         "data.num_classes=2",
         "data.splits=[train,val]",
@@ -213,6 +214,72 @@ def test_a_net_the_loss_cannot_train_on_this_data_is_refused_before_training(tmp
     one_score = lambda: nn.Sequential(nn.Linear(12, 1), nn.Flatten(0))  # noqa: E731 (it was "gives 1 classes")
     with pytest.raises(ConfigError, match=r"gives logits of shape \(\) per sample for targets of shape \(\)"):
         check_output(on_meta(one_score), data, cross_entropy)
+
+
+def tensors(x: torch.Tensor | list[torch.Tensor], y: torch.Tensor, split: str) -> TensorDataset | list:
+    """The same samples for every split: a TensorDataset, or a list of (x, y) (samples of different shapes)."""
+    return TensorDataset(x, y) if isinstance(x, torch.Tensor) else list(zip(x, y, strict=True))
+
+
+class CountedStream(torch.utils.data.IterableDataset):
+    """A stream of the user's own that also has a length: the training reads litdata's streams only."""
+
+    def __init__(self, split: str) -> None:
+        self.split = split
+
+    def __iter__(self):
+        yield from TensorDataset(torch.randn(4, 12), torch.zeros(4, dtype=torch.long))
+
+    def __len__(self) -> int:
+        return 4
+
+
+def test_data_a_training_cannot_use_is_refused_before_it_starts(tmp_path):
+    """Each was a traceback at the first step (or a KeyError, an IndexError, litdata's RuntimeError) after the run
+    folder was made, or trained without a word: labels of shape (1,) (the loss flattens them, the accuracy broadcast
+    them: val/acc 4.07 in the Accelerate engine), a NaN in x (every loss NaN, exit 0)."""
+    x, y = torch.randn(8, 12), torch.randint(0, CLASSES, (8,))
+    net = lambda: nn.Linear(12, CLASSES)  # noqa: E731
+    refusals = [
+        (x, y[:, None], "for targets of shape (1,): the loss takes one row of logits per target ((classes,) for a "
+                        "label, (positions, vocabulary) for a sequence) (labels of shape (1,): return each as a"),
+        (x.index_fill(0, torch.tensor([3]), math.nan), y, "TensorDataset(split='train'): sample 3's x has NaN or "
+                                                            "infinite values, which make the loss NaN"),
+        (x, y.index_fill(0, torch.tensor([2]), -1), "the data has target -1 (in its first 8 training samples): class "
+                                                     "targets are 0 to the number of classes - 1 (-100: left out"),
+        (x, y.index_fill(0, torch.tensor([2]), -100), None),  # cross-entropy leaves -100 out: fine
+        ([torch.randn(length, 12) for length in (2, 2, 3)], y[:3], "data.dataset list(split='train'): samples of "
+                                                                  "different shapes ((2, 12), (3, 12), ...), which"),
+    ]  # fmt: skip
+    for x_, y_, refusal in refusals:
+        data = Data(partial(tensors, x_, y_), splits=["train", "val"])
+        if refusal is None:
+            check_output(on_meta(net), data, cross_entropy)
+            continue
+        with pytest.raises(ConfigError) as refused:
+            check_output(on_meta(net), data, cross_entropy)
+        assert refusal in str(refused.value)
+    refusals = [  # (the data, the line); check_input: the net's own weights, each split
+        (Data(partial(tensors, x.double(), y)), "x is float64, but the model's weights are float32: return x as"),
+        (Data(partial(tensors, x, y), splits=["train"]), "data.splits=['train'] has no val: the training needs train "
+                                                          "and val (test is optional: data.splits=[train,val])"),
+        (Data(lambda split: TensorDataset(x[: 8 * (split != "val")], y[: 8 * (split != "val")])),
+         "data.dataset TensorDataset(split='val') has no samples: give the split data, or leave it out of data.split"),
+        (Data(CountedStream), "data.dataset CountedStream must be a map-style Dataset (with __len__ and __getitem__)"),
+    ]  # fmt: skip
+    for data, refusal in refusals:
+        with pytest.raises(ConfigError) as refused:
+            check_input(net(), data)
+        assert refusal in str(refused.value)
+    write_split(tmp_path / "train.npz", 10, seed=0, x=np.full((10, *SHAPE), np.inf))
+    with pytest.raises(ConfigError, match=r"train.npz: x has NaN or infinite values \(sample 0 first\)"):
+        FilesDataset("train", str(tmp_path))
+    (tmp_path / "csv").mkdir()
+    (tmp_path / "csv" / "train.csv").write_text("1,2,3\n")
+    with pytest.raises(
+        ConfigError, match=r"train.npz: not found \(nor train.pt\); data=files needs train and val \(tr"
+    ):
+        FilesDataset("train", str(tmp_path / "csv"))
 
 
 def cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -157,9 +157,9 @@ def check_setting(override: Override, keys: dict[str, Any], groups: set[str], re
         hint = f"; did you mean {near[0]}?" if near else ""
         if kind == OverrideType.DEL:
             raise ConfigError(f"~{key}: there is no setting {key} to remove{hint}")
-        if "." not in key or _closed(key.rpartition(".")[0], keys):
-            raise ConfigError(f"unknown setting {key}{hint or _other_engines(key)}")
-        raise ConfigError(f"unknown setting {key}{hint} (to add a new key: +{key}=...)")
+        if _takes_arguments(key.rpartition(".")[0], keys):
+            raise ConfigError(f"unknown setting {key}{hint} (to add a new key: +{key}=...)")
+        raise ConfigError(f"unknown setting {key}{hint or _other_engines(key)}")
     if kind == OverrideType.DEL:
         parent, _, name = key.rpartition(".")
         node = keys.get(parent)
@@ -192,11 +192,11 @@ READ = {"data", "trainer"}
 
 
 def _check_added(key: str, keys: dict[str, Any], read: str) -> None:
-    """Refuse `+KEY=...` that nothing would read: a top-level key, or one in a node the training reads key by key
-    (`checkpoint`, and the engine's CLOSED_NODES), unless an interpolation reads it (`+base=.. lr=${base}`).
-    Taken in, it was dropped without a word (`+oom=toolkit` in a Lightning project)."""
+    """Refuse `+KEY=...` that nothing would read: a top-level key, or a checkpoint setting, unless an interpolation
+    reads it (`+base=0.1 model.optimizer.lr=${base}`). Taken in, it was dropped without a word (`+oom=toolkit` in
+    a Lightning project). (The Accelerate loop refuses the trainer, model and oom settings it does not read.)"""
     parent, _, name = key.rpartition(".")
-    if not (parent == "" or _closed(parent, keys)) or _is_read(name, read):
+    if parent not in ("", "checkpoint") or _is_read(name, read):
         return
     if parent == "":
         raise ConfigError(f"+{key}: no part of the training reads a top-level {key}{_other_engines(key)}")
@@ -204,11 +204,11 @@ def _check_added(key: str, keys: dict[str, Any], read: str) -> None:
     raise ConfigError(f"+{key}: the training reads no {key}, only the settings it has: {taken}")
 
 
-def _closed(node: str, keys: dict[str, Any]) -> bool:
-    """Whether the training reads `node`'s settings one by one, so that one added to it would be ignored."""
-    from .engine.launching import CLOSED_NODES
-
-    return node in {"checkpoint", *CLOSED_NODES} and isinstance(keys.get(node), dict)
+def _takes_arguments(node: str, keys: dict[str, Any]) -> bool:
+    """Whether a key added to `node` can be read: the node builds a class that takes it (a `_target_`: the optimizer,
+    the net, the dataset, Lightning's Trainer) or passes it on (the logger's keys, to wandb)."""
+    settings = keys.get(node)
+    return isinstance(settings, dict) and ("_target_" in settings or node == "logger")
 
 
 def _is_read(name: str, read: str) -> bool:

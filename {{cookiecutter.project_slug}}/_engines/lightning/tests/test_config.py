@@ -98,9 +98,6 @@ BAD_INPUT = [
         "blocks.0.attn has 2 attention heads, which strategy.tensor_parallel_size=4 does not divide",
     ),
     ([*MODEL_PARALLEL, "strategy.mode=pipes"], "strategy.mode='pipes' is unknown; valid: tensor, layers"),
-    # On a GPU model_parallel and pipeline refuse 16-mixed ("supports trainer.precision=32-true or
-    # bf16-mixed"); on the CPU Lightning refuses it for model_parallel first (and turns it into bf16 for DDP).
-    ([*MODEL_PARALLEL, "trainer.devices=2", "trainer.precision=16-mixed"], "16-mixed"),
     (
         ["strategy=pipeline", "trainer.accelerator=cpu", "callbacks=[default,batch_size_finder]"],
         "BatchSizeFinder works under strategy=single|ddp|ddp_spawn, not strategy=pipeline",
@@ -199,6 +196,10 @@ BAD_INPUT = [
         "model._target_=oom_sim.OOMClassifier: Classifier.__init__() got an unexpected keyword argument 'colour'",
     ),
     (["+oom=toolkit"], "+oom: no part of the training reads a top-level oom (oom is the other engine's config group;"),
+    (  # the Accelerate engine's data class: a traceback, and a run folder left behind
+        ["data._target_={{ cookiecutter.package_name }}.data.loading.Data"],
+        "data._target_={{ cookiecutter.package_name }}.data.loading.Data is not this engine's data module: give ",
+    ),
     *COMMAND_LINE_REFUSALS,  # (conftest: the same in both engines)
 ]
 BAD_INPUT_IDS = [
@@ -215,7 +216,6 @@ BAD_INPUT_IDS = [
     "hidden-not-divisible",
     "gpt-heads-not-divisible",
     "unknown-mode",
-    "model-parallel-fp16",
     "finder-under-pipeline",
     "finder-under-dp",
     "recovery-under-dp",
@@ -240,6 +240,7 @@ BAD_INPUT_IDS = [
     "module-that-is-not-a-classifier",
     "module-argument-it-does-not-take",
     "accelerate-oom-group",
+    "accelerate-data-class",
     *COMMAND_LINE_REFUSAL_IDS,
 ]
 

@@ -75,14 +75,18 @@ def _candidates(dir: str, split: str) -> list[Path]:
 def split_file(dir: str, split: str) -> Path:
     found = _candidates(dir, split)
     if not found:
-        raise ConfigError(f"{Path(dir) / split}.npz: not found (nor {split}.pt); data=files needs train and val")
+        other = sorted(path.name for path in Path(dir).glob(f"{split}.*"))  # train.csv, train.npy, ...
+        unread = f" ({', '.join(other)}: not a format it reads: save x and y with numpy.savez or torch.save)"
+        needs = f"data=files needs train and val{unread if other else ''}"
+        raise ConfigError(f"{Path(dir) / split}.npz: not found (nor {split}.pt); {needs}")
     if len(found) > 1:
         raise ConfigError(f"{found[0]}: {found[1].name} is there too; keep one {split} file")
     return found[0]
 
 
 def read_split(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """x and y of one file, checked: tensors, as many samples in both, integer labels >= 0."""
+    """x and y of one file, checked: tensors, as many samples in both, integer labels >= 0, finite x (a .npz file:
+    all of it; a memory-mapped .pt: the checks before training read its first samples)."""
     try:
         if path.suffix == ".npz":
             with np.load(path, allow_pickle=False) as npz:
@@ -107,6 +111,9 @@ def read_split(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
         raise ConfigError(f"{path}: y is {str(y.dtype).removeprefix('torch.')}; class labels must be integers")
     if int(y.min()) < 0:
         raise ConfigError(f"{path}: y has negative labels ({int(y.min())}); classes are 0, 1, ...")
+    if path.suffix == ".npz" and x.is_floating_point() and not bool(torch.isfinite(x).all()):  # read whole already
+        first = int((~torch.isfinite(x.reshape(len(x), -1))).any(dim=1).nonzero()[0])
+        raise ConfigError(f"{path}: x has NaN or infinite values (sample {first} first), which make the loss NaN")
     if x.dtype == torch.float64:  # numpy's default; the model's weights are float32
         x = x.float()
     return x, y.long()  # cross-entropy takes int64 labels

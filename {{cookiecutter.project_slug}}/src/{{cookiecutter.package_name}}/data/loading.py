@@ -84,7 +84,7 @@ class Data:
             raise ConfigError(
                 f"data.dataset {name}(split={split!r}, ...): {err} (a class of your own: data=custom, see its yaml)"
             ) from err
-        if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+        if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")) or _foreign_stream(dataset):
             raise ConfigError(f"data.dataset {name} must be a map-style Dataset (with __len__ and __getitem__)")
         return dataset
 
@@ -93,6 +93,11 @@ class Data:
         if split not in self._first_items:
             self._first_items[split] = self.splits[split][0]
         return self._first_items[split]
+
+    def source(self, split: str) -> str:
+        """How a refusal names the split's data: its file (data=files), or the dataset's class and split."""
+        dataset = self.splits[split]
+        return str(getattr(dataset, "path", f"data.dataset {type(dataset).__name__}(split={split!r})"))
 
     @property
     def streams(self) -> bool:
@@ -361,17 +366,39 @@ class ResumableLoader(DataLoader):
         self._resume = (epoch, samples // self.global_batch_size)
 
 
+def _foreign_stream(dataset: object) -> bool:
+    """An IterableDataset that is not data=streaming's: the training reads only litdata's streams (it resumes them
+    mid-epoch and deals them out to the processes); another one failed inside litdata with a traceback."""
+    if not isinstance(dataset, IterableDataset):
+        return False
+    from .streaming import StreamedSplit
+
+    return not isinstance(dataset, StreamedSplit)
+
+
 def check_input(net: nn.Module, data: Data) -> None:
     """Refuse, before training starts (and before anything is written), data the net cannot read, in one line.
     Every submodule with a `check_input(x)` method (gpt.py's token embedding, the MLP's sample size) sees each
     split's first sample, as a batch of one; a net of yours can do the same. A net without an nn.Embedding to read
-    token ids takes floating-point samples: integer ones (images stored as uint8) would fail in its first layer."""
+    token ids takes floating-point samples: integer ones (images stored as uint8) would fail in its first layer, and
+    ones of another floating type than its weights (float64 from numpy) too; NaN or infinite values made every loss
+    NaN. A training needs the train and val splits, each with samples."""
+    if missing := [split for split in ("train", "val") if split not in data.split_names]:
+        raise ConfigError(
+            f"data.splits={list(data.split_names)} has no {' and '.join(missing)}: the training needs train and val "
+            "(test is optional: data.splits=[train,val])"
+        )
     checks = [module.check_input for module in net.modules() if callable(getattr(module, "check_input", None))]
     reads_ids = any(isinstance(module, nn.Embedding) for module in net.modules())
+    weights = next((param.dtype for param in net.parameters() if param.is_floating_point()), None)
     data.setup()
     for split, dataset in data.splits.items():
         if isinstance(dataset, IterableDataset):  # a stream: its samples come as its reader writes them
             continue
+        if len(dataset) == 0:  # (an IndexError reading its first sample)
+            raise ConfigError(
+                f"{data.source(split)} has no samples: give the split data, or leave it out of data.splits"
+            )
         sample = data.first_item(split)
         if not (isinstance(sample, tuple | list) and len(sample) == 2):
             raise ConfigError(
@@ -384,19 +411,26 @@ def check_input(net: nn.Module, data: Data) -> None:
             continue
         for check in checks:
             check(x)
+        source = data.source(split)
         if not (reads_ids or x.is_floating_point()):
-            source = getattr(dataset, "path", f"data.dataset {type(dataset).__name__}")  # data=files: the file
             raise ConfigError(
                 f"{source}: x is {str(x.dtype).removeprefix('torch.')}, but the model takes floating-point samples: "
                 "store x as float32 (images scaled to [0, 1], e.g. x.astype(numpy.float32) / 255), or, for token ids, "
                 "train a model that embeds them (model=gpt, or a net of yours with an nn.Embedding)"
             )
+        if x.is_floating_point() and weights is not None and x.dtype != weights:  # a dtype error at the first step
+            raise ConfigError(
+                f"{source}: x is {str(x.dtype).removeprefix('torch.')}, but the model's weights are "
+                f"{str(weights).removeprefix('torch.')}: return x as {str(weights).removeprefix('torch.')} from "
+                "__getitem__ (e.g. x.float())"
+            )
+        check_finite(source, 0, sample)
 
 
 # torch's words for a forward that cannot take its input's shape, on the meta device (a matrix product's differ
 # from the CPU's "mat1 and mat2 shapes cannot be multiplied")
 SHAPE_ERRORS = ("must have same reduction dim", "is invalid for input of size", "must match the size of tensor")
-LABELS_READ = 64  # the training split's first samples whose targets are checked against the net's classes
+LABELS_READ = 64  # the training split's first samples the checks read: finite, of one shape, targets in the classes
 # a loss's words for an output and targets that do not fit each other (torch's cross-entropy and regression losses)
 LOSS_SHAPE_ERRORS = ("batch_size", "size of tensor", "must match", "same size", "shape")
 
@@ -405,8 +439,9 @@ def check_output(net: nn.Module, data: Data, loss: Callable[[torch.Tensor, torch
     """Refuse, in one line before training, a net the loss (the engine's, or one of yours) cannot train on this data:
     its forward cannot take the samples, it returns something else than one tensor (a dict, a tuple), the loss
     cannot take its output with the data's targets (float targets for cross-entropy, shapes that do not match) or
-    would broadcast them (a prediction of shape (B, 1) for targets (B,)), or a class target is not one of its
-    classes. `net` is on the meta device: the forward and the loss run on shapes alone (no memory, no compute), on
+    would broadcast them (a prediction of shape (B, 1) for targets (B,)), a class target is not one of its classes,
+    or the first training samples (LABELS_READ) hold NaN or infinite values or, without data.collate_fn, differ in
+    shape. `net` is on the meta device: the forward and the loss run on shapes alone (no memory, no compute), on
     the training split's first sample; what the meta device cannot run (shapes that depend on values) is left to
     the training."""
     data.setup()
@@ -431,6 +466,15 @@ def check_output(net: nn.Module, data: Data, loss: Callable[[torch.Tensor, torch
         ) from None
     finally:
         net.train(training)
+    samples = [dataset[index] for index in range(1, min(len(dataset), LABELS_READ))]
+    for index, sample in enumerate(samples, start=1):
+        check_finite(data.source("train"), index, sample)
+    shapes = list(dict.fromkeys(tuple(torch.as_tensor(sample[0]).shape) for sample in samples))
+    if data.collate_fn is None and len({tuple(x.shape[1:]), *shapes}) > 1:  # torch's collate: "stack expects ..."
+        raise ConfigError(
+            f"{data.source('train')}: samples of different shapes ({tuple(x.shape[1:])}, {shapes[-1]}, ...), which "
+            "torch's default collate cannot stack into a batch: give data.collate_fn=module.function that pads them"
+        )
     if not isinstance(logits, torch.Tensor):
         raise not_logits(name, logits)
     check_loss(loss, logits, y.to("meta"), name)
@@ -438,10 +482,15 @@ def check_output(net: nn.Module, data: Data, loss: Callable[[torch.Tensor, torch
         return
     if not rows_per_target(logits, y):  # one score per sample, say: "gives 1 classes (0 to 0)" before
         raise logits_per_target(name, logits, y)
-    targets = [y[0], *(dataset[index][1] for index in range(1, min(len(dataset), LABELS_READ)))]
-    labels = [torch.as_tensor(target) for target in targets]
+    labels = [torch.as_tensor(target) for target in [y[0], *(sample[1] for sample in samples)]]
+    labels = [label[label != IGNORED] for label in labels]  # (-100: a target cross-entropy leaves out)
     if not all(label.numel() for label in labels):
         return
+    if (smallest := min(int(label.min()) for label in labels)) < 0:
+        raise ConfigError(
+            f"the data has target {smallest} (in its first {len(labels)} training samples): class targets are 0 to "
+            f"the number of classes - 1 ({IGNORED}: left out of the loss)"
+        )
     largest = max(int(label.max()) for label in labels)
     if largest >= logits.shape[-1]:
         raise ConfigError(
@@ -487,16 +536,34 @@ def check_loss(
 
 
 def rows_per_target(logits: torch.Tensor, y: torch.Tensor) -> bool:
-    """Whether `logits` has one row of class scores per class target of `y` (a batch of one)."""
-    return logits.dim() >= 2 and logits.shape[:-1].numel() == y.numel()
+    """Whether `logits` has one row of class scores per class target of `y` (a batch of one), in the targets' shape:
+    labels of shape (B, 1) for logits (B, C) trained alike (the loss flattens both) but broadcast in the accuracy
+    (B x B comparisons: above 1 in the Accelerate engine)."""
+    return logits.dim() >= 2 and logits.shape[:-1] == y.shape
 
 
 def logits_per_target(name: str, logits: torch.Tensor, y: torch.Tensor) -> ConfigError:
+    squeeze = " (labels of shape (1,): return each as a number, e.g. y.squeeze(-1))" if y.shape[1:] == (1,) else ""
     return ConfigError(
         f"model.net {name} gives logits of shape {tuple(logits.shape[1:])} per sample for targets of shape "
         f"{tuple(y.shape[1:])}: the loss takes one row of logits per target ((classes,) for a label, (positions, "
-        "vocabulary) for a sequence)"
+        f"vocabulary) for a sequence){squeeze}"
     )
+
+
+def check_finite(source: str, index: int, sample: Any) -> None:
+    """Refuse a sample with NaN or infinite values in x (or in values to predict): every loss it is in would be NaN,
+    and the weights with it, with the run going on to its end. Arrays only (a dict of yours: its own way)."""
+    for name, value in zip(("x", "y"), sample, strict=False):
+        try:
+            value = torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError):
+            continue
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise ConfigError(
+                f"{source}: sample {index}'s {name} has NaN or infinite values, which make the loss NaN: clean or "
+                "drop them (e.g. numpy.nan_to_num)"
+            )
 
 
 def not_logits(name: str, output: object) -> ConfigError:

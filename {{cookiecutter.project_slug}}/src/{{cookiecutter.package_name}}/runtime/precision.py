@@ -3,6 +3,9 @@ auto (the default): bf16-mixed where every GPU of the machine computes in bf16 n
 32-true, so CPU runs and their tests stay exact fp32. And `tf32` (default true): fp32 matmuls in TF32 on Ampere and
 later, what a GPU user would switch on anyway; false keeps them exact fp32 (the GPU check compares presets so)."""
 
+import os
+import sys
+
 import torch
 
 from ..errors import ConfigError
@@ -12,7 +15,8 @@ PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 
 
 def resolve_precision(precision: str | int, accelerator: str) -> str:
-    """The precision a run uses: `auto` becomes bf16-mixed where the GPUs have bf16; 32 is 32-true.
+    """The precision a run uses: `auto` becomes bf16-mixed where the GPUs have bf16; 32 is 32-true; 16-mixed on the
+    CPU is bf16-mixed.
 
     Decided without initialising CUDA in this process: strategy=ddp_spawn (Accelerate) forks its processes
     afterwards, and a forked process cannot use CUDA once its parent has initialised it."""
@@ -23,6 +27,15 @@ def resolve_precision(precision: str | int, accelerator: str) -> str:
         return "bf16-mixed" if on_gpu and has_native_bf16(gpu_capabilities()) else "32-true"
     if precision not in PRECISIONS:
         raise ConfigError(f"trainer.precision={precision} is unknown; valid: auto, {', '.join(PRECISIONS)}")
+    if precision == "16-mixed" and not (accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()):
+        # What Lightning's Trainer does on the CPU (fp16 autocast with a gradient scaler is for CUDA); accelerate
+        # trained in fp16 there: the same flag, two other runs. Both engines now take bf16-mixed, and say so.
+        if int(os.environ.get("RANK", 0)) == 0:
+            print(
+                "trainer.precision=16-mixed: the CPU trains in bf16-mixed instead (fp16 is for CUDA GPUs)",
+                file=sys.stderr,
+            )
+        return "bf16-mixed"
     return precision
 
 

@@ -16,9 +16,6 @@ TRAIN = f"{PACKAGE}.train"
 LAUNCHED_PRESETS = ("ddp", "fsdp", "model_parallel", "pipeline")
 LAUNCH_CONFIG = Path("launch/multi_process.yaml")
 DP_GATHERS_OUTPUTS = True  # strategy=dp: the replicas' outputs are gathered on device 0, where the loss is computed
-# Config nodes this engine reads key by key (a key added to one would be ignored; config.py refuses it): the loop's
-# trainer settings, the model's net / optimizer / weight decay (the loss is loop.py's loss_fn), the OOM toolkit's.
-CLOSED_NODES = ("trainer", "model", "oom")
 
 
 def train_command(

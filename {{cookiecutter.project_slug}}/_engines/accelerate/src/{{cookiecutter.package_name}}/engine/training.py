@@ -79,6 +79,31 @@ def train(cfg: DictConfig) -> None:
     strategy.launch(process, processes)
 
 
+# The model's settings this loop reads: it builds model.net and model.optimizer; the loss is loop.py's loss_fn.
+MODEL_SETTINGS = ("net", "optimizer", "no_decay_norms_and_biases")
+
+
+def check_settings_read(cfg: DictConfig) -> None:
+    """Refuse a trainer, model or oom setting this loop does not read (Hydra takes `+trainer.KEY=...`, and the loop
+    ignored it: Lightning's value clipping was silently norm clipping; `+model._target_=...`, the Lightning engine's
+    way to another loss, trained with this one)."""
+    read = {
+        "trainer": list(OmegaConf.load(CONFIG_DIR / "trainer" / "default.yaml")),
+        "oom": list(OmegaConf.load(CONFIG_DIR / "oom" / "toolkit.yaml")),
+        "model": list(MODEL_SETTINGS),
+    }
+    elsewhere = {
+        "trainer": " (Lightning's Trainer has more)",
+        "model": " (a loss of your own: loss_fn in engine/loop.py)",
+    }
+    for node, settings in read.items():
+        if unread := sorted(set(cfg[node]) - set(settings)):
+            raise ConfigError(
+                f"{node}.{unread[0]} is not a setting of this loop{elsewhere.get(node, '')}; it reads: "
+                f"{', '.join(settings)}"
+            )
+
+
 def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMRecovery | None]:
     """Everything that can refuse this config, before a process starts or a file is written, for a training
     that a launcher started in `launched` processes (1 without a launcher): raises ConfigError. Returns the
@@ -88,12 +113,7 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
         raise ConfigError(
             f"ckpt_path={cfg.ckpt_path} is not a checkpoint folder; give one, e.g. <run dir>/checkpoints/last"
         )
-    read = list(OmegaConf.load(CONFIG_DIR / "trainer" / "default.yaml"))  # what the loop reads
-    if unread := sorted(set(cfg.trainer) - set(read)):
-        raise ConfigError(  # +trainer.KEY of Lightning's Trainer: Hydra takes it, and this loop would ignore it
-            f"trainer.{unread[0]} is not a setting of this loop (Lightning's Trainer has more); it reads: "
-            f"{', '.join(read)}"
-        )
+    check_settings_read(cfg)
     cfg.trainer.precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # auto: bf16 on GPUs
     strategy: Strategy = build(cfg.strategy)
     if cfg.oom.find_batch_size and not strategy.supports_batch_size_search:

@@ -13,9 +13,6 @@ from ..parallel.launcher import PACKAGE, module_command, multi_node_torchrun
 
 TRAIN = f"{PACKAGE}.train"
 DP_GATHERS_OUTPUTS = False  # strategy=dp: the loss is computed on each replica, device 0 gathers no outputs
-# Config nodes this engine reads key by key (a key added to one would be ignored; config.py refuses it): none
-# besides `checkpoint`, as Lightning's Trainer (trainer.*) and the Classifier (model.*) take any argument of theirs.
-CLOSED_NODES: tuple[str, ...] = ()
 
 
 def train_command(

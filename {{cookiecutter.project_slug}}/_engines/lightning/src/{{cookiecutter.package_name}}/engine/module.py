@@ -77,8 +77,10 @@ class Classifier(L.LightningModule):
 
     def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Mean loss of a batch (strategy=pipeline computes it per micro-batch on the last stage): cross-entropy over
-        every target, class logits (B, C) with labels (B,), or a language model's (B, T, V) with tokens (B, T)."""
-        return F.cross_entropy(logits.flatten(0, -2), target.flatten())
+        every target, class logits (B, C) with labels (B,), or a language model's (B, T, V) with tokens (B, T); labels
+        of any integer type (int32 ones were a RuntimeError at the first step: cross-entropy takes int64)."""
+        target = target.flatten()
+        return F.cross_entropy(logits.flatten(0, -2), target if target.is_floating_point() else target.long())
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch

@@ -45,6 +45,7 @@ from .checkpoints import (
     saved_state,
     trained_so_far,
 )
+from .datamodule import DataModule
 from .module import build_module
 from .profiler import NoProfiler
 from .strategies import BatchNormSync, check_layout, data_parallel_size, device_layout, model_init_context
@@ -133,6 +134,11 @@ def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningD
 
     check_optimization(cfg, build(cfg.model.optimizer))  # before the callbacks, which take some of its settings
     datamodule = build(cfg.data)
+    if not isinstance(datamodule, DataModule):  # e.g. a data preset of an Accelerate project: data.loading.Data
+        raise ConfigError(
+            f"data._target_={cfg.data._target_} is not this engine's data module: give "
+            f"{DataModule.__module__}.DataModule, the _target_ of configs/data/*.yaml"
+        )
     callbacks = [build(callback) for callback in (cfg.callbacks or {}).values()]
     if not cfg.trainer.enable_progress_bar:  # one switch hides the bar, whichever bar callback is configured
         callbacks = [callback for callback in callbacks if not isinstance(callback, ProgressBar)]
