@@ -21,11 +21,16 @@ pytestmark = pytest.mark.slow
 
 def test_a_pipeline_logging_every_few_steps_logs_the_batch_loss(train, single_losses):
     """Only the logged steps bring the last stage's loss to every stage, with the stages' idle shares: those
-    steps log single's losses (the mean over the processes), the others nothing."""
+    steps log single's losses (the mean over the processes), the others nothing. With the OOM toolkit's
+    train/loss_mean: the mean of the steps since the last log, the last stage's (the others have no loss then)."""
     overrides, launcher = command(layout("pipeline-gpipe"))
-    wandb = train(*PARITY, *overrides, "trainer.log_every_n_steps=3", launcher=launcher).wandb
+    toolkit = ["oom=toolkit", "oom.recovery=null"]  # (the pipeline's micro-batches are its own OOM recovery)
+    wandb = train(*PARITY, *overrides, *toolkit, "trainer.log_every_n_steps=3", launcher=launcher).wandb
     assert wandb.steps("train/loss") == wandb.steps("pipeline/idle_fraction/stage1") == [2, 5]
     assert wandb.metric("train/loss") == pytest.approx([single_losses[2], single_losses[5]], abs=TOLERANCE)
+    assert wandb.steps("train/loss_mean") == [2, 5]
+    means = [sum(single_losses[:3]) / 3, sum(single_losses[3:6]) / 3]
+    assert wandb.metric("train/loss_mean") == pytest.approx(means, abs=TOLERANCE)
     # how it is pipelined, in the config as the Lightning engine logs it
     summary = wandb.config["pipeline"]
     counts, microbatches = summary.pop("parameters_per_stage"), summary["microbatches"]

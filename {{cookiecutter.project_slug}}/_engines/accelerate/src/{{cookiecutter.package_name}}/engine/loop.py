@@ -69,6 +69,7 @@ def fit(
     saved, or None. `bar`: the progress bar (step_bar), advanced at every optimizer step."""
     trainer, every_n_steps = cfg.trainer, cfg.checkpoint.every_n_steps
     step_loss = 0.0  # the sum of the optimizer step's micro-batch losses so far
+    since_log = SinceLog() if cfg.oom.log_loss_mean else None  # train/loss_mean
     model.train()
     epochs = inf if trainer.max_epochs in (None, -1) else trainer.max_epochs  # as in Lightning: no limit
     while progress.epoch < epochs and not done(progress, trainer.max_steps):
@@ -76,6 +77,7 @@ def fit(
         # This epoch's seeded shuffle, from the first batch not trained yet: a resumed run goes on with the
         # next batch, and its sampler (or stream) leaves out the ones before it (nothing is read twice).
         loader.load_state_dict(progress.loader or {"epoch": epoch, "samples_done": 0})
+        since_log = since_log and SinceLog()  # each epoch's own, as Lightning's item logger
         for x, y in loader:
             x, y = to_device(accelerator, x, y)
             logged = (progress.global_step + 1) % trainer.log_every_n_steps == 0
@@ -108,11 +110,15 @@ def fit(
                     optimizer.zero_grad()  # once per process unless the batch is split: not the global-batch meaning)
             if not accelerator.sync_gradients:
                 continue
+            if since_log and loss is not None:
+                since_log.add(step_loss / accumulation(cfg))
             if loss is not None and logged:
                 # The only host sync of the step, and only on logging steps: the mean over the micro-batches and
                 # all processes is the global batch's loss (processes that share a batch hold the same loss).
                 loss = accelerator.reduce(step_loss / accumulation(cfg), "mean").item()
                 metrics = {"train/loss": loss, "train/lr": lr, **strategy.step_metrics()}
+                if since_log:  # (a second sync, of the toolkit's)
+                    metrics["train/loss_mean"] = strategy.mean_of_step_metrics(accelerator, since_log.take()).item()
                 log(accelerator, {**metrics, "epoch": epoch}, progress.global_step)
                 bar.set_postfix(epoch=epoch, loss=f"{loss:.4g}", refresh=False)
             step_loss = 0.0
@@ -137,6 +143,22 @@ def fit(
         progress.loader = loader.state_dict()
         checkpoints.save(progress.global_step)  # stopped at trainer.max_steps
     return None
+
+
+class SinceLog:
+    """The losses of the optimizer steps since the last log, summed on the device (no host sync until it logs)."""
+
+    def __init__(self) -> None:
+        self.total: torch.Tensor | float = 0.0
+        self.steps = 0
+
+    def add(self, loss: torch.Tensor) -> None:
+        self.total, self.steps = self.total + loss.detach(), self.steps + 1
+
+    def take(self) -> torch.Tensor:
+        """Their mean; the sum starts again from 0."""
+        mean, self.total, self.steps = torch.as_tensor(self.total / max(self.steps, 1)), 0.0, 0
+        return mean
 
 
 def step_bar(accelerator: Accelerator, cfg: DictConfig, total: int, done: int) -> tqdm:

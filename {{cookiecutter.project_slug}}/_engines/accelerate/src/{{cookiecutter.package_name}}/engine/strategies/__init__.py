@@ -138,6 +138,10 @@ class Strategy:
         """Extra figures logged with train/loss."""
         return {}
 
+    def mean_of_step_metrics(self, accelerator: Accelerator, means: torch.Tensor) -> torch.Tensor:
+        """Means over the steps since the last log (train/loss_mean), averaged over the processes."""
+        return accelerator.reduce(means, "mean")
+
     def checkpoint_objects(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> list[Any]:
         """What save_state must also save, beyond the prepared model and optimizer (which it saves itself)."""
         return []

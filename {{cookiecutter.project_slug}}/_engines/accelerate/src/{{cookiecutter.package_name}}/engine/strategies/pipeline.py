@@ -148,6 +148,11 @@ class PipelineParallel(Strategy):
     def step_metrics(self) -> dict[str, float]:
         return {f"pipeline/idle_fraction/stage{rank}": idle for rank, idle in enumerate(self.idle)}
 
+    def mean_of_step_metrics(self, accelerator: Accelerator, means: torch.Tensor) -> torch.Tensor:
+        """The last stages' means, averaged over the pipelines: the other stages have no loss on the steps that are
+        not logged (NaN)."""
+        return self.pipeline.mean_over_pipelines(means)
+
     def sharded_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> "StageState":
         return StageState(model, optimizer, self.name, (self.layout.replicas, self.layout.tensor_parallel))
 
