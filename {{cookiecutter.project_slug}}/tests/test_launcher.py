@@ -1,5 +1,8 @@
 """Layouts given by a launcher (torchrun, SLURM), checked against the command line before training."""
 
+import subprocess
+from pathlib import Path
+
 import pytest
 from layouts import torchrun
 
@@ -95,3 +98,20 @@ def test_a_refusal_under_torchrun_is_said_once_per_machine_and_named_as_the_root
     assert run.returncode != 0 and len(said) == 1, run.output
     root_cause = run.output.split("Root Cause (first observed failure):")[1]
     assert f"traceback : {refusal}" in root_cause and "To enable traceback" not in run.output
+
+
+@pytest.mark.parametrize(
+    "head, error",
+    [
+        ("127.0.0.1", "error: HEAD=127.0.0.1 has no port: give HEAD=<first machine>:<port>, e.g. node0:29500"),
+        ("nosuchhost.invalid:29500", "error: HEAD=nosuchhost.invalid:29500: the machine nosuchhost.invalid is not"),
+    ],
+    ids=["no-port", "unknown-machine"],
+)
+def test_the_torchrun_script_refuses_a_head_torchrun_would_wait_on_for_ever(tmp_path, train_env, head, error):
+    """torchrun takes a HEAD without a port (its default port) or a machine that does not resolve, and waits."""
+    script = Path(__file__).resolve().parents[1] / "launch" / "torchrun_multinode.sh"
+    env = {**train_env, "HEAD": head, "RUN_ID": "refused"}
+    done = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.startswith(error) and len(done.stderr.splitlines()) == 1, done.stderr
+    assert not (tmp_path / "outputs").exists()

@@ -218,6 +218,9 @@ def test_sbatch_trains_two_processes_and_a_requeued_job_continues_exactly(slurm,
     log = tmp_path / f"slurm-{job}.out"
     wait_for(stalled.exists, job, log, "the training to stall after step 7")
     time.sleep(WANDB_FLUSH_SECONDS)  # its steps reach the wandb file (a kill loses the last second)
+    # A cluster's pre-emption notice to the tasks: ignored (Lightning's auto-requeue saved in its signal handler,
+    # wherever the signal landed: inside a step's all-reduce, a deadlock until the time limit).
+    subprocess.run(["scancel", "--signal=USR1", job], check=True)
     # What SLURM does 90 s before the time limit (#SBATCH --signal=B:USR1@90): USR1 to the script alone, which
     # requeues the job (scontrol requeue); the tasks, not signalled, are stopped by the requeue.
     subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)
@@ -228,6 +231,7 @@ def test_sbatch_trains_two_processes_and_a_requeued_job_continues_exactly(slurm,
     output = log.read_text() if log.exists() else ""
     assert job_state(job) in ("COMPLETED", "GONE"), output[-4000:]
     assert f"time limit near: requeueing job {job}" in output and "resuming from" in output, output[-4000:]
+    assert "Handling auto-requeue signal" not in output and not list(run_dir.glob("hpc_ckpt_*"))
     run = Run(0, output, run_dir)
     assert run.wandb.config["run"]["world_size"] == 2
     assert_continues_exactly(run, uninterrupted, starts=2, tolerance=TOLERANCE)

@@ -13,6 +13,7 @@ import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
 from lightning.fabric.plugins import CheckpointIO
+from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
@@ -156,6 +157,11 @@ def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningD
         plugins.append(AnyPresetCheckpointIO())  # reads a checkpoint of any preset (the presets that split it: theirs)
     if cfg.trainer.sync_batchnorm:
         plugins.append(BatchNormSync())  # on CPU processes too
+    if SLURMEnvironment.detect() and not any(isinstance(plugin, ClusterEnvironment) for plugin in plugins):
+        # Lightning's auto-requeue saves a checkpoint in its SIGUSR1 handler, wherever the signal lands: with the
+        # other processes inside the step's gradient all-reduce, the save's collectives waited for ever (a job
+        # deadlocked until its time limit). launch/slurm.sbatch requeues the job itself, and its tasks ignore USR1.
+        plugins.append(SLURMEnvironment(auto_requeue=False))
     trainer = build(
         cfg.trainer,
         num_nodes=num_nodes,
