@@ -103,7 +103,7 @@ def check_overrides(overrides: list[str], config_name: str) -> None:
         if not _is_key(override) and override.type == OverrideType.DEL:
             raise ConfigError(f"~{group}: {_not_removable(group, groups)}")
         if not _is_key(override) and override.type == OverrideType.ADD and group in groups and not override.package:
-            raise ConfigError(f"+{group}: a {group} preset is chosen already; choose another without +: {group}=...")
+            raise ConfigError(f"+{group}: a preset of {group} is chosen already; choose another without +: {group}=...")
     if not settings:
         return
     with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR), job_name=config_name):

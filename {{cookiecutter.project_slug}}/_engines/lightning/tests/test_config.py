@@ -193,7 +193,8 @@ BAD_INPUT = [
     ),
     (
         ["+model._target_=oom_sim.OOMClassifier", "+model.colour=red"],
-        "model._target_=oom_sim.OOMClassifier: Classifier.__init__() got an unexpected keyword argument 'colour'",
+        "model.colour: OOMClassifier takes model.net, model.optimizer, model.no_decay_norms_and_biases and its own: "
+        "oom_above,",
     ),
     (["+oom=toolkit"], "+oom: no part of the training reads a top-level oom (oom is the other engine's config group;"),
     (  # the Accelerate engine's data class: a traceback, and a run folder left behind
@@ -268,9 +269,9 @@ def test_a_mistake_lightning_finds_during_fit_is_one_line_too(train):
 
 def test_a_second_callbacks_preset_is_added_under_a_package_of_its_own():
     """+callbacks@callbacks.NAME=PRESET adds a preset's callbacks beside the chosen ones (Hydra's package syntax); a
-    plain +callbacks=PRESET is refused (a callbacks preset is chosen already)."""
+    plain +callbacks=PRESET is refused (a preset of callbacks is chosen already)."""
     check_overrides(["+callbacks@callbacks.extra=progress_bar"], "train")
-    with pytest.raises(ConfigError, match="a callbacks preset is chosen already"):
+    with pytest.raises(ConfigError, match="a preset of callbacks is chosen already"):
         check_overrides(["+callbacks=progress_bar"], "train")
 
 

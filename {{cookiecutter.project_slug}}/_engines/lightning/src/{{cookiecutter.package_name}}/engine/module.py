@@ -1,6 +1,7 @@
 """The LightningModule: owns the loss, the metrics, the optimizer and its schedule; the network is injected."""
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -265,6 +266,16 @@ def build_module(model: DictConfig, **settings: Any) -> Classifier:
             **settings,
         )
     except TypeError as err:  # e.g. a +model.KEY its __init__ does not take
-        raise ConfigError(f"model._target_={model.get('_target_', 'Classifier')}: {err}") from None
+        key = str(err).partition("unexpected keyword argument ")[2].strip("'\"")
+        if key not in extra:
+            raise ConfigError(f"model._target_={model.get('_target_', 'Classifier')}: {err}") from None
+        named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        parameters = inspect.signature(module).parameters.values()
+        taken = [p.name for p in parameters if p.kind in named and p.name not in (*own, *settings)]
+        kinds = f"its own: {', '.join(taken)}" if taken else "none of its own"
+        raise ConfigError(
+            f"model.{key}: {module.__name__} takes model.net, model.optimizer, model.no_decay_norms_and_biases and "
+            f"{kinds} (another loss or setting: a subclass of Classifier, +model._target_=..., docs/your-model.md)"
+        ) from None
     classifier.build_net = functools.partial(build_object, model.net)  # picklable (ddp_spawn), unlike a lambda
     return classifier
