@@ -13,13 +13,17 @@ set -euo pipefail
 
 : "${HEAD:?set HEAD=<first machine>:<port>}"
 : "${RUN_ID:?set RUN_ID=<a name for this training>, the same on every machine}"
-# torchrun takes a HEAD without a port (its default, 29400) or one that does not resolve, and waits for ever
+# torchrun takes a HEAD without a port (then its default, 29400, which machines given a port never reach) or a
+# machine that does not resolve, and waits: refused here, in one line.
 case "$HEAD" in
   *:[0-9]*) ;;
   *) echo "error: HEAD=$HEAD has no port: give HEAD=<first machine>:<port>, e.g. node0:29500" >&2; exit 2 ;;
 esac
-if ! python -c 'import socket, sys; socket.getaddrinfo(sys.argv[1], None)' "${HEAD%:*}" 2>/dev/null; then
-  echo "error: HEAD=$HEAD: the machine ${HEAD%:*} is not known here (give a name or address every machine reaches)" >&2
+head_host=${HEAD%:*}
+head_host=${head_host#[}
+head_host=${head_host%]}  # [IPv6]:port
+if ! python -c 'import socket, sys; socket.getaddrinfo(sys.argv[1], None)' "$head_host" 2>/dev/null; then
+  echo "error: HEAD=$HEAD: the machine $head_host is not known here (give a name or address every machine reaches)" >&2
   exit 2
 fi
 # Every machine gives the same NNODES: torchrun waits for that many (up to its rendezvous timeout, 600 s).

@@ -221,6 +221,13 @@ def tensors(x: torch.Tensor | list[torch.Tensor], y: torch.Tensor, split: str) -
     return TensorDataset(x, y) if isinstance(x, torch.Tensor) else list(zip(x, y, strict=True))
 
 
+class MeanOverPositions(nn.Module):
+    """(batch, positions, classes) -> (batch, classes): a sequence's class."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=1)
+
+
 class CountedStream(torch.utils.data.IterableDataset):
     """A stream of the user's own that also has a length: the training reads litdata's streams only."""
 
@@ -248,9 +255,14 @@ def test_data_a_training_cannot_use_is_refused_before_it_starts(tmp_path):
         (x, y.index_fill(0, torch.tensor([2]), -1), "the data has target -1 (in its first 8 training samples): class "
                                                      "targets are 0 to the number of classes - 1 (-100: left out"),
         (x, y.index_fill(0, torch.tensor([2]), -100), None),  # cross-entropy leaves -100 out: fine
+        (x, y.index_fill(0, torch.tensor([2]), -100).index_fill(0, torch.tensor([4]), 9), "the data has target 9 ("),
         ([torch.randn(length, 12) for length in (2, 2, 3)], y[:3], "data.dataset list(split='train'): samples of "
                                                                   "different shapes ((2, 12), (3, 12), ...), which"),
     ]  # fmt: skip
+    lengths = [torch.randn(length, 12) for length in (2, 2, 3)]
+    one_per_process = Data(partial(tensors, lengths, y[:3]), splits=["train", "val"])
+    pooled = lambda: nn.Sequential(nn.Linear(12, CLASSES), MeanOverPositions())  # noqa: E731
+    check_output(on_meta(pooled), one_per_process, cross_entropy, micro_batch_size=1)  # collate stacks one sample
     for x_, y_, refusal in refusals:
         data = Data(partial(tensors, x_, y_), splits=["train", "val"])
         if refusal is None:
@@ -265,7 +277,7 @@ def test_data_a_training_cannot_use_is_refused_before_it_starts(tmp_path):
                                                           "and val (test is optional: data.splits=[train,val])"),
         (Data(lambda split: TensorDataset(x[: 8 * (split != "val")], y[: 8 * (split != "val")])),
          "data.dataset TensorDataset(split='val') has no samples: give the split data, or leave it out of data.split"),
-        (Data(CountedStream), "data.dataset CountedStream must be a map-style Dataset (with __len__ and __getitem__)"),
+        (Data(CountedStream), "data.dataset CountedStream is an IterableDataset, which the training reads only"),
     ]  # fmt: skip
     for data, refusal in refusals:
         with pytest.raises(ConfigError) as refused:

@@ -109,7 +109,7 @@ def check_overrides(overrides: list[str], config_name: str) -> None:
     with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR), job_name=config_name):
         presets = [_first_value(o) for o in parsed if o not in settings]
         declared = _compose(config_name, [arg for arg in presets if arg], args, return_hydra_config=True)
-        keys = {key: value for key, value in _leaves(declared) if key != "hydra" and not key.startswith("hydra.")}
+        keys = {key: value for key, value in leaves(declared) if key != "hydra" and not key.startswith("hydra.")}
         added = [o.key_or_group for o in settings if _adds_strategy_setting(o)]
         if added:
             check_strategy_settings(declared.hydra.runtime.choices.strategy, declared.strategy, added)
@@ -196,7 +196,7 @@ def _check_added(key: str, keys: dict[str, Any], read: str) -> None:
     reads it (`+base=0.1 model.optimizer.lr=${base}`). Taken in, it was dropped without a word (`+oom=toolkit` in
     a Lightning project). (The Accelerate loop refuses the trainer, model and oom settings it does not read.)"""
     parent, _, name = key.rpartition(".")
-    if parent not in ("", "checkpoint") or _is_read(name, read):
+    if parent not in ("", "checkpoint") or is_read(name, read):
         return
     if parent == "":
         raise ConfigError(f"+{key}: no part of the training reads a top-level {key}{_other_engines(key)}")
@@ -211,7 +211,7 @@ def _takes_arguments(node: str, keys: dict[str, Any]) -> bool:
     return isinstance(settings, dict) and ("_target_" in settings or node == "logger")
 
 
-def _is_read(name: str, read: str) -> bool:
+def is_read(name: str, read: str) -> bool:
     """Whether an interpolation in `read` ends in the key `name` (`${name}`, `${node.name}`)."""
     return any(f"{start}{name}" + "}" in read for start in (".", "{"))
 
@@ -278,7 +278,7 @@ def check_data_settings(added: list[str], settings: list[Any]) -> None:
     read = interpolations(settings)
     for key in added:
         name = key.partition(".")[2]
-        if name not in taken and not _is_read(name, read):
+        if name not in taken and not is_read(name, read):
             raise ConfigError(
                 f"+{key} is not a setting the data loaders take ({', '.join(sorted(taken - {'dataset'}))}) and no "
                 f"setting reads it; one for your dataset's class goes under data.dataset: +data.dataset.{name}=..."
@@ -323,14 +323,14 @@ def _is_key(override: Override) -> bool:
     return not (CONFIG_DIR / override.key_or_group).is_dir()
 
 
-def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+def leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
     """(dotted key, value) of every setting, unresolved (${...} stays text)."""
     container = OmegaConf.to_container(node, resolve=False) if isinstance(node, DictConfig) else node
     for key, value in container.items():
         name = f"{prefix}{key}"
         yield name, value
         if isinstance(value, dict):
-            yield from _leaves(value, f"{name}.")
+            yield from leaves(value, f"{name}.")
 
 
 def run_cli(run: Callable[[], None], config_name: str = "train") -> None:

@@ -9,6 +9,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from {{ cookiecutter.package_name }}.config import CONFIG_DIR, register_resolvers
+from {{ cookiecutter.package_name }}.engine.training import check_settings_read
 from {{ cookiecutter.package_name }}.errors import ConfigError
 
 PRESETS = sorted(path.stem for path in (CONFIG_DIR / "strategy").glob("*.yaml"))
@@ -93,7 +94,7 @@ BAD_INPUT = [
     ),
     (  # the Lightning engine's way to another loss: taken in, and the loop trained with its own
         ["+model._target_=my_module.SmoothedLoss"],
-        "model._target_ is not a setting of this loop (a loss of your own: loss_fn in engine/loop.py); it reads: net,",
+        "model._target_ is not a setting of this loop (a loss of yours: engine/loop.py); it reads: net,",
     ),
     (["callbacks=oom"], "unknown setting callbacks (callbacks is the other engine's config group; this project's is"),
     *COMMAND_LINE_REFUSALS,  # (conftest: the same in both engines)
@@ -154,3 +155,15 @@ def test_16_mixed_is_refused_where_one_gradient_scaler_cannot_serve_every_part(p
         ConfigError, match=f"strategy={preset} supports trainer.precision=32-true or bf16-mixed, not 16"
     ):
         instantiate(cfg.strategy).check_layout(2, None, cfg)  # (the precision: checked first)
+
+
+def test_a_model_setting_an_interpolation_reads_is_taken():
+    """`+model.width=8 model.net.hidden=${model.width}`: a value of yours that the net's settings read (config.py lets
+    an added key that an interpolation reads through too); one nothing reads is refused."""
+    register_resolvers()
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR), job_name="train"):
+        read = compose("train", overrides=["+model.width=8", "model.net.hidden=${model.width}"])
+        unread = compose("train", overrides=["+model.colour=red"])
+    check_settings_read(read)
+    with pytest.raises(ConfigError, match="model.colour is not a setting of this loop; it reads: net, optimizer, no_"):
+        check_settings_read(unread)

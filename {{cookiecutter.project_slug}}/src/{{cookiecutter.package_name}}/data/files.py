@@ -20,6 +20,7 @@ from torch.utils.data import TensorDataset
 from ..errors import ConfigError
 
 FORMATS = (".npz", ".pt")
+CHUNK = 65536  # samples checked at a time for NaN or infinite values
 
 
 class FilesDataset(TensorDataset):
@@ -111,9 +112,14 @@ def read_split(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
         raise ConfigError(f"{path}: y is {str(y.dtype).removeprefix('torch.')}; class labels must be integers")
     if int(y.min()) < 0:
         raise ConfigError(f"{path}: y has negative labels ({int(y.min())}); classes are 0, 1, ...")
-    if path.suffix == ".npz" and x.is_floating_point() and not bool(torch.isfinite(x).all()):  # read whole already
-        first = int((~torch.isfinite(x.reshape(len(x), -1))).any(dim=1).nonzero()[0])
-        raise ConfigError(f"{path}: x has NaN or infinite values (sample {first} first), which make the loss NaN")
     if x.dtype == torch.float64:  # numpy's default; the model's weights are float32
         x = x.float()
+    if path.suffix == ".npz" and x.is_floating_point():  # read whole already; in chunks: no mask as big as x
+        for start in range(0, len(x), CHUNK):
+            chunk = x[start : start + CHUNK]
+            if not bool(torch.isfinite(chunk).all()):
+                first = start + int((~torch.isfinite(chunk.reshape(len(chunk), -1))).any(dim=1).nonzero()[0])
+                raise ConfigError(
+                    f"{path}: x has NaN or infinite values (sample {first} first), which make the loss NaN"
+                )
     return x, y.long()  # cross-entropy takes int64 labels

@@ -84,7 +84,12 @@ class Data:
             raise ConfigError(
                 f"data.dataset {name}(split={split!r}, ...): {err} (a class of your own: data=custom, see its yaml)"
             ) from err
-        if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")) or _foreign_stream(dataset):
+        if _foreign_stream(dataset):
+            raise ConfigError(
+                f"data.dataset {name} is an IterableDataset, which the training reads only through data=streaming "
+                "(litdata, resumable mid-epoch): give a map-style Dataset (with __len__ and __getitem__)"
+            )
+        if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
             raise ConfigError(f"data.dataset {name} must be a map-style Dataset (with __len__ and __getitem__)")
         return dataset
 
@@ -371,8 +376,10 @@ def _foreign_stream(dataset: object) -> bool:
     mid-epoch and deals them out to the processes); another one failed inside litdata with a traceback."""
     if not isinstance(dataset, IterableDataset):
         return False
-    from .streaming import StreamedSplit
-
+    try:
+        from .streaming import StreamedSplit
+    except ImportError:  # litdata (data=streaming's extra) not installed: no stream of its
+        return True
     return not isinstance(dataset, StreamedSplit)
 
 
@@ -381,8 +388,8 @@ def check_input(net: nn.Module, data: Data) -> None:
     Every submodule with a `check_input(x)` method (gpt.py's token embedding, the MLP's sample size) sees each
     split's first sample, as a batch of one; a net of yours can do the same. A net without an nn.Embedding to read
     token ids takes floating-point samples: integer ones (images stored as uint8) would fail in its first layer, and
-    ones of another floating type than its weights (float64 from numpy) too; NaN or infinite values made every loss
-    NaN. A training needs the train and val splits, each with samples."""
+    float64 ones (numpy's default) too, which autocast does not cast (float16 and bfloat16 ones it does); NaN or
+    infinite values made every loss NaN. A training needs the train and val splits, each with samples."""
     if missing := [split for split in ("train", "val") if split not in data.split_names]:
         raise ConfigError(
             f"data.splits={list(data.split_names)} has no {' and '.join(missing)}: the training needs train and val "
@@ -418,7 +425,7 @@ def check_input(net: nn.Module, data: Data) -> None:
                 "store x as float32 (images scaled to [0, 1], e.g. x.astype(numpy.float32) / 255), or, for token ids, "
                 "train a model that embeds them (model=gpt, or a net of yours with an nn.Embedding)"
             )
-        if x.is_floating_point() and weights is not None and x.dtype != weights:  # a dtype error at the first step
+        if x.dtype == torch.float64 and weights not in (None, torch.float64):  # a dtype error at the first step
             raise ConfigError(
                 f"{source}: x is {str(x.dtype).removeprefix('torch.')}, but the model's weights are "
                 f"{str(weights).removeprefix('torch.')}: return x as {str(weights).removeprefix('torch.')} from "
@@ -435,15 +442,20 @@ LABELS_READ = 64  # the training split's first samples the checks read: finite, 
 LOSS_SHAPE_ERRORS = ("batch_size", "size of tensor", "must match", "same size", "shape")
 
 
-def check_output(net: nn.Module, data: Data, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+def check_output(
+    net: nn.Module,
+    data: Data,
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    micro_batch_size: int | None = None,
+) -> None:
     """Refuse, in one line before training, a net the loss (the engine's, or one of yours) cannot train on this data:
     its forward cannot take the samples, it returns something else than one tensor (a dict, a tuple), the loss
     cannot take its output with the data's targets (float targets for cross-entropy, shapes that do not match) or
     would broadcast them (a prediction of shape (B, 1) for targets (B,)), a class target is not one of its classes,
     or the first training samples (LABELS_READ) hold NaN or infinite values or, without data.collate_fn, differ in
-    shape. `net` is on the meta device: the forward and the loss run on shapes alone (no memory, no compute), on
-    the training split's first sample; what the meta device cannot run (shapes that depend on values) is left to
-    the training."""
+    shape (unless each process's micro-batch, `micro_batch_size`, is one sample). `net` is on the meta device: the
+    forward and the loss run on shapes alone (no memory, no compute), on the training split's first sample; what the
+    meta device cannot run (shapes that depend on values) is left to the training."""
     data.setup()
     dataset = data.splits.get("train")
     if dataset is None or isinstance(dataset, IterableDataset):
@@ -469,11 +481,12 @@ def check_output(net: nn.Module, data: Data, loss: Callable[[torch.Tensor, torch
     samples = [dataset[index] for index in range(1, min(len(dataset), LABELS_READ))]
     for index, sample in enumerate(samples, start=1):
         check_finite(data.source("train"), index, sample)
-    shapes = list(dict.fromkeys(tuple(torch.as_tensor(sample[0]).shape) for sample in samples))
-    if data.collate_fn is None and len({tuple(x.shape[1:]), *shapes}) > 1:  # torch's collate: "stack expects ..."
+    first = tuple(x.shape[1:])
+    other = next((shape for sample in samples if (shape := tuple(torch.as_tensor(sample[0]).shape)) != first), None)
+    if other is not None and data.collate_fn is None and micro_batch_size != 1:  # torch's collate: "stack expects"
         raise ConfigError(
-            f"{data.source('train')}: samples of different shapes ({tuple(x.shape[1:])}, {shapes[-1]}, ...), which "
-            "torch's default collate cannot stack into a batch: give data.collate_fn=module.function that pads them"
+            f"{data.source('train')}: samples of different shapes ({first}, {other}, ...), which torch's default "
+            "collate cannot stack into a batch: give data.collate_fn=module.function that pads them"
         )
     if not isinstance(logits, torch.Tensor):
         raise not_logits(name, logits)
@@ -484,7 +497,8 @@ def check_output(net: nn.Module, data: Data, loss: Callable[[torch.Tensor, torch
         raise logits_per_target(name, logits, y)
     labels = [torch.as_tensor(target) for target in [y[0], *(sample[1] for sample in samples)]]
     labels = [label[label != IGNORED] for label in labels]  # (-100: a target cross-entropy leaves out)
-    if not all(label.numel() for label in labels):
+    labels = [label for label in labels if label.numel()]
+    if not labels:
         return
     if (smallest := min(int(label.min()) for label in labels)) < 0:
         raise ConfigError(
@@ -552,18 +566,18 @@ def logits_per_target(name: str, logits: torch.Tensor, y: torch.Tensor) -> Confi
 
 
 def check_finite(source: str, index: int, sample: Any) -> None:
-    """Refuse a sample with NaN or infinite values in x (or in values to predict): every loss it is in would be NaN,
-    and the weights with it, with the run going on to its end. Arrays only (a dict of yours: its own way)."""
-    for name, value in zip(("x", "y"), sample, strict=False):
-        try:
-            value = torch.as_tensor(value)
-        except (TypeError, ValueError, RuntimeError):
-            continue
-        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-            raise ConfigError(
-                f"{source}: sample {index}'s {name} has NaN or infinite values, which make the loss NaN: clean or "
-                "drop them (e.g. numpy.nan_to_num)"
-            )
+    """Refuse a sample with NaN or infinite values in x: every loss it is in would be NaN, and the weights with it,
+    with the run going on to its end. An array only (a dict of yours: its own way). (NaN targets are left to the
+    loss: the engines mark padding so, and a loss of yours may leave out missing values.)"""
+    try:
+        x = torch.as_tensor(sample[0])
+    except (TypeError, ValueError, RuntimeError):
+        return
+    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+        raise ConfigError(
+            f"{source}: sample {index}'s x has NaN or infinite values, which make the loss NaN: clean or drop them "
+            "(e.g. numpy.nan_to_num)"
+        )
 
 
 def not_logits(name: str, output: object) -> ConfigError:

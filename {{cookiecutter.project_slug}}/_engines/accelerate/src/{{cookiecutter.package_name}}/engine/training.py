@@ -19,7 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from ..config import CONFIG_DIR
+from ..config import CONFIG_DIR, interpolations, is_read, leaves
 from ..config import build_object as build
 from ..data.loading import check_input, check_output, first_sample, per_device_batch_size
 from ..errors import ConfigError, Interrupted, said_once, unused_parameters
@@ -92,15 +92,13 @@ def check_settings_read(cfg: DictConfig) -> None:
         "oom": list(OmegaConf.load(CONFIG_DIR / "oom" / "toolkit.yaml")),
         "model": list(MODEL_SETTINGS),
     }
-    elsewhere = {
-        "trainer": " (Lightning's Trainer has more)",
-        "model": " (a loss of your own: loss_fn in engine/loop.py)",
-    }
+    elsewhere = {"trainer": " (Lightning's Trainer has more)", "model._target_": " (a loss of yours: engine/loop.py)"}
+    read_elsewhere = interpolations([value for _, value in leaves(cfg)])  # `+model.width=8 ...=${model.width}`
     for node, settings in read.items():
-        if unread := sorted(set(cfg[node]) - set(settings)):
+        if unread := [key for key in sorted(set(cfg[node]) - set(settings)) if not is_read(key, read_elsewhere)]:
+            hint = elsewhere.get(node, elsewhere.get(f"{node}.{unread[0]}", ""))
             raise ConfigError(
-                f"{node}.{unread[0]} is not a setting of this loop{elsewhere.get(node, '')}; it reads: "
-                f"{', '.join(settings)}"
+                f"{node}.{unread[0]} is not a setting of this loop{hint}; it reads: {', '.join(settings)}"
             )
 
 
@@ -143,13 +141,13 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
         off = ", or leave it off (false)"
         raise ConfigError(oom_handling_problem("oom.find_batch_size", splits_batches=False) + off)
     replicas = strategy.data_parallel(0, processes)[0]
-    per_device_batch_size(cfg.data.batch_size, replicas, accumulation(cfg))
+    micro = per_device_batch_size(cfg.data.batch_size, replicas, accumulation(cfg))
     data = build(cfg.data)
     data.check_replicas(replicas, processes)
     if (note := accumulation_note(net, cfg.trainer.accumulate_grad_batches)) and is_first_process():
         print(note, file=sys.stderr)
     check_input(net, data)  # e.g. model=gpt with data that is not token ids, or uint8 images
-    check_output(net, data, loss_fn)  # what the loss can take, for the data's targets (`net` on meta: shapes)
+    check_output(net, data, loss_fn, micro)  # what the loss can take, for the data's targets (`net` on meta: shapes)
     check_activation_checkpointing(net, cfg.activation_checkpointing)
     check_optimization(cfg, build(cfg.model.optimizer))
     for limit in ("limit_val_batches", "limit_test_batches"):

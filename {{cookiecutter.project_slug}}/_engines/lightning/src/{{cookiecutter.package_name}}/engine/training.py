@@ -197,7 +197,8 @@ def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningD
     check_input(model.net, datamodule.data)  # e.g. model=gpt with data that is not token ids, or uint8 images
     with torch.device("meta"):  # what the loss can take, for the data's targets: a forward on shapes alone
         shapes_only = build(cfg.model.net)
-    check_output(shapes_only, datamodule.data, model.loss)  # the module's loss (of yours, if you change it)
+    micro = per_device_batch_size(cfg.data.batch_size, data_parallel_size(trainer), trainer.accumulate_grad_batches)
+    check_output(shapes_only, datamodule.data, model.loss, micro)  # the module's loss (of yours, if you change it)
     if preset() == "pipeline":  # the stages run the Split's chain, not the model's forward: the same model?
         check_chain(model.net, first_sample(datamodule.data))
     return trainer, model, datamodule
