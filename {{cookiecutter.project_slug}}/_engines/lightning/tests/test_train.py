@@ -69,6 +69,7 @@ def test_ddp_spawn_logs_its_test_after_the_last_step_as_single_does(train):
         *QUICK, *sizes, "strategy=ddp_spawn", "trainer.devices=2", "trainer.accelerator=cpu", "test_after_fit=true"
     )
     assert run.wandb.steps("train/loss") == [0, 1, 2, 3] and run.wandb.steps("test/loss") == [4]
+    assert run.wandb.metric("epoch")[-1] == 1, "the test's epoch, after the one epoch trained, as under single"
 
 
 def test_the_schedule_spans_the_steps_limit_train_batches_lets_run(train):

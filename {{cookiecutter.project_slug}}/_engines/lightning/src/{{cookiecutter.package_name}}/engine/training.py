@@ -120,8 +120,12 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
 
 def restore_loop_counters(trainer: L.Trainer, checkpoint: Path) -> None:
     """strategy=ddp_spawn trained in processes of its own, whose loop counters (steps, epochs) this process's trainer
-    never saw: the test would be logged at step 0, epoch 0. They are read back from the last checkpoint."""
+    never saw: the test would be logged at step 0, epoch 0. They are read back from the last checkpoint, saved
+    inside the last epoch: counted as done, as the fit that went on past the save counted it (single logs its test at
+    epoch max_epochs, this one logged it an epoch earlier)."""
     trainer.fit_loop.load_state_dict(saved_state(checkpoint)["loops"]["fit_loop"])
+    epochs = trainer.fit_loop.epoch_progress.current
+    epochs.processed = epochs.completed = epochs.ready
 
 
 def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningDataModule]:
