@@ -9,10 +9,14 @@ from torch.utils.data import Dataset
 class Parity(Dataset):
     """Is the sum of a vector's signs even? Each split drawn from its own seed."""
 
-    def __init__(self, split: str, size: int, num_features: int = 6, label_dtype: str = "int64") -> None:
+    def __init__(
+        self, split: str, size: int, num_features: int = 6, label_dtype: str = "int64", nan_at: int | None = None
+    ) -> None:
         generator = torch.Generator().manual_seed(["train", "val", "test"].index(split))
         self.x = torch.randn(size, num_features, generator=generator)
         self.y = ((self.x > 0).sum(dim=1) % 2).to(getattr(torch, label_dtype))
+        if nan_at is not None and split == "train":  # a NaN the checks before training do not read (past 64)
+            self.x[nan_at, 0] = float("nan")
 
     def __len__(self) -> int:
         return len(self.x)

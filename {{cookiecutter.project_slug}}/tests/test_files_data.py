@@ -71,6 +71,32 @@ def test_a_dataset_class_of_your_own_trains(tmp_path, train):
     assert run.wandb.metric("test/acc") == []
 
 
+@pytest.mark.slow
+def test_a_training_whose_validation_loss_is_nan_stops_in_one_line(train):
+    """A NaN in training sample 100, past the 64 the checks before training read: every step after it, and the
+    validation, are NaN. The run went on to its end and exited 0, its best checkpoint chosen among NaNs."""
+    run = train(
+        *QUICK,
+        "data=custom",
+        "data.dataset._target_=custom_dataset.Parity",
+        "+data.dataset.size=256",
+        "+data.dataset.nan_at=100",
+        "data.num_features=6",
+        "data.num_classes=2",
+        "data.splits=[train,val]",
+        "data.batch_size=64",
+        "trainer.max_epochs=2",
+        check=False,
+    )
+    errors = [line for line in run.output.splitlines() if line.startswith("error:")]
+    assert run.returncode == 1 and "Traceback" not in run.output, run.output[-3000:]
+    assert errors == [
+        "error: val/loss is nan after epoch 0: the weights or the validation data hold NaN or infinite values (a "
+        "learning rate too high, or NaN in the data past the samples checked before training); stopped, with the "
+        "checkpoints of the epochs before"
+    ], run.output[-3000:]
+
+
 def test_a_dataset_that_augments_in_loader_workers_resumes_exactly():
     """Noise drawn in __getitem__ by 2 loader worker processes: a loader resumed after 3 batches (its state, as a
     checkpoint holds it) hands out the batches the uninterrupted one did, noise included. (Each worker's random

@@ -6,6 +6,7 @@ from collections.abc import Callable
 import torch
 
 from ..data.loading import counted
+from ..errors import TrainingStopped
 
 
 def summed_loss(
@@ -30,3 +31,16 @@ def perplexity(mean_loss: float) -> float:
         return math.exp(mean_loss)
     except OverflowError:
         return math.inf
+
+
+def check_val_loss(loss: float, epoch: int) -> None:
+    """Stop a training whose validation loss is NaN or infinite: its weights went so (a learning rate too high, NaN
+    in training samples the checks before training did not read), or the validation data holds such values. It
+    went on to its end, choosing its best checkpoint among NaNs, exit 0. The loss is summed over the processes,
+    the same on each: they all stop here, before the epoch's checkpoint."""
+    if not math.isfinite(loss):
+        raise TrainingStopped(
+            f"val/loss is {loss} after epoch {epoch}: the weights or the validation data hold NaN or infinite values "
+            "(a learning rate too high, or NaN in the data past the samples checked before training); stopped, with "
+            "the checkpoints of the epochs before"
+        )

@@ -17,6 +17,7 @@ from tqdm import tqdm
 from ..data.loading import Data
 from ..parallel.sharding import clip_grad_norm_
 from ..runtime.interrupt import Interrupt
+from ..runtime.metrics import check_val_loss
 from ..runtime.optimization import current_lr, total_steps
 from ..tracking.epoch_metrics import append_epoch_metrics
 from .checkpoints import Checkpoints
@@ -218,6 +219,7 @@ def validate(
         append_epoch_metrics(cfg.epoch_metrics, epoch, prefixed("val", metrics))
     if cfg.oom.log_memory:
         log_device_memory(accelerator, strategy, progress.global_step)
+    check_val_loss(metrics["loss"], epoch)
     best = metrics["loss"] < progress.best_val_loss
     progress.best_val_loss = min(progress.best_val_loss, metrics["loss"])
     checkpoints.save(progress.global_step, best=best)

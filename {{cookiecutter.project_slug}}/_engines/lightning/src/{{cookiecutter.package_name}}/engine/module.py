@@ -19,7 +19,7 @@ from ..models.compilation import compile_net
 from ..models.float8 import convert_float8
 from ..parallel.sharding import clip_grad_norm_, clip_grad_value_
 from ..runtime.checkpoint_forms import accept_state_by_name, by_name, parameter_names
-from ..runtime.metrics import perplexity, summed_loss
+from ..runtime.metrics import check_val_loss, perplexity, summed_loss
 from ..runtime.optimization import (
     OptimizerFactory,
     SchedulerFactory,
@@ -153,16 +153,19 @@ class Classifier(L.LightningModule):
             loss_sum, count = self._batch_losses.pop(split).tolist()
             if classes:
                 self.log(f"{split}/perplexity", perplexity(loss_sum / count))
-        if split not in self._totals:
+        elif split in self._totals:
+            loss_sum, correct, count = self.trainer.strategy.reduce(self._totals.pop(split), reduce_op="sum").tolist()
+            # Global values already, the same on every process: sync_dist's max of equal values changes nothing (a
+            # mean over 3 could round), and Lightning no longer recommends syncing them.
+            synced = {"sync_dist": True, "reduce_fx": "max"}
+            self.log(f"{split}/loss", loss_sum / count, **synced)
+            if classes:
+                self.log(f"{split}/acc", correct / count, **synced)
+                self.log(f"{split}/perplexity", perplexity(loss_sum / count), **synced)
+        else:
             return
-        loss_sum, correct, count = self.trainer.strategy.reduce(self._totals.pop(split), reduce_op="sum").tolist()
-        # Global values already, the same on every process: sync_dist's max of equal values changes nothing (a mean
-        # over 3 could round), and Lightning no longer recommends syncing them.
-        synced = {"sync_dist": True, "reduce_fx": "max"}
-        self.log(f"{split}/loss", loss_sum / count, **synced)
-        if classes:
-            self.log(f"{split}/acc", correct / count, **synced)
-            self.log(f"{split}/perplexity", perplexity(loss_sum / count), **synced)
+        if split == "val" and not self.trainer.sanity_checking:
+            check_val_loss(loss_sum / count, self.current_epoch)
 
     def _add_batch_loss(self, loss: torch.Tensor | None, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> None:
         """One process: add up the batch's mean loss x its targets, for {split}/perplexity = exp(the split's mean
