@@ -7,12 +7,13 @@ from functools import partial
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import PARITY, QUICK, TOLERANCE, K, checkpoint_files, make_runner
 from engine_specific import LAST, MODEL, SHARDED
 from layouts import command, layout
 
 from {{ cookiecutter.package_name }}.data.files import FilesDataset, describe
-from {{ cookiecutter.package_name }}.data.loading import Data, check_input
+from {{ cookiecutter.package_name }}.data.loading import Data, check_input, check_output
 from {{ cookiecutter.package_name }}.data.tokens import TokenData
 from {{ cookiecutter.package_name }}.engine.checkpoints import load_trained
 from {{ cookiecutter.package_name }}.errors import ConfigError
@@ -35,6 +36,11 @@ WEIGHT_TOLERANCE = 1e-4
 # mesh is tests/test_fsdp.py's, its training over three factors the 4-process model_parallel-hsdp2xtp2 row's.)
 GPT_LAYOUTS = ["model_parallel-tp2", "model_parallel-dp2xtp2", "model_parallel-layers", "pipeline-1f1b-torchrun",
                "pipeline-tp2", "pipeline-dp2xtp2"]  # fmt: skip
+
+
+def on_meta(build):
+    with torch.device("meta"):
+        return build()
 
 
 def small_gpt(**sizes) -> GPT:
@@ -63,6 +69,21 @@ def test_token_files_size_the_vocabulary_from_inputs_and_targets(tmp_path):
         np.savez(tmp_path / f"{split}.npz", x=x.numpy(), y=y.numpy())
     assert describe(str(tmp_path))["num_classes"] == 41 and describe(str(tmp_path))["num_features"] == 16
     check_input(small_gpt(vocab_size=41), Data(partial(FilesDataset, dir=str(tmp_path)), splits=["train", "val"]))
+
+
+def test_token_files_in_uint16_with_padding_targets_are_read(tmp_path):
+    """Token ids stored as uint16 (the usual for token files; a traceback: torch has no max of uint16, an embedding
+    takes no narrow integers) and targets padded with -100 (refused as negative labels) train as int64 ones."""
+    x, y = (tensor.clone() for tensor in TokenData("train", vocab_size=32, seq_len=16, train_size=64, seed=1).tensors)
+    y[:, 12:] = -100  # shorter documents, padded (y: a view of the tokens x is, shifted)
+    for split in ("train", "val"):
+        np.savez(tmp_path / f"{split}.npz", x=x.numpy().astype(np.uint16), y=y.numpy())
+    assert describe(str(tmp_path))["num_classes"] == int(x.max()) + 1
+    data = Data(partial(FilesDataset, dir=str(tmp_path)), splits=["train", "val"])
+    check_input(small_gpt(), data)
+    check_output(on_meta(small_gpt), data, lambda logits, y: F.cross_entropy(logits.flatten(0, -2), y.flatten()))
+    first_x, first_y = data.splits["train"][0]
+    assert first_x.dtype == torch.long and torch.equal(first_x, x[0]) and torch.equal(first_y, y[0])
 
 
 def test_tied_weights_survive_meta_init_and_fsdp_units():

@@ -95,12 +95,13 @@ def test_replicas_compute_the_full_batch_step_and_log_it_once(batch_size, replic
         torch.testing.assert_close(grad, expected_grad, atol=1e-6, rtol=1e-5)
     assert model.logged == [], "train/loss is logged by on_train_batch_end, on the root, from the reduced loss"
 
-    model.logged.clear()
     with torch.no_grad():
-        strategy.validation_step((x, y), 0)
-        accuracy = (model(x).argmax(-1) == y).float().mean().item()
-    logged = {name: value for name, value, _ in model.logged}
-    assert len(model.logged) == 2 and logged["val/acc"] == pytest.approx(accuracy, abs=1e-6)
+        totals = strategy.validation_step((x, y), 0)  # a row per replica, added up on the root at the batch's end
+        logits = model(x)
+    assert model.logged == [], "validation is summed per target and logged once, at the epoch's end"
+    loss_sum, correct, count = totals.reshape(-1, 3).sum(dim=0).tolist()
+    assert count == batch_size and correct == (logits.argmax(-1) == y).sum().item()
+    assert loss_sum / count == pytest.approx(F.cross_entropy(logits, y).item(), abs=1e-6)
 
 
 def test_gathered_scalars_become_batch_means_and_per_sample_outputs_stay_concatenated():

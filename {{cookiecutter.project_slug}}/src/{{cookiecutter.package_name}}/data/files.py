@@ -18,9 +18,11 @@ import torch
 from torch.utils.data import TensorDataset
 
 from ..errors import ConfigError
+from .loading import IGNORED
 
 FORMATS = (".npz", ".pt")
 CHUNK = 65536  # samples checked at a time for NaN or infinite values
+NARROW_INTEGERS = (torch.uint8, torch.int8, torch.int16, torch.uint16, torch.uint32)
 
 
 class FilesDataset(TensorDataset):
@@ -32,6 +34,12 @@ class FilesDataset(TensorDataset):
         self.path = split_file(dir, split)  # named in data.check_input's refusals
         x, y = read_split(self.path)
         super().__init__(x.reshape(len(x), -1) if flatten else x, y)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = super().__getitem__(index)
+        # Token ids stored narrow (uint16, the usual; uint8, int16, uint32): an embedding takes int64 (or int32).
+        # Converted per sample, so the file's compact array is what stays in memory.
+        return (x.long() if x.dtype in NARROW_INTEGERS else x), y
 
 
 def describe(dir: str | None) -> dict:
@@ -60,8 +68,13 @@ def _describe(dir: str) -> dict:
             )
         classes = max(classes, int(y.max()) + 1)
         if not x.is_floating_point() and x.shape == y.shape:  # token sequences (model=gpt): x's ids are classes too
-            classes = max(classes, int(x.max()) + 1)
+            classes = max(classes, largest(x) + 1)
     return {"num_features": math.prod(shape), "sample_shape": list(shape), "num_classes": classes, "splits": splits}
+
+
+def largest(x: torch.Tensor) -> int:
+    """The largest value of integer `x`, of any width (torch has no max of uint16 or uint32), a chunk at a time."""
+    return max(int(chunk.long().max()) for chunk in x.split(CHUNK))
 
 
 def resolve(dir: str | None, key: str) -> object:
@@ -110,8 +123,10 @@ def read_split(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
         raise ConfigError(f"{path}: no samples")
     if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
         raise ConfigError(f"{path}: y is {str(y.dtype).removeprefix('torch.')}; class labels must be integers")
-    if int(y.min()) < 0:
-        raise ConfigError(f"{path}: y has negative labels ({int(y.min())}); classes are 0, 1, ...")
+    y = y.long()  # cross-entropy takes int64 labels (uint16 ones had no min either)
+    labels = y[y != IGNORED]  # -100: padding, left out of the loss and the metrics
+    if labels.numel() and int(labels.min()) < 0:
+        raise ConfigError(f"{path}: y has negative labels ({int(labels.min())}); classes are 0, 1, ... (-100: padding)")
     if x.dtype == torch.float64:  # numpy's default; the model's weights are float32
         x = x.float()
     if path.suffix == ".npz" and x.is_floating_point():  # read whole already; in chunks: no mask as big as x
@@ -122,4 +137,4 @@ def read_split(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
                 raise ConfigError(
                     f"{path}: x has NaN or infinite values (sample {first} first), which make the loss NaN"
                 )
-    return x, y.long()  # cross-entropy takes int64 labels
+    return x, y

@@ -420,8 +420,9 @@ def check_input(net: nn.Module, data: Data) -> None:
             check(x)
         source = data.source(split)
         if not (reads_ids or x.is_floating_point()):
+            stored = dataset.tensors[0].dtype if isinstance(dataset, TensorDataset) else x.dtype  # (files: as saved)
             raise ConfigError(
-                f"{source}: x is {str(x.dtype).removeprefix('torch.')}, but the model takes floating-point samples: "
+                f"{source}: x is {str(stored).removeprefix('torch.')}, but the model takes floating-point samples: "
                 "store x as float32 (images scaled to [0, 1], e.g. x.astype(numpy.float32) / 255), or, for token ids, "
                 "train a model that embeds them (model=gpt, or a net of yours with an nn.Embedding)"
             )

@@ -52,8 +52,8 @@ class Classifier(L.LightningModule):
         self.compile_net, self.tf32 = compile, tf32  # the top-level config keys, given by engine/training.py
         self.activation_checkpointing, self.float8 = activation_checkpointing, float8
         self.build_net: Callable[[], nn.Module] | None = None  # the net's build again (model_parallel's init=full)
-        self._totals: dict[str, torch.Tensor] = {}  # per split: loss sum, correct, targets (several processes)
-        self._batch_losses: dict[str, torch.Tensor] = {}  # per split: loss sum, targets (one process)
+        self._totals: dict[str, torch.Tensor] = {}  # per split: loss sum, correct, targets
+        self._configured = False  # configure_model ran (in this process)
         self._value_targets: dict[str, bool] = {}  # per split: float targets (regression), not classes
         self._step_loss: torch.Tensor | float = 0.0  # of the optimizer step's accumulated batches so far
         self._step_lr = 0.0  # the learning rate of the last optimizer step
@@ -64,6 +64,11 @@ class Classifier(L.LightningModule):
     def configure_model(self) -> None:
         # Lightning calls this once the processes exist. Only model_parallel's tensor mode has a device
         # mesh; it shards the net by the plan the net declares (see strategies/model_parallel.py).
+        # Once per module: trainer.test calls it again, on the net the fit made (a pipeline's stages: it was refused
+        # as "a net without a Split" after the training, when activation checkpointing was on).
+        if self._configured:
+            return
+        self._configured = True
         converted = convert_float8(self.net, self.float8)  # before sharding and wrapping (models/float8.py)
         if converted:
             rank_zero_info(f"float8={self.float8}: {len(converted)} Linear layers of the blocks compute in float8")
@@ -115,10 +120,10 @@ class Classifier(L.LightningModule):
         return self._evaluate(batch, "test")
 
     def on_validation_batch_end(self, outputs: torch.Tensor | None, batch: Any, batch_idx: int, *args: Any) -> None:
-        self._add_batch_loss(outputs, batch, "val")
+        self._add_batch_totals(outputs, batch, "val")
 
     def on_test_batch_end(self, outputs: torch.Tensor | None, batch: Any, batch_idx: int, *args: Any) -> None:
-        self._add_batch_loss(outputs, batch, "test")
+        self._add_batch_totals(outputs, batch, "test")
 
     def on_validation_epoch_end(self) -> None:
         self._log_split_totals("val")
@@ -129,54 +134,49 @@ class Classifier(L.LightningModule):
     def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> torch.Tensor | None:
         x, y = batch
         logits = self(x)
-        if not has_trainer(self) or self.trainer.world_size == 1:  # one process (dp too): Lightning's mean is exact
-            loss = self.loss(logits, y)
-            self.log(f"{split}/loss", loss)
-            if not y.is_floating_point():  # classes; targets that are values (regression) have no accuracy
-                self.log(f"{split}/acc", (logits.argmax(dim=-1) == y).float().mean())
-            return loss.detach()  # (dp: the mean over the replicas' chunks) for the perplexity, summed in the root
-        # Several processes: Lightning's sync_dist mean truncates the summed sample count to an integer mean over
-        # the ranks (101 samples on 2 ranks count as 100), so sum per target here and divide once at epoch end.
-        # Targets the eval sampler padded with (IGNORED, to keep the replicas' batch counts equal) count nowhere.
+        # Summed per target, divided once at the epoch's end: Lightning's batch-weighted mean counted a collate's
+        # padding (IGNORED targets) as wrong tokens in one process, and its sync_dist mean truncates the summed
+        # sample count to an integer mean over the ranks (101 samples on 2 ranks counted as 100). Targets the eval
+        # sampler or a collate padded with (IGNORED) count nowhere.
         loss_sum, count = summed_loss(self.loss, logits, y)  # the loss of this module (of yours, if you change it)
         correct = (logits.argmax(dim=-1) == y).sum()
-        self._value_targets[split] = y.is_floating_point()
         totals = torch.stack([loss_sum.double(), correct.double(), count.double()])
-        self._totals[split] = self._totals.get(split, 0) + totals
+        if has_trainer(self) and self.trainer.world_size > 1:
+            self._value_targets[split] = y.is_floating_point()
+            self._totals[split] = self._totals.get(split, 0) + totals
+            return None
+        return totals[None]  # one process: dp's replicas give a row each (gathered), added up in the root module
 
     def _log_split_totals(self, split: str) -> None:
         """Loss, accuracy and perplexity (exp of the loss) over every sample of the split, evaluated once each (the
         eval sampler repeats none); processes that share a batch (tensor or pipeline parallel) count it in the sum
         and in the count alike."""
         classes = not self._value_targets.pop(split, False)  # values (regression): no accuracy, no perplexity
-        if split in self._batch_losses:  # one process: Lightning logged loss and acc, the perplexity is left
-            loss_sum, count = self._batch_losses.pop(split).tolist()
-            if classes:
-                self.log(f"{split}/perplexity", perplexity(loss_sum / count))
-        elif split in self._totals:
-            loss_sum, correct, count = self.trainer.strategy.reduce(self._totals.pop(split), reduce_op="sum").tolist()
-            # Global values already, the same on every process: sync_dist's max of equal values changes nothing (a
-            # mean over 3 could round), and Lightning no longer recommends syncing them.
-            synced = {"sync_dist": True, "reduce_fx": "max"}
-            self.log(f"{split}/loss", loss_sum / count, **synced)
-            if classes:
-                self.log(f"{split}/acc", correct / count, **synced)
-                self.log(f"{split}/perplexity", perplexity(loss_sum / count), **synced)
-        else:
+        if split not in self._totals:
             return
+        totals = self._totals.pop(split)
+        if self.trainer.world_size > 1:  # (one process: as they are; dp's reduce is a mean)
+            totals = self.trainer.strategy.reduce(totals, reduce_op="sum")
+        loss_sum, correct, count = totals.tolist()
+        # Global values already, the same on every process: sync_dist's max of equal values changes nothing (a mean
+        # over 3 could round), and Lightning no longer recommends syncing them.
+        synced = {"sync_dist": True, "reduce_fx": "max"}
+        self.log(f"{split}/loss", loss_sum / count, **synced)
+        if classes:
+            self.log(f"{split}/acc", correct / count, **synced)
+            self.log(f"{split}/perplexity", perplexity(loss_sum / count), **synced)
         if split == "val" and not self.trainer.sanity_checking:
             check_val_loss(loss_sum / count, self.current_epoch)
 
-    def _add_batch_loss(self, loss: torch.Tensor | None, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> None:
-        """One process: add up the batch's mean loss x its targets, for {split}/perplexity = exp(the split's mean
-        loss), which the mean of per-batch perplexities is not. Here, in the root module: under dp the step ran in
-        replicas. (Several processes: _evaluate sums everything itself.)"""
-        if loss is None:
+    def _add_batch_totals(
+        self, totals: torch.Tensor | None, batch: tuple[torch.Tensor, torch.Tensor], split: str
+    ) -> None:
+        """One process: add up the batch's loss sum, correct and targets, here in the root module (under dp the step
+        ran in replicas, each giving a row). (Several processes: _evaluate adds them up itself.)"""
+        if totals is None:
             return
         self._value_targets[split] = batch[1].is_floating_point()
-        targets = batch[1].numel()  # as Lightning weighs the batch means: every batch has T targets per sample
-        totals = torch.stack([loss.double() * targets, loss.new_tensor(targets, dtype=torch.float64)])
-        self._batch_losses[split] = self._batch_losses.get(split, 0) + totals
+        self._totals[split] = self._totals.get(split, 0) + totals.reshape(-1, 3).sum(dim=0)
 
     def configure_gradient_clipping(
         self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm=None
