@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ from {{ cookiecutter.package_name }}.search.__main__ import main as search_main
 from {{ cookiecutter.package_name }}.search.report import parallel_coordinate
 from {{ cookiecutter.package_name }}.search.settings import Settings
 from {{ cookiecutter.package_name }}.search.slurm import gpus_per_trial
-from {{ cookiecutter.package_name }}.search.trials import run_trial
+from {{ cookiecutter.package_name }}.search.trials import RUNNING, STOPPING, TrialProcess, run_trial, stop_all
 from {{ cookiecutter.package_name }}.tracking.epoch_metrics import append_epoch_metrics
 
 PROJECT = Path(__file__).resolve().parents[1]  # searches run from the project root, as the README says
@@ -443,6 +444,7 @@ def search_command(tmp_path, monkeypatch, capsys):
     return run
 
 
+DROPOUT = {"type": "float", "low": 0.0, "high": 0.5}  # a setting the space adds to the net (+model.net.dropout)
 REFUSED_BATCH = "the training refuses the first trial's config: data.batch_size=64 is the global batch and must be"
 
 
@@ -499,6 +501,51 @@ def test_bad_input_is_refused_before_the_first_trial(search_command, tmp_path, s
     assert not (tmp_path / "s").exists()
 
 
+def test_a_study_continued_in_another_direction_or_folder_is_refused(search_command, tmp_path):
+    """search.direction=maximize on a study started to minimize: Optuna took it again without a word, and the study
+    went on minimizing (its best the lowest accuracy). A study in the folder of another (search.dir): its trials
+    continued the other's checkpoints and reported their results for other parameters."""
+    (tmp_path / "s").mkdir()
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(tmp_path / "s" / "journal.log"))
+    )
+    optuna.create_study(study_name="s", storage=storage, direction="minimize")
+    code, output = search_command("search.direction=maximize", "search.metric=val/acc")
+    assert code == 2 and "error: study s in" in output and "was started to minimize val/acc; continue it with " \
+        "search.direction=minimize, or start a new one with search.study=<name>" in output, output[-3000:]  # fmt: skip
+    code, output = search_command("search.study=other")
+    assert code == 2 and f"error: search.dir={tmp_path / 's'} holds study s: give each study its own folder" in output
+    assert optuna.get_all_study_names(storage) == ["s"], "nothing of the refused study is written"
+
+
+def test_a_trial_stopped_with_the_search_stays_running_in_the_study(tmp_path):
+    """Ctrl-C under search.n_jobs=2: the trials' threads recorded the stopped trials as failed ("exit code 254: no
+    error line") before the search ended, and the next search drew new parameters instead of running theirs again.
+    A trial's thread now records nothing once the search stops."""
+    study = optuna.create_study()
+    trial = study.ask()
+    start = lambda command, env, log: TrialProcess(command, env, log)  # noqa: E731
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    ended = threading.Event()
+
+    def run() -> None:
+        try:
+            run_trial(trial, start, sleeper, {}, tmp_path / "trial", "val/loss")
+        finally:
+            ended.set()
+
+    threading.Thread(target=run, daemon=True).start()  # (left blocked: the search ends the process)
+    while not RUNNING:
+        time.sleep(0.05)
+    try:
+        STOPPING.set()
+        stop_all()  # what the search's Ctrl-C handler does, before it ends the process
+        assert not ended.wait(3), "the stopped trial's thread went on to record it"
+    finally:
+        STOPPING.clear()
+    assert study.trials[0].state == TrialState.RUNNING
+
+
 def test_help_prints_the_usage(search_command, tmp_path):
     code, output = search_command("--help")  # was `error: training overrides --help: LexerNoViableAltException`
     assert code == 0 and output.startswith("usage: python -m") and "docs/search.md" in output, output[-3000:]
@@ -517,6 +564,8 @@ def test_export_wandb_sweep(search_command, tmp_path):
     assert sweep["early_terminate"]["type"] == "hyperband"
     launcher = [*SWEEP_COMMAND, f"{PACKAGE}.train"]
     assert sweep["command"] == [*launcher, "experiment=s", "strategy=ddp", "trainer.devices=2", "${args_no_hyphens}"]
+    code, output = search_command("--export-wandb-sweep", str(tmp_path / "no-such-folder" / "sweep.yaml"))
+    assert code == 2 and "there is no folder" in output and "Traceback" not in output, output[-2000:]
 
 
 def test_the_language_models_space_fits_it_and_only_it(search_command, tmp_path):
@@ -536,9 +585,16 @@ def test_exported_wandb_sweep_passes_wandbs_own_schema(search_command, tmp_path,
     path = [train_env["PYTHONPATH"], os.environ.get("SWEEPS_SITE")]
     env = dict(train_env, PYTHONPATH=os.pathsep.join(entry for entry in path if entry))
     check = "import sys, sweeps, yaml; print(sweeps.schema_violations_from_proposed_config(yaml.safe_load(sys.stdin)))"
-    for sampler in ("grid", "random", "tpe"):
+    # and a key the space adds (+): wandb's parameter names take no +, the command adds it before the agent sets it
+    added = {"model.optimizer.lr": {"type": "float", "low": 1e-4, "high": 0.1}, "+model.net.dropout": DROPOUT}
+    for sampler, space in (("grid", None), ("random", None), ("tpe", None), ("random", added)):
         sweep_file = tmp_path / f"{sampler}.yaml"
-        assert search_command(f"search.sampler={sampler}", "--export-wandb-sweep", str(sweep_file))[0] == 0
+        assert search_command(f"search.sampler={sampler}", "--export-wandb-sweep", str(sweep_file), space=space)[0] == 0
+        if space:
+            assert yaml.safe_load(sweep_file.read_text())["command"][-2:] == [
+                "+model.net.dropout=0.0",
+                "${args_no_hyphens}",
+            ]
         with sweep_file.open() as sweep:
             result = subprocess.run([sys.executable, "-c", check], stdin=sweep, env=env, capture_output=True, text=True)
         if "No module named" in result.stderr:

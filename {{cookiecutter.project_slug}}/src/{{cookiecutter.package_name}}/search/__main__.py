@@ -41,6 +41,7 @@ from .settings import Settings, parse_command_line
 from .slurm import SlurmTrial, gpus_per_trial, slurm_executor
 from .space import Param, grid_space, hydra_value, load_space, space_path
 from .trials import (
+    STOPPING,
     DeviceSlots,
     MetricMissing,
     StartTrial,
@@ -205,12 +206,24 @@ def open_study(
     SQLite would need SQLAlchemy and fails with "database is locked" under concurrent writers on a shared disk."""
     study_dir = settings.study_dir
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(study_dir / "journal.log")))
+    others = sorted(set(optuna.get_all_study_names(storage)) - {settings.study_name})
+    if others:  # its trial folders would be taken for this study's: the other study's checkpoints, continued
+        raise ConfigError(
+            f"search.dir={study_dir} holds study {others[0]}: give each study its own folder (the default, "
+            f"outputs/search/<study>), or continue that one with search.study={others[0]}"
+        )
     try:
         study = optuna.create_study(
             study_name=settings.study_name, storage=storage, direction=settings.direction, load_if_exists=True
         )
     except ValueError as err:
         raise ConfigError(f"study {settings.study_name}: {err}") from None
+    stored = study.direction.name.lower()  # Optuna takes a study again without a word about another direction
+    if stored != settings.direction:
+        raise ConfigError(
+            f"study {settings.study_name} in {study_dir} was started to {stored} {settings.metric}; continue it with "
+            f"search.direction={stored}, or start a new one with search.study=<name>"
+        )
     definition = {
         "space": {param.key: repr(param.distribution) for param in params},
         "overrides": overrides,
@@ -218,13 +231,16 @@ def open_study(
     }
     started = study.user_attrs.get("definition")
     if started is None:
+        if settings.direction == "minimize" and "acc" in settings.metric.rsplit("/", 1)[-1]:
+            print(f"note: search.direction=minimize: the best trial is the lowest {settings.metric} (for accuracy: "
+                  "search.direction=maximize)", file=sys.stderr)  # fmt: skip
         study.set_user_attr("definition", definition)
         if settings.baseline:  # the current values of the searched keys, as trial 0
             study.enqueue_trial({param.key: baseline_value(param, cfg) for param in params})
     elif started != json.loads(json.dumps(definition)):
         changed = ", ".join(key for key in definition if started.get(key) != json.loads(json.dumps(definition[key])))
         raise ConfigError(
-            f"study {settings.study_name} in {study_dir} was started with another {changed}; "
+            f"study {settings.study_name} in {study_dir} was started with other {changed}; "
             "continue it with the same command, or start a new one with search.study=<name>"
         )
     # Seeded by how many trials the study has: a re-run continues the sequence instead of drawing again the
@@ -308,6 +324,7 @@ def stop_search(signum: int, frame: Any) -> None:
     """Ctrl-C or SIGTERM: stop the running trials (each closes its wandb run) and exit at once. They stay
     "running" in the study; the next search marks them failed and runs their parameters again."""
     print(f"search stopped by {signal.Signals(signum).name}; stopping the running trials", flush=True)
+    STOPPING.set()  # the trials' threads (search.n_jobs > 1) leave them running in the study: re-run next time
     stop_all()
     os._exit(128 + signum)  # now: Optuna would otherwise start the next trial, or mark these ones failed
 

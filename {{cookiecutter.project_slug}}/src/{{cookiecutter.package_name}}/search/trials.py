@@ -116,6 +116,7 @@ class Trial(Protocol):
 StartTrial = Callable[[list[str], dict[str, str], Path], Trial]  # (command, extra environment, log file)
 RUNNING: set[Trial] = set()  # the trials running now, to stop them all when the search is stopped
 RUNNING_LOCK = threading.Lock()
+STOPPING = threading.Event()  # the search is stopping (Ctrl-C, SIGTERM): no trial's end is recorded any more
 
 
 def stop_all() -> None:
@@ -194,6 +195,8 @@ def run_trial(
         process.finish()  # also ends the processes it may have left behind
         with RUNNING_LOCK:
             RUNNING.discard(process)
+    if STOPPING.is_set():  # under n_jobs > 1 this thread would record the stopped trial as failed, its parameters
+        threading.Event().wait()  # lost; the search ends the process (os._exit) and the next one runs it again
     if code != 0:
         raise TrialFailed(f"trial {trial.number} failed (exit code {code}): {last_error(log)}; log: {log}")
     if not reported:
