@@ -35,6 +35,8 @@ def write_wandb_sweep(
         # ${args_no_hyphens} gives key=value per parameter: Hydra overrides as they are.
         "command": ["${env}", *command, f"experiment={settings.study_name}", *overrides, *added, "${args_no_hyphens}"],
     }
+    if settings.sampler != "grid":  # (a grid ends with its points)
+        sweep["run_cap"] = settings.n_trials
     if settings.pruner != "none":  # wandb stops runs early with hyperband only
         sweep["early_terminate"] = {"type": "hyperband", "min_iter": 1}
     path.write_text(yaml.safe_dump(sweep, sort_keys=False))
