@@ -92,8 +92,8 @@ def test_a_training_whose_validation_loss_is_nan_stops_in_one_line(train):
     assert run.returncode == 1 and "Traceback" not in run.output, run.output[-3000:]
     assert errors == [
         "error: val/loss is nan after epoch 0: the weights or the validation data hold NaN or infinite values (a "
-        "learning rate too high, or NaN in the data past the samples checked before training); stopped, with the "
-        "checkpoints of the epochs before"
+        "learning rate too high, or NaN in the data past the samples checked before training); stopped. The latest "
+        "checkpoints may hold those weights: start again from the best one (ckpt_path=<it> resume=false)"
     ], run.output[-3000:]
 
 

@@ -36,10 +36,14 @@ class FilesDataset(TensorDataset):
         super().__init__(x.reshape(len(x), -1) if flatten else x, y)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = super().__getitem__(index)
-        # Token ids stored narrow (uint16, the usual; uint8, int16, uint32): an embedding takes int64 (or int32).
-        # Converted per sample, so the file's compact array is what stays in memory.
-        return (x.long() if x.dtype in NARROW_INTEGERS else x), y
+        return as_trained(*super().__getitem__(index))
+
+
+def as_trained(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sample as the training takes it. Token ids stored narrow (uint16, the usual; uint8, int16, uint32): an
+    embedding takes int64 (or int32), and cross-entropy int64 labels. Converted per sample, so the files' compact
+    arrays are what stays in memory."""
+    return (x.long() if x.dtype in NARROW_INTEGERS else x), y.long()
 
 
 def describe(dir: str | None) -> dict:
@@ -66,7 +70,7 @@ def _describe(dir: str) -> dict:
                 f"{path}: samples are shaped x {list(x.shape[1:])}, y {list(y.shape[1:])}; {train_path.name}'s are "
                 f"x {list(shape)}, y {list(label_shape)}"
             )
-        classes = max(classes, int(y.max()) + 1)
+        classes = max(classes, largest(y) + 1)
         if not x.is_floating_point() and x.shape == y.shape:  # token sequences (model=gpt): x's ids are classes too
             classes = max(classes, largest(x) + 1)
     return {"num_features": math.prod(shape), "sample_shape": list(shape), "num_classes": classes, "splits": splits}
@@ -75,6 +79,12 @@ def _describe(dir: str) -> dict:
 def largest(x: torch.Tensor) -> int:
     """The largest value of integer `x`, of any width (torch has no max of uint16 or uint32), a chunk at a time."""
     return max(int(chunk.long().max()) for chunk in x.split(CHUNK))
+
+
+def smallest_label(y: torch.Tensor) -> int | None:
+    """The smallest label of `y` but -100 (padding), a chunk at a time; None if it holds padding only."""
+    labels = [chunk[chunk != IGNORED] for chunk in (part.long() for part in y.split(CHUNK))]
+    return min((int(part.min()) for part in labels if part.numel()), default=None)
 
 
 def resolve(dir: str | None, key: str) -> object:
@@ -123,10 +133,8 @@ def read_split(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
         raise ConfigError(f"{path}: no samples")
     if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
         raise ConfigError(f"{path}: y is {str(y.dtype).removeprefix('torch.')}; class labels must be integers")
-    y = y.long()  # cross-entropy takes int64 labels (uint16 ones had no min either)
-    labels = y[y != IGNORED]  # -100: padding, left out of the loss and the metrics
-    if labels.numel() and int(labels.min()) < 0:
-        raise ConfigError(f"{path}: y has negative labels ({int(labels.min())}); classes are 0, 1, ... (-100: padding)")
+    if (smallest := smallest_label(y)) is not None and smallest < 0:  # (-100: padding, left out of loss and metrics)
+        raise ConfigError(f"{path}: y has negative labels ({smallest}); classes are 0, 1, ... (-100: padding)")
     if x.dtype == torch.float64:  # numpy's default; the model's weights are float32
         x = x.float()
     if path.suffix == ".npz" and x.is_floating_point():  # read whole already; in chunks: no mask as big as x

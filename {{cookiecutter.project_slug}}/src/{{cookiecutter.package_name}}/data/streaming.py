@@ -32,7 +32,7 @@ from litdata.utilities.env import _DistributedEnv
 from torch.utils.data import Dataset
 
 from ..errors import ConfigError
-from .files import describe, read_split, split_file
+from .files import as_trained, describe, read_split, split_file
 from .streaming_shapes import SHAPES_FILE
 
 logging.getLogger("litdata").setLevel(logging.WARNING)  # its per-process, per-split notes (cache sizes, mmap) at INFO
@@ -166,7 +166,7 @@ class Sample:
         self.x, self.y = x, y
 
     def __call__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.x[index].clone(), self.y[index].clone()  # clone: a view would serialise the whole array
+        return as_trained(self.x[index].clone(), self.y[index].clone())  # clone: a view serialises the whole array
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -37,10 +37,11 @@ def check_val_loss(loss: float, epoch: int) -> None:
     """Stop a training whose validation loss is NaN or infinite: its weights went so (a learning rate too high, NaN
     in training samples the checks before training did not read), or the validation data holds such values. It
     went on to its end, choosing its best checkpoint among NaNs, exit 0. The loss is summed over the processes,
-    the same on each: they all stop here, before the epoch's checkpoint."""
+    the same on each: they all stop here, before the epoch's metrics are logged and its checkpoint saved (the
+    checkpoints saved every N steps since may hold the NaN weights)."""
     if not math.isfinite(loss):
         raise TrainingStopped(
             f"val/loss is {loss} after epoch {epoch}: the weights or the validation data hold NaN or infinite values "
-            "(a learning rate too high, or NaN in the data past the samples checked before training); stopped, with "
-            "the checkpoints of the epochs before"
+            "(a learning rate too high, or NaN in the data past the samples checked before training); stopped. The "
+            "latest checkpoints may hold those weights: start again from the best one (ckpt_path=<it> resume=false)"
         )

@@ -325,8 +325,10 @@ def stop_search(signum: int, frame: Any) -> None:
     "running" in the study; the next search marks them failed and runs their parameters again."""
     print(f"search stopped by {signal.Signals(signum).name}; stopping the running trials", flush=True)
     STOPPING.set()  # the trials' threads (search.n_jobs > 1) leave them running in the study: re-run next time
-    stop_all()
-    os._exit(128 + signum)  # now: Optuna would otherwise start the next trial, or mark these ones failed
+    try:
+        stop_all()
+    finally:  # (the trials' threads wait for ever now: nothing may unwind into Optuna's pool of them)
+        os._exit(128 + signum)  # now: Optuna would otherwise start the next trial, or mark these ones failed
 
 
 if __name__ == "__main__":

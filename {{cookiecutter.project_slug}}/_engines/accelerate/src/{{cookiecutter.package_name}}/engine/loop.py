@@ -212,6 +212,7 @@ def validate(
         checkpoints.save(progress.global_step)
         return
     metrics = evaluate(accelerator, model, loader, loss_fn, cfg.trainer.limit_val_batches)
+    check_val_loss(metrics["loss"], epoch)  # before anything of the epoch is logged or saved, as in Lightning
     # At the step of the last optimizer step taken (its train/loss's), where Lightning logs validation too: runs of
     # both engines chart alike
     log(accelerator, {**prefixed("val", metrics), "epoch": epoch}, max(progress.global_step - 1, 0))
@@ -219,7 +220,6 @@ def validate(
         append_epoch_metrics(cfg.epoch_metrics, epoch, prefixed("val", metrics))
     if cfg.oom.log_memory:
         log_device_memory(accelerator, strategy, progress.global_step)
-    check_val_loss(metrics["loss"], epoch)
     best = metrics["loss"] < progress.best_val_loss
     progress.best_val_loss = min(progress.best_val_loss, metrics["loss"])
     checkpoints.save(progress.global_step, best=best)
