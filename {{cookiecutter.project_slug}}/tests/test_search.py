@@ -525,7 +525,8 @@ def test_a_trial_stopped_with_the_search_stays_running_in_the_study(tmp_path):
     study = optuna.create_study()
     trial = study.ask()
     start = lambda command, env, log: TrialProcess(command, env, log)  # noqa: E731
-    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    started = tmp_path / "started"  # the trial's own process runs (the guard has its handlers by then)
+    sleeper = [sys.executable, "-c", f"import pathlib, time; pathlib.Path({str(started)!r}).touch(); time.sleep(30)"]
     ended = threading.Event()
 
     def run() -> None:
@@ -536,9 +537,10 @@ def test_a_trial_stopped_with_the_search_stays_running_in_the_study(tmp_path):
 
     threading.Thread(target=run, daemon=True).start()  # (left blocked: the search ends the process)
     deadline = time.monotonic() + 30
-    while not RUNNING and not ended.is_set() and time.monotonic() < deadline:
+    while not started.exists() and not ended.is_set() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert RUNNING, "the trial did not start"
+    assert RUNNING and started.exists(), "the trial did not start"
+    time.sleep(0.2)
     try:
         STOPPING.set()
         stop_all()  # what the search's Ctrl-C handler does, before it ends the process

@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from ..errors import ConfigError
-from .loading import IGNORED
+from . import IGNORED
 
 FORMATS = (".npz", ".pt")
 CHUNK = 65536  # samples checked at a time for NaN or infinite values

@@ -22,9 +22,9 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 
 from ..errors import ConfigError, located, said_once
 from ..tracking.wandb_run import is_first_process
+from . import IGNORED
 
 SPLITS = ("train", "val", "test")
-IGNORED = -100  # a class target no loss or metric counts (F.cross_entropy's ignore_index): EvalSampler's padding
 EVALUATION = 2**32 - 1  # the "epoch" of every evaluation pass, for each sample's seed (SeededSamples)
 
 
