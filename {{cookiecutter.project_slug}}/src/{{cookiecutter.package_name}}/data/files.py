@@ -70,6 +70,7 @@ def _describe(dir: str) -> dict:
                 f"{path}: samples are shaped x {list(x.shape[1:])}, y {list(y.shape[1:])}; {train_path.name}'s are "
                 f"x {list(shape)}, y {list(label_shape)}"
             )
+        check_finite_file(path, x)  # here, once per split and process (its dataset reads the file again)
         classes = max(classes, largest(y) + 1)
         if not x.is_floating_point() and x.shape == y.shape:  # token sequences (model=gpt): x's ids are classes too
             classes = max(classes, largest(x) + 1)
@@ -109,8 +110,7 @@ def split_file(dir: str, split: str) -> Path:
 
 
 def read_split(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """x and y of one file, checked: tensors, as many samples in both, integer labels >= 0, finite x (a .npz file:
-    all of it; a memory-mapped .pt: the checks before training read its first samples)."""
+    """x and y of one file, checked: tensors, as many samples in both, integer labels >= 0 (or -100)."""
     try:
         if path.suffix == ".npz":
             with np.load(path, allow_pickle=False) as npz:
@@ -137,12 +137,16 @@ def read_split(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
         raise ConfigError(f"{path}: y has negative labels ({smallest}); classes are 0, 1, ... (-100: padding)")
     if x.dtype == torch.float64:  # numpy's default; the model's weights are float32
         x = x.float()
-    if path.suffix == ".npz" and x.is_floating_point():  # read whole already; in chunks: no mask as big as x
-        for start in range(0, len(x), CHUNK):
-            chunk = x[start : start + CHUNK]
-            if not bool(torch.isfinite(chunk).all()):
-                first = start + int((~torch.isfinite(chunk.reshape(len(chunk), -1))).any(dim=1).nonzero()[0])
-                raise ConfigError(
-                    f"{path}: x has NaN or infinite values (sample {first} first), which make the loss NaN"
-                )
     return x, y
+
+
+def check_finite_file(path: Path, x: torch.Tensor) -> None:
+    """Refuse NaN or infinite values in a .npz file's x, read whole already (a memory-mapped .pt: the checks before
+    training read its first samples); in chunks, so that no mask as big as x is made."""
+    if path.suffix != ".npz" or not x.is_floating_point():
+        return
+    for start in range(0, len(x), CHUNK):
+        chunk = x[start : start + CHUNK]
+        if not bool(torch.isfinite(chunk).all()):
+            first = start + int((~torch.isfinite(chunk.reshape(len(chunk), -1))).any(dim=1).nonzero()[0])
+            raise ConfigError(f"{path}: x has NaN or infinite values (sample {first} first), which make the loss NaN")

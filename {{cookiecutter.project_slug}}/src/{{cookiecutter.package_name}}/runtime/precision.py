@@ -3,12 +3,12 @@ auto (the default): bf16-mixed where every GPU of the machine computes in bf16 n
 32-true, so CPU runs and their tests stay exact fp32. And `tf32` (default true): fp32 matmuls in TF32 on Ampere and
 later, what a GPU user would switch on anyway; false keeps them exact fp32 (the GPU check compares presets so)."""
 
-import os
 import sys
 
 import torch
 
 from ..errors import ConfigError
+from ..tracking.wandb_run import is_first_process
 from .hardware import nvml_call
 
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
@@ -30,7 +30,7 @@ def resolve_precision(precision: str | int, accelerator: str) -> str:
     if precision == "16-mixed" and not (accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()):
         # What Lightning's Trainer does on the CPU (fp16 autocast with a gradient scaler is for CUDA); accelerate
         # trained in fp16 there: the same flag, two other runs. Both engines now take bf16-mixed, and say so.
-        if int(os.environ.get("RANK", 0)) == 0:
+        if is_first_process():
             print(
                 "trainer.precision=16-mixed: the CPU trains in bf16-mixed instead (fp16 is for CUDA GPUs)",
                 file=sys.stderr,
