@@ -109,6 +109,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         f"src/{package}/runtime/metrics.py",
         f"src/{package}/runtime/optimization.py",
         f"src/{package}/runtime/precision.py",
+        f"src/{package}/runtime/real_targets.py",
         f"src/{package}/runtime/resuming.py",
         f"src/{package}/runtime/run_folder.py",
         f"src/{package}/search/__init__.py",

@@ -52,26 +52,29 @@ class TwoViews(Parity):
 
 
 class VariableLength(Dataset):
-    """Sequences of 2 to 7 steps of num_features each (x: (length, num_features)), labelled by the sign of their sum:
-    torch's default collate cannot stack them; pad_batch does."""
+    """Sequences of 2 to 7 steps of num_features each (x: (length, num_features)), each step labelled by the sign of
+    its sum (y: (length,)), as a tagger's or a language model's targets: torch's default collate cannot stack them;
+    pad_batch does, so each batch, and each replica's share of it, holds its own amount of padding."""
 
     def __init__(self, split: str, size: int, num_features: int = 4) -> None:
         generator = torch.Generator().manual_seed(["train", "val", "test"].index(split))
         lengths = torch.randint(2, 8, (size,), generator=generator).tolist()
         self.x = [torch.randn(length, num_features, generator=generator) for length in lengths]
-        self.y = [int(x.sum() > 0) for x in self.x]
+        self.y = [(x.sum(dim=1) > 0).long() for x in self.x]
 
     def __len__(self) -> int:
         return len(self.x)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.x[index], self.y[index]
 
 
-def pad_batch(samples: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """data.collate_fn=custom_dataset.pad_batch: the sequences zero-padded to the batch's longest."""
+def pad_batch(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """data.collate_fn=custom_dataset.pad_batch: the sequences zero-padded to the batch's longest, their labels
+    padded with -100 (left out of the loss and the metrics)."""
     xs, ys = zip(*samples, strict=True)
-    return torch.nn.utils.rnn.pad_sequence(list(xs), batch_first=True), torch.tensor(ys)
+    pad = torch.nn.utils.rnn.pad_sequence
+    return pad(list(xs), batch_first=True), pad(list(ys), batch_first=True, padding_value=-100)
 
 
 class Images(Dataset):

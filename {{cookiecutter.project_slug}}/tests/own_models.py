@@ -286,17 +286,16 @@ class WithUnusedHead(ResidualMLP):
         self.auxiliary = nn.Linear(4, 2)
 
 
-class SumOverTime(nn.Module):
-    """Reads zero-padded sequences (batch, steps, features): each step projected without a bias and summed over the
-    steps, so the padding adds nothing whatever the batch's longest sequence (a replica's micro-batch pads less)."""
+class PerStep(nn.Module):
+    """Logits for every step of a sequence (batch, steps, features) -> (batch, steps, classes), as a tagger or a
+    language model gives them."""
 
     def __init__(self, in_features: int, num_classes: int, hidden: int = 16) -> None:
         super().__init__()
-        self.embed = nn.Linear(in_features, hidden, bias=False)
-        self.head = nn.Sequential(nn.ReLU(), nn.Linear(hidden, num_classes))
+        self.layers = nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.embed(x).sum(dim=1))
+        return self.layers(x)
 
 
 class SmallCNN(nn.Module):

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import PARITY, TOLERANCE
 from custom_dataset import VariableLength
 from layouts import command, layout
@@ -9,6 +10,7 @@ from layouts import command, layout
 from {{ cookiecutter.package_name }}.data.loading import Data
 from {{ cookiecutter.package_name }}.data.synthetic import data_settings
 from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.runtime.real_targets import RealTargets
 
 
 def first_batch(data: Data, replicas: int = 1, rank: int = 0) -> torch.Tensor:
@@ -95,16 +97,54 @@ def test_an_x_of_two_tensors_trains(train):
 
 
 def test_samples_of_different_lengths_train_with_a_collate_fn_of_yours(train):
-    """data.collate_fn: sequences of different lengths, padded per batch by a function of yours, train under ddp as
-    on one device (it was no setting: +data.collate_fn was dropped silently, then torch's collate failed in a
-    78-line traceback). A name that does not import is refused in one line."""
+    """data.collate_fn: sequences of different lengths, padded per batch by a function of yours (labels with -100),
+    train under ddp with accumulated micro-batches as on one device (it was no setting: +data.collate_fn was dropped
+    silently, then torch's collate failed in a 78-line traceback; then the replicas' and micro-batches' mean losses
+    were averaged as if each held as many real targets: 1e-3 off). A name that does not import is refused in one
+    line."""
     with pytest.raises(ConfigError, match="data.collate_fn=custom_dataset.nothing does not import"):
         Data(VariableLength, collate_fn="custom_dataset.nothing")
     settings = [*PARITY, "trainer.max_steps=3", "data=custom", "data.dataset._target_=custom_dataset.VariableLength"]
     settings += ["trainer.max_epochs=-1"]  # no limit of epochs, as in Lightning (the accelerate loop trained none)
     settings += ["+data.dataset.size=256", "data.num_features=4", "data.num_classes=2", "data.num_workers=0"]
-    settings += ["data.collate_fn=custom_dataset.pad_batch", "model.net._target_=own_models.SumOverTime"]
+    settings += ["data.collate_fn=custom_dataset.pad_batch", "model.net._target_=own_models.PerStep"]
     settings += ["~model.net.depth", "~model.net.expansion", "~model.net.norm"]
     single = train(*settings, "strategy=single").losses(3)
     overrides, launcher = command(layout("ddp"))
-    assert train(*settings, *overrides, launcher=launcher).losses(3) == pytest.approx(single, abs=TOLERANCE)
+    ddp = train(*settings, *overrides, "trainer.accumulate_grad_batches=2", launcher=launcher).losses(3)
+    assert ddp == pytest.approx(single, abs=TOLERANCE)
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, -2), target.flatten())
+
+
+@pytest.mark.parametrize("padded", [True, False])
+def test_a_padded_batch_has_the_same_loss_and_gradient_however_it_is_split(padded):
+    """runtime/real_targets.py, in one process: a batch of token targets with padding (-100) of its own in every
+    sample, trained as 2 accumulated micro-batches each split in 2 by sample share (as the OOM recovery and a pipeline
+    split), gives the whole batch's loss and gradient; the per-chunk means weighed alike were 7e-2 off. Without
+    padding every weight is exactly 1: the losses are bit for bit the plain means. (Replicas: the ddp test above.)"""
+    generator = torch.Generator().manual_seed(0)
+    x, weight = torch.randn(8, 5, 3, generator=generator), torch.randn(3, 4, generator=generator)
+    y = torch.randint(0, 4, (8, 5), generator=generator)
+    if padded:
+        y[torch.arange(5) >= torch.randint(1, 6, (8, 1), generator=generator)] = -100
+    weight.requires_grad_(True)
+    whole = cross_entropy(x @ weight, y)
+    (expected,) = torch.autograd.grad(whole, weight)
+
+    accumulate, targets, step_loss, unweighted = 2, RealTargets(2), 0.0, 0.0
+    loss_fn = targets.weighted(cross_entropy)
+    for micro_x, micro_y in zip(x.chunk(accumulate), y.chunk(accumulate), strict=True):
+        targets.count(micro_y)
+        for part_x, part_y in zip(micro_x.chunk(2), micro_y.chunk(2), strict=True):
+            loss = loss_fn(part_x @ weight, part_y) * len(part_x) / len(micro_x)
+            (loss / accumulate).backward()
+            step_loss, unweighted = step_loss + loss.detach(), unweighted + cross_entropy(part_x @ weight, part_y) / 4
+            if not padded:
+                assert torch.equal(loss_fn(part_x @ weight, part_y), cross_entropy(part_x @ weight, part_y))
+    targets.scale_gradients([weight])
+    assert step_loss / accumulate * targets.factor() == pytest.approx(whole.item(), rel=1e-6)
+    assert torch.allclose(weight.grad, expected, rtol=1e-5, atol=1e-7)
+    assert (abs(unweighted.item() - whole.item()) > 1e-2) == padded  # what an unweighted split computed

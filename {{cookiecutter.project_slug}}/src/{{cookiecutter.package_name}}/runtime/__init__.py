@@ -1,1 +1,2 @@
-"""How a training runs on this machine: precision, hardware, memory, optimisation, resuming, metrics."""
+"""How a training runs on this machine: precision, hardware, memory, optimisation, resuming, metrics, the loss over
+the real targets of a global batch."""

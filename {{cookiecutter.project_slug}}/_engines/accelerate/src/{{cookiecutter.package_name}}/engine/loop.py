@@ -19,6 +19,7 @@ from ..parallel.sharding import clip_grad_norm_
 from ..runtime.interrupt import Interrupt
 from ..runtime.metrics import check_val_loss
 from ..runtime.optimization import current_lr, total_steps
+from ..runtime.real_targets import RealTargets
 from ..tracking.epoch_metrics import append_epoch_metrics
 from .checkpoints import Checkpoints
 from .evaluation import batches, evaluate, log, prefixed, to_device
@@ -71,6 +72,9 @@ def fit(
     trainer, every_n_steps = cfg.trainer, cfg.checkpoint.every_n_steps
     step_loss = 0.0  # the sum of the optimizer step's micro-batch losses so far
     since_log = SinceLog() if cfg.oom.log_loss_mean else None  # train/loss_mean
+    # Padding targets (-100) weighed as on one device, whichever preset splits the batch (runtime/real_targets.py)
+    real_targets = RealTargets(accumulation(cfg))
+    train_loss = real_targets.weighted(loss_fn)
     model.train()
     epochs = inf if trainer.max_epochs in (None, -1) else trainer.max_epochs  # as in Lightning: no limit
     while progress.epoch < epochs and not done(progress, trainer.max_steps):
@@ -81,11 +85,12 @@ def fit(
         since_log = since_log and SinceLog()  # each epoch's own, as Lightning's item logger
         for x, y in loader:
             x, y = to_device(accelerator, x, y)
+            real_targets.count(y)
             logged = (progress.global_step + 1) % trainer.log_every_n_steps == 0
             with accelerator.accumulate(model):
                 if recovery:  # None: an out-of-memory error made it skip the batch (recovery refuses accumulation)
                     try:
-                        loss = recovery.train_step(accelerator, model, x, y, loss_fn, progress.global_step)
+                        loss = recovery.train_step(accelerator, model, x, y, train_loss, progress.global_step)
                     except OutOfMemoryStop as stop:  # every process stops here together: save, then stop
                         progress.loader, progress.oom_recovery = loader.state_dict(), recovery.state_dict()
                         checkpoints.save(progress.global_step)
@@ -94,10 +99,11 @@ def fit(
                         raise
                     progress.oom_recovery = recovery.state_dict()  # saved with the next checkpoint
                 else:
-                    loss = strategy.train_step(accelerator, model, x, y, loss_fn, logged=logged)
+                    loss = strategy.train_step(accelerator, model, x, y, train_loss, logged=logged)
                 if loss is not None:
                     step_loss = step_loss + loss
                 if accelerator.sync_gradients:
+                    real_targets.scale_gradients(p for group in optimizer.param_groups for p in group["params"])
                     if trainer.gradient_clip_val:
                         # The norm of the whole gradient, tensor-parallel shards too (the shared clip, as in the
                         # Lightning engine: accelerator.clip_grad_norm_ handles shards only in accelerate releases
@@ -111,6 +117,9 @@ def fit(
                     optimizer.zero_grad()  # once per process unless the batch is split: not the global-batch meaning)
             if not accelerator.sync_gradients:
                 continue
+            if loss is not None and (factor := real_targets.factor()) is not None:
+                step_loss = step_loss * factor  # the accumulated micro-batches' padding, as their gradient
+            real_targets.reset()
             if since_log and loss is not None:
                 since_log.add(step_loss / accumulation(cfg))
             if loss is not None and logged:

@@ -30,6 +30,7 @@ from ..runtime.optimization import (
     total_steps,
 )
 from ..runtime.precision import use_tensor_cores
+from ..runtime.real_targets import RealTargets
 from .lightning_private import batches_that_stepped, count_steps_in_both_loops, has_trainer, only_accumulates
 
 
@@ -57,6 +58,7 @@ class Classifier(L.LightningModule):
         self._value_targets: dict[str, bool] = {}  # per split: float targets (regression), not classes
         self._step_loss: torch.Tensor | float = 0.0  # of the optimizer step's accumulated batches so far
         self._step_lr = 0.0  # the learning rate of the last optimizer step
+        self.real_targets = RealTargets()  # padding targets (-100) weighed as one device would (real_targets.py)
 
     def setup(self, stage: str) -> None:
         use_tensor_cores(self.tf32)  # in every process: spawned processes do not inherit the setting
@@ -88,12 +90,24 @@ class Classifier(L.LightningModule):
         target = target.flatten()
         return F.cross_entropy(logits.flatten(0, -2), target if target.is_floating_point() else target.long())
 
+    def training_loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """`loss` weighted by the real targets of this part of the step's global batch: its padding (-100) then
+        counts as on one device under every preset (runtime/real_targets.py). strategy=pipeline's stages use it."""
+        return self.real_targets.weighted(self.loss)(logits, target)
+
+    def on_train_start(self) -> None:
+        self.real_targets = RealTargets(self.trainer.accumulate_grad_batches)
+
+    def on_train_batch_start(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self.real_targets.count(batch[1])  # the whole batch of this process, before dp or OOM recovery split it
+
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
-        return self.loss(self(x), y)
+        return self.training_loss(self(x), y)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         self._step_lr = current_lr(optimizer)  # before the schedule moves it on, after this batch
+        self.real_targets.scale_gradients(self.parameters())  # the accumulated batches' padding; before clipping
 
     def on_train_batch_end(self, outputs: dict[str, torch.Tensor], batch: object, batch_idx: int) -> None:
         # Logged here, from the loss the step returned, whatever ran the step: a step the OOM recovery split
@@ -101,11 +115,17 @@ class Classifier(L.LightningModule):
         # loss on every stage. A skipped step has no loss (Lightning then repeats the last value logged).
         # Lightning divides the loss of each of trainer.accumulate_grad_batches batches by their number, so
         # their sum is the loss of the optimizer step's global batch.
+        if self.automatic_optimization and only_accumulates(self.trainer):
+            if "loss" in outputs:
+                self._step_loss = self._step_loss + outputs["loss"]
+            return
         if "loss" not in outputs:
+            self.real_targets.reset()
             return
         self._step_loss = self._step_loss + outputs["loss"]
-        if self.automatic_optimization and only_accumulates(self.trainer):
-            return
+        if (factor := self.real_targets.factor()) is not None:
+            self._step_loss = self._step_loss * factor  # the accumulated batches' padding, as their gradient
+        self.real_targets.reset()
         # sync_dist: the mean over all processes, i.e. the loss of the global batch (the tensor-parallel ranks
         # of a model_parallel replica hold the same loss). It is an all-reduce, so only on steps the loggers see.
         if writes_step_metrics(self.trainer):

@@ -147,7 +147,9 @@ class PipelineStrategy(DDPStrategy):
         self.model_to_device()
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)
-            self._pipeline = Pipeline(module.net, self.root_device, self.microbatches, self.schedule, module.loss)
+            self._pipeline = Pipeline(
+                module.net, self.root_device, self.microbatches, self.schedule, module.training_loss
+            )
             self._log_layout(trainer)
         self.setup_precision_plugin()
 
