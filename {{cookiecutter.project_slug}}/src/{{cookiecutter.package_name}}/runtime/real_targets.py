@@ -39,7 +39,8 @@ class RealTargets:
         process's local batch of targets, whole (before any split into replicas or micro-batches)."""
         if target.is_floating_point():
             return
-        counts = torch.stack([torch.tensor(len(target), device=target.device), counted(target).sum()])
+        # (torch.full, not torch.tensor: a copy from the host would wait for the GPU at every step)
+        counts = torch.stack([torch.full((), len(target), device=target.device), counted(target).sum()])
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(counts)  # processes that share a batch (shards, stages) count it each: ratios still hold
         if self.reference is None:
