@@ -286,16 +286,24 @@ class WithUnusedHead(ResidualMLP):
         self.auxiliary = nn.Linear(4, 2)
 
 
-class PerStep(nn.Module):
-    """Logits for every step of a sequence (batch, steps, features) -> (batch, steps, classes), as a tagger or a
-    language model gives them."""
+class Tagger(nn.Module):
+    """A label for every step of a sequence, (batch, steps, features) -> (batch, steps, classes), as a tagger or a
+    language model gives them: an embedding, blocks and a head, each on the one before's output (a chain)."""
 
-    def __init__(self, in_features: int, num_classes: int, hidden: int = 16) -> None:
+    def __init__(self, in_features: int, num_classes: int, hidden: int = 16, depth: int = 2, **_: object) -> None:
         super().__init__()
-        self.layers = nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+        self.embed = nn.Linear(in_features, hidden)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU()) for _ in range(depth))
+        self.head = nn.Linear(hidden, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.layers(x)
+        h = self.embed(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)
+
+
+register_split(Tagger, Split(first=["embed"], blocks=["blocks.*"], last=["head"]))
 
 
 class SmallCNN(nn.Module):

@@ -98,21 +98,26 @@ def test_an_x_of_two_tensors_trains(train):
 
 def test_samples_of_different_lengths_train_with_a_collate_fn_of_yours(train):
     """data.collate_fn: sequences of different lengths, padded per batch by a function of yours (labels with -100),
-    train under ddp with accumulated micro-batches as on one device (it was no setting: +data.collate_fn was dropped
-    silently, then torch's collate failed in a 78-line traceback; then the replicas' and micro-batches' mean losses
-    were averaged as if each held as many real targets: 1e-3 off). A name that does not import is refused in one
-    line."""
+    train under ddp with accumulated micro-batches, and in 2 pipelines of 2 stages, as on one device. It was no
+    setting (+data.collate_fn was dropped silently, then torch's collate failed in a 78-line traceback); then the
+    replicas' and micro-batches' mean losses were averaged as if each held as many real targets (1e-3 off); the
+    pipelines crashed at the first batch of another length (their stages had sized their buffers on the first).
+    A name that does not import is refused in one line."""
     with pytest.raises(ConfigError, match="data.collate_fn=custom_dataset.nothing does not import"):
         Data(VariableLength, collate_fn="custom_dataset.nothing")
     settings = [*PARITY, "trainer.max_steps=3", "data=custom", "data.dataset._target_=custom_dataset.VariableLength"]
     settings += ["trainer.max_epochs=-1"]  # no limit of epochs, as in Lightning (the accelerate loop trained none)
     settings += ["+data.dataset.size=256", "data.num_features=4", "data.num_classes=2", "data.num_workers=0"]
-    settings += ["data.collate_fn=custom_dataset.pad_batch", "model.net._target_=own_models.PerStep"]
-    settings += ["~model.net.depth", "~model.net.expansion", "~model.net.norm"]
+    settings += ["data.collate_fn=custom_dataset.pad_batch", "data.batch_size=8"]  # 2 sequences per replica's part
+    settings += ["model.net._target_=own_models.Tagger", "model.net.hidden=16", "model.net.depth=2"]
     single = train(*settings, "strategy=single").losses(3)
     overrides, launcher = command(layout("ddp"))
     ddp = train(*settings, *overrides, "trainer.accumulate_grad_batches=2", launcher=launcher).losses(3)
     assert ddp == pytest.approx(single, abs=TOLERANCE)
+    overrides, launcher = command(layout("pipeline-dp2"))
+    pipelines = train(*settings, *overrides, launcher=launcher)  # 4 micro-batches of 1 sequence
+    assert pipelines.losses(3) == pytest.approx(single, abs=TOLERANCE)
+    assert "note: strategy=pipeline: batch shapes change" in pipelines.output
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -251,14 +251,23 @@ class Pipeline:
         if self.ddp:
             device_ids = [device] if device.type == "cuda" else None
             parts = [DistributedDataParallel(parts[0], device_ids=device_ids, process_group=net.replica_group)]
-        num_stages = net.layout.num_stages
-        self.parts = [
-            TimedStage(part, i, num_stages, device, group=net.group) for part, i in zip(parts, held, strict=True)
-        ]
-        looped = schedule in LOOPED
-        self.schedule = SCHEDULES[schedule](self.parts if looped else self.parts[0], microbatches, loss_fn=loss_fn)
+        self.modules, self.held, self.loss_fn = parts, held, loss_fn
+        self.plan()
+        self.shapes: tuple[torch.Size, torch.Size] | None = None  # of the batch the stages were planned for
+        self.replanned = False
         # The copies of tied weights this process holds, each with the group of the processes holding one
         self.tied = [([net.stage.get_parameter(name) for name in names], group) for names, group in net.tied]
+
+    def plan(self) -> None:
+        """This process's stages and their schedule. torch's stages size their buffers at their first step: a batch
+        of another shape (sequences padded to each batch's longest) needs them planned again (train_step)."""
+        num_stages = self.layout.num_stages
+        self.parts = [
+            TimedStage(part, i, num_stages, self.device, group=self.net.group)
+            for part, i in zip(self.modules, self.held, strict=True)
+        ]
+        stages = self.parts if self.schedule_name in LOOPED else self.parts[0]
+        self.schedule = SCHEDULES[self.schedule_name](stages, self.microbatches, loss_fn=self.loss_fn)
 
     def summary(self) -> dict[str, Any]:
         """How the net is pipelined, as both engines log it (the wandb config's `pipeline`, and a line): the split
@@ -293,6 +302,16 @@ class Pipeline:
         `measure` (the steps that are logged): the loss, and each stage's idle share of the step, on every process
         (one all_gather, after waiting for this stage's work). Other steps neither time nor communicate: only the
         last stage has the loss (the others return NaN), and the idle shares are None."""
+        shapes = (x.shape, y.shape)  # the same on every stage of a pipeline: they all load its slice of the batch
+        if self.shapes_changed(shapes):
+            if not self.replanned and dist.get_rank() == 0:
+                print(
+                    f"note: strategy=pipeline: batch shapes change (x {list(self.shapes[0])}, then {list(x.shape)}): "
+                    "the stages plan their buffers again at each change; padding to one length saves that"
+                )
+            self.replanned = True
+            self.plan()
+        self.shapes = shapes
         losses: list[torch.Tensor] | None = [] if self.last else None
         for part in self.parts:
             part.timing = measure
@@ -315,6 +334,18 @@ class Pipeline:
         idle = 1.0 - busy / (time.perf_counter() - start)
         by_stage = self.means_by_stage(torch.stack([loss, torch.tensor(idle, device=self.device)]))
         return by_stage[self.layout.loss_position][0], [float(stage_stats[1]) for stage_stats in by_stage]
+
+    def shapes_changed(self, shapes: tuple[torch.Size, torch.Size]) -> bool:
+        """Whether this batch's shapes differ from the last one's. Several pipelines plan again together, when any
+        of them sees a change: planning runs a stage's forward and backward, in which DDP averages the gradients
+        over the pipelines (a collective; with one pipeline changing alone, the others would wait for it forever).
+        That costs them a small all-reduce, and a wait for it, at every step."""
+        changed = self.shapes is not None and shapes != self.shapes
+        if self.replicas == 1:
+            return changed
+        flag = torch.full((), int(changed), device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
 
     def average_over_pipelines(self) -> None:
         """Average this process's gradients over its position in every pipeline (one all-reduce of them all)."""
