@@ -97,11 +97,22 @@ class ResumeCheckpoint(ModelCheckpoint):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         self._link_written(trainer)  # a checkpoint written in the background since the last batch: `last` now
         super().on_train_batch_end(trainer, pl_module, *args)  # the checkpoint every N steps
+        if self._stopped_mid_epoch(trainer, batch_idx=args[-1]):
+            # Saved here, at the step: by on_train_epoch_end, Lightning has counted this epoch as done, and the run
+            # continued from there went on with the next epoch, leaving out the rest of this one.
+            save_now(self, trainer)
         if self.interrupted_at is None and self._stop_now(trainer):  # Ctrl-C: save this step, then stop
             save_now(self, trainer)
             trainer.should_stop, self.interrupted_at = True, trainer.global_step
             trainer.limit_val_batches = 0  # Lightning validates a run stopped mid-epoch; one never stopped would not
             self.interrupt.restore()
+
+    @staticmethod
+    def _stopped_mid_epoch(trainer: L.Trainer, batch_idx: int) -> bool:
+        """Whether trainer.max_steps ends the training at this step, before the epoch's last batch."""
+        if trainer.max_steps < 1 or trainer.global_step < trainer.max_steps or only_accumulates(trainer):
+            return False
+        return batch_idx + 1 < trainer.num_training_batches
 
     def _stop_now(self, trainer: L.Trainer) -> bool:
         if only_accumulates(trainer):  # at an optimizer step's end
