@@ -234,6 +234,16 @@ def test_a_net_the_loss_cannot_train_on_this_data_is_refused_before_training(tmp
         check_output(on_meta(DictOutput), data, cross_entropy)
     with pytest.raises(ConfigError, match=r"cannot take the data's samples of shape \(12,\) \(a and b must have"):
         check_output(on_meta(lambda: nn.Linear(7, CLASSES)), data, cross_entropy)
+    # Layers other than Linear: their errors on the meta device went by as "the meta device's", to a traceback in
+    # the first step (a CNN given flat vectors, a norm or an RNN of another width)
+    for layer in (
+        partial(nn.Conv2d, 3, 4, 3),
+        partial(nn.LayerNorm, 7),
+        partial(nn.BatchNorm1d, 7),
+        partial(nn.LSTM, 7, 4),
+    ):
+        with pytest.raises(ConfigError, match=r"cannot take the data's samples of shape \(12,\)"):
+            check_output(on_meta(layer), data, cross_entropy)
     two_rows = lambda: nn.Sequential(nn.Linear(12, 2 * CLASSES), nn.Unflatten(1, (2, CLASSES)))  # noqa: E731
     with pytest.raises(ConfigError, match=r"gives logits of shape \(2, 5\) per sample for targets of shape \(\)"):
         check_output(on_meta(two_rows), data, cross_entropy)

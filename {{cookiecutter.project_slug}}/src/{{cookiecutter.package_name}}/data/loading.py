@@ -437,7 +437,18 @@ def check_input(net: nn.Module, data: Data) -> None:
 
 # torch's words for a forward that cannot take its input's shape, on the meta device (a matrix product's differ
 # from the CPU's "mat1 and mat2 shapes cannot be multiplied")
-SHAPE_ERRORS = ("must have same reduction dim", "is invalid for input of size", "must match the size of tensor")
+# torch's words, on the meta device, for samples a layer cannot take: Linear, view, add; conv, norms, RNNs, attention
+SHAPE_ERRORS = (
+    "must have same reduction dim",
+    "is invalid for input of size",
+    "must match the size of tensor",
+    "Invalid channel dimensions",
+    "(unbatched) or",
+    "running_mean should contain",
+    "normalized_shape",
+    "must be equal to input_size",
+    "was expecting embedding dimension",
+)
 LABELS_READ = 64  # the training split's first samples the checks read: finite, of one shape, targets in the classes
 # a loss's words for an output and targets that do not fit each other (torch's cross-entropy and regression losses)
 LOSS_SHAPE_ERRORS = ("batch_size", "size of tensor", "must match", "same size", "shape")
