@@ -1,5 +1,6 @@
 """Keep the chosen engine's training code, drop the other's, print the next steps. Never prompts."""
 
+import os
 import shutil
 from pathlib import Path
 
@@ -19,11 +20,16 @@ if ENGINE == "accelerate":
     multi = f"accelerate launch --config_file launch/multi_process.yaml -m {PACKAGE_NAME}.train strategy=ddp"
 else:
     multi = f"python -m {PACKAGE_NAME}.train strategy=ddp trainer.devices=2"
+# The project's folder from where cookiecutter was run (the hook runs inside the project; the shell's PWD stays):
+# `-o DIR` puts it in DIR/<slug>, and a bare `cd <slug>` led nowhere. Absolute when it is not below that folder.
+shown = os.path.relpath(Path.cwd(), os.environ.get("PWD", "/"))
+if shown.startswith(".."):
+    shown = str(Path.cwd())
 print(
     f"""
-Created {PROJECT_SLUG}/ ({ENGINE} engine). Next:
+Created {shown}/ ({ENGINE} engine). Next:
 
-  cd {PROJECT_SLUG}
+  cd {shown}
   pip install torch==2.13.0 && pip install -e '.[dev]' && {train}
   {multi}
   pytest

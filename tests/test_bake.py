@@ -1,6 +1,10 @@
 """Baking: every combination of choices yields exactly the expected files, fully rendered, quickly."""
 
+import os
+import subprocess
+import sys
 import tomllib
+from pathlib import Path
 
 import pytest
 from conftest import CHOICES, TEMPLATE, every_choice
@@ -291,6 +295,15 @@ def test_awkward_answers_still_give_valid_python_and_toml(bake):
 
 
 def test_post_hook_prints_next_steps_without_prompting(cookies, capfd):
-    assert cookies.bake(extra_context={"project_name": "Next Steps"}).exit_code == 0
+    result = cookies.bake(extra_context={"project_name": "Next Steps"})
+    assert result.exit_code == 0
     out = capfd.readouterr().out
-    assert "cd next-steps" in out and "python -m next_steps.train" in out and "pytest" in out
+    assert f"cd {result.project_path}\n" in out and "python -m next_steps.train" in out and "pytest" in out
+
+
+def test_the_next_steps_name_the_project_folder_from_where_the_bake_ran(tmp_path):
+    """`-o DIR`: the project is DIR/<slug>, which the printed `cd` names (it said `cd <slug>`, a folder not there)."""
+    command = [str(Path(sys.executable).with_name("cookiecutter")), "--no-input", "-o", "out/here", str(TEMPLATE)]
+    env = {**os.environ, "PWD": str(tmp_path)}
+    baked = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+    assert "\n  cd out/here/scaled-trainer\n" in baked.stdout and (tmp_path / "out/here/scaled-trainer").is_dir()

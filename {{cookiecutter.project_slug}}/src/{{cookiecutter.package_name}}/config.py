@@ -143,6 +143,27 @@ def _compose(config_name: str, overrides: list[str], args: list[str], **kwargs: 
 OTHER_ENGINE_GROUPS = {"oom": "callbacks", "callbacks": "oom"}
 
 
+# Arguments of Lightning's Trainer that the Accelerate engine's loop has no counterpart of, said so in that engine (a
+# "did you mean" pointed trainer.limit_train_batches at trainer.limit_val_batches, another setting).
+LIGHTNING_TRAINER_ONLY = {
+    "limit_train_batches",
+    "overfit_batches",
+    "fast_dev_run",
+    "num_sanity_val_steps",
+    "check_val_every_n_epoch",
+    "val_check_interval",
+    "gradient_clip_algorithm",
+    "detect_anomaly",
+    "deterministic",
+    "benchmark",
+    "profiler",
+    "min_epochs",
+    "min_steps",
+    "max_time",
+    "reload_dataloaders_every_n_epochs",
+}
+
+
 def check_setting(override: Override, keys: dict[str, Any], groups: set[str], read: str) -> None:
     """One `key=value`, `+key=value` or `~key` against the config's `keys` (dotted key: default), which it updates;
     `read`: the interpolations (`${...}`) of the config and the command line."""
@@ -157,7 +178,13 @@ def check_setting(override: Override, keys: dict[str, Any], groups: set[str], re
         hint = f"; did you mean {near[0]}?" if near else ""
         if kind == OverrideType.DEL:
             raise ConfigError(f"~{key}: there is no setting {key} to remove{hint}")
-        if _takes_arguments(key.rpartition(".")[0], keys):
+        group, _, name = key.rpartition(".")
+        if group == "trainer" and name in LIGHTNING_TRAINER_ONLY and (CONFIG_DIR / "oom").is_dir():  # Accelerate's
+            reads = ", ".join(sorted(other.partition(".")[2] for other in keys if other.startswith("trainer.")))
+            raise ConfigError(
+                f"trainer.{name} is a setting of Lightning's Trainer, not of this loop; it reads: {reads}"
+            )
+        if _takes_arguments(group, keys):
             raise ConfigError(f"unknown setting {key}{hint} (to add a new key: +{key}=...)")
         raise ConfigError(f"unknown setting {key}{hint or _other_engines(key)}")
     if kind == OverrideType.DEL:

@@ -86,7 +86,15 @@ BAD_INPUT = [
     (["trainer.accelerator=gpuu"], "trainer.accelerator=gpuu is unknown; valid: auto, cpu, gpu, cuda"),
     (["trainer.devices=0"], "trainer.devices=0 is not a device count; valid: 1, 2, ..., or auto (or -1)"),
     (["strategy=ddp_spawn", "trainer.devices=abc"], "trainer.devices=abc is not a device count; valid: 1, 2,"),
-    (["trainer.devices=2"], "strategy=single runs one device but trainer.devices=2; use strategy=ddp for several"),
+    (
+        ["trainer.devices=2"],
+        "strategy=single runs one device but trainer.devices=2; for 2 processes: `accelerate launch --config_file "
+        "launch/multi_process.yaml --num_processes 2 -m {{ cookiecutter.package_name }}.train strategy=ddp` (or",
+    ),
+    (  # it was "did you mean trainer.limit_val_batches?", another setting
+        ["trainer.limit_train_batches=5"],
+        "trainer.limit_train_batches is a setting of Lightning's Trainer, not of this loop; it reads: accelerator,",
+    ),
     (  # Hydra adds it, and the loop ignored it: value clipping was silently norm clipping
         ["+trainer.gradient_clip_algorithm=value"],
         "trainer.gradient_clip_algorithm is not a setting of this loop (Lightning's Trainer has more); it reads: "
@@ -131,6 +139,7 @@ BAD_INPUT_IDS = [
     "no-devices",
     "devices-not-a-number",
     "several-devices-under-single",
+    "lightning-trainer-setting-by-name",
     "lightning-only-trainer-setting",
     "lightning-model-class",
     "lightning-callbacks-group",

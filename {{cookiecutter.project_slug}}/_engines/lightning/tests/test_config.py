@@ -104,13 +104,14 @@ BAD_INPUT = [
     ),
     (
         ["strategy=dp", "callbacks=[default,batch_size_finder]"],  # its trials would size the batch by GPU 0 alone
-        "BatchSizeFinder works under strategy=single|ddp|ddp_spawn, not strategy=dp; drop it with ~callbacks.",
+        "BatchSizeFinder works under strategy=single|ddp|ddp_spawn, not strategy=dp; drop it with "
+        "~callbacks.batch_size_finder",
     ),
     (["strategy=dp", "callbacks=oom"], "OOMRecovery works under strategy=single|ddp|ddp_spawn, not strategy=dp"),
     (
         ["strategy=pipeline", "trainer.accelerator=cpu", "callbacks=oom"],
         "OOMRecovery works under strategy=single|ddp|ddp_spawn, not strategy=pipeline (its schedule already runs "
-        "each batch as strategy.microbatches micro-batches; raise that instead); drop it with ~callbacks.",
+        "each batch as strategy.microbatches micro-batches; raise that instead); drop it with ~callbacks.oom_recovery",
     ),
     (
         [*MODEL_PARALLEL, "trainer.devices=2", "callbacks=oom"],

@@ -144,7 +144,11 @@ def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningD
             f"data._target_={cfg.data._target_} is not this engine's data module: give "
             f"{DataModule.__module__}.DataModule, the _target_ of configs/data/*.yaml"
         )
-    callbacks = [build(callback) for callback in (cfg.callbacks or {}).values()]
+    callbacks = []
+    for name, config in (cfg.callbacks or {}).items():
+        callbacks.append(callback := build(config))
+        if callback is not None:
+            callback.config_name = name  # what a refusal tells to drop: ~callbacks.<name>
     if not cfg.trainer.enable_progress_bar:  # one switch hides the bar, whichever bar callback is configured
         callbacks = [callback for callback in callbacks if not isinstance(callback, ProgressBar)]
     if cfg.epoch_metrics:  # the search reads it to prune a trial

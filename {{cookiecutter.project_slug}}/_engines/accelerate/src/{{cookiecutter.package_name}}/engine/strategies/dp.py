@@ -56,8 +56,9 @@ class DataParallel(Strategy):
         net, optimizer = super().prepare(accelerator, net, optimizer)
         gpus = min(self.devices, torch.cuda.device_count()) if accelerator.device.type == "cuda" else 0
         if gpus < 2:
+            got = f"{gpus} GPU" if accelerator.device.type == "cuda" else f"trainer.devices={self.devices} on the CPU"
             warnings.warn(
-                f"strategy=dp replicates over 2 or more GPUs, got {gpus}: running on one device, {accelerator.device}",
+                f"strategy=dp replicates over 2 or more GPUs, got {got}: running on one device, {accelerator.device}",
                 stacklevel=2,
             )
             return net, optimizer

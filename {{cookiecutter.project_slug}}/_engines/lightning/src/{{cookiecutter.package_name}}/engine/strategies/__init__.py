@@ -73,7 +73,7 @@ def check_layout(
             raise ConfigError(
                 f"{type(callback).__name__} works under strategy={'|'.join(supported)}, not strategy={preset}"
                 + (f" ({reason})" if reason else "")
-                + "; drop it with ~callbacks.<its name>"
+                + f"; drop it with ~callbacks.{getattr(callback, 'config_name', type(callback).__name__)}"
             )
         if hasattr(callback, "check_compatible"):
             callback.check_compatible(trainer, module, synchronised_batchnorm)
