@@ -91,11 +91,13 @@ BAD_INPUT = [
     ),
     (
         [*MODEL_PARALLEL, "trainer.devices=3"],
-        "blocks.0.fc_in has 512 output features, which strategy.tensor_parallel_size=3 does not divide",
+        "blocks.0.fc_in has 512 output features, which strategy.tensor_parallel_size=3 does not divide; valid: 1, 2, "
+        "4, 8, 16, 32, ... (the divisors of 512)",
     ),
     (
         [*MODEL_PARALLEL, "trainer.devices=4", "model=gpt", "model.net.num_heads=2"],
-        "blocks.0.attn has 2 attention heads, which strategy.tensor_parallel_size=4 does not divide",
+        # (valid: what divides the heads too; a refusal named the 64 features of a projection, then the heads)
+        "blocks.0.attn has 2 attention heads, which strategy.tensor_parallel_size=4 does not divide; valid: 1, 2, which",
     ),
     ([*MODEL_PARALLEL, "strategy.mode=pipes"], "strategy.mode='pipes' is unknown; valid: tensor, layers"),
     (

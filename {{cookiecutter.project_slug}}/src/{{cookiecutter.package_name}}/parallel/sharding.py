@@ -13,6 +13,7 @@ memory, drawn module by module by each one's reset_parameters() (strategy.init=m
 the norm of the whole gradient and `clip_grad_value_` every element, over shards and plain tensors alike.
 """
 
+import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -67,6 +68,7 @@ def check_tensor_parallel(model: nn.Module, tensor_parallel_size: int) -> None:
             "tensor_parallel plan is empty): give it one (docs/your-model.md), or use strategy=fsdp (or "
             "tensor_parallel_size=1) to spread the model over the processes"
         )
+    must_divide: list[tuple[str, int]] = []  # (what, its count): every one checked, the valid sizes named at once
     for pattern, style in split.tensor_parallel.items():
         if isinstance(style, RefusedStyle):
             if tp > 1:
@@ -90,25 +92,23 @@ def check_tensor_parallel(model: nn.Module, tensor_parallel_size: int) -> None:
                     "(with q, k and v: rank 0 would get all of q); split it into one nn.Linear per part in the "
                     "model, or leave it out of the tensor_parallel plan"
                 )
-            if isinstance(style, ColwiseParallel) and (heads := _projected_heads(net, name, layer)) % tp:
-                raise ConfigError(
-                    f"{name} projects {heads} attention head{'s' * (heads > 1)} ({layer.out_features} outputs, "
-                    f"head_dim {layer.out_features // heads}), which strategy.tensor_parallel_size={tp} does not "
-                    f"divide; use a tensor_parallel_size that divides {heads}"
-                )
-            for what, count in _sharded_sizes(layer, isinstance(style, ColwiseParallel)):
-                if count % tp:
-                    raise ConfigError(
-                        f"{name} has {count} {what}, which strategy.tensor_parallel_size={tp} does not divide; use a "
-                        f"tensor_parallel_size that divides {count}"
-                    )
+            if isinstance(style, ColwiseParallel) and (heads := _projected_heads(net, name, layer)):
+                outputs = f"({layer.out_features} outputs, head_dim {layer.out_features // heads})"
+                must_divide.append((f"{name} projects {heads} attention head{'s' * (heads > 1)} {outputs}", heads))
+            sizes = _sharded_sizes(layer, isinstance(style, ColwiseParallel))
+            must_divide += [(f"{name} has {count} {what}", count) for what, count in sizes]
         for name, parent in net.named_modules():  # heads split over the ranks must split evenly too
             heads = _head_count(parent)
-            if heads % tp and any(not name or layer.startswith(f"{name}.") for layer, _ in layers):
-                raise ConfigError(
-                    f"{name or type(net).__name__} has {heads} attention heads, which strategy.tensor_parallel_size="
-                    f"{tp} does not divide; use a tensor_parallel_size that divides {heads}"
-                )
+            if heads and any(not name or layer.startswith(f"{name}.") for layer, _ in layers):
+                must_divide.append((f"{name or type(net).__name__} has {heads} attention heads", heads))
+    if failing := [what for what, count in must_divide if count % tp]:
+        common = math.gcd(*(count for _, count in must_divide))
+        divisors = [size for size in range(1, common + 1) if common % size == 0]
+        valid = ", ".join(map(str, divisors[:6])) + (f", ... (the divisors of {common})" if len(divisors) > 6 else "")
+        raise ConfigError(
+            f"{failing[0]}, which strategy.tensor_parallel_size={tp} does not divide; valid: {valid}, which divide "
+            "every sharded layer's features and the attention heads"
+        )
 
 
 HEAD_ATTRIBUTES = ("num_heads", "n_heads", "n_head")  # how attention modules commonly name their head count
