@@ -12,7 +12,12 @@ from safetensors.torch import save_file
 
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.runtime.interrupt import continue_last
-from {{ cookiecutter.package_name }}.runtime.resuming import check_same_mesh, starting_point, write_mesh
+from {{ cookiecutter.package_name }}.runtime.resuming import (
+    check_not_past_the_end,
+    check_same_mesh,
+    starting_point,
+    write_mesh,
+)
 
 RESTARTS = ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
 
@@ -200,3 +205,18 @@ def test_run_id_last_looks_in_the_experiment_hydra_uses(tmp_path, monkeypatch):
         (tmp_path / "outputs" / experiment / f"{experiment}-run" / "checkpoints").mkdir(parents=True)
     argv = ["experiment=script", "run_id=last", "experiment=mine"]
     assert continue_last(argv) == ["experiment=script", "run_id=mine-run", "experiment=mine"]
+
+
+def test_a_run_trained_to_its_end_says_so_and_one_past_it_is_refused(tmp_path):
+    """The same command again after a run finished resumed and trained nothing, without a word (exit 0, as a job
+    restarted after its end must): it says so now. Past the end (fewer epochs or steps asked) is refused."""
+    last = tmp_path / "last"
+    assert check_not_past_the_end(last, 1, 10, 2, -1) is None  # more to train
+    note = check_not_past_the_end(last, 2, 20, 2, -1)
+    assert note == (
+        "note: this run has trained to trainer.max_epochs=2 already (20 steps): nothing left to train; to train it "
+        "further, raise the limit"
+    )
+    assert "trainer.max_steps=20 already" in check_not_past_the_end(last, 1, 20, -1, 20)
+    with pytest.raises(ConfigError, match="has trained 2 epochs \\(20 steps\\), past trainer.max_epochs=1"):
+        check_not_past_the_end(last, 2, 20, 1, -1)

@@ -128,6 +128,9 @@ def test_a_finished_training_run_again_resumes_unless_resume_is_false(train, uni
     done = train(*TRAIN, "strategy=single", "trainer.max_epochs=1")
     again = train(*TRAIN, "strategy=single", "trainer.max_epochs=1", run_dir=done.run_dir)
     assert "resuming from" in again.output and again.wandb.starts == 2
+    assert (
+        "note: this run has trained to trainer.max_epochs=1 already (10 steps): nothing left to train" in again.output
+    )
     assert again.wandb.steps("train/loss") == list(range(STEPS // 2)), "nothing left to train, nothing logged"
     config = (done.run_dir / "config.yaml").read_text()
     other = ["data.batch_size=64", "model.net.hidden=64"]  # another training, in the same folder (same run id)

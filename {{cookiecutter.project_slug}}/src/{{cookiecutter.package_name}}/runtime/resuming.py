@@ -110,10 +110,12 @@ def check_same_training(run_dir: Path, cfg: DictConfig) -> None:
 
 def check_not_past_the_end(
     checkpoint: Path, epochs: int, steps: int, max_epochs: int, max_steps: int, given: bool = False
-) -> None:
+) -> str | None:
     """Refuse, in one line, to continue a checkpoint that has trained past this training's end: it would train
     nothing (Lightning refuses fewer epochs itself, but only once the wandb run started). `epochs`, `steps`: the
-    whole epochs and the optimizer steps it has done; -1 (or None) for a limit: none. `given`: named by ckpt_path=."""
+    whole epochs and the optimizer steps it has done; -1 (or None) for a limit: none. `given`: named by ckpt_path=.
+    Returns the note to print when it has trained exactly to the end: the run goes on (a job restarted after it
+    finished ends at once, exit 0), with nothing to train but the test pass."""
     over = []
     if max_epochs not in (None, -1) and epochs > max_epochs:
         over.append(f"trainer.max_epochs={max_epochs}")
@@ -129,6 +131,14 @@ def check_not_past_the_end(
                 else "to train afresh give resume=false, or run_id=NAME"
             )
         )
+    reached = [f"trainer.max_epochs={max_epochs}"] if max_epochs not in (None, -1) and epochs == max_epochs else []
+    reached += [f"trainer.max_steps={max_steps}"] if max_steps not in (None, -1) and steps == max_steps else []
+    if not reached:
+        return None
+    return (
+        f"note: this run has trained to {' and '.join(reached)} already ({steps} steps): nothing left to train; to "
+        "train it further, raise the limit"
+    )
 
 
 def check_whole(checkpoint: Path, given: bool) -> None:

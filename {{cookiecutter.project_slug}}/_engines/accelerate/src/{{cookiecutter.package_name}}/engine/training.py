@@ -67,7 +67,9 @@ def train(cfg: DictConfig) -> None:
     start = Path(cfg.ckpt_path) if given else last if cfg.resume and last.exists() else None
     strategy.check_resume(start, processes)
     if start:
-        check_not_past_the_end(start, *trained_so_far(start), cfg.trainer.max_epochs, cfg.trainer.max_steps, given)
+        limits = cfg.trainer.max_epochs, cfg.trainer.max_steps
+        if (note := check_not_past_the_end(start, *trained_so_far(start), *limits, given)) and is_first_process():
+            print(note)
     if cfg.check_only:
         counted = f"{processes} process{'es' if processes > 1 else ''}"
         print(f"check_only: the command passes its checks ({counted}); nothing was trained")

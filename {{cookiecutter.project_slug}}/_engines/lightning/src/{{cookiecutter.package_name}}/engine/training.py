@@ -79,7 +79,9 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
     trainer, model, datamodule = prepare(cfg)  # checked before anything is written or deleted
     start = resume_from(run_dir, cfg.ckpt_path, cfg.resume)
     if start and (done := trained_so_far(start)):
-        check_not_past_the_end(Path(start), *done, cfg.trainer.max_epochs, cfg.trainer.max_steps, bool(cfg.ckpt_path))
+        limits = cfg.trainer.max_epochs, cfg.trainer.max_steps
+        if note := check_not_past_the_end(Path(start), *done, *limits, bool(cfg.ckpt_path)):
+            rank_zero_info(note)
     tensor_parallel = getattr(trainer.strategy, "tensor_parallel_size", 1)  # another one than the checkpoint's?
     check_same_mesh(Path(start) if start else None, data_parallel_size(trainer), tensor_parallel, preset())
     if synchronised_batchnorm(cfg, model, trainer):
