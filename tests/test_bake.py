@@ -127,6 +127,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         f"src/{package}/search/wandb_sweep.py",
         f"src/{package}/tools/__init__.py",
         f"src/{package}/tools/estimate.py",
+        f"src/{package}/tools/settings.py",
         f"src/{package}/tools/steptimes.py",
         f"src/{package}/tracking/__init__.py",
         f"src/{package}/tracking/epoch_metrics.py",

@@ -277,6 +277,16 @@ class CrashesInTraining(ResidualMLP):
         return super().forward(x)
 
 
+class CtrlCWhileBuilt(ResidualMLP):
+    """Ctrl-C while the training starts (built on the device, after the checks on the meta device), before the
+    training answers Ctrl-C itself."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        if self.head.weight.device.type != "meta":
+            raise KeyboardInterrupt
+
+
 class WithUnusedHead(ResidualMLP):
     """The template's net with an auxiliary head its forward leaves out (one a user trains in some runs only).
     Made after the net's own layers, so that the net starts as ResidualMLP does with the same seed."""

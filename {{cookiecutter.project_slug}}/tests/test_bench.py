@@ -2,6 +2,7 @@
 
 import csv
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ from {{ cookiecutter.package_name }}.bench import (
     peak_flops,
     phase,
     pipeline_schedules,
+    scaling,
 )
 from {{ cookiecutter.package_name }}.config import CONFIG_DIR, register_resolvers
 from {{ cookiecutter.package_name }}.errors import ConfigError
@@ -167,6 +169,42 @@ def test_an_unknown_benchmark_or_mode_is_refused_in_one_line(tmp_path, monkeypat
     with pytest.raises(ConfigError, match="activation_checkpointing=full recomputes each block of the model's Split"):
         memory(config("bench", "model.net._target_=torch.nn.Identity"), [], tmp_path, None)
     assert not list(tmp_path.iterdir())
+
+
+BAD_SETTINGS = [  # each was a traceback (or, bench.devices=[1.5], a point of 1.5 processes), leaving a run folder
+    ("scaling", "bench.devices=abc", "bench.devices=abc must list process counts >= 1, e.g. [1,2,4]"),
+    ("scaling", "bench.devices=2", "bench.devices=2 must list process counts >= 1, e.g. [1,2,4]; give a list: [2]"),
+    ("scaling", "bench.devices=[1.5]", "bench.devices=[1.5] must list process counts >= 1"),
+    ("scaling", "bench.steps=2.5", "bench.steps=2.5 must be a whole number >= 2"),  # failed in the first point
+    ("scaling", "bench.peak_tflops=abc", "bench.peak_tflops=abc must be a number > 0"),
+    (
+        "memory",
+        "bench.activation_checkpointing=full",
+        "must list modes among none, full, selective; give a list: [full]",
+    ),
+]
+
+
+@pytest.mark.parametrize(("benchmark", "setting", "message"), BAD_SETTINGS)
+def test_a_bad_setting_is_refused_before_any_point(tmp_path, benchmark, setting, message):
+    run = scaling if benchmark == "scaling" else memory
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        run(config("bench", setting), [], tmp_path, None)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow  # starts the bench in its own process
+def test_a_bad_setting_is_refused_in_one_line(tmp_path, train_env):
+    """The command line: exit 2, the refusal alone, and no run folder left (bench.devices=abc and =2 were a
+    TypeError's traceback, exit 1, and an empty run folder)."""
+    run_dir = tmp_path / "bench"
+    for setting, message in [row[1:] for row in BAD_SETTINGS[:2]]:
+        args = ["scaling", f"hydra.run.dir={run_dir}", setting]
+        proc = run_module(f"{PACKAGE}.bench", args, train_env, PROJECT, 120, preload=f"{PACKAGE}.train")
+        output = proc.stdout + proc.stderr
+        assert proc.returncode == 2, output[-3000:]
+        assert output.strip() == f"error: {message}"
+        assert not run_dir.exists()
 
 
 def test_mfu_uses_the_precision_training_resolves(monkeypatch):

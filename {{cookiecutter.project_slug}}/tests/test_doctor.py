@@ -138,8 +138,19 @@ def test_doctor_plans_several_nodes(tmp_path, train_env):
 @pytest.mark.parametrize(
     ("setting", "message"),
     [
-        ("doctor.device_memory_gb=-1", "doctor.device_memory_gb=-1 must be > 0"),
+        ("doctor.device_memory_gb=-1", "doctor.device_memory_gb=-1 must be a number > 0 (GB per device)"),
         ("doctor.devices=abc", "doctor.devices=abc must be a whole number >= 1"),  # was a TypeError's traceback
+        # were a ValueError's and a TypeError's traceback, leaving an empty run folder
+        ("doctor.allreduce.sizes_mb=[abc]", "doctor.allreduce.sizes_mb=[abc] must list message sizes in MB > 0, e.g."),
+        (
+            "doctor.allreduce.sizes_mb=5",
+            "doctor.allreduce.sizes_mb=5 must list message sizes in MB > 0, e.g. [0.25,2,16] "
+            "([] skips the measurement); give a list: [5]",
+        ),
+        ("doctor.allreduce.sizes_mb=[-1]", "doctor.allreduce.sizes_mb=[-1] must list"),  # was negative bandwidths
+        # was seconds of measuring, then a StatisticsError's traceback (here refused though nothing is measured)
+        ("doctor.allreduce.iterations=0", "doctor.allreduce.iterations=0 must be a whole number >= 1"),
+        ("doctor.min_speedup=-3", "doctor.min_speedup=-3 must be a number >= 1"),  # was taken silently
     ],
 )
 def test_doctor_rejects_a_nonsense_device_plan(tmp_path, train_env, setting, message):
@@ -147,6 +158,7 @@ def test_doctor_rejects_a_nonsense_device_plan(tmp_path, train_env, setting, mes
     output = proc.stdout + proc.stderr
     assert proc.returncode == 2, output[-3000:]
     assert f"error: {message}" in output and "Traceback" not in output
+    assert len(output.strip().splitlines()) == 1, output  # the refusal, nothing else
     assert not run_dir.exists()
 
 

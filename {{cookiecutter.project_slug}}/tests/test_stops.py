@@ -159,6 +159,15 @@ def test_a_stop_that_reaches_wandbs_service_too_says_how_to_continue(tmp_path, t
     assert losses(run_dir) == whole
 
 
+def test_ctrl_c_while_the_training_starts_says_how_to_continue(tmp_path, train_env):
+    """Before the training answers Ctrl-C (the data, the model, wandb starting): it was a 90-line traceback."""
+    code, output = train_in(tmp_path, train_env, *SETTINGS, "model.net._target_=own_models.CtrlCWhileBuilt", "run_id=c")
+    assert code == 130 and "Traceback" not in output, output[-3000:]
+    assert output.strip().splitlines()[-1] == (
+        "interrupted, at once: continue with the same command plus run_id=c (from its last checkpoint, if it saved one)"
+    )
+
+
 def test_a_worker_stops_when_its_torchrun_agent_is_killed(tmp_path, train_env):
     """kill -9 of a node's torchrun (its agent): the worker, which torchrun starts in a session of its own, stops
     with it. It trained on as an orphan, writing checkpoints and metrics that the restarted run disagreed with."""

@@ -38,7 +38,7 @@ import torch
 import wandb
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
@@ -51,6 +51,7 @@ from .parallel.pipelining import LOOPED, SCHEDULES, bubble_fraction, check_stage
 from .parallel.split import layers
 from .runtime.precision import resolve_precision
 from .tools.estimate import count_parameters, example_input, tokens_per_sample, training_split
+from .tools.settings import number, number_list, shown, whole_number
 from .tools.steptimes import ENV, STEPS_ENV, WARMUP_ENV, progress_file
 from .tracking.wandb_run import finish_wandb, wandb_mode
 
@@ -79,11 +80,11 @@ class PointFailed(RuntimeError):
 
 
 def scaling(cfg: DictConfig, overrides: list[str], run_dir: Path, console: Console) -> list[dict[str, Any]]:
+    check_settings(cfg)
+    devices = cfg.bench.devices
+    counts = [] if devices is None else number_list("bench.devices", devices, "process counts", "[1,2,4]", True, 1)
+    counts = counts or default_counts()  # null or []: 1, 2, 4, ... up to the GPUs here
     preset = HydraConfig.get().runtime.choices["strategy"]
-    counts = list(cfg.bench.devices or default_counts())
-    if not counts or min(counts) < 1:
-        raise ConfigError(f"bench.devices={counts} must list process counts >= 1, e.g. [1,2,4]")
-    check_steps(cfg)
     weak = preset in DATA_PARALLEL
     split = training_split(cfg)  # built once: a dataset of yours may read files for minutes
     check_one_epoch(cfg, {n: cfg.data.batch_size * (n if weak else 1) for n in counts}, split)
@@ -161,9 +162,15 @@ def default_counts() -> list[int]:
     return sorted({*(2**k for k in range(gpus.bit_length()) if 2**k <= gpus), gpus})
 
 
-def check_steps(cfg: DictConfig) -> None:
-    if cfg.bench.steps < 2 or cfg.bench.warmup_steps < 1:
-        raise ConfigError("bench.steps must be >= 2 and bench.warmup_steps >= 1")
+def check_settings(cfg: DictConfig) -> None:
+    """Refuse, in one line, a bench.* setting both benchmarks read that cannot work (tools.settings says which values
+    are valid); each benchmark checks its own too, all before any point runs or anything is written."""
+    whole_number("bench.warmup_steps", cfg.bench.warmup_steps, 1, "steps not timed, before the timed ones")
+    whole_number("bench.steps", cfg.bench.steps, 2, "timed steps per point")
+    number("bench.timeout_s", cfg.bench.timeout_s, 0, "one point's limit in seconds", above=True)
+    if cfg.bench.peak_tflops is not None:  # (null's default: any text passes the command line's type check)
+        peak = "one device's peak TFLOP/s for MFU, e.g. 989; null: the known GPUs' in bf16"
+        number("bench.peak_tflops", cfg.bench.peak_tflops, 0, peak, above=True)
 
 
 def check_one_epoch(cfg: DictConfig, batches: dict[int, int], split: Data | None) -> None:
@@ -190,12 +197,16 @@ def check_one_epoch(cfg: DictConfig, batches: dict[int, int], split: Data | None
 def memory(cfg: DictConfig, overrides: list[str], run_dir: Path, console: Console) -> list[dict[str, Any]]:
     """One row per activation checkpointing mode: data.batch_size timed (step time, peak memory), and the largest
     batch the finder fits (bench.find_batch)."""
-    check_steps(cfg)
-    modes = list(cfg.bench.activation_checkpointing)
+    check_settings(cfg)
+    modes = cfg.bench.activation_checkpointing
+    if not isinstance(modes, ListConfig):  # one mode (full): a list of it is what was meant
+        valid, hint = ", ".join(MODES), f"; give a list: [{modes}]" if isinstance(modes, str) else ""
+        raise ConfigError(f"bench.activation_checkpointing={shown(modes)} must list modes among {valid}{hint}")
+    modes = list(modes)
     if not modes or set(modes) - set(MODES):
         raise ConfigError(f"bench.activation_checkpointing={modes} must list modes among {', '.join(MODES)}")
-    if cfg.bench.find_batch and cfg.bench.max_batch_size < 1:
-        raise ConfigError(f"bench.max_batch_size={cfg.bench.max_batch_size} must be >= 1")
+    if cfg.bench.find_batch:
+        whole_number("bench.max_batch_size", cfg.bench.max_batch_size, 1, "per device: the finder searches up to it")
     split = training_split(cfg)  # after the settings' checks: a dataset of yours may take minutes to build
     check_one_epoch(cfg, {1: cfg.data.batch_size}, split)
     net, parameters, tokens, peak = model_figures(cfg, split)

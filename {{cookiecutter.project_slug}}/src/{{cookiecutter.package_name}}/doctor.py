@@ -41,6 +41,7 @@ from .tools.estimate import (
     mesh,
     model_facts,
 )
+from .tools.settings import number, number_list, whole_number
 
 register_resolvers()
 
@@ -59,10 +60,7 @@ class Speed:
 
 def diagnose(cfg: DictConfig, overrides: list[str]) -> dict[str, Any]:
     plan, batch = cfg.doctor, cfg.data.batch_size
-    if plan.device_memory_gb is not None and plan.device_memory_gb <= 0:
-        raise ConfigError(f"doctor.device_memory_gb={plan.device_memory_gb} must be > 0 (GB per device)")
-    if plan.devices is not None and not (type(plan.devices) is int and plan.devices >= 1):  # (null's default: text)
-        raise ConfigError(f"doctor.devices={plan.devices} must be a whole number >= 1 (devices per node)")
+    check_plan(plan)  # all of them before anything is measured: a bad one was a traceback after seconds of it
     precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # as train resolves `auto`
     env = hardware.environment()
     gpus = env["gpus"]
@@ -124,6 +122,21 @@ def diagnose(cfg: DictConfig, overrides: list[str]) -> dict[str, Any]:
         "traffic": traffic,
         "recommendation": advice,
     }
+
+
+def check_plan(plan: DictConfig) -> None:
+    """Refuse, in one line, a doctor.* setting that cannot work (tools.settings says which values are valid)."""
+    if plan.devices is not None:  # (null's default: any text passes the command line's type check)
+        whole_number("doctor.devices", plan.devices, 1, "devices per node")
+    if plan.device_memory_gb is not None:
+        number("doctor.device_memory_gb", plan.device_memory_gb, 0, "GB per device", above=True)
+    whole_number("doctor.max_nodes", plan.max_nodes, 1, "the most nodes a recommendation may use")
+    number_list("doctor.device_counts", plan.device_counts, "device counts", "[1,2,4,8]", True, 1, empty=False)
+    speedup = "how many times faster than one device ddp must be to be recommended, e.g. 1.2"
+    number("doctor.min_speedup", plan.min_speedup, 1, speedup)
+    sizes = "[0.25,2,16] ([] skips the measurement)"
+    number_list("doctor.allreduce.sizes_mb", plan.allreduce.sizes_mb, "message sizes in MB", sizes, False, 0, True)
+    whole_number("doctor.allreduce.iterations", plan.allreduce.iterations, 1, "timed all-reduces per message size")
 
 
 def unpriced(step: float | None, busbw: float | None, elsewhere: bool, per_node: int, memory_gb: float) -> str | None:

@@ -16,7 +16,16 @@ from omegaconf import DictConfig
 
 from .config import register_resolvers, run_cli
 from .engine.training import train
-from .errors import UNRESOLVED, ConfigError, ProcessCrashed, TrainingStopped, fail, remove_if_empty, unresolved
+from .errors import (
+    UNRESOLVED,
+    ConfigError,
+    Interrupted,
+    ProcessCrashed,
+    TrainingStopped,
+    fail,
+    remove_if_empty,
+    unresolved,
+)
 from .runtime.run_folder import RunFolderInUse, only_training_in
 
 register_resolvers()
@@ -40,6 +49,13 @@ def run(cfg: DictConfig) -> None:
         fail(unresolved(err), run_dir)
     except TrainingStopped as err:  # e.g. out of memory again and again: what to try, in one line (exit 1)
         fail(err)
+    except KeyboardInterrupt:  # Ctrl-C before the training answers it (starting: the data, wandb), or a second one
+        fail(
+            Interrupted(
+                f"interrupted, at once: continue with the same command plus run_id={cfg.run_id} (from its last "
+                "checkpoint, if it saved one)"
+            )
+        )
 
 
 def main() -> None:

@@ -97,7 +97,7 @@ BAD_INPUT = [
     (
         [*MODEL_PARALLEL, "trainer.devices=4", "model=gpt", "model.net.num_heads=2"],
         # (valid: what divides the heads too; a refusal named the 64 features of a projection, then the heads)
-        "blocks.0.attn has 2 attention heads, which strategy.tensor_parallel_size=4 does not divide; valid: 1, 2, which",
+        "blocks.0.attn has 2 attention heads, which strategy.tensor_parallel_size=4 does not divide; valid: 1, 2,",
     ),
     ([*MODEL_PARALLEL, "strategy.mode=pipes"], "strategy.mode='pipes' is unknown; valid: tensor, layers"),
     (

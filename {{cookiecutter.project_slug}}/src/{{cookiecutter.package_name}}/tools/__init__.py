@@ -1,1 +1,2 @@
-"""Helpers of the doctor and the bench: memory estimates, the step clock, the commands they print."""
+"""Helpers of the doctor and the bench: memory estimates, the step clock, the commands they print, their settings'
+checks."""
