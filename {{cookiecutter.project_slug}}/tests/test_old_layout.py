@@ -50,4 +50,6 @@ def test_a_run_folder_of_the_old_layout_resumes_exactly_and_loads(tmp_path, trai
     ours = runner(*SETTINGS, "trainer.max_steps=5", run_dir=ours.run_dir)  # ...resumed to 5
     resumed = runner(*SETTINGS, "trainer.max_steps=5", run_dir=run_dir)
     assert "resuming from" in resumed.output
+    # (Lightning: the old checkpoint was saved when max_steps stopped it mid-epoch, at the epoch's end as then; it
+    # goes on with the rest of that epoch, as one this layout saves at the step does)
     assert resumed.losses(2) == ours.losses(5)[3:], "steps 4 and 5 as after this layout's own checkpoint"

@@ -53,6 +53,24 @@ def count_steps_in_both_loops(checkpoint: dict[str, Any]) -> None:
             automatic[span][field] = manual[span][field] = max(automatic[span][field], manual[span][field])
 
 
+def continue_mid_epoch(checkpoint: dict[str, Any]) -> None:
+    """A checkpoint an earlier version saved when trainer.max_steps stopped the training before its epoch's last
+    batch: saved at the epoch's end, it counts the epoch as done, and the run continued from it skipped the rest of the
+    epoch. Its loop counters are put as a checkpoint saved at that step is (engine/checkpoints.py saves one now): the
+    epoch's end not yet run, the step's batch not yet counted complete. The `loops` layout is Lightning's own."""
+    loops = checkpoint.get("loops", {}).get("fit_loop", {})
+    epochs, batches = loops.get("epoch_progress"), loops.get("epoch_loop.batch_progress")
+    if not (epochs and batches) or batches.get("is_last_batch", True):
+        return
+    if epochs["current"]["processed"] <= epochs["current"]["completed"]:
+        return  # saved during the epoch, as every checkpoint of this version is
+    for span in ("total", "current"):
+        epochs[span]["processed"] -= 1
+        batches[span]["completed"] -= 1
+    if "_batches_that_stepped" in loops.get("epoch_loop.state_dict", {}):
+        loops["epoch_loop.state_dict"]["_batches_that_stepped"] -= 1
+
+
 def batches_that_stepped(trainer: L.Trainer) -> int:
     """The step counter the loggers' `step` is (optimizer steps, not trainer.global_step, which counts every
     optimizer of every step): no public name."""

@@ -31,7 +31,13 @@ from ..runtime.optimization import (
 )
 from ..runtime.precision import use_tensor_cores
 from ..runtime.real_targets import RealTargets
-from .lightning_private import batches_that_stepped, count_steps_in_both_loops, has_trainer, only_accumulates
+from .lightning_private import (
+    batches_that_stepped,
+    continue_mid_epoch,
+    count_steps_in_both_loops,
+    has_trainer,
+    only_accumulates,
+)
 
 
 class Classifier(L.LightningModule):
@@ -231,6 +237,7 @@ class Classifier(L.LightningModule):
         # Before Lightning restores its loops from it: a checkpoint of strategy=pipeline continues under the other
         # presets (and theirs under pipeline) with its optimizer steps counted.
         count_steps_in_both_loops(checkpoint)
+        continue_mid_epoch(checkpoint)  # one an earlier version saved when trainer.max_steps stopped it mid-epoch
 
     def on_fit_start(self) -> None:
         # After the callbacks' on_fit_start: the batch-size finder may have changed the steps per epoch, and scaled
