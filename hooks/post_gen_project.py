@@ -22,7 +22,7 @@ else:
     multi = f"python -m {PACKAGE_NAME}.train strategy=ddp trainer.devices=2"
 # The project's folder from where cookiecutter was run (the hook runs inside the project; the shell's PWD stays):
 # `-o DIR` puts it in DIR/<slug>, and a bare `cd <slug>` led nowhere. Absolute when it is not below that folder.
-shown = os.path.relpath(Path.cwd(), os.environ.get("PWD", "/"))
+shown = os.path.relpath(Path.cwd(), os.environ["PWD"]) if os.environ.get("PWD") else ".."  # (no shell: none)
 if shown.startswith(".."):
     shown = str(Path.cwd())
 print(

@@ -153,3 +153,6 @@ def test_a_padded_batch_has_the_same_loss_and_gradient_however_it_is_split(padde
     assert step_loss / accumulate * targets.factor() == pytest.approx(whole.item(), rel=1e-6)
     assert torch.allclose(weight.grad, expected, rtol=1e-5, atol=1e-7)
     assert (abs(unweighted.item() - whole.item()) > 1e-2) == padded  # what an unweighted split computed
+    shorter = RealTargets(accumulate=2)  # a step of one micro-batch of 2 (an epoch's last, Lightning's loop)
+    shorter.count(y[:4])
+    assert shorter.factor() == 1  # its own mean, as Lightning scales it (the factor was 2: the gradient doubled)

@@ -215,6 +215,11 @@ def on_meta(build):
         return build()
 
 
+def channels_first(samples: list) -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = torch.utils.data.default_collate(samples)
+    return x.permute(0, 3, 1, 2), y
+
+
 def test_a_net_the_loss_cannot_train_on_this_data_is_refused_before_training(tmp_path):
     """check_output runs the net's forward on the meta device (shapes only) on the first sample, and reads the first
     samples' targets: what would fail in the first step, or train on labels the net has no logit for, is refused."""
@@ -244,6 +249,13 @@ def test_a_net_the_loss_cannot_train_on_this_data_is_refused_before_training(tmp
     ):
         with pytest.raises(ConfigError, match=r"cannot take the data's samples of shape \(12,\)"):
             check_output(on_meta(layer), data, cross_entropy)
+    # ...but the net is given what a collate of yours makes of the samples: images stored HWC, put channels first
+    hwc = Data(partial(tensors, torch.randn(4, 8, 8, 3), torch.zeros(4, dtype=torch.long)), splits=["train", "val"])
+    conv = lambda: nn.Sequential(nn.Conv2d(3, CLASSES, 8), nn.Flatten())  # noqa: E731
+    with pytest.raises(ConfigError, match=r"samples of shape \(8, 8, 3\) \(Invalid channel dimensions\)"):
+        check_output(on_meta(conv), hwc, cross_entropy)
+    hwc.collate_fn = channels_first
+    check_output(on_meta(conv), hwc, cross_entropy)
     two_rows = lambda: nn.Sequential(nn.Linear(12, 2 * CLASSES), nn.Unflatten(1, (2, CLASSES)))  # noqa: E731
     with pytest.raises(ConfigError, match=r"gives logits of shape \(2, 5\) per sample for targets of shape \(\)"):
         check_output(on_meta(two_rows), data, cross_entropy)

@@ -167,7 +167,8 @@ def check_settings(cfg: DictConfig) -> None:
     are valid); each benchmark checks its own too, all before any point runs or anything is written."""
     whole_number("bench.warmup_steps", cfg.bench.warmup_steps, 1, "steps not timed, before the timed ones")
     whole_number("bench.steps", cfg.bench.steps, 2, "timed steps per point")
-    number("bench.timeout_s", cfg.bench.timeout_s, 0, "one point's limit in seconds", above=True)
+    if cfg.bench.timeout_s is not None:  # null: no limit
+        number("bench.timeout_s", cfg.bench.timeout_s, 0, "one point's limit in seconds; null: none", above=True)
     if cfg.bench.peak_tflops is not None:  # (null's default: any text passes the command line's type check)
         peak = "one device's peak TFLOP/s for MFU, e.g. 989; null: the known GPUs' in bf16"
         number("bench.peak_tflops", cfg.bench.peak_tflops, 0, peak, above=True)

@@ -472,10 +472,13 @@ def check_output(
     dataset = data.splits.get("train")
     if dataset is None or isinstance(dataset, IterableDataset):
         return
-    x, y = data.first_item("train")
+    item = data.first_item("train")
     try:
-        x, y = torch.as_tensor(x)[None], torch.as_tensor(y)[None]
-    except (TypeError, ValueError, RuntimeError):  # not arrays (e.g. a dict): the net reads them its own way
+        if data.collate_fn is None:
+            x, y = (torch.as_tensor(part)[None] for part in item)
+        else:  # the batch the net gets: a collate of yours may change x's layout (channels first, padding)
+            x, y = (torch.as_tensor(part) for part in data.collate_fn([item]))
+    except Exception:  # noqa: BLE001 (not arrays, e.g. a dict: the net reads them its own way; a collate's error: its own)
         return
     name, training = type(net).__name__, net.training
     try:
@@ -485,7 +488,8 @@ def check_output(
         if not any(words in str(error) for words in SHAPE_ERRORS):
             return
         raise ConfigError(
-            f"model.net {name} cannot take the data's samples of shape {tuple(x.shape[1:])} "
+            f"model.net {name} cannot take the data's samples of shape {tuple(x.shape[1:])}"
+            f"{' (from data.collate_fn)' if data.collate_fn else ''} "
             f"({str(error).splitlines()[0]}): give the model the data's sizes (data.num_features, ...)"
         ) from None
     finally:

@@ -255,6 +255,11 @@ class Pipeline:
         self.plan()
         self.shapes: tuple[torch.Size, torch.Size] | None = None  # of the batch the stages were planned for
         self.replanned = False
+        # Where the pipelines agree on a change of shapes: on the host (a flag of a GPU collective, read back, would
+        # wait for each step's end before the next could be queued)
+        self.shapes_group = None
+        if self.replicas > 1 and dist.get_backend() != "gloo":
+            self.shapes_group = dist.new_group(backend="gloo")
         # The copies of tied weights this process holds, each with the group of the processes holding one
         self.tied = [([net.stage.get_parameter(name) for name in names], group) for names, group in net.tied]
 
@@ -305,9 +310,10 @@ class Pipeline:
         shapes = (x.shape, y.shape)  # the same on every stage of a pipeline: they all load its slice of the batch
         if self.shapes_changed(shapes):
             if not self.replanned and dist.get_rank() == 0:
+                seen = f" (x {list(self.shapes[0])}, then {list(x.shape)})" if shapes != self.shapes else ""
                 print(
-                    f"note: strategy=pipeline: batch shapes change (x {list(self.shapes[0])}, then {list(x.shape)}): "
-                    "the stages plan their buffers again at each change; padding to one length saves that"
+                    f"note: strategy=pipeline: batch shapes change{seen}: the stages plan their buffers again at each "
+                    "change; padding to one length saves that"
                 )
             self.replanned = True
             self.plan()
@@ -339,12 +345,12 @@ class Pipeline:
         """Whether this batch's shapes differ from the last one's. Several pipelines plan again together, when any
         of them sees a change: planning runs a stage's forward and backward, in which DDP averages the gradients
         over the pipelines (a collective; with one pipeline changing alone, the others would wait for it forever).
-        That costs them a small all-reduce, and a wait for it, at every step."""
+        That costs them a small all-reduce at every step, on the host."""
         changed = self.shapes is not None and shapes != self.shapes
         if self.replicas == 1:
             return changed
-        flag = torch.full((), int(changed), device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        flag = torch.full((), int(changed), device="cpu" if self.shapes_group else self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.shapes_group)
         return bool(flag.item())
 
     def average_over_pipelines(self) -> None:

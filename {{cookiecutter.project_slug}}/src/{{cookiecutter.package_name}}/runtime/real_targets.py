@@ -32,7 +32,7 @@ class RealTargets:
     def reset(self) -> None:
         """At each optimizer step's end (and when a step is skipped): the next micro-batch starts a new step."""
         self.reference: Tensor | None = None  # [samples, real targets] of the step's first micro-batch, all processes
-        self.real = 0  # real targets of the step's micro-batches so far, all processes
+        self.step: Tensor | int = 0  # [samples, real targets] of the step's micro-batches so far, all processes
 
     def count(self, target: Tensor) -> None:
         """Before the forward of each micro-batch, on every process (a collective when there are several): this
@@ -45,7 +45,7 @@ class RealTargets:
             dist.all_reduce(counts)  # processes that share a batch (shards, stages) count it each: ratios still hold
         if self.reference is None:
             self.reference = counts
-        self.real = self.real + counts[1]
+        self.step = self.step + counts
 
     def weighted(self, loss_fn: LossFn) -> LossFn:
         """`loss_fn` (a mean over the real targets it is given) weighted for the chunk it is given."""
@@ -65,10 +65,13 @@ class RealTargets:
 
     def factor(self) -> Tensor | None:
         """What the optimizer step's gradient and summed loss are multiplied by: the micro-batches were weighted by
-        the first one's real targets, the step has `real` of them in all (None: one micro-batch, nothing to do)."""
+        the first one's real targets per sample, the step's are these (None: one micro-batch, nothing to do). Exactly
+        1 without padding, also for a step of fewer micro-batches than `accumulate` (Lightning divides its losses by
+        `accumulate` still: the last of an epoch whose batches do not fill it)."""
         if self.accumulate == 1 or self.reference is None:
             return None
-        return (self.accumulate * self.reference[1].clamp(min=1)) / self.real.clamp(min=1)
+        samples, real = self.reference
+        return (real.clamp(min=1) * self.step[0]) / (samples * self.step[1].clamp(min=1))
 
     def scale_gradients(self, parameters: Iterable[nn.Parameter]) -> None:
         """Before clipping and the optimizer step. On the device, with no host sync: exactly 1 without padding."""
