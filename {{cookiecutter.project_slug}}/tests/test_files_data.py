@@ -3,6 +3,7 @@ Dataset class), in the engine this project was generated with."""
 
 import itertools
 import math
+import re
 from functools import partial
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from torch.utils.data import TensorDataset
 from {{ cookiecutter.package_name }}.data.files import FilesDataset, describe
 from {{ cookiecutter.package_name }}.data.loading import Data, check_input, check_output
 from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.models.gpt import GPT
 from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
 from {{ cookiecutter.package_name }}.runtime.metrics import summed_loss
 
@@ -220,6 +222,21 @@ def channels_first(samples: list) -> tuple[torch.Tensor, torch.Tensor]:
     return x.permute(0, 3, 1, 2), y
 
 
+def as_dict(samples: list) -> dict[str, torch.Tensor]:
+    x, y = torch.utils.data.default_collate(samples)
+    return {"input_ids": x, "labels": y}
+
+
+def with_mask(samples: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    x, y = torch.utils.data.default_collate(samples)
+    return x, y, torch.ones_like(x)
+
+
+def padded_to_48(samples: list) -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = torch.utils.data.default_collate(samples)
+    return F.pad(x, (0, 48 - x.shape[1])), F.pad(y, (0, 48 - y.shape[1]), value=-100)
+
+
 def test_a_net_the_loss_cannot_train_on_this_data_is_refused_before_training(tmp_path):
     """check_output runs the net's forward on the meta device (shapes only) on the first sample, and reads the first
     samples' targets: what would fail in the first step, or train on labels the net has no logit for, is refused."""
@@ -256,6 +273,23 @@ def test_a_net_the_loss_cannot_train_on_this_data_is_refused_before_training(tmp
         check_output(on_meta(conv), hwc, cross_entropy)
     hwc.collate_fn = channels_first
     check_output(on_meta(conv), hwc, cross_entropy)
+    # what a collate of yours returns is an (x, y) pair, checked as the model's own checks see it (they were a
+    # traceback in the first step, or a refusal after the run folder and wandb run were made)
+    collates = [
+        (as_dict, "returns a dict, but the training takes (x, y) batches"),
+        (with_mask, "returns 3 items, but the training takes (x, y) batches"),
+        (padded_to_48, "sequences of 48 tokens are longer than the model's max_seq_len=40"),
+    ]
+    for returned, refusal in collates:
+        tokens = Data(partial(tensors, torch.randint(0, 8, (4, 6)), torch.zeros(4, 6, dtype=torch.long)))
+        tokens.collate_fn = returned
+        with pytest.raises(ConfigError, match=re.escape(refusal)):
+            check_output(on_meta(lambda: GPT(8, 40, dim=8, depth=1, num_heads=2)), tokens, cross_entropy)
+    # token ids past the embedding: an IndexError in the first step
+    ids = torch.randint(0, 8, (6, 5)).index_fill(0, torch.tensor([4]), 9)
+    tokens = Data(partial(tensors, ids, torch.zeros(6, 5, dtype=torch.long)), splits=["train", "val"])
+    with pytest.raises(ConfigError, match=r"the data has token id 9 \(in x of its first 6 training samples\), but"):
+        check_output(on_meta(lambda: GPT(8, 40, dim=8, depth=1, num_heads=2)), tokens, cross_entropy)
     two_rows = lambda: nn.Sequential(nn.Linear(12, 2 * CLASSES), nn.Unflatten(1, (2, CLASSES)))  # noqa: E731
     with pytest.raises(ConfigError, match=r"gives logits of shape \(2, 5\) per sample for targets of shape \(\)"):
         check_output(on_meta(two_rows), data, cross_entropy)

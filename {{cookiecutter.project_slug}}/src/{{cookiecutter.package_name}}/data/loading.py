@@ -12,7 +12,7 @@ import os
 import random
 import signal
 import warnings
-from collections.abc import Callable, Iterator, Sequence, Sized
+from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
 from typing import Any
 
 import numpy as np
@@ -473,17 +473,21 @@ def check_output(
     if dataset is None or isinstance(dataset, IterableDataset):
         return
     item = data.first_item("train")
+    # the batch the net gets: a collate of yours may change x's layout, or pad
+    batch = collated(data.collate_fn, item) if data.collate_fn is not None else None
     try:
-        if data.collate_fn is None:
+        if batch is None:
             x, y = (torch.as_tensor(part)[None] for part in item)
-        else:  # the batch the net gets: a collate of yours may change x's layout (channels first, padding)
-            x, y = (torch.as_tensor(part) for part in data.collate_fn([item]))
-    except Exception:  # noqa: BLE001 (not arrays, e.g. a dict: the net reads them its own way; a collate's error: its own)
+        else:
+            x, y = (torch.as_tensor(part) for part in batch)
+    except (TypeError, ValueError, RuntimeError):  # not arrays (e.g. a dict): the net reads them its own way
         return
     name, training = type(net).__name__, net.training
     try:
         with torch.no_grad():
             logits = net.eval()(x.to("meta"))  # eval: a batch of one through BatchNorm
+    except ConfigError:  # a module's own check_input, on the batch a collate of yours made
+        raise
     except Exception as error:  # noqa: BLE001 (any other error: the meta device, not the data; the training runs it)
         if not any(words in str(error) for words in SHAPE_ERRORS):
             return
@@ -497,6 +501,7 @@ def check_output(
     samples = [dataset[index] for index in range(1, min(len(dataset), LABELS_READ))]
     for index, sample in enumerate(samples, start=1):
         check_finite(data.source("train"), index, sample)
+    check_token_ids(net, [item[0], *(sample[0] for sample in samples)])
     first = tuple(x.shape[1:])
     other = next((shape for sample in samples if (shape := tuple(torch.as_tensor(sample[0]).shape)) != first), None)
     if other is not None and data.collate_fn is None and micro_batch_size != 1:  # torch's collate: "stack expects"
@@ -527,6 +532,37 @@ def check_output(
             f"the data has target {largest} (in its first {len(labels)} training samples), but model.net {name} "
             f"gives {logits.shape[-1]} classes (0 to {logits.shape[-1] - 1}): set data.num_classes (or the model's "
             "size) to the largest target + 1"
+        )
+
+
+def collated(collate_fn: Callable[[list[Any]], Any], item: Any) -> Any:
+    """What `collate_fn` makes of one item: refused in one line unless an (x, y) pair, as the training takes it."""
+    name = getattr(collate_fn, "__qualname__", type(collate_fn).__name__)
+    batch = collate_fn([item])
+    if isinstance(batch, Mapping) or not (isinstance(batch, tuple | list) and len(batch) == 2):
+        what = f"{len(batch)} items" if isinstance(batch, tuple | list) else f"a {type(batch).__name__}"
+        raise ConfigError(
+            f"data.collate_fn {name} returns {what}, but the training takes (x, y) batches: return x, y (x may be a "
+            "dict or tuple of tensors, which your model reads)"
+        )
+    return batch
+
+
+def check_token_ids(net: nn.Module, inputs: list[Any]) -> None:
+    """Integer samples are ids a net's first nn.Embedding looks up: one past its size was an IndexError in the
+    first step (labels are checked against the classes apart)."""
+    embedding = next((module for module in net.modules() if isinstance(module, nn.Embedding)), None)
+    ids = [torch.as_tensor(x) for x in inputs if isinstance(x, torch.Tensor | list | int)]
+    ids = [x for x in ids if x.numel() and not x.is_floating_point() and x.dtype != torch.bool]
+    if embedding is None or not ids:
+        return
+    smallest, largest = min(int(x.min()) for x in ids), max(int(x.max()) for x in ids)
+    size = embedding.num_embeddings
+    if smallest < 0 or largest >= size:
+        raise ConfigError(
+            f"the data has token id {smallest if smallest < 0 else largest} (in x of its first {len(ids)} training "
+            f"samples), but model.net {type(net).__name__} embeds {size} (0 to {size - 1}): set the vocabulary "
+            "(data.num_classes, or model.net.vocab_size) to the largest id + 1"
         )
 
 

@@ -89,7 +89,8 @@ class Embeddings(nn.Module):
         if tokens.is_floating_point():  # e.g. model=gpt data=synthetic: a one-line error, not an embedding's traceback
             raise ConfigError(
                 f"model=gpt reads token ids (integers), but the data gives {str(tokens.dtype).removeprefix('torch.')} "
-                "samples: use data=tokens, or data=files whose x and y hold token ids"
+                "samples: use data=tokens, or data=files whose x and y hold token ids (a data.collate_fn of yours: "
+                "return them as integers)"
             )
         length, max_seq_len = tokens.shape[1], self.positions.num_embeddings
         if length > max_seq_len:
