@@ -22,9 +22,10 @@ else:
     multi = f"python -m {PACKAGE_NAME}.train strategy=ddp trainer.devices=2"
 # The project's folder from where cookiecutter was run (the hook runs inside the project; the shell's PWD stays):
 # `-o DIR` puts it in DIR/<slug>, and a bare `cd <slug>` led nowhere. Absolute when it is not below that folder.
-shown = os.path.relpath(Path.cwd(), os.environ["PWD"]) if os.environ.get("PWD") else ".."  # (no shell: none)
+here = Path.cwd()
+shown = os.path.relpath(here, os.environ["PWD"]) if os.environ.get("PWD") else str(here)  # (no shell: no PWD)
 if shown.startswith(".."):
-    shown = str(Path.cwd())
+    shown = str(here)
 print(
     f"""
 Created {shown}/ ({ENGINE} engine). Next:

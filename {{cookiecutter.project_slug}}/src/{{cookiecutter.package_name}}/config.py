@@ -178,13 +178,9 @@ def check_setting(override: Override, keys: dict[str, Any], groups: set[str], re
         hint = f"; did you mean {near[0]}?" if near else ""
         if kind == OverrideType.DEL:
             raise ConfigError(f"~{key}: there is no setting {key} to remove{hint}")
-        group, _, name = key.rpartition(".")
-        if group == "trainer" and name in LIGHTNING_TRAINER_ONLY and (CONFIG_DIR / "oom").is_dir():  # Accelerate's
-            reads = ", ".join(sorted(other.partition(".")[2] for other in keys if other.startswith("trainer.")))
-            raise ConfigError(
-                f"trainer.{name} is a setting of Lightning's Trainer, not of this loop; it reads: {reads}"
-            )
-        if _takes_arguments(group, keys):
+        if lightning_only := _lightning_only(key, keys):
+            raise ConfigError(lightning_only)
+        if _takes_arguments(key.rpartition(".")[0], keys):
             raise ConfigError(f"unknown setting {key}{hint} (to add a new key: +{key}=...)")
         raise ConfigError(f"unknown setting {key}{hint or _other_engines(key)}")
     if kind == OverrideType.DEL:
@@ -249,6 +245,16 @@ def _other_engines(key: str) -> str:
         return ""
     choices = ", ".join(sorted(path.stem for path in (CONFIG_DIR / other).glob("*.yaml")))
     return f" ({key.partition('.')[0]} is the other engine's config group; this project's is {other}: {choices})"
+
+
+def _lightning_only(key: str, keys: dict[str, Any]) -> str:
+    """Why the Accelerate engine (the project with an `oom` group, OTHER_ENGINE_GROUPS) has no `key` that Lightning's
+    Trainer takes; "" otherwise."""
+    group, _, name = key.rpartition(".")
+    if group != "trainer" or name not in LIGHTNING_TRAINER_ONLY or not (CONFIG_DIR / "oom").is_dir():
+        return ""
+    reads = ", ".join(sorted(other.partition(".")[2] for other in keys if other.startswith("trainer.")))
+    return f"trainer.{name} is a setting of Lightning's Trainer, not of this loop; it reads: {reads}"
 
 
 def _not_removable(key: str, groups: set[str]) -> str:

@@ -435,9 +435,8 @@ def check_input(net: nn.Module, data: Data) -> None:
         check_finite(source, 0, sample)
 
 
-# torch's words for a forward that cannot take its input's shape, on the meta device (a matrix product's differ
-# from the CPU's "mat1 and mat2 shapes cannot be multiplied")
-# torch's words, on the meta device, for samples a layer cannot take: Linear, view, add; conv, norms, RNNs, attention
+# torch's words, on the meta device, for samples a layer cannot take: Linear, view, add (a matrix product's differ
+# from the CPU's "mat1 and mat2 shapes cannot be multiplied"); conv, norms, RNNs, attention
 SHAPE_ERRORS = (
     "must have same reduction dim",
     "is invalid for input of size",
