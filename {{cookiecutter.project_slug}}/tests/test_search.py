@@ -308,7 +308,8 @@ class ScriptedTraining:
     def wait(self, seconds: float) -> int | None:
         if self.epoch == len(self.losses):
             return 0
-        append_epoch_metrics(self.metrics_file, self.epoch, {"val/loss": self.losses[self.epoch]})
+        final = self.epoch + 1 == len(self.losses)
+        append_epoch_metrics(self.metrics_file, self.epoch, {"val/loss": self.losses[self.epoch]}, final)
         self.epoch += 1
         return None
 
@@ -353,7 +354,7 @@ def test_a_trial_whose_training_finished_before_the_kill_is_recorded_not_run_aga
     for run_dir, epochs in ((done_dir, [0.9, 0.7]), (training_dir, [0.8])):
         run_dir.mkdir(parents=True)
         for epoch, loss in enumerate(epochs):
-            append_epoch_metrics(run_dir / "epochs.jsonl", epoch, {"val/loss": loss})
+            append_epoch_metrics(run_dir / "epochs.jsonl", epoch, {"val/loss": loss}, final=epoch == 1)
     (done_dir / "finished").touch()  # written by the training at its normal end
 
     restarted = optuna.load_study(study_name="s", storage=storage)
@@ -421,6 +422,31 @@ def test_pruners_stop_a_trial_far_worse_than_the_ones_before(tmp_path, pruner, p
         assert bad.state == TrialState.PRUNED and len(bad.intermediate_values) == 1, "pruned after its first epoch"
     else:
         assert bad.state == TrialState.COMPLETE and bad.value == 100.0
+
+
+@pytest.mark.parametrize("pruner", ["median", "hyperband"])
+def test_a_trial_worse_only_at_its_final_epoch_completes(tmp_path, pruner):
+    """Its training is done by then: pruned there, the trial would be recorded without its value, all its epochs
+    trained for nothing."""
+    epochs = 3
+    study = optuna.create_study(study_name="pruning")
+    study.pruner = make_pruner(
+        Settings(pruner=pruner, startup_trials=2), OmegaConf.create({"trainer": {"max_epochs": epochs}})
+    )
+
+    def objective(trial: optuna.Trial) -> float:
+        losses = [1 / (epoch + 1) for epoch in range(epochs)]
+        if trial.number == 3:
+            losses[-1] = 100.0
+
+        def start(command: list[str], env: dict[str, str], log: Path) -> ScriptedTraining:
+            return ScriptedTraining(losses, log)
+
+        return run_trial(trial, start, [], {}, tmp_path / str(trial.number), "val/loss")
+
+    study.optimize(objective, n_trials=4)
+    assert [trial.state for trial in study.trials] == [TrialState.COMPLETE] * 4
+    assert study.trials[-1].value == 100.0
 
 
 @pytest.fixture

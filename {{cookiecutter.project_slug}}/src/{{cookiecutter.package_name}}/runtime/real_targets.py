@@ -77,8 +77,11 @@ class RealTargets:
         """Before clipping and the optimizer step. On the device, with no host sync: exactly 1 without padding."""
         if (factor := self.factor()) is None:
             return
+        groups: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}  # one multiply per device and dtype
         for parameter in parameters:
             if parameter.grad is not None:
                 grad = parameter.grad
                 local = grad.to_local() if hasattr(grad, "to_local") else grad  # a sharded (DTensor) gradient
-                local.mul_(factor.to(local.device, local.dtype))
+                groups.setdefault((local.device, local.dtype), []).append(local)
+        for (device, dtype), grads in groups.items():
+            torch._foreach_mul_(grads, factor.to(device, dtype))

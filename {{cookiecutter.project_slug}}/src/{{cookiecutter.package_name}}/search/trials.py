@@ -183,10 +183,10 @@ def run_trial(
             for epoch in read_epoch_metrics(metrics_file)[len(reported) :]:
                 reported.append(epoch)
                 if metric not in epoch:
-                    names = ", ".join(name for name in epoch if name != "epoch")
+                    names = ", ".join(name for name in epoch if name not in ("epoch", "final"))
                     raise MetricMissing(f"search.metric={metric} is not reported; the first epoch reported {names}")
                 trial.report(epoch[metric], step=int(epoch["epoch"]) + 1)  # epochs trained: Hyperband's resource
-                if trial.should_prune():
+                if not epoch.get("final") and trial.should_prune():  # (at the final one, the result is there)
                     raise optuna.TrialPruned(f"epoch {int(epoch['epoch'])}: {metric}={epoch[metric]:.4g}")
             if code is not None:
                 break

@@ -9,10 +9,12 @@ import json
 from pathlib import Path
 
 
-def append_epoch_metrics(path: str | Path, epoch: int, metrics: dict[str, float]) -> None:
-    """Add one epoch's metrics (main process only). One line per write, flushed when the file closes."""
+def append_epoch_metrics(path: str | Path, epoch: int, metrics: dict[str, float], final: bool) -> None:
+    """Add one epoch's metrics (main process only), `final`: the last of trainer.max_epochs (the search does not
+    prune a trial there: its training is done). One line per write, flushed when the file closes."""
+    line = {"epoch": epoch, "final": final, **{name: float(value) for name, value in metrics.items()}}
     with open(path, "a") as file:
-        file.write(json.dumps({"epoch": epoch, **{name: float(value) for name, value in metrics.items()}}) + "\n")
+        file.write(json.dumps(line) + "\n")
 
 
 def read_epoch_metrics(path: Path) -> list[dict[str, float]]:

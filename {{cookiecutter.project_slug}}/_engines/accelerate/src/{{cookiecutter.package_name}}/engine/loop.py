@@ -226,7 +226,7 @@ def validate(
     # both engines chart alike
     log(accelerator, {**prefixed("val", metrics), "epoch": epoch}, max(progress.global_step - 1, 0))
     if cfg.epoch_metrics and accelerator.is_main_process:  # the search reads it to prune a trial
-        append_epoch_metrics(cfg.epoch_metrics, epoch, prefixed("val", metrics))
+        append_epoch_metrics(cfg.epoch_metrics, epoch, prefixed("val", metrics), epoch + 1 == cfg.trainer.max_epochs)
     if cfg.oom.log_memory:
         log_device_memory(accelerator, strategy, progress.global_step)
     best = metrics["loss"] < progress.best_val_loss

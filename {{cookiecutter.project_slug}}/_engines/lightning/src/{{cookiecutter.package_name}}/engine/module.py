@@ -102,7 +102,8 @@ class Classifier(L.LightningModule):
         return self.real_targets.weighted(self.loss)(logits, target)
 
     def on_train_start(self) -> None:
-        self.real_targets = RealTargets(self.trainer.accumulate_grad_batches)
+        self.real_targets.accumulate = self.trainer.accumulate_grad_batches  # (known once the trainer is)
+        self.real_targets.reset()
 
     def on_train_batch_start(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         self.real_targets.count(batch[1])  # the whole batch of this process, before dp or OOM recovery split it

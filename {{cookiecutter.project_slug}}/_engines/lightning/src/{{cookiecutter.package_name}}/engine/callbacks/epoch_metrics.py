@@ -1,4 +1,4 @@
-"""Write each epoch's validation metrics to a file (search/epoch_metrics.py) for the hyperparameter search."""
+"""Write each epoch's validation metrics to a file (tracking/epoch_metrics.py) for the hyperparameter search."""
 
 from pathlib import Path
 
@@ -18,4 +18,4 @@ class EpochMetricsFile(L.Callback):
         if trainer.sanity_checking or not trainer.is_global_zero:
             return
         metrics = {name: value for name, value in trainer.callback_metrics.items() if name.startswith("val/")}
-        append_epoch_metrics(self.path, trainer.current_epoch, metrics)
+        append_epoch_metrics(self.path, trainer.current_epoch, metrics, trainer.current_epoch + 1 == trainer.max_epochs)
