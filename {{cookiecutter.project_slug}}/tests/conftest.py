@@ -182,6 +182,10 @@ COMMAND_LINE_REFUSALS = [
     # taken in, nothing read them: a top-level key, or one the training's checkpoint settings do not have
     (["+foo=1"], "+foo: no part of the training reads a top-level foo"),
     (["+checkpoint.every=3"], "+checkpoint.every: the training reads no checkpoint.every, only the settings it has: "),
+    (["+foo.bar=1"], "+foo.bar: no part of the training reads a top-level foo"),  # (a node foo)
+    # a traceback once the run folder was made: wandb.init's TypeError, the schedule's at its build
+    (["+logger.tag=a"], "+logger.tag: wandb.init takes no tag; did you mean logger.tags? it takes "),
+    (["+scheduler.min_lr=0.1"], "scheduler: cosine() got an unexpected keyword argument 'min_lr'; drop the argument"),
     # each value of a --multirun sweep, checked as one value is (Hydra: its own lines, exit 1, a multirun folder)
     (["-m", "strategy=single,ddpp"], "unknown strategy 'ddpp'; valid: ddp, ddp_spawn, dp, fsdp, model_parallel,"),
     (["-m", "trainer.max_epoch=1,2"], "unknown setting trainer.max_epoch; did you mean trainer.max_epochs?"),
@@ -219,6 +223,9 @@ COMMAND_LINE_REFUSAL_IDS = [
     "unknown-setting-like-none",
     "add-a-top-level-key",
     "add-a-checkpoint-setting",
+    "add-a-top-level-node",
+    "add-a-key-wandb-does-not-take",
+    "add-a-key-the-schedule-does-not-take",
     "multirun-preset-typo",
     "multirun-key-typo",
     "multirun-value-not-a-number",

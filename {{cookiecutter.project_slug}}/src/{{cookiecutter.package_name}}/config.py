@@ -215,16 +215,39 @@ READ = {"data", "trainer"}
 
 
 def _check_added(key: str, keys: dict[str, Any], read: str) -> None:
-    """Refuse `+KEY=...` that nothing would read: a top-level key, or a checkpoint setting, unless an interpolation
-    reads it (`+base=0.1 model.optimizer.lr=${base}`). Taken in, it was dropped without a word (`+oom=toolkit` in
-    a Lightning project). (The Accelerate loop refuses the trainer, model and oom settings it does not read.)"""
+    """Refuse `+KEY=...` that nothing would read: a top-level key or node, a checkpoint setting, a key the logger
+    does not pass on to wandb, a callback that is not a node, unless an interpolation reads it (`+base=0.1
+    model.optimizer.lr=${base}`). Taken in, it was dropped without a word (`+oom=toolkit` in a Lightning project),
+    or a traceback once the run folder was made (`+logger.foo=1`). (Classes built from a node refuse an argument they
+    do not take when built; the Accelerate loop refuses the trainer, model and oom settings it does not read.)"""
     parent, _, name = key.rpartition(".")
-    if parent not in ("", "checkpoint") or is_read(name, read):
+    top = key.partition(".")[0]
+    if is_read(name, read):
         return
-    if parent == "":
-        raise ConfigError(f"+{key}: no part of the training reads a top-level {key}{_other_engines(key)}")
-    taken = ", ".join(sorted(str(other) for other in keys[parent]))
-    raise ConfigError(f"+{key}: the training reads no {key}, only the settings it has: {taken}")
+    if top not in keys:  # (+foo.bar=1 made a node foo that nothing reads)
+        raise ConfigError(f"+{key}: no part of the training reads a top-level {top}{_other_engines(key)}")
+    if parent == "checkpoint":
+        taken = ", ".join(sorted(str(other) for other in keys[parent]))
+        raise ConfigError(f"+{key}: the training reads no {key}, only the settings it has: {taken}")
+    if parent == "logger" and name not in (taken := _logger_arguments(keys)):
+        near = difflib.get_close_matches(name, taken, n=1, cutoff=0.75)
+        hint = f"did you mean logger.{near[0]}? " if near else ""
+        raise ConfigError(f"+{key}: wandb.init takes no {name}; {hint}it takes {', '.join(sorted(taken))}")
+    if parent == "callbacks":  # Lightning's: each a node that builds one callback
+        raise ConfigError(f"+{key}: a callback is a node that names its class: +callbacks.{name}._target_=PKG.CLASS")
+
+
+def _logger_arguments(keys: dict[str, Any]) -> set[str]:
+    """The keys the logger config may have: wandb.init's arguments, and those of the logger class that passes them
+    on (Lightning's WandbLogger takes a few of its own)."""
+    import wandb  # (only for a key added to the logger: it takes a second to import)
+
+    taken = set(inspect.signature(wandb.init).parameters)
+    if target := keys.get("logger._target_"):
+        for cls in inspect.getmro(get_object(target)):
+            if "__init__" in vars(cls):
+                taken |= set(named_arguments(cls.__init__))
+    return taken - {"self"}
 
 
 def _takes_arguments(node: str, keys: dict[str, Any]) -> bool:
@@ -433,14 +456,19 @@ def build_object(node: DictConfig, *, bad_arguments: tuple[type[Exception], ...]
         raise
 
 
+def named_arguments(function: Callable[..., Any]) -> list[str]:
+    """The arguments `function` takes by name (not *args, **kwargs)."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [name for name, p in inspect.signature(function).parameters.items() if p.kind in kinds]
+
+
 def _arguments_taken(node: DictConfig, cause: Exception) -> str:
     """For "got an unexpected keyword argument 'X'": the arguments the class takes, and the nearest to X."""
     unexpected = str(cause).partition("unexpected keyword argument ")[2].strip("'\"")
     try:
-        parameters = inspect.signature(get_object(node._target_)).parameters
+        names = named_arguments(get_object(node._target_))
     except (AttributeError, TypeError, ValueError, ImportError):
         return ""
-    names = [name for name, p in parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     if not unexpected or not names:
         return ""
     near = difflib.get_close_matches(unexpected, names, n=1, cutoff=0.75)

@@ -200,6 +200,7 @@ BAD_INPUT = [
         "oom_above,",
     ),
     (["+oom=toolkit"], "+oom: no part of the training reads a top-level oom (oom is the other engine's config group;"),
+    (["+callbacks.stop=1"], "+callbacks.stop: a callback is a node that names its class: +callbacks.stop._target_="),
     (  # the Accelerate engine's data class: a traceback, and a run folder left behind
         ["data._target_={{ cookiecutter.package_name }}.data.loading.Data"],
         "data._target_={{ cookiecutter.package_name }}.data.loading.Data is not this engine's data module: give ",
@@ -244,6 +245,7 @@ BAD_INPUT_IDS = [
     "module-that-is-not-a-classifier",
     "module-argument-it-does-not-take",
     "accelerate-oom-group",
+    "callback-that-is-not-a-node",
     "accelerate-data-class",
     *COMMAND_LINE_REFUSAL_IDS,
 ]

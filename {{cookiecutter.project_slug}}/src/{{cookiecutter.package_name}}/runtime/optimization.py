@@ -19,11 +19,11 @@ OptimizerFactory = Callable[..., torch.optim.Optimizer]
 SchedulerFactory = Callable[..., LRScheduler]  # configs/scheduler/: (optimizer, total_steps=...) -> the schedule
 
 
-def check_optimization(cfg: DictConfig, optimizer: OptimizerFactory) -> None:
+def check_optimization(cfg: DictConfig, optimizer: OptimizerFactory, schedule: SchedulerFactory) -> None:
     """Refuse, in one line before training, settings torch takes without a word but which train wrongly (a negative
     clipping norm turns descent into ascent, a floor above 1 raises the learning rate) or fail at the first step
-    (an argument the optimizer's class does not take, a negative learning rate): `optimizer` (model.optimizer) is
-    built here over one parameter, with torch's own checks."""
+    (an argument the optimizer's class or the schedule does not take, a negative learning rate): `optimizer`
+    (model.optimizer) and `schedule` (scheduler) are built here over one parameter, with torch's own checks."""
     clip, every = cfg.trainer.gradient_clip_val, cfg.trainer.log_every_n_steps
     if clip is not None and not (is_number(clip) and clip >= 0):
         raise ConfigError(
@@ -44,15 +44,26 @@ def check_optimization(cfg: DictConfig, optimizer: OptimizerFactory) -> None:
     try:
         optimizer([nn.Parameter(torch.zeros(1))])
     except TypeError as error:  # an argument its class does not take (e.g. `fused`: torch.optim.RMSprop)
-        taken = re.search(r"unexpected keyword argument '(\w+)'", str(error))
-        key = taken.group(1) if taken else "KEY"
         raise ConfigError(
-            f"model.optimizer: {error}; drop the argument with ~model.optimizer.{key}, or give one the class takes"
+            f"model.optimizer: {error}; drop the argument with ~model.optimizer.{unexpected(error)}, or give one the "
+            "class takes"
         ) from None
     except ValueError as error:  # torch's own checks: a negative learning rate or weight decay, betas outside [0, 1)
         raise ConfigError(f"model.optimizer: {error}") from None
     except RuntimeError:  # e.g. a fused kernel for the training's device only: its build there decides
         pass
+    try:  # (a bad argument was a traceback when the training built the schedule, after the run folder was made)
+        schedule(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0), total_steps=10)
+    except TypeError as error:
+        raise ConfigError(
+            f"scheduler: {error}; drop the argument with ~scheduler.{unexpected(error)}, or give one it takes"
+        ) from None
+
+
+def unexpected(error: TypeError) -> str:
+    """The argument named by "got an unexpected keyword argument 'X'" ("KEY" if another TypeError)."""
+    taken = re.search(r"unexpected keyword argument '(\w+)'", str(error))
+    return taken.group(1) if taken else "KEY"
 
 
 def is_number(value: Any) -> bool:

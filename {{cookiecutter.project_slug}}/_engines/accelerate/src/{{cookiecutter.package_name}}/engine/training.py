@@ -151,7 +151,7 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     check_input(net, data)  # e.g. model=gpt with data that is not token ids, or uint8 images
     check_output(net, data, loss_fn, micro)  # what the loss can take, for the data's targets (`net` on meta: shapes)
     check_activation_checkpointing(net, cfg.activation_checkpointing)
-    check_optimization(cfg, build(cfg.model.optimizer))
+    check_optimization(cfg, build(cfg.model.optimizer), build(cfg.scheduler))
     for limit in ("limit_val_batches", "limit_test_batches"):
         check_limit(limit, cfg.trainer[limit])
     tensor_parallel = strategy.sizes[1] if strategy.name == "model_parallel" else 1

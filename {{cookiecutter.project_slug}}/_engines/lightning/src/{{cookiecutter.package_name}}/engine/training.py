@@ -139,7 +139,9 @@ def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningD
         check_checkpoint_path(Path(cfg.ckpt_path))
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # (the seed is in the config it logs)
 
-    check_optimization(cfg, build(cfg.model.optimizer))  # before the callbacks, which take some of its settings
+    check_optimization(
+        cfg, build(cfg.model.optimizer), build(cfg.scheduler)
+    )  # before the callbacks, which take some of its settings
     datamodule = build(cfg.data)
     if not isinstance(datamodule, DataModule):  # e.g. a data preset of an Accelerate project: data.loading.Data
         raise ConfigError(
