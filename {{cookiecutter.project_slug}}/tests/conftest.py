@@ -213,6 +213,11 @@ COMMAND_LINE_REFUSALS = [
         ["+trainer.max_epochs=2"],
         "+trainer.max_epochs: trainer.max_epochs exists; set it without +: trainer.max_epochs=2",
     ),
+    (  # a traceback, and an empty run folder left behind
+        ["data=custom", "data.dataset._target_=custom_dataset.Saved", "+data.dataset.root=nowhere"]
+        + ["data.num_features=4", "data.num_classes=2"],
+        "data.dataset Saved(split='train', ...): FileNotFoundError: [Errno 2] No such file or directory: 'nowhere/tr",
+    ),
     # a float batch reached the DataLoader (a traceback); a list, the optimizer ("'<=' not supported ...")
     (["data.batch_size=12.0"], "data.batch_size=12.0 must be a whole number of samples (the global batch)"),
     (["model.optimizer.lr=[1,2]"], "model.optimizer.lr=[1,2] is not a number (the default is 0.001)"),
@@ -238,6 +243,7 @@ COMMAND_LINE_REFUSAL_IDS = [
     "a-net-of-no-blocks",
     "remove-a-null-setting",
     "add-a-key-that-exists",
+    "dataset-whose-files-are-not-there",
     "batch-size-not-whole",
     "lr-a-list",
 ]

@@ -100,3 +100,17 @@ class Values(Parity):
     def __init__(self, split: str, size: int, num_features: int = 6) -> None:
         super().__init__(split, size, num_features)
         self.y = self.x.sum(dim=1)
+
+
+class Saved(Dataset):
+    """Each split's samples read from root/<split>.pt (a dict of x and y), as a dataset of files of a user's own."""
+
+    def __init__(self, split: str, root: str) -> None:
+        saved = torch.load(f"{root}/{split}.pt")
+        self.x, self.y = saved["x"], saved["y"]
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[index], self.y[index]

@@ -49,6 +49,9 @@ def run(cfg: DictConfig) -> None:
         fail(unresolved(err), run_dir)
     except TrainingStopped as err:  # e.g. out of memory again and again: what to try, in one line (exit 1)
         fail(err)
+    except Exception:  # a crash (a bug, a class of yours raising): its traceback, and no empty run folder left
+        remove_if_empty(run_dir)
+        raise
     except KeyboardInterrupt:  # Ctrl-C before the training answers it (starting: the data, wandb), or a second one
         fail(
             Interrupted(

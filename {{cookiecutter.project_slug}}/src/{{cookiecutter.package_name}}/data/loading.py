@@ -84,6 +84,11 @@ class Data:
             raise ConfigError(
                 f"data.dataset {name}(split={split!r}, ...): {err} (a class of your own: data=custom, see its yaml)"
             ) from err
+        except OSError as err:  # its files: a wrong folder, a split the data does not have
+            untested = "; data.splits=[train,val] if your data has no test split" if split == "test" else ""
+            raise ConfigError(
+                f"data.dataset {name}(split={split!r}, ...): {type(err).__name__}: {err}{untested}"
+            ) from err
         if _foreign_stream(dataset):
             raise ConfigError(
                 f"data.dataset {name} is an IterableDataset, which the training reads only through data=streaming "
