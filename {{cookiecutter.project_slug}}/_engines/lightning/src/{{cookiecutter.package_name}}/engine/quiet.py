@@ -28,8 +28,10 @@ HARMLESS_WARNINGS = [  # (message regex, the module that warns)
 # Lightning's advertisement for another logger, and its accelerators' availability (TPU and HPU on every machine;
 # the run's devices are in its wandb config, run.*), on every start: logged, not warned. Before a refusal they made
 # the one-line error the last of several, as the Accelerate engine's is not. And the fit loop's end, which said
-# "`max_epochs=1` reached" before a Ctrl-C's "interrupted after step 14" too.
+# "`max_epochs=1` reached" before a Ctrl-C's "interrupted after step 14" too. And its echo of trainer.limit_*_batches
+# ("`Trainer(limit_val_batches=1)` was configured so 1 batch will be used"), lines before a refusal as well.
 SAID_EVERY_START = (
+    "`Trainer(limit_",
     "💡 Tip: For seamless cloud logging and experiment tracking",
     "GPU available: ",
     "TPU available: ",
