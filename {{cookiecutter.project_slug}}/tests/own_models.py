@@ -339,3 +339,23 @@ class TwoInputs(nn.Module):
 
     def forward(self, x: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         return self.head(torch.relu(self.a(x[0]) + self.b(x[1])))
+
+
+class LongSkip(ResidualMLP):
+    """The template's net with the embedding's output added again before the head: a skip connection from the first
+    of its parts to the last (a U-Net's, in one line)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skipped = x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x + skipped))
+
+
+class InterruptedOnceWithUnusedHead(InterruptedOnce):
+    """InterruptedOnce with WithUnusedHead's auxiliary head: no step gives it a gradient, so AdamW keeps no state for
+    it, which a training continued from a checkpoint must neither look for nor make up."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.auxiliary = nn.Linear(4, 2)

@@ -133,7 +133,7 @@ def default_run_id() -> str:
 
     A SLURM job keeps its id when requeued, and torchrun keeps its rendezvous id (--rdzv-id; a random one without
     it, or with --standalone) across restarts: the training's folder, hence its checkpoints, survive both. Otherwise
-    a timestamp: under a launcher without an id (accelerate launch, torchrun with TORCHELASTIC_RUN_ID=none) the processes are
+    a timestamp: under a launcher without an id (accelerate launch, TORCHELASTIC_RUN_ID=none) the processes are
     named after the moment their launcher, the parent of all of them on this machine, started, which is the same on
     every one of them and across restarts. That cannot work across machines: check_run_id refuses several nodes
     without an id. Without a launcher, the moment this process started: Lightning's own launcher resolves the run

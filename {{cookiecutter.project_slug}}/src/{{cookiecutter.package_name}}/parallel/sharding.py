@@ -24,6 +24,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
 from torch.utils.hooks import RemovableHandle
 
 from ..errors import ConfigError
@@ -446,6 +448,86 @@ def check_layer_split(model: nn.Module, devices: Sequence[torch.device | str]) -
                     f"strategy.mode=layers would use {names[param]} (tied weights) on {device_of[param]} and on "
                     f"{device}; untie them (model=gpt: model.net.tie_weights=false) or use strategy=pipeline"
                 )
+
+
+class _Devices(TorchFunctionMode):
+    """Follows the device each tensor of a forward would be on under place_layer_groups (its layer group's, as a
+    number: a run on [cpu,cpu] shows nothing) and keeps the first operation that takes tensors of two: written by
+    hand, torch has no way to try a placement over GPUs on a machine without them."""
+
+    def __init__(self, names: dict[nn.Module, str]) -> None:
+        super().__init__()
+        self.group: dict[int, int] = {}  # id(tensor) -> its layer group; a tensor created from none: anywhere
+        self.kept: list[torch.Tensor] = []  # (alive while traced: no id is reused)
+        self.names, self.running, self.mixed = names, [], ""
+
+    def place(self, tensor: torch.Tensor, group: int) -> None:
+        self.group[id(tensor)], _ = group, self.kept.append(tensor)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 (torch's signature)
+        out = func(*args, **(kwargs or {}))
+        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and id(t) in self.group]
+        groups = sorted({self.group[id(t)] for t in inputs})
+        if len(groups) > 1 and not self.mixed:
+            where = f"in {self.running[-1]}" if self.running else "in the net's own forward (between its parts)"
+            name = getattr(func, "__name__", func)
+            self.mixed = f"`{name}` {where} takes tensors of layer groups {groups[0]} and {groups[-1]}"
+        for tensor in (t for t in tree_leaves(out) if isinstance(t, torch.Tensor)) if groups else ():
+            self.place(tensor, groups[-1])
+        return out
+
+
+def check_layer_devices(model: nn.Module, example: torch.Tensor | None, groups: int) -> None:
+    """Refuse, before training, a net whose forward would mix devices once its layer groups sit on `groups` devices
+    (a skip connection from one group into another: on GPUs a RuntimeError at the first step, on [cpu,cpu] nothing).
+    Runs the net's forward on `example` (a sample or two) in eval mode without gradients, its tensors followed by
+    _Devices. A net on the meta device, or no example, is not checked."""
+    net, _ = find_split(model, "model_parallel")
+    if groups < 2 or not isinstance(example, torch.Tensor) or any(param.is_meta for param in net.parameters()):
+        return
+    parts = layer_groups(model, groups)
+    names = {module: name for name, module in net.named_modules()}
+    devices = _Devices(names)
+    for index, group in enumerate(parts):
+        for tensor in (t for module in group for t in (*module.parameters(), *module.buffers())):
+            devices.place(tensor, index)
+    for tensor in (*net.parameters(), *net.buffers()):  # outside the parts: on the first device, with the input
+        devices.group.setdefault(id(tensor), 0)
+    devices.place(example, 0)
+
+    def moved_to(index: int, module: nn.Module):
+        def hook(_: nn.Module, args: tuple) -> tuple:  # place_layer_groups's .to(device): a new tensor there
+            devices.running.append(names[module])
+            moved = tuple(arg.view_as(arg) if isinstance(arg, torch.Tensor) else arg for arg in args)
+            for arg in moved:
+                if isinstance(arg, torch.Tensor):
+                    devices.place(arg, index)
+            return moved
+
+        return hook
+
+    handles = [m.register_forward_pre_hook(moved_to(i, m)) for i, group in enumerate(parts) for m in group]
+
+    def left(*_: object) -> None:
+        devices.running.pop()
+
+    handles += [m.register_forward_hook(left) for group in parts for m in group]
+    training = net.training
+    net.eval()
+    try:
+        with torch.no_grad(), torch.random.fork_rng(), devices:
+            net(example)
+    finally:
+        for handle in handles:
+            handle.remove()
+        net.train(training)
+    if devices.mixed:
+        raise ConfigError(
+            f"strategy.mode=layers puts {type(net).__name__}'s {groups} layer groups on devices one after another, but "
+            f"{devices.mixed}, which would be on two devices (a skip connection across groups, say: a RuntimeError on "
+            "GPUs, though [cpu,cpu] runs it). Keep it inside one group (fewer devices), make the forward a chain of "
+            "its Split, or train it with strategy=ddp or fsdp"
+        )
 
 
 def place_layer_groups(model: nn.Module, devices: Sequence[torch.device]) -> list[RemovableHandle]:

@@ -28,6 +28,7 @@ from ..models.compilation import compile_net
 from ..models.float8 import check_float8, check_float8_layers, convert_float8
 from ..parallel.batchnorm import accumulation_note, micro_batch_split_problem, oom_handling_problem, uses_batchnorm
 from ..parallel.launcher import die_with_launcher, fit_layout_to_launcher, warn_if_restarts_can_hang
+from ..parallel.sharding import check_layer_devices
 from ..parallel.split import check_chain
 from ..runtime.async_saves import check_async
 from ..runtime.interrupt import ctrl_c, interrupted, mark_finished
@@ -159,6 +160,8 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     check_float8_layers(net, cfg.float8)
     if strategy.name == "pipeline":  # the stages run the Split's chain, not the model's forward: the same model?
         check_chain(build(cfg.model.net), first_sample(data))  # compares values: a real net (`net` is on meta)
+    if strategy.name == "model_parallel" and cfg.strategy.mode == "layers":  # a skip connection across the devices?
+        check_layer_devices(build(cfg.model.net), first_sample(data), len(strategy.layer_devices))
     return strategy, processes, recovery
 
 

@@ -27,6 +27,7 @@ from ..models.activation_checkpointing import check_activation_checkpointing
 from ..models.float8 import check_float8, check_float8_layers
 from ..parallel.batchnorm import accumulation_note, needs_sync, synchronised_message
 from ..parallel.launcher import die_with_launcher, fit_layout_to_launcher, warn_if_restarts_can_hang
+from ..parallel.sharding import check_layer_devices
 from ..parallel.split import check_chain
 from ..runtime.async_saves import check_async
 from ..runtime.checkpoint_files import DCP_INDEX, pickled_keys_include, written_by_torch
@@ -213,6 +214,8 @@ def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningD
     check_output(shapes_only, datamodule.data, model.loss, micro)  # the module's loss (of yours, if you change it)
     if preset() == "pipeline":  # the stages run the Split's chain, not the model's forward: the same model?
         check_chain(model.net, first_sample(datamodule.data))
+    if preset() == "model_parallel" and cfg.strategy.mode == "layers":  # a skip connection across the devices?
+        check_layer_devices(model.net, first_sample(datamodule.data), len(trainer.strategy.devices))
     return trainer, model, datamodule
 
 
