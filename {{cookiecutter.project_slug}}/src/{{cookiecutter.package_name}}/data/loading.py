@@ -640,8 +640,8 @@ def not_logits(name: str, output: object) -> ConfigError:
     """The refusal of a net whose forward returns `output`, not one tensor of logits (a dict, a tuple)."""
     return ConfigError(
         f"model.net {name} returns a {type(output).__name__}, but the loss takes one tensor of logits, (batch, "
-        "classes) or (batch, positions, vocabulary): return the logits from its forward, or adapt the engine's "
-        "loss to your output (docs/your-model.md)"
+        "classes) or (batch, positions, vocabulary): return the logits from its forward (an auxiliary output: keep "
+        "it on the net, self.aux = ..., and add its term in a loss of your own, docs/your-model.md)"
     )
 
 
