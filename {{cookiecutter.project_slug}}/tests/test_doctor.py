@@ -251,6 +251,18 @@ class TestRecommendation:
         assert "ddp over 4 is ~4.0x faster" in advice["why"]
         assert advice["basis"].startswith("measured here: one step 400.0 ms on one device")
 
+    def test_ddp_of_a_net_with_parameters_its_forward_leaves_out_is_told_so(self):
+        """A head the forward does not use (own_models.WithUnusedHead): the recommended ddp command stopped at its
+        first step (parameters of the model got no gradient) without strategy.find_unused_parameters=true."""
+        cfg = config()
+        cfg.model.net._target_ = "own_models.WithUnusedHead"
+        facts = model_facts(cfg, 256, [2], "32-true")
+        assert facts.unused == ("auxiliary.weight", "auxiliary.bias") and default_model().unused == ()
+        plan = OmegaConf.create({"min_speedup": 1.2, "max_nodes": 4})
+        advice = recommend(facts, 1e12, 4, plan, 256, self.pipe, self.fast, False, [])
+        assert advice["preset"] == "ddp" and advice["command"].endswith("strategy.find_unused_parameters=true")
+        assert "find_unused" not in self.advise(usable=1e12, per_node=4)["command"]
+
     def test_one_device_when_ddp_is_not_faster_enough(self):
         slow_links = Speed(step_seconds=0.001, busbw_gbs=0.01)  # the all-reduce alone takes ~0.3 s
         advice = self.advise(usable=1e12, per_node=4, speed=slow_links)

@@ -233,6 +233,8 @@ def recommend(
         mine = next((o.partition("=")[2] for o in overrides if o.startswith("strategy=")), None)
         replaced = LAYOUT_SETTINGS if preset != mine else tuple(o for o in LAYOUT_SETTINGS if o != "strategy.")
         kept = [o for o in overrides if not o.lstrip("+~").startswith(replaced)]
+        if facts.unused and preset in ("ddp", "ddp_spawn"):  # DDP stops at the first step otherwise
+            extra = (*extra, "strategy.find_unused_parameters=true")
         command = train_command(preset, devices, nodes, [*extra, *kept])
         return {
             "preset": preset,

@@ -46,6 +46,7 @@ class ModelFacts:
     stage_activation_bytes_per_sample: dict[int, list[float]]
     sample: torch.Tensor  # one sample's x on the meta device (shape, dtype): the doctor builds a dataset once
     batchnorm: bool = False  # fsdp, model_parallel, pipeline and dp over 2+ devices refuse it (parallel/batchnorm.py)
+    unused: tuple[str, ...] = ()  # parameters no gradient reaches (an auxiliary head left out): ddp must be told
 
     @property
     def state_bytes(self) -> int:
@@ -78,6 +79,8 @@ def model_facts(cfg: DictConfig, batch: int, stage_counts: list[int], precision:
     nbytes, output = saved_bytes(net, example)
     if not isinstance(output, torch.Tensor):
         raise not_logits(type(net).__name__, output)
+    if output.requires_grad:  # on the meta device too: which parameters the backward reaches
+        output.float().sum().backward()
     return ModelFacts(
         parameters=count_parameters(net),
         optimizer_state_per_parameter=optimizer_state_bytes(cfg),
@@ -89,6 +92,7 @@ def model_facts(cfg: DictConfig, batch: int, stage_counts: list[int], precision:
         stage_parameters=stages,
         stage_activation_bytes_per_sample=stage_activations,
         batchnorm=uses_batchnorm(net),
+        unused=tuple(name for name, p in net.named_parameters() if p.requires_grad and p.grad is None),
         sample=example[0],
     )
 
