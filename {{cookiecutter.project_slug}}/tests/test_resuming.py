@@ -129,6 +129,8 @@ def test_a_checkpoint_resumes_on_any_mesh_but_not_with_another_tensor_parallel_s
     for other in [(4, 1), (1, 4)]:
         with pytest.raises(ConfigError, match="on a mesh of 2 data-parallel x 2 tensor-parallel processes"):
             check_same_mesh(shards, *other, "model_parallel")
+    with pytest.raises(ConfigError, match="processes\\), or start from another checkpoint, or none$"):
+        check_same_mesh(shards, 4, 1, "model_parallel", given=True)  # (ckpt_path=: resume=false keeps it)
     with pytest.raises(
         ConfigError, match="saved by strategy=model_parallel with strategy.tensor_parallel_size=2, this"
     ):
@@ -159,6 +161,7 @@ def test_a_damaged_checkpoint_is_refused_naming_the_newest_whole_one(run_dir, tm
     (folder / "last").symlink_to(newer.name)
     assert starting_point(run_dir, training(), folder / "last") == (None, True)  # whole: resumed
     (folder / "notes.txt").write_text("not a checkpoint, and newer than any")  # never suggested
+    torch.save(state, folder / "weights.pt")  # nor weights of another kind (ckpt_path= refuses weights alone)
     (folder / ".step000012.partial").mkdir()  # nor one being written
     (folder / ".step000012.partial" / "model.safetensors").write_bytes(b"")
     cut_short(newer)

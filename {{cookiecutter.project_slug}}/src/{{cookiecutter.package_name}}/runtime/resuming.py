@@ -148,7 +148,8 @@ def check_whole(checkpoint: Path, given: bool) -> None:
     if not checkpoint.exists() or not (problem := damage(checkpoint)):
         return
     others = sorted(
-        (path for path in checkpoint.parent.iterdir() if path != checkpoint and looks_like_checkpoint(path)),
+        # of its kind (a .ckpt file, a folder): not a weights-only .pt beside it, which ckpt_path= refuses
+        (path for path in checkpoint.parent.iterdir() if path != checkpoint and same_kind(path, checkpoint)),
         key=lambda path: path.stat().st_mtime,
         reverse=True,
     )
@@ -160,6 +161,10 @@ def check_whole(checkpoint: Path, given: bool) -> None:
         options += "start afresh with resume=false"
     what = "ckpt_path=" if given else "the run's last checkpoint "
     raise said_once(ConfigError(f"{what}{checkpoint} cannot be read: {problem}; {options}"), is_first_process())
+
+
+def same_kind(path: Path, checkpoint: Path) -> bool:
+    return looks_like_checkpoint(path) and (path.suffix, path.is_dir()) == (checkpoint.suffix, checkpoint.is_dir())
 
 
 MESH_FILE = "mesh.json"  # in the folder of a model_parallel checkpoint's shards: the mesh they were saved on
@@ -177,7 +182,9 @@ def write_mesh(folder: Path, data_parallel: int, tensor_parallel: int, preset: s
         (folder / MESH_FILE).write_text(json.dumps(mesh))
 
 
-def check_same_mesh(folder: Path | None, data_parallel: int, tensor_parallel: int, preset: str) -> None:
+def check_same_mesh(
+    folder: Path | None, data_parallel: int, tensor_parallel: int, preset: str, given: bool = False
+) -> None:
     """Refuse, before training, a checkpoint saved with another tensor-parallel size than this run's (tensor parallel 2
     -> FSDP or ddp, ddp -> tensor parallel 2), or with tensor parallelism under another preset or, model_parallel's,
     on another mesh. The optimizer's parameter groups follow the tensor-parallel layout (runtime/optimization.
@@ -189,6 +196,8 @@ def check_same_mesh(folder: Path | None, data_parallel: int, tensor_parallel: in
     folder) has no tensor parallelism; one recorded before the preset was, model_parallel's."""
     if folder is None or not folder.exists():
         return
+    # `given`: named by ckpt_path=, which resume=false does not drop
+    afresh = "start from another checkpoint, or none" if given else "start afresh with resume=false"
     path = folder / MESH_FILE
     saved = json.loads(path.read_text()) if path.is_file() else {"tensor_parallel": 1}
     then_preset, then_tp, then_dp = (
@@ -202,22 +211,20 @@ def check_same_mesh(folder: Path | None, data_parallel: int, tensor_parallel: in
         raise ConfigError(
             f"{folder} was saved without tensor parallelism, this run's tensor-parallel size is {tensor_parallel}: its "
             "optimizer state and schedule fit one parameter group per kind of parameter only; resume it under a "
-            "preset without (strategy.tensor_parallel_size=1), or start afresh with resume=false"
+            f"preset without (strategy.tensor_parallel_size=1), or {afresh}"
         )
     if then_preset == "model_parallel" and (then_dp, then_tp) != (data_parallel, tensor_parallel):
         raise ConfigError(
             f"{folder} was saved by strategy=model_parallel on a mesh of {then_dp} data-parallel x {then_tp} "
             f"tensor-parallel processes, this run's is {data_parallel} x {tensor_parallel}: its optimizer state fits "
             f"that mesh only; resume on it (strategy=model_parallel strategy.data_parallel_size={then_dp} "
-            f"strategy.tensor_parallel_size={then_tp}, {then_dp * then_tp} processes), or start afresh with "
-            "resume=false"
+            f"strategy.tensor_parallel_size={then_tp}, {then_dp * then_tp} processes), or {afresh}"
         )
     if then_preset != preset or then_tp != tensor_parallel:
         raise ConfigError(
             f"{folder} was saved by strategy={then_preset} with strategy.tensor_parallel_size={then_tp}, this run is "
             f"strategy={preset} with {tensor_parallel}: its optimizer state fits that layout's parameter groups only; "
-            f"resume it under strategy={then_preset} strategy.tensor_parallel_size={then_tp}, or start afresh with "
-            "resume=false"
+            f"resume it under strategy={then_preset} strategy.tensor_parallel_size={then_tp}, or {afresh}"
         )
 
 

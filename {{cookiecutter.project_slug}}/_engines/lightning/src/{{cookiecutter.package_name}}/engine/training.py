@@ -84,7 +84,8 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
         if note := check_not_past_the_end(Path(start), *done, *limits, bool(cfg.ckpt_path)):
             rank_zero_info(note)
     tensor_parallel = getattr(trainer.strategy, "tensor_parallel_size", 1)  # another one than the checkpoint's?
-    check_same_mesh(Path(start) if start else None, data_parallel_size(trainer), tensor_parallel, preset())
+    given = bool(cfg.ckpt_path)
+    check_same_mesh(Path(start) if start else None, data_parallel_size(trainer), tensor_parallel, preset(), given)
     if synchronised_batchnorm(cfg, model, trainer):
         rank_zero_info(synchronised_message(trainer.world_size))  # converted when fit starts (BatchNormSync)
     if cfg.check_only:
