@@ -218,6 +218,16 @@ COMMAND_LINE_REFUSALS = [
         + ["data.num_features=4", "data.num_classes=2"],
         "data.dataset Saved(split='train', ...): FileNotFoundError: [Errno 2] No such file or directory: 'nowhere/tr",
     ),
+    (  # a skip connection across the layer groups: on GPUs a RuntimeError at the first step, [cpu,cpu] ran it
+        [
+            "strategy=model_parallel",
+            "strategy.mode=layers",
+            "strategy.devices=[cpu,cpu]",
+            "model.net._target_=own_models.LongSkip",
+        ],
+        "strategy.mode=layers puts LongSkip's 2 layer groups on devices one after another, but `add` in the net's own "
+        "forward (between its parts) takes tensors of layer groups 0 and 1, which would be on two devices",
+    ),
     # a float batch reached the DataLoader (a traceback); a list, the optimizer ("'<=' not supported ...")
     (["data.batch_size=12.0"], "data.batch_size=12.0 must be a whole number of samples (the global batch)"),
     (["model.optimizer.lr=[1,2]"], "model.optimizer.lr=[1,2] is not a number (the default is 0.001)"),
@@ -244,6 +254,7 @@ COMMAND_LINE_REFUSAL_IDS = [
     "remove-a-null-setting",
     "add-a-key-that-exists",
     "dataset-whose-files-are-not-there",
+    "layers-of-a-forward-that-skips-across-devices",
     "batch-size-not-whole",
     "lr-a-list",
 ]

@@ -72,16 +72,6 @@ BAD_INPUT = [
         "runs PositionSummed's Split as a chain (first, blocks, last, each on the one before's output), but its "
         "forward gives it something else than embed's output for blocks.0: it would train another model",
     ),
-    (  # a skip connection across the layer groups: on GPUs a RuntimeError at the first step, [cpu,cpu] ran it
-        [
-            "strategy=model_parallel",
-            "strategy.mode=layers",
-            "strategy.devices=[cpu,cpu]",
-            "model.net._target_=own_models.LongSkip",
-        ],
-        "strategy.mode=layers puts LongSkip's 2 layer groups on devices one after another, but `add` in the net's own "
-        "forward (between its parts) takes tensors of layer groups 0 and 1, which would be on two devices",
-    ),
     (
         ["data.dataset._target_=nope.Nope"],
         "data.dataset._target_=nope.Nope cannot be imported (No module named 'nope'); give the full import path",
@@ -140,7 +130,6 @@ BAD_INPUT_IDS = [
     "pipeline-without-split",
     "model-parallel-without-split",
     "pipeline-of-another-forward",
-    "layers-of-a-forward-that-skips-across-devices",
     "dataset-that-does-not-import",
     "compile-under-dp",
     "value-of-the-wrong-type",

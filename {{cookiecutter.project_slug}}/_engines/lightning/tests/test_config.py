@@ -144,16 +144,6 @@ BAD_INPUT = [
         "runs PositionSummed's Split as a chain (first, blocks, last, each on the one before's output), but its "
         "forward gives it something else than embed's output for blocks.0: it would train another model",
     ),
-    (  # a skip connection across the layer groups: on GPUs a RuntimeError at the first step, [cpu,cpu] ran it
-        [
-            "strategy=model_parallel",
-            "strategy.mode=layers",
-            "strategy.devices=[cpu,cpu]",
-            "model.net._target_=own_models.LongSkip",
-        ],
-        "strategy.mode=layers puts LongSkip's 2 layer groups on devices one after another, but `add` in the net's own "
-        "forward (between its parts) takes tensors of layer groups 0 and 1, which would be on two devices",
-    ),
     (["model.optimizer.lr=abc"], "model.optimizer.lr=abc is not a number (the default is 0.001)"),
     (
         ["trainer.max_epoch=2"],
@@ -242,7 +232,6 @@ BAD_INPUT_IDS = [
     "dataset-that-does-not-import",
     "validation-inside-an-optimizer-step",
     "pipeline-of-a-forward-that-is-not-its-chain",
-    "layers-of-a-forward-that-skips-across-devices",
     "value-of-the-wrong-type",
     "unknown-setting",
     "not-true-or-false",
