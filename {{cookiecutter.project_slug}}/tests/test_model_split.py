@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import QUICK, TOLERANCE
 from layouts import command, layout
-from own_models import Conv1DBlocks, CustomInit, FusedProj, FusedQKV, PositionSummed
+from own_models import Conv1DBlocks, CustomInit, FusedProj, FusedQKV, LongSkip, PositionSummed
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
@@ -16,6 +16,7 @@ from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
 from {{ cookiecutter.package_name }}.parallel.pipelining import check_pipeline
 from {{ cookiecutter.package_name }}.parallel.sharding import (
     OnMeta,
+    check_layer_devices,
     check_layer_split,
     check_tensor_parallel,
     materialize,
@@ -155,6 +156,35 @@ def test_a_forward_that_is_not_its_splits_chain_is_refused_and_a_chain_passes():
         ConfigError, match="strategy=pipeline passes one tensor from stage to stage, the data's x to the"
     ):
         check_chain(ResidualMLP(in_features=8, num_classes=3, hidden=16, depth=2), {"a": torch.randn(1, 8)})
+
+
+class MovedSkip(LongSkip):
+    """LongSkip whose forward moves the skipped tensor to the head's device itself: fine on any devices."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skipped = x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x + skipped.to(x.device)))
+
+
+def test_layer_groups_whose_forward_mixes_devices_are_refused_on_the_cpu():
+    """strategy.mode=layers: a skip connection from the first layer group to the last is a RuntimeError at the first
+    step on GPUs, which [cpu,cpu] hides; the check follows each tensor's group through the forward. A chain, a skip
+    the forward moves itself and a tied head (check_layer_split's, by devices) pass; the net is left as it was."""
+    torch.manual_seed(0)
+    net = LongSkip(in_features=8, num_classes=3, hidden=16, depth=2)
+    before = {key: value.clone() for key, value in net.state_dict().items()}
+    with pytest.raises(
+        ConfigError, match="but `add` in the net's own forward \\(between its parts\\) takes tensors of"
+    ):
+        check_layer_devices(net, torch.randn(2, 8), 2)
+    assert net.training and not net._forward_pre_hooks and not net.head._forward_pre_hooks
+    assert all(torch.equal(value, before[key]) for key, value in net.state_dict().items())
+    check_layer_devices(MovedSkip(in_features=8, num_classes=3, hidden=16, depth=2), torch.randn(2, 8), 2)
+    check_layer_devices(ResidualMLP(in_features=8, num_classes=3, hidden=16, depth=4), torch.randn(2, 8), 4)
+    gpt = GPT(vocab_size=32, max_seq_len=8, dim=16, depth=2, num_heads=2)  # its head reuses the embedding's matrix
+    check_layer_devices(gpt, torch.randint(0, 32, (2, 8)), 2)
 
 
 def test_a_tensor_parallel_plan_over_layers_torch_cannot_shard_is_refused():

@@ -472,9 +472,15 @@ class _Devices(TorchFunctionMode):
             where = f"in {self.running[-1]}" if self.running else "in the net's own forward (between its parts)"
             name = getattr(func, "__name__", func)
             self.mixed = f"`{name}` {where} takes tensors of layer groups {groups[0]} and {groups[-1]}"
+        # Moved by the forward itself (x.to(h.device)): anywhere. A new tensor: on the CPU, .to returns its input.
+        if getattr(func, "__name__", "") in MOVES and isinstance(out, torch.Tensor):
+            return out.view_as(out)
         for tensor in (t for t in tree_leaves(out) if isinstance(t, torch.Tensor)) if groups else ():
             self.place(tensor, groups[-1])
         return out
+
+
+MOVES = ("to", "cuda", "cpu", "type_as")
 
 
 def check_layer_devices(model: nn.Module, example: torch.Tensor | None, groups: int) -> None:
@@ -488,11 +494,16 @@ def check_layer_devices(model: nn.Module, example: torch.Tensor | None, groups: 
     parts = layer_groups(model, groups)
     names = {module: name for name, module in net.named_modules()}
     devices = _Devices(names)
+    held: dict[int, set[int]] = {}  # id(parameter or buffer) -> the groups that hold it
     for index, group in enumerate(parts):
         for tensor in (t for module in group for t in (*module.parameters(), *module.buffers())):
+            held.setdefault(id(tensor), set()).add(index)
             devices.place(tensor, index)
+    for shared in (key for key, owners in held.items() if len(owners) > 1):  # tied weights: check_layer_split's
+        del devices.group[shared]
     for tensor in (*net.parameters(), *net.buffers()):  # outside the parts: on the first device, with the input
-        devices.group.setdefault(id(tensor), 0)
+        if id(tensor) not in held:
+            devices.place(tensor, 0)
     devices.place(example, 0)
 
     def moved_to(index: int, module: nn.Module):
@@ -515,7 +526,7 @@ def check_layer_devices(model: nn.Module, example: torch.Tensor | None, groups: 
     training = net.training
     net.eval()
     try:
-        with torch.no_grad(), torch.random.fork_rng(), devices:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]), devices:  # (the net is on the CPU here)
             net(example)
     finally:
         for handle in handles:
