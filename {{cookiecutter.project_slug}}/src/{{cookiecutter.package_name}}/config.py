@@ -172,7 +172,7 @@ def check_setting(override: Override, keys: dict[str, Any], groups: set[str], re
         shown = override.get_value_element_as_str()
         raise ConfigError(f"+{key}: {key} exists; set it without +: {key}={shown} (or ++{key}={shown} to force)")
     if kind in (OverrideType.ADD, OverrideType.FORCE_ADD) and key not in keys:
-        _check_added(key, keys, read)
+        _check_added(key, keys, read, isinstance(override.value(), dict))
     if kind in (OverrideType.CHANGE, OverrideType.DEL) and key not in keys:
         near = difflib.get_close_matches(key, keys, n=1, cutoff=0.75)  # (0.6 offered `oom` for `foo`)
         hint = f"; did you mean {near[0]}?" if near else ""
@@ -200,6 +200,8 @@ def check_setting(override: Override, keys: dict[str, Any], groups: set[str], re
         keys.setdefault(key, None)
         return
     default = keys[key]
+    if key == "logger._target_":  # another logger class: a key added to it after is not wandb's
+        keys[key] = override.value()
     for value in _values(override):
         if key in TEXT_ALSO or not isinstance(value, str | list | dict) or "${" in str(value):
             continue
@@ -214,7 +216,7 @@ def check_setting(override: Override, keys: dict[str, Any], groups: set[str], re
 READ = {"data", "trainer"}
 
 
-def _check_added(key: str, keys: dict[str, Any], read: str) -> None:
+def _check_added(key: str, keys: dict[str, Any], read: str, node: bool) -> None:
     """Refuse `+KEY=...` that nothing would read: a top-level key or node, a checkpoint setting, a key the logger
     does not pass on to wandb, a callback that is not a node, unless an interpolation reads it (`+base=0.1
     model.optimizer.lr=${base}`). Taken in, it was dropped without a word (`+oom=toolkit` in a Lightning project),
@@ -229,21 +231,25 @@ def _check_added(key: str, keys: dict[str, Any], read: str) -> None:
     if parent == "checkpoint":
         taken = ", ".join(sorted(str(other) for other in keys[parent]))
         raise ConfigError(f"+{key}: the training reads no {key}, only the settings it has: {taken}")
-    if parent == "logger" and name not in (taken := _logger_arguments(keys)):
+    if parent == "logger" and (taken := _logger_arguments(keys)) and name not in taken:
         near = difflib.get_close_matches(name, taken, n=1, cutoff=0.75)
         hint = f"did you mean logger.{near[0]}? " if near else ""
         raise ConfigError(f"+{key}: wandb.init takes no {name}; {hint}it takes {', '.join(sorted(taken))}")
-    if parent == "callbacks":  # Lightning's: each a node that builds one callback
+    if parent == "callbacks" and not node:  # Lightning's: each a node that builds one callback
         raise ConfigError(f"+{key}: a callback is a node that names its class: +callbacks.{name}._target_=PKG.CLASS")
 
 
 def _logger_arguments(keys: dict[str, Any]) -> set[str]:
-    """The keys the logger config may have: wandb.init's arguments, and those of the logger class that passes them
-    on (Lightning's WandbLogger takes a few of its own)."""
+    """The keys the wandb logger config may have: wandb.init's arguments, and those of the logger class that passes
+    them on (Lightning's WandbLogger takes a few of its own); empty for another logger (logger._target_=...: its
+    class refuses an argument it does not take when built)."""
+    target = keys.get("logger._target_")
+    if target and "wandb" not in str(target).lower():
+        return set()
     import wandb  # (only for a key added to the logger: it takes a second to import)
 
     taken = set(inspect.signature(wandb.init).parameters)
-    if target := keys.get("logger._target_"):
+    if target:
         for cls in inspect.getmro(get_object(target)):
             if "__init__" in vars(cls):
                 taken |= set(named_arguments(cls.__init__))

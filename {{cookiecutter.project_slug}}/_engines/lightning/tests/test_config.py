@@ -280,6 +280,19 @@ def test_a_second_callbacks_preset_is_added_under_a_package_of_its_own():
         check_overrides(["+callbacks=progress_bar"], "train")
 
 
+def test_keys_added_to_the_logger_and_callbacks_are_refused_only_where_nothing_reads_them():
+    """(The refusals are in BAD_INPUT.) What the checks of +logger.KEY and +callbacks.NAME must let through: a
+    callback given whole as a node, another logger class's own arguments, wandb.init's and WandbLogger's."""
+    early_stop = "{_target_:lightning.pytorch.callbacks.EarlyStopping,monitor:val/loss}"
+    check_overrides(
+        [f"+callbacks.stop={early_stop}", "+callbacks.late._target_=lightning.pytorch.callbacks.Timer"], "train"
+    )
+    check_overrides(
+        ["logger._target_=lightning.pytorch.loggers.CSVLogger", "+logger.flush_logs_every_n_steps=5"], "train"
+    )
+    check_overrides(["+logger.tags=[a,b]", "+logger.notes=first", "+logger.prefix=run"], "train")
+
+
 def test_ddp_takes_the_options_of_torchs_ddp_but_no_other_added_setting():
     """Lightning's DDPStrategy hands keyword arguments it does not know to torch's DistributedDataParallel: those
     stay open (+strategy.static_graph=true); anything else is refused before the run folder."""
