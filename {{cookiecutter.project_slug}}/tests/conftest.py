@@ -186,6 +186,11 @@ COMMAND_LINE_REFUSALS = [
     # a traceback once the run folder was made: wandb.init's TypeError, the schedule's at its build
     (["+logger.tag=a"], "+logger.tag: wandb.init takes no tag; did you mean logger.tags? it takes "),
     (["+scheduler.min_lr=0.1"], "scheduler: cosine() got an unexpected keyword argument 'min_lr'; drop the argument"),
+    (  # torch's own class: the training gives every schedule its total steps
+        ["scheduler._target_=torch.optim.lr_scheduler.StepLR", "+scheduler.step_size=3"]
+        + ["~scheduler.warmup_steps", "~scheduler.min_lr_ratio"],
+        "argument 'total_steps'; the training calls it as scheduler(optimizer, total_steps=N): give a function that",
+    ),
     # each value of a --multirun sweep, checked as one value is (Hydra: its own lines, exit 1, a multirun folder)
     (["-m", "strategy=single,ddpp"], "unknown strategy 'ddpp'; valid: ddp, ddp_spawn, dp, fsdp, model_parallel,"),
     (["-m", "trainer.max_epoch=1,2"], "unknown setting trainer.max_epoch; did you mean trainer.max_epochs?"),
@@ -241,6 +246,7 @@ COMMAND_LINE_REFUSAL_IDS = [
     "add-a-top-level-node",
     "add-a-key-wandb-does-not-take",
     "add-a-key-the-schedule-does-not-take",
+    "a-schedule-without-total-steps",
     "multirun-preset-typo",
     "multirun-key-typo",
     "multirun-value-not-a-number",

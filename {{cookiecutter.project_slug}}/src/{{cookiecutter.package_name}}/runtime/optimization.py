@@ -54,16 +54,28 @@ def check_optimization(cfg: DictConfig, optimizer: OptimizerFactory, schedule: S
         pass
     try:  # (a bad argument was a traceback when the training built the schedule, after the run folder was made)
         schedule(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0), total_steps=10)
-    except TypeError as error:
-        raise ConfigError(
-            f"scheduler: {error}; drop the argument with ~scheduler.{unexpected(error)}, or give one it takes"
-        ) from None
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"scheduler: {error}; {schedule_advice(error)}") from None
 
 
 def unexpected(error: TypeError) -> str:
     """The argument named by "got an unexpected keyword argument 'X'" ("KEY" if another TypeError)."""
     taken = re.search(r"unexpected keyword argument '(\w+)'", str(error))
     return taken.group(1) if taken else "KEY"
+
+
+def schedule_advice(error: Exception) -> str:
+    """What to do about a scheduler config its function refused (a TypeError: an argument; a ValueError: a value)."""
+    if (key := unexpected(error)) == "total_steps":  # torch's own classes (StepLR, ...) take no total_steps
+        return (
+            "the training calls it as scheduler(optimizer, total_steps=N): give a function that takes both, as "
+            "runtime/optimization.py's constant and cosine do (wrapping torch's class)"
+        )
+    if key != "KEY":
+        return f"drop the argument with ~scheduler.{key}, or give one it takes"
+    if missing := re.search(r"missing \d+ required .*argument: '(\w+)'", str(error)):
+        return f"give it: +scheduler.{missing.group(1)}=..."
+    return "give settings it takes (configs/scheduler/)"
 
 
 def is_number(value: Any) -> bool:
