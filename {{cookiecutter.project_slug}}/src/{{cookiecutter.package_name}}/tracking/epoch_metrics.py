@@ -17,6 +17,12 @@ def append_epoch_metrics(path: str | Path, epoch: int, metrics: dict[str, float]
         file.write(json.dumps(line) + "\n")
 
 
+def is_final(epoch: int, max_epochs: int | None, steps: int, max_steps: int | None) -> bool:
+    """Whether the training ends after this epoch's validation: its last epoch, or the one that reached max_steps
+    (-1 or None: no limit)."""
+    return (max_epochs is not None and epoch + 1 == max_epochs) or (max_steps is not None and 0 < max_steps <= steps)
+
+
 def read_epoch_metrics(path: Path) -> list[dict[str, float]]:
     """The complete lines so far (a line still being written is left for the next read)."""
     if not path.is_file():

@@ -20,7 +20,7 @@ from ..runtime.interrupt import Interrupt
 from ..runtime.metrics import check_val_loss
 from ..runtime.optimization import current_lr, total_steps
 from ..runtime.real_targets import RealTargets
-from ..tracking.epoch_metrics import append_epoch_metrics
+from ..tracking.epoch_metrics import append_epoch_metrics, is_final
 from .checkpoints import Checkpoints
 from .evaluation import batches, evaluate, log, prefixed, to_device
 from .oom import OOMRecovery, OutOfMemoryStop, log_device_memory
@@ -226,7 +226,8 @@ def validate(
     # both engines chart alike
     log(accelerator, {**prefixed("val", metrics), "epoch": epoch}, max(progress.global_step - 1, 0))
     if cfg.epoch_metrics and accelerator.is_main_process:  # the search reads it to prune a trial
-        append_epoch_metrics(cfg.epoch_metrics, epoch, prefixed("val", metrics), epoch + 1 == cfg.trainer.max_epochs)
+        final = is_final(epoch, cfg.trainer.max_epochs, progress.global_step, cfg.trainer.max_steps)
+        append_epoch_metrics(cfg.epoch_metrics, epoch, prefixed("val", metrics), final)
     if cfg.oom.log_memory:
         log_device_memory(accelerator, strategy, progress.global_step)
     best = metrics["loss"] < progress.best_val_loss

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import lightning as L
 
-from ...tracking.epoch_metrics import append_epoch_metrics
+from ...tracking.epoch_metrics import append_epoch_metrics, is_final
 
 
 class EpochMetricsFile(L.Callback):
@@ -18,4 +18,5 @@ class EpochMetricsFile(L.Callback):
         if trainer.sanity_checking or not trainer.is_global_zero:
             return
         metrics = {name: value for name, value in trainer.callback_metrics.items() if name.startswith("val/")}
-        append_epoch_metrics(self.path, trainer.current_epoch, metrics, trainer.current_epoch + 1 == trainer.max_epochs)
+        epoch, steps = trainer.current_epoch, trainer.global_step
+        append_epoch_metrics(self.path, epoch, metrics, is_final(epoch, trainer.max_epochs, steps, trainer.max_steps))
