@@ -35,6 +35,7 @@ Created {shown}/ ({ENGINE} engine). Next:
   {multi}
   pytest
 
-(On a GPU machine, install the torch build for your CUDA version instead of the pinned CPU wheel.)
+(On a GPU machine, install the torch build for your CUDA version; on a CPU-only one, torch from
+https://download.pytorch.org/whl/cpu: plain PyPI gives the CUDA build on Linux.)
 """
 )
