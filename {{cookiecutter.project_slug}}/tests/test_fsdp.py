@@ -16,6 +16,7 @@ from {{ cookiecutter.package_name }}.engine.checkpoints import load_trained
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
 from {{ cookiecutter.package_name }}.parallel.sharding import FsdpSettings, check_fsdp, parallelize
+from {{ cookiecutter.package_name }}.runtime.checkpoint_forms import saved_entries
 
 # Shuffled; 8 steps, a checkpoint every 3.
 SETTINGS = [*QUICK, "trainer.accelerator=cpu", "data.shuffle=true", "data.train_size=512", "data.batch_size=64",
@@ -66,16 +67,22 @@ def test_a_stopped_fsdp_training_continues_exactly_from_its_shards(tmp_path, tra
     one = train(*SETTINGS, "strategy=fsdp", "trainer.devices=1")
     assert one.losses(STEPS) == pytest.approx(single, abs=TOLERANCE)
 
-    # Every process killed in the forward of step 7, right after the checkpoint of step 6.
-    net = ["model.net._target_=own_models.InterruptedOnce", f"+model.net.marker={tmp_path / 'once'}",
+    # Every process killed in the forward of step 7, right after the checkpoint of step 6. The net has a head its
+    # forward leaves out: AdamW keeps no state for it, which neither the continued run nor the test pass after it (the
+    # best checkpoint loaded into the trained optimizer) may ask the checkpoint for, or make up.
+    net = ["model.net._target_=own_models.InterruptedOnceWithUnusedHead", f"+model.net.marker={tmp_path / 'once'}",
            "+model.net.at=6", "+model.net.signal_name=SIGKILL"]  # fmt: skip
-    command = [*SETTINGS, *net, "strategy=fsdp", "trainer.devices=2"]
+    command = [*SETTINGS, *net, "strategy=fsdp", "trainer.devices=2", "test_after_fit=true"]
     run_dir, launcher = tmp_path / "fsdp", launcher_of("fsdp", 2)
     killed = train(*command, launcher=launcher, run_dir=run_dir, check=False)
     assert killed.returncode != 0 and (run_dir / LAST).exists(), killed.output[-3000:]
     again = train(*command, launcher=launcher, run_dir=run_dir)  # the same command again: resumes from its shards
     assert "resuming from" in again.output
     assert killed.losses(STEPS + 1) == pytest.approx(single, abs=TOLERANCE)  # in one wandb run, each step once
+    assert "test/loss" in again.output
+    # The last checkpoint, of the continued run: the head's weights, and no optimizer state (zeros) for it.
+    unused = [key for key in saved_entries(next((run_dir / LAST).rglob(".metadata")).parent) if "auxiliary" in key]
+    assert len(unused) == 2 and not any(".state." in key for key in unused), unused
 
     trained = load_trained(run_dir / LAST)  # the shards, put together on one device
     assert trained(torch.randn(4, 32)).shape == (4, 8)  # data=synthetic: 32 features, 8 classes

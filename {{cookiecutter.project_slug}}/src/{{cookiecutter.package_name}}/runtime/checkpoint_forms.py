@@ -25,7 +25,9 @@ import torch.distributed.checkpoint as dcp
 # torch's own reading of a DCP folder into a state dict that does not exist yet, as format_utils.dcp_to_torch_save
 # does it (which writes the result to a file); the public dcp.load fills a state dict of known entries only.
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+from torch.nn import Module
 from torch.optim import Optimizer
 
 from ..parallel.pipelining import single_device_name
@@ -51,6 +53,71 @@ def read_parts(folder: Path) -> dict[str, Any]:
         reader = dcp.FileSystemReader(folder)
         _load_state_dict(state, storage_reader=reader, planner=_EmptyStateDictLoadPlanner(), no_dist=True)
     return state
+
+
+def saved_entries(folder: Path) -> set[str]:
+    """The entries a DCP folder holds, as its metadata names them (flattened: optimizer.state.net.head.weight.step)."""
+    return set(dcp.FileSystemReader(folder).read_metadata().state_dict_metadata)
+
+
+def drop_unsaved_state(state: dict[str, Any], saved: set[str], key: str) -> None:
+    """Before DCP fills `state` (an optimizer's, keyed by parameter name, nested or flattened: torch's get_state_dict)
+    from a checkpoint holding the entries `saved` (saved_entries), the optimizer's under `key`: drop the state of each
+    parameter the checkpoint holds none for. torch's optimizers keep none for a parameter that never had a gradient
+    (an auxiliary head the forward leaves out), where get_state_dict of an optimizer yet to step makes one for every
+    parameter, which DCP would look for. A parameter saved with part of its state keeps its entries: DCP fails on
+    the others, as on any entry the checkpoint lacks. load_optimizer_state then loads the state as saved."""
+    holders = _prefixes(saved)
+    if "state" in state:
+        for name in [name for name in state["state"] if f"{key}.state.{name}" not in holders]:
+            del state["state"][name]
+        return
+    unsaved = {f"state.{name}" for name in _flattened_names(state) if f"{key}.state.{name}" not in holders}
+    for entry in [entry for entry in state if unsaved & _prefixes([entry])]:
+        del state[entry]
+
+
+def stateless(state: dict[str, Any]) -> set[str]:
+    """The parameters an optimizer state keyed by name (nested or flattened) names in its groups without state."""
+    if "state" in state:
+        return {name for group in state["param_groups"] for name in group["params"]} - set(state["state"])
+    holders = _prefixes(state)
+    return {name for name in _flattened_names(state) if f"state.{name}" not in holders}
+
+
+def load_optimizer_state(
+    net: Module, optimizer: Optimizer, state: dict[str, Any], options: StateDictOptions | None = None
+) -> None:
+    """torch's set_optimizer_state_dict, for a state keyed by parameter name (nested or flattened) without state for
+    some parameters its groups name (`stateless`: torch's optimizers keep none for a parameter that never had a
+    gradient). Those end without state, as in the training that saved it: torch's loading asks one of each parameter
+    (strict) and keeps, for one it finds none of, the optimizer's own (the zeros get_state_dict makes before a first
+    step; the flattened form reads which entries to take from it). Any other parameter missing still fails."""
+    missing = stateless(state) if not is_numbered(state) else set()
+    unsaved = [param for name, param in net.named_parameters(remove_duplicate=False) if _fqn(name) in missing]
+    for param in unsaved:
+        optimizer.state.pop(param, None)
+    if "state" in state and missing:  # an empty state: what torch's optimizers hold for a parameter before its step
+        state = {**state, "state": {**state["state"], **{name: {} for name in missing}}}
+    set_optimizer_state_dict(net, optimizer, state, options=options)
+    for param in unsaved:
+        optimizer.state.pop(param, None)
+
+
+def _fqn(name: str) -> str:
+    """A parameter's name as torch's state-dict functions give it: without torch.compile's wrapper (_orig_mod)."""
+    return name.replace("_orig_mod.", "")
+
+
+def _prefixes(keys: Iterable[str]) -> set[str]:
+    """Every dotted prefix of `keys` (a.b.c: a, a.b)."""
+    parts = [key.split(".") for key in keys]
+    return {".".join(split[:i]) for split in parts for i in range(1, len(split))}
+
+
+def _flattened_names(state: dict[str, Any]) -> set[str]:
+    """The parameters a flattened optimizer state names: each has its hyperparameters (param_groups.<name>.lr)."""
+    return {key.removeprefix("param_groups.").rpartition(".")[0] for key in state if key.startswith("param_groups.")}
 
 
 def nested(state: dict[str, Any]) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import torch.distributed.checkpoint as dcp
 from accelerate import Accelerator
 from omegaconf import DictConfig
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 
 from ...errors import ConfigError
@@ -47,11 +47,14 @@ from ...parallel.split import find_split
 from ...runtime.async_saves import CheckpointWriter
 from ...runtime.checkpoint_forms import (
     SHARDS,
+    drop_unsaved_state,
     fill_tied,
     form_of,
+    load_optimizer_state,
     one_name_each,
     parameter_names,
     restore_hyperparameters,
+    saved_entries,
 )
 from ...runtime.resuming import write_mesh
 from ..checkpoints import read_whole, saved_by_layers
@@ -204,15 +207,21 @@ class ShardedState:
         if not folder.is_dir() or form_of(folder) != self.form:  # another preset's checkpoint
             self._load_whole(*read_whole(checkpoint))
             return
+        state = self._read(folder)
+        self._set(state["model"], state["optimizer"], self.options)
+
+    def _read(self, folder: Path) -> dict[str, Any]:
+        """The net's and optimizer's entries of this process in the DCP folder, read in place. The optimizer's of the
+        parameters the checkpoint holds no state for (that never had a gradient) are not asked for."""
         state = self._state()
-        dcp.load(state, checkpoint_id=folder)  # into this process's shards, in place
-        set_state_dict(
-            self.model,
-            self.optimizer,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optimizer"],
-            options=self.options,
-        )
+        drop_unsaved_state(state["optimizer"], saved_entries(folder), "optimizer")
+        dcp.load(state, checkpoint_id=folder)
+        return state
+
+    def _set(self, model: dict[str, Any], optimizer: dict[str, Any], options: StateDictOptions) -> None:
+        """Load the net's state and the optimizer's (those parameters left without state, as saved)."""
+        set_model_state_dict(self.model, model, options=options)
+        load_optimizer_state(self.model, self.optimizer, optimizer, options)
 
     def _load_whole(self, model: dict[str, Any], optimizer: dict[str, Any]) -> None:
         """One device's net and optimizer state (read_whole), each process keeping its shards."""
@@ -220,7 +229,7 @@ class ShardedState:
         fill_tied(model, names)
         options = StateDictOptions(full_state_dict=True)
         optimizer = one_name_each(optimizer, names)
-        set_state_dict(self.model, self.optimizer, model_state_dict=model, optim_state_dict=optimizer, options=options)
+        self._set(model, optimizer, options)
         restore_hyperparameters(self.optimizer, optimizer, names)
 
 
@@ -238,13 +247,9 @@ class WholeState:
         return {"model": model, "optimizer": optimizer}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        set_state_dict(
-            self.model,
-            self.optimizer,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optimizer"],
-            options=StateDictOptions(full_state_dict=True),
-        )
+        options = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(self.model, state["model"], options=options)
+        load_optimizer_state(self.model, self.optimizer, state["optimizer"], options)
 
 
 @contextmanager

@@ -9,11 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
 from accelerate import Accelerator
 from omegaconf import DictConfig
 from torch import nn
-from torch.distributed.checkpoint.state_dict import set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions
 
 from ...errors import ConfigError
 from ...parallel.layout import Layout
@@ -179,17 +178,10 @@ class StageState(ShardedState):
         if not folder.is_dir() or form_of(folder) != self.form:  # another preset's checkpoint
             self._load_whole(*read_whole(checkpoint))
             return
-        state = self._state()
-        dcp.load(state, checkpoint_id=folder)  # this stage's entries only, in place
+        state = self._read(folder)  # this stage's entries only, in place
         own = {single_device_name(name): name for name in self.model.state_dict()}
         model = {own[name]: value for name, value in state["model"].items()}
-        set_state_dict(
-            self.model,
-            self.optimizer,
-            model_state_dict=model,
-            optim_state_dict=state["optimizer"],
-            options=self.options,
-        )
+        self._set(model, state["optimizer"], self.options)
 
     def _load_whole(self, model: dict[str, Any], optimizer: dict[str, Any]) -> None:
         """This stage's entries of one device's net and optimizer state (read_whole), under the stage's names. A
@@ -200,4 +192,4 @@ class StageState(ShardedState):
         stage = {name: model[saved_as] for name, saved_as in saved.items()}
         names = {single_device_name(name): name for name, _ in self.model.named_parameters()}
         optimizer = stage_state(optimizer, names, aliases)
-        set_state_dict(self.model, self.optimizer, model_state_dict=stage, optim_state_dict=optimizer)
+        self._set(stage, optimizer, StateDictOptions())

@@ -43,7 +43,7 @@ from ...parallel.sharding import (
 from ...runtime.async_saves import CheckpointWriter
 from ...runtime.checkpoint_forms import SHARDS, form_of
 from ...runtime.resuming import write_mesh
-from .sharded_checkpoints import load_whole, read_whole, write_parts
+from .sharded_checkpoints import load_parts, load_whole, read_whole, write_parts
 
 
 def model_parallel(
@@ -143,11 +143,12 @@ class TensorParallelStrategy(ModelParallelStrategy):
             write_mesh(Path(filepath), *self._sizes(), self.preset)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        """Shards, as Lightning reads them; a checkpoint of another preset (a whole-model file, a pipeline's stages)
-        read whole, each process keeping its shards of it."""
+        """Shards, as Lightning reads them (load_parts: without the optimizer state of parameters that never had a
+        gradient); a checkpoint of another preset (a whole-model file, a pipeline's stages) read whole, each process
+        keeping its shards of it."""
         path = Path(self.broadcast(checkpoint_path))
         if form_of(path) == SHARDS:
-            return super().load_checkpoint(path, weights_only)
+            return load_parts(path, self.model, self.optimizers, self.lightning_module.strict_loading, weights_only)
         checkpoint = read_whole(path, weights_only)
         load_whole(self.model, self.optimizers, checkpoint)
         return checkpoint

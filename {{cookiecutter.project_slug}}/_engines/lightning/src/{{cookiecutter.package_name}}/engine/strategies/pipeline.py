@@ -18,11 +18,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_optimizer_state_dict,
-    set_optimizer_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
 from ...errors import ConfigError
 from ...parallel.layout import Layout
@@ -38,7 +34,14 @@ from ...parallel.pipelining import (
     single_device_name,
 )
 from ...runtime.async_saves import CheckpointWriter
-from ...runtime.checkpoint_forms import STAGES, form_of, stage_state
+from ...runtime.checkpoint_forms import (
+    STAGES,
+    drop_unsaved_state,
+    form_of,
+    load_optimizer_state,
+    saved_entries,
+    stage_state,
+)
 from ...runtime.resuming import write_mesh
 from ..module import writes_step_metrics
 from .sharded_checkpoints import META, check_named, read_whole, write_parts
@@ -199,7 +202,7 @@ class PipelineStrategy(DDPStrategy):
         for optimizer, state in zip(self.optimizers, checkpoint["optimizer_states"], strict=True):
             # A stage's part is flattened (STAGE_OPTIMIZER_STATE); another preset's checkpoint nested (load_checkpoint)
             options = StateDictOptions() if "state" in state else STAGE_OPTIMIZER_STATE
-            set_optimizer_state_dict(self.lightning_module, optimizer, state, options=options)
+            load_optimizer_state(self.lightning_module, optimizer, state, options)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
         """A folder, as model_parallel's: every stage writes its own parameters and optimizer state into it with
@@ -216,10 +219,12 @@ class PipelineStrategy(DDPStrategy):
             return self._stage_of(read_whole(path, weights_only))
         checkpoint = torch.load(path / META, map_location="cpu", weights_only=weights_only)
         stage = {"state_dict": self.lightning_module_state_dict()}
-        saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+        saved = saved_entries(path)
         with_optimizers = any(key.startswith("optimizer_") for key in saved)  # not in weights-only checkpoints
         if with_optimizers and self.lightning_module.trainer.state.fn == TrainerFn.FITTING:
             stage.update({f"optimizer_{i}": self.optimizer_state(opt) for i, opt in enumerate(self.optimizers)})
+        for key in set(stage) - {"state_dict"}:  # not the state of a parameter that never had a gradient (none saved)
+            drop_unsaved_state(stage[key], saved, key)
         dcp.load(stage, checkpoint_id=path)
         checkpoint["state_dict"] = stage.pop("state_dict")
         if stage:

@@ -9,20 +9,29 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+)
 
 from ...errors import ConfigError
 from ...runtime.async_saves import CheckpointWriter
 from ...runtime.checkpoint_forms import (
     WHOLE,
+    drop_unsaved_state,
     form_of,
     is_numbered,
+    load_optimizer_state,
     nested,
     one_name_each,
     parameter_names,
     read_parts,
     restore_hyperparameters,
+    saved_entries,
 )
 
 META = "meta.pt"  # what Lightning's ModelParallelStrategy names the non-tensor part of its checkpoint folders
@@ -41,6 +50,26 @@ def write_parts(checkpoint: dict[str, Any], path: Path, writer: CheckpointWriter
     writer.write(parts, path)
     if first_process:
         torch.save(checkpoint, path / META)
+
+
+def load_parts(
+    path: Path, module: nn.Module, optimizers: list[torch.optim.Optimizer], strict: bool, weights_only: bool | None
+) -> dict[str, Any]:
+    """Load the folder `path` (write_parts') into a sharded `module` and its optimizers, each process reading its
+    shards in place; returns the rest (meta.pt). As Lightning's ModelParallelStrategy loads it, but the optimizer
+    state of a parameter that never had a gradient (which torch's optimizers keep none of) neither asked for nor
+    made up: the parameter ends without state, as saved (checkpoint_forms.load_optimizer_state)."""
+    net = {"state_dict": get_model_state_dict(module)}
+    dcp.load(net, checkpoint_id=path)
+    module.load_state_dict(net["state_dict"], strict=strict)
+    saved = saved_entries(path)
+    for i, optimizer in enumerate(optimizers):
+        key = f"optimizer_{i}"
+        state = {key: get_optimizer_state_dict(module, optimizer)}
+        drop_unsaved_state(state[key], saved, key)
+        dcp.load(state, checkpoint_id=path)
+        load_optimizer_state(module, optimizer, state[key], StateDictOptions(cpu_offload=True))
+    return torch.load(path / META, weights_only=weights_only)
 
 
 def read_whole(path: Path, weights_only: bool | None = None) -> dict[str, Any]:
@@ -78,5 +107,5 @@ def load_whole(module: nn.Module, optimizers: list[torch.optim.Optimizer], check
     check_named(states)
     names = parameter_names(module.named_parameters(remove_duplicate=False))
     for optimizer, state in zip(optimizers, states, strict=False):
-        set_optimizer_state_dict(module, optimizer, one_name_each(state, names), options=full)
+        load_optimizer_state(module, optimizer, one_name_each(state, names), full)
         restore_hyperparameters(optimizer, state, names)
