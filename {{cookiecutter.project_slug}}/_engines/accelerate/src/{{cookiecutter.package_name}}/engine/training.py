@@ -66,7 +66,7 @@ def train(cfg: DictConfig) -> None:
     last = run_dir / "checkpoints" / "last"
     given = bool(cfg.ckpt_path)
     start = Path(cfg.ckpt_path) if given else last if cfg.resume and last.exists() else None
-    strategy.check_resume(start, processes)
+    strategy.check_resume(start, processes, given)
     if start:
         limits = cfg.trainer.max_epochs, cfg.trainer.max_steps
         if (note := check_not_past_the_end(start, *trained_so_far(start), *limits, given)) and is_first_process():

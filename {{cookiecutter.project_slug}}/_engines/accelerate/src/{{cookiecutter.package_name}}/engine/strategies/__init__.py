@@ -68,12 +68,13 @@ class Strategy:
         """How many processes the run will have: the launcher's (accelerate launch, torchrun) by default."""
         return launched
 
-    def check_resume(self, checkpoint: Path | None, processes: int) -> None:
+    def check_resume(self, checkpoint: Path | None, processes: int, given: bool = False) -> None:
         """Refuse, before training, a checkpoint this layout cannot continue: one of model_parallel's with tensor
-        parallelism (runtime/resuming.check_same_mesh), or of its mode=layers. Any other preset's it continues."""
+        parallelism (runtime/resuming.check_same_mesh), or of its mode=layers. Any other preset's it continues.
+        `given`: named by ckpt_path= (the refusal's way out is another checkpoint, not resume=false)."""
         if checkpoint is not None:
             parts = checkpoint / "sharded"  # a whole-model checkpoint has none: no tensor parallelism
-            check_same_mesh(parts if parts.is_dir() else checkpoint, *self.mesh(processes), self.name)
+            check_same_mesh(parts if parts.is_dir() else checkpoint, *self.mesh(processes), self.name, given)
             if saved_by_layers(checkpoint):
                 raise ConfigError(
                     f"{checkpoint} was saved by strategy=model_parallel strategy.mode=layers, whose checkpoint keeps "

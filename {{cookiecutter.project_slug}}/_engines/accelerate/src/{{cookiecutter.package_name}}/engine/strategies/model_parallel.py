@@ -158,11 +158,11 @@ class ModelParallel(Strategy):
     def sharded_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> "ShardedState | None":
         return ShardedState(model, optimizer, self.name, self.sizes) if self.writes_checkpoint_parts else None
 
-    def check_resume(self, checkpoint: Path | None, processes: int) -> None:
+    def check_resume(self, checkpoint: Path | None, processes: int, given: bool = False) -> None:
         """mode=layers: refuse another preset's checkpoint (it keeps its net elsewhere: saved_by_layers), before
         training; mode=tensor: one saved with another tensor-parallel size or mesh (Strategy.check_resume)."""
         if self.mode == "tensor":
-            super().check_resume(checkpoint, processes)
+            super().check_resume(checkpoint, processes, given)
         elif checkpoint is not None and not saved_by_layers(checkpoint):
             raise ConfigError(
                 f"{checkpoint} was saved by another preset than strategy=model_parallel strategy.mode=layers, whose "
