@@ -89,6 +89,7 @@ def test_shards_are_not_resumed_on_another_mesh(tmp_path, train_env):
         "error: " + str(last / "sharded") + " was saved by strategy=model_parallel on a mesh of 1 data-parallel x 2 "
         "tensor-parallel processes, this run's is 2 x 1" in refused.output
     )
+    assert "or start from another checkpoint, or none" in refused.output  # (ckpt_path=: resume=false keeps it)
     assert "KeyError" not in refused.output and not (refused.run_dir / "checkpoints").exists(), "before training"
 
 
