@@ -57,6 +57,9 @@ def test_model_types_the_presets_cannot_split_are_refused_in_one_line():
     refuse it, naming what to use; Qwen3's plan has a style torch's two do not cover, refused by tensor parallelism
     only (its pipeline and FSDP2 need no plan); a misspelt type gets the nearest names."""
     gpt2 = CausalLM(32, 8, model_type="gpt2", config=dict(n_embd=16, n_layer=2, n_head=2))
+    # no dropout unless given (gpt2's are 0.1 by default: ddp was 1.6e-2 off single)
+    assert (gpt2.lm.config.resid_pdrop, gpt2.lm.config.embd_pdrop, gpt2.lm.config.attn_pdrop) == (0.0, 0.0, 0.0)
+    assert CausalLM(32, 8, "gpt2", dict(n_embd=16, n_layer=2, n_head=2, attn_pdrop=0.1)).lm.config.attn_pdrop == 0.1
     with pytest.raises(ConfigError, match="model_type=gpt2 is not a chain .* Use a model_type of the Llama layout"):
         find_split(gpt2, "pipeline")
     qwen3 = CausalLM(32, 8, model_type="qwen3", config=SMALL)

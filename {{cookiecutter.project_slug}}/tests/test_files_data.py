@@ -212,6 +212,19 @@ class DictOutput(nn.Module):
         return {"logits": self.linear(x), "features": x}
 
 
+class ReadsAValue(nn.Module):
+    """Token ids to logits through an embedding, reading a value of its input first, as transformers' models do
+    (`.item()`), which the meta device cannot."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(8, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        assert int(x.max()) >= 0
+        return self.embed(x)
+
+
 def on_meta(build):
     with torch.device("meta"):
         return build()
@@ -290,6 +303,13 @@ def test_a_net_the_loss_cannot_train_on_this_data_is_refused_before_training(tmp
     tokens = Data(partial(tensors, ids, torch.zeros(6, 5, dtype=torch.long)), splits=["train", "val"])
     with pytest.raises(ConfigError, match=r"the data has token id 9 \(in x of its first 6 training samples\), but"):
         check_output(on_meta(lambda: GPT(8, 40, dim=8, depth=1, num_heads=2)), tokens, cross_entropy)
+    # ...also by a net the meta device cannot run (model=causal_lm: its forward reads a value), as samples of
+    # different lengths without a collate: the checks of the data's values were skipped, a traceback at step 0
+    with pytest.raises(ConfigError, match=r"the data has token id 9 \(in x of its first 6 training samples\), but"):
+        check_output(on_meta(ReadsAValue), tokens, cross_entropy)
+    ragged = Data(partial(tensors, [torch.zeros(5 + i % 2, dtype=torch.long) for i in range(6)], torch.zeros(6)))
+    with pytest.raises(ConfigError, match=r"samples of different shapes \(\(5,\), \(6,\), ...\), which torch's"):
+        check_output(on_meta(ReadsAValue), ragged, cross_entropy)
     two_rows = lambda: nn.Sequential(nn.Linear(12, 2 * CLASSES), nn.Unflatten(1, (2, CLASSES)))  # noqa: E731
     with pytest.raises(ConfigError, match=r"gives logits of shape \(2, 5\) per sample for targets of shape \(\)"):
         check_output(on_meta(two_rows), data, cross_entropy)

@@ -486,20 +486,20 @@ def check_output(
             x, y = (torch.as_tensor(part) for part in batch)
     except (TypeError, ValueError, RuntimeError):  # not arrays (e.g. a dict): the net reads them its own way
         return
-    name, training = type(net).__name__, net.training
+    name, training, logits = type(net).__name__, net.training, None
     try:
         with torch.no_grad():
             logits = net.eval()(x.to("meta"))  # eval: a batch of one through BatchNorm
     except ConfigError:  # a module's own check_input, on the batch a collate of yours made
         raise
     except Exception as error:  # noqa: BLE001 (any other error: the meta device, not the data; the training runs it)
-        if not any(words in str(error) for words in SHAPE_ERRORS):
-            return
-        raise ConfigError(
-            f"model.net {name} cannot take the data's samples of shape {tuple(x.shape[1:])}"
-            f"{' (from data.collate_fn)' if data.collate_fn else ''} "
-            f"({str(error).splitlines()[0]}): give the model the data's sizes (data.num_features, ...)"
-        ) from None
+        # (e.g. transformers' forward reads a value: `.item()` on meta. The checks of the data's values still run.)
+        if any(words in str(error) for words in SHAPE_ERRORS):
+            raise ConfigError(
+                f"model.net {name} cannot take the data's samples of shape {tuple(x.shape[1:])}"
+                f"{' (from data.collate_fn)' if data.collate_fn else ''} "
+                f"({str(error).splitlines()[0]}): give the model the data's sizes (data.num_features, ...)"
+            ) from None
     finally:
         net.train(training)
     samples = [dataset[index] for index in range(1, min(len(dataset), LABELS_READ))]
@@ -513,6 +513,8 @@ def check_output(
             f"{data.source('train')}: samples of different shapes ({first}, {other}, ...), which torch's default "
             "collate cannot stack into a batch: give data.collate_fn=module.function that pads them"
         )
+    if logits is None:  # (the meta device could not run the net)
+        return
     if not isinstance(logits, torch.Tensor):
         raise not_logits(name, logits)
     check_loss(loss, logits, y.to("meta"), name)

@@ -61,6 +61,11 @@ class CausalLM(nn.Module):
                 f"{', '.join(nearest) or 'none'} (any causal LM's type: llama, qwen2, mistral, ...)"
             ) from None
         lm_config.use_cache = False  # no key/value cache: training reads each sequence once
+        # No dropout unless given: each process draws its own masks, so presets would not match single (gpt2's
+        # resid_pdrop, embd_pdrop and attn_pdrop are 0.1 by default, llama's attention_dropout 0).
+        for key, value in lm_config.to_dict().items():
+            if ("dropout" in key or "pdrop" in key) and isinstance(value, float) and key not in (config or {}):
+                setattr(lm_config, key, 0.0)
         # sdpa: causal without a mask tensor, in the model's forward and in a layer run alone alike.
         self.lm = AutoModelForCausalLM.from_config(lm_config, attn_implementation="sdpa")
         self.model_type = model_type
