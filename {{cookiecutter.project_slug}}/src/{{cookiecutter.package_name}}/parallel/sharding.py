@@ -455,14 +455,16 @@ class _Devices(TorchFunctionMode):
     number: a run on [cpu,cpu] shows nothing) and keeps the first operation that takes tensors of two: written by
     hand, torch has no way to try a placement over GPUs on a machine without them."""
 
-    def __init__(self, names: dict[nn.Module, str]) -> None:
+    def __init__(self) -> None:
         super().__init__()
         self.group: dict[int, int] = {}  # id(tensor) -> its layer group; a tensor created from none: anywhere
         self.kept: list[torch.Tensor] = []  # (alive while traced: no id is reused)
-        self.names, self.running, self.mixed = names, [], ""
+        self.running: list[str] = []  # the names of the layer-group modules whose forward is running
+        self.mixed = ""  # the first operation that takes tensors of two groups
 
     def place(self, tensor: torch.Tensor, group: int) -> None:
-        self.group[id(tensor)], _ = group, self.kept.append(tensor)
+        self.group[id(tensor)] = group
+        self.kept.append(tensor)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 (torch's signature)
         out = func(*args, **(kwargs or {}))
@@ -493,7 +495,7 @@ def check_layer_devices(model: nn.Module, example: torch.Tensor | None, groups: 
         return
     parts = layer_groups(model, groups)
     names = {module: name for name, module in net.named_modules()}
-    devices = _Devices(names)
+    devices = _Devices()
     held: dict[int, set[int]] = {}  # id(parameter or buffer) -> the groups that hold it
     for index, group in enumerate(parts):
         for tensor in (t for module in group for t in (*module.parameters(), *module.buffers())):
