@@ -113,6 +113,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         f"src/{package}/runtime/metrics.py",
         f"src/{package}/runtime/optimization.py",
         f"src/{package}/runtime/precision.py",
+        f"src/{package}/runtime/quiet_logs.py",
         f"src/{package}/runtime/real_targets.py",
         f"src/{package}/runtime/resuming.py",
         f"src/{package}/runtime/run_folder.py",

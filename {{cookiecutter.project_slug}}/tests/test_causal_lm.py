@@ -6,7 +6,7 @@ from importlib.util import find_spec
 
 import pytest
 import torch
-from conftest import QUICK, TOLERANCE, make_runner
+from conftest import QUICK, TOLERANCE, make_runner, refuse_all
 from engine_specific import LAST, launcher_of
 from layouts import command, layout
 
@@ -68,6 +68,14 @@ def test_model_types_the_presets_cannot_split_are_refused_in_one_line():
         check_tensor_parallel(qwen3, 2)
     with pytest.raises(ConfigError, match="model_type=lama is not a model type of transformers; nearest: llama"):
         CausalLM(32, 8, model_type="lama")
+
+
+def test_a_refusal_on_the_command_line_is_its_only_line(tmp_path, train_env):
+    """transformers imports torchao where it is installed, whose notes about kernels this machine cannot load came
+    before the one-line error (runtime/quiet_logs.py silences them)."""
+    [run] = refuse_all(tmp_path, train_env, [["model=causal_lm", "model.net.model_type=gpt2", "strategy=pipeline"]])
+    run.assert_rejected("model.net.model_type=gpt2 is not a chain of embedding, decoder layers, norm and head")
+    assert [line for line in run.output.splitlines() if line.strip()] == [run.output.strip()]
 
 
 @pytest.fixture(scope="module")

@@ -96,6 +96,9 @@ def test_tensor_parallel_plan_is_checked_against_heads_and_layers():
     # 48 features per projection divide by 4, but the 6 heads do not: the module holding them is named.
     with pytest.raises(ConfigError, match="layers.0 has 6 attention heads, which strategy.tensor_parallel_size=4"):
         check_tensor_parallel(TinyViT(), tensor_parallel_size=4)
+    # 6 heads allow 1, 2, 3 and 6 ranks; with 4 processes, a size must divide those too.
+    with pytest.raises(ConfigError, match=r"valid with the 4 processes: 1, 2 \(the model allows 1, 2, 3, 6\)$"):
+        check_tensor_parallel(TinyViT(), tensor_parallel_size=4, processes=4)
     with pytest.raises(ConfigError, match="layers.0.q has 50 output features, which strategy.tensor_parallel_size"):
         check_tensor_parallel(TinyViT(width=50, num_heads=2), tensor_parallel_size=4)
 

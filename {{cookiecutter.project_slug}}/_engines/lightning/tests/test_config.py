@@ -91,8 +91,8 @@ BAD_INPUT = [
     ),
     (
         [*MODEL_PARALLEL, "trainer.devices=3"],
-        "blocks.0.fc_in has 512 output features, which strategy.tensor_parallel_size=3 does not divide; valid: 1, 2, "
-        "4, 8, 16, 32, ... (the divisors of 512)",
+        "blocks.0.fc_in has 512 output features, which strategy.tensor_parallel_size=3 does not divide; valid with "
+        "the 3 processes: 1 (the model allows 1, 2, 4, 8, 16, 32, ... (the divisors of 512))",
     ),
     (
         [*MODEL_PARALLEL, "trainer.devices=4", "model=gpt", "model.net.num_heads=2"],

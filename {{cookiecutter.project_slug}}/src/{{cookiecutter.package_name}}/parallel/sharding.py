@@ -56,9 +56,10 @@ def mesh_sizes(
     return dp, tp
 
 
-def check_tensor_parallel(model: nn.Module, tensor_parallel_size: int) -> None:
+def check_tensor_parallel(model: nn.Module, tensor_parallel_size: int, processes: int = 0) -> None:
     """Refuse a model that has no split, or whose tensor-parallel plan does not divide over the tensor-parallel
-    ranks: sharded features, and the attention heads of a module whose layers are sharded."""
+    ranks: sharded features, and the attention heads of a module whose layers are sharded. `processes` (when
+    known): the sizes named as valid divide it too."""
     tp = tensor_parallel_size
     net, split = find_split(model, "model_parallel")
     if problem := split_problem(net, "model_parallel"):
@@ -105,12 +106,17 @@ def check_tensor_parallel(model: nn.Module, tensor_parallel_size: int) -> None:
                 must_divide.append((f"{name or type(net).__name__} has {heads} attention heads", heads))
     if failing := [what for what, count in must_divide if count % tp]:
         common = math.gcd(*(count for _, count in must_divide))
-        divisors = [size for size in range(1, common + 1) if common % size == 0]
-        valid = ", ".join(map(str, divisors[:6])) + (f", ... (the divisors of {common})" if len(divisors) > 6 else "")
-        raise ConfigError(
-            f"{failing[0]}, which strategy.tensor_parallel_size={tp} does not divide; valid: {valid}, which divide "
-            "every sharded layer's features and the attention heads"
-        )
+        valid = f"valid: {_divisors(common)}, which divide every sharded layer's features and the attention heads"
+        if processes and math.gcd(common, processes) != common:  # a size must divide the processes as well
+            allowed = _divisors(math.gcd(common, processes))
+            valid = f"valid with the {processes} processes: {allowed} (the model allows {_divisors(common)})"
+        raise ConfigError(f"{failing[0]}, which strategy.tensor_parallel_size={tp} does not divide; {valid}")
+
+
+def _divisors(number: int) -> str:
+    """The divisors of `number`, the first six named."""
+    divisors = [size for size in range(1, number + 1) if number % size == 0]
+    return ", ".join(map(str, divisors[:6])) + (f", ... (the divisors of {number})" if len(divisors) > 6 else "")
 
 
 HEAD_ATTRIBUTES = ("num_heads", "n_heads", "n_head")  # how attention modules commonly name their head count

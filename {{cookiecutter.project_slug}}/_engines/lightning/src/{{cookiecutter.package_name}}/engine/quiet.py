@@ -3,8 +3,9 @@ so that a training's console holds what the user needs. What the template itself
 caused instead (the wandb logger's arguments, the checkpoints' settings, the test's checkpoint, the metrics' sync).
 Imported by engine/training.py: every process of a training imports it, spawned ones too."""
 
-import logging
 import warnings
+
+from ..runtime.quiet_logs import silence_logs
 
 HARMLESS_WARNINGS = [  # (message regex, the module that warns)
     # Lightning 2.6 calls a torch.utils._pytree API that torch 2.10+ deprecates; no effect on what is trained.
@@ -40,12 +41,7 @@ SAID_EVERY_START = (
 )
 
 
-class _WithoutTip(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(SAID_EVERY_START)
-
-
 def silence_harmless_messages() -> None:
     for message, module in HARMLESS_WARNINGS:
         warnings.filterwarnings("ignore", message=message, module=module)
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_WithoutTip())
+    silence_logs({"lightning.pytorch.utilities.rank_zero": SAID_EVERY_START})

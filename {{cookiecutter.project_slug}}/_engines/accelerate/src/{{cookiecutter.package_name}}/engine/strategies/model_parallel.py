@@ -115,7 +115,7 @@ class ModelParallel(Strategy):
                 "launched processes"
             )
         self.fsdp.check(dp, tp)
-        check_tensor_parallel(net, tp)
+        check_tensor_parallel(net, tp, processes)
 
     def data_parallel(self, process_index: int, processes: int) -> tuple[int, int]:
         dp, tp = self.sizes

@@ -130,7 +130,7 @@ class TensorParallelStrategy(ModelParallelStrategy):
                 f"trainer.devices={self.num_processes} x trainer.num_nodes={self.num_nodes} = {self.world_size}"
             )
         self.fsdp.check(dp, tp)
-        check_tensor_parallel(model, tp)
+        check_tensor_parallel(model, tp, self.world_size)
         check_precision(self.preset, trainer.precision)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
