@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PACKAGE, QUICK, TOLERANCE, make_runner, next_main_port
+from conftest import PACKAGE, QUICK, TOLERANCE, make_runner, next_main_port, refuse_all
 from engine_specific import DDP, DDP_LAUNCH, LAST, kept_checkpoints
 from forked import ForkedCommand, can_fork, start_module
 from own_models import paused
@@ -34,10 +34,15 @@ def losses(run_dir) -> dict[int, float]:
 
 
 @pytest.fixture(scope="module")
-def whole(tmp_path_factory, train_env) -> dict[int, float]:
-    """train/loss by step of the training run once, uninterrupted (keeping its 2 newest checkpoints: the losses
-    are the same whatever it keeps)."""
-    run_dir = make_runner(tmp_path_factory.mktemp("whole"), train_env)(*SETTINGS, "checkpoint.keep_last=2").run_dir
+def whole_run(tmp_path_factory, train_env) -> Path:
+    """The run folder of the training run once, uninterrupted, keeping its 2 newest checkpoints."""
+    return make_runner(tmp_path_factory.mktemp("whole"), train_env)(*SETTINGS, "checkpoint.keep_last=2").run_dir
+
+
+@pytest.fixture(scope="module")
+def whole(whole_run) -> dict[int, float]:
+    """train/loss by step of the uninterrupted run (the losses are the same whatever checkpoints it keeps)."""
+    run_dir = whole_run
     losses_by_step = losses(run_dir)
     assert list(losses_by_step) == list(range(STEPS))
     kept, best = kept_checkpoints(run_dir)  # saved after steps 3, 6, 8 (the epoch's end), 9, 12, 15 and 16
@@ -62,6 +67,14 @@ def test_a_hard_kill_of_the_whole_job_loses_no_step(tmp_path, train_env, whole):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     in_file = [(row["trainer/global_step"], row["train/loss"]) for row in rows if "train/loss" in row]
     assert in_file == list(whole.items()), "metrics.jsonl: every step once, in order, with the same values"
+
+
+def test_a_checkpoint_cut_mid_epoch_is_refused_with_a_batch_it_does_not_end_on(tmp_path, train_env, whole_run):
+    """ckpt_path= with another global batch (fine-tuning): its batches must end where the epoch stopped. Refused
+    before anything is written; it was said in one line, but after wandb had started in a new run folder."""
+    [mid_epoch] = (whole_run / "checkpoints").glob("step*15*")  # 7 of the second epoch's 8 steps of 64
+    [run] = refuse_all(tmp_path, train_env, [[*SETTINGS, f"ckpt_path={mid_epoch}", "data.batch_size=40"]])
+    run.assert_rejected("the checkpoint stopped after 448 samples of epoch 1, which is not a whole number of global")
 
 
 def train_in(cwd, env, *overrides: str, launcher: list[str] | None = None) -> tuple[int, str]:

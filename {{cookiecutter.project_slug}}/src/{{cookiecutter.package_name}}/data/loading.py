@@ -365,15 +365,23 @@ class ResumableLoader(DataLoader):
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         samples, epoch = state["samples_done"], state["epoch"]
-        if samples % self.global_batch_size:  # (every process finds it: the first says it)
-            message = (
-                f"the checkpoint stopped after {samples} samples of epoch {epoch}, which is not a whole number of "
-                f"global batches of {self.global_batch_size}: continue with a data.batch_size that divides {samples} "
-                "(the one it was trained with does)"
-            )
-            raise said_once(ConfigError(message), is_first_process())
+        check_position(state, self.global_batch_size)  # (the engines check it before anything is written too)
         self.sampler.set_epoch(epoch)
         self._resume = (epoch, samples // self.global_batch_size)
+
+
+def check_position(position: dict[str, int], global_batch_size: int) -> None:
+    """Refuse to continue a checkpoint whose training loader stopped mid-epoch (`position`: its state, {} at an
+    epoch's start) after a number of samples that batches of `global_batch_size` do not end on. Every process finds
+    it: the first says it."""
+    samples, epoch = position.get("samples_done", 0), position.get("epoch", 0)
+    if samples % global_batch_size:
+        message = (
+            f"the checkpoint stopped after {samples} samples of epoch {epoch}, which is not a whole number of global "
+            f"batches of {global_batch_size}: continue with a data.batch_size that divides {samples} (the one it was "
+            "trained with does)"
+        )
+        raise said_once(ConfigError(message), is_first_process())
 
 
 def _foreign_stream(dataset: object) -> bool:

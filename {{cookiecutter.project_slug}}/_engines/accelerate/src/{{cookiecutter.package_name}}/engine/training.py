@@ -21,7 +21,7 @@ from torch import nn
 
 from ..config import CONFIG_DIR, interpolations, is_read, leaves
 from ..config import build_object as build
-from ..data.loading import check_input, check_output, first_sample, per_device_batch_size
+from ..data.loading import check_input, check_output, check_position, first_sample, per_device_batch_size
 from ..errors import ConfigError, Interrupted, said_once, unused_parameters
 from ..models.activation_checkpointing import check_activation_checkpointing, checkpoint_blocks
 from ..models.compilation import compile_net
@@ -207,6 +207,8 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
     start = resume_point(accelerator, cfg, checkpoints)
     if start:
         checkpoints.load(start)
+        if not (cfg.oom.find_batch_size and progress.found_batch_size):  # (a batch found is continued with)
+            check_position(progress.loader, data.batch_size)  # before wandb starts: mid-epoch, a whole step ahead?
     if recovery:  # the micro-batch size that fitted before a restart, agreed by all processes
         recovery.load_state_dict(progress.oom_recovery, accelerator)
 

@@ -268,6 +268,17 @@ def trained_so_far(checkpoint: str) -> tuple[int, int] | None:
     return saved["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"], saved["global_step"]
 
 
+def mid_epoch_position(checkpoint: str) -> dict[str, int]:
+    """The training loader's state in a checkpoint saved inside an epoch; {} for one saved at an epoch's end (the
+    next epoch starts afresh), or with a batch the batch-size finder found (the run continues with it)."""
+    saved = saved_state(checkpoint)
+    fit_loop = saved.get("loops", {}).get("fit_loop", {})
+    found = any("global_batch_size" in state for state in saved.get("callbacks", {}).values())
+    if found or fit_loop.get("epoch_loop.batch_progress", {}).get("is_last_batch", True):
+        return {}
+    return (fit_loop["state_dict"].get("combined_loader") or [{}])[0]
+
+
 def prepare_run_folder(run_dir: Path, ckpt_path: str | None, resume: bool) -> None:
     """Say where the training starts; resume=false deletes a previous training's checkpoints and wandb run id in
     this folder (first process), so that it starts afresh. Run after every check: a refused command deletes nothing."""

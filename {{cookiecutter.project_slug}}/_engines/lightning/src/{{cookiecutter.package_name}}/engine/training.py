@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.multiprocessing.spawn import ProcessRaisedException
 
 from ..config import build_object
-from ..data.loading import check_input, check_output, first_sample, per_device_batch_size
+from ..data.loading import check_input, check_output, check_position, first_sample, per_device_batch_size
 from ..errors import ConfigError, Interrupted, said_once, spawned_failure, unused_parameters
 from ..models.activation_checkpointing import check_activation_checkpointing
 from ..models.float8 import check_float8, check_float8_layers
@@ -42,6 +42,7 @@ from .checkpoints import (
     LAST,
     AnyPresetCheckpointIO,
     ResumeCheckpoint,
+    mid_epoch_position,
     prepare_run_folder,
     resume_from,
     saved_state,
@@ -79,6 +80,8 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
     cfg.ckpt_path, cfg.resume = starting_point(run_dir, cfg, run_dir / "checkpoints" / LAST)
     trainer, model, datamodule = prepare(cfg)  # checked before anything is written or deleted
     start = resume_from(run_dir, cfg.ckpt_path, cfg.resume)
+    if start:  # a global batch that continues the epoch a whole step ahead? (Lightning would find out after wandb)
+        check_position(mid_epoch_position(start), cfg.data.batch_size)
     if start and (done := trained_so_far(start)):
         limits = cfg.trainer.max_epochs, cfg.trainer.max_steps
         if note := check_not_past_the_end(Path(start), *done, *limits, bool(cfg.ckpt_path)):
