@@ -83,3 +83,4 @@ def test_trainings_with_it_have_the_losses_of_one_device_without(tmp_path, train
         run = runner(*PARITY, *overrides, f"activation_checkpointing={mode}", "test_after_fit=true", launcher=launcher)
         assert run.losses(K) == pytest.approx(single, abs=TOLERANCE), name
         assert len(run.wandb.metric("test/loss")) == 1, run.output[-2000:]
+        assert run.wandb.metric("epoch")[-1] == 1, "the test row's epoch: the one stopped in, as Lightning counts"

@@ -252,11 +252,13 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
         test_batches = batches(cfg.trainer.limit_test_batches, len(loaders["test"])) if "test" in loaders else 0
         if cfg.test_after_fit and test_batches:  # data=files: the test split is optional
             step, best = progress.global_step, checkpoints.folder / "best"
+            # Lightning's epoch at the test: the epochs begun (one stopped by max_steps counts), not the best one's
+            epoch = progress.epoch + bool(progress.loader)
             accelerator.wait_for_everyone()  # the main process writes the checkpoints; the others read them
             if best.is_dir():  # else no validation ran: test the weights as they are
                 checkpoints.load(best)
             metrics = evaluate(accelerator, model, loaders["test"], loss_fn, cfg.trainer.limit_test_batches)
-            log(accelerator, {**prefixed("test", metrics), "epoch": progress.epoch}, step)  # as Lightning's row
+            log(accelerator, {**prefixed("test", metrics), "epoch": epoch}, step)  # as Lightning's row
             if accelerator.is_main_process:
                 show(prefixed("test", metrics))
         failed = False
