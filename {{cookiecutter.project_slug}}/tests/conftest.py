@@ -233,6 +233,10 @@ COMMAND_LINE_REFUSALS = [
         "strategy.mode=layers puts LongSkip's 2 layer groups on devices one after another, but `add` in the net's own "
         "forward (between its parts) takes tensors of layer groups 0 and 1, which would be on two devices",
     ),
+    (  # FSDP2's ValueError in every process, after the run folder and wandb had started
+        ["strategy=fsdp", "model.net._target_=own_models.LearnedTemperature"],
+        "strategy=fsdp shards the parameters with torch's FSDP2, which cannot shard the 0-dim parameter temperature:",
+    ),
     # a float batch reached the DataLoader (a traceback); a list, the optimizer ("'<=' not supported ...")
     (["data.batch_size=12.0"], "data.batch_size=12.0 must be a whole number of samples (the global batch)"),
     (["model.optimizer.lr=[1,2]"], "model.optimizer.lr=[1,2] is not a number (the default is 0.001)"),
@@ -261,6 +265,7 @@ COMMAND_LINE_REFUSAL_IDS = [
     "add-a-key-that-exists",
     "dataset-whose-files-are-not-there",
     "layers-of-a-forward-that-skips-across-devices",
+    "fsdp-of-a-0-dim-parameter",
     "batch-size-not-whole",
     "lr-a-list",
 ]

@@ -359,3 +359,32 @@ class InterruptedOnceWithUnusedHead(InterruptedOnce):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.auxiliary = nn.Linear(4, 2)
+
+
+class LearnedTemperature(ResidualMLP):
+    """The template's net with its logits divided by a learned 0-dim temperature (CLIP's logit scale is one)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.temperature = nn.Parameter(torch.tensor(1.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) / self.temperature
+
+
+class TwoTowers(nn.Module):
+    """x's two halves through a tower each (a two-tower model's), then one head: a Split of its towers serves fsdp
+    and layers, but running them one after another (a pipeline's chain) fails."""
+
+    def __init__(self, in_features: int, num_classes: int, hidden: int = 16, **_: object) -> None:
+        super().__init__()
+        self.half = in_features // 2
+        self.towers = nn.ModuleList([nn.Linear(self.half, hidden), nn.Linear(in_features - self.half, hidden)])
+        self.head = nn.Linear(2 * hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        halves = x[:, : self.half], x[:, self.half :]
+        return self.head(torch.cat([tower(half) for tower, half in zip(self.towers, halves, strict=True)], dim=1))
+
+
+register_split(TwoTowers, Split(first=[], blocks=["towers.*"], last=["head"]))

@@ -194,6 +194,12 @@ def test_the_model_is_measured_on_a_batch_shaped_like_the_datas_samples(monkeypa
     assert len(built) == 1, "the training split, once"
 
 
+def test_a_split_that_is_not_a_chain_is_sized_without_pipeline_stages():
+    """Two towers in a Split (for fsdp and layers): the doctor ran them as a pipeline's chain, a traceback."""
+    facts = model_facts(config("model.net._target_=own_models.TwoTowers", "~model.net.depth"), 4, [2], "32-true")
+    assert facts.stage_parameters == {} and facts.parameters > 0
+
+
 def test_dp_fills_device_0_first():
     """dp's device 0 keeps the optimizer state (and the reduced gradients) that the other devices do  not, and,
     where the engine gathers them there for the loss (Accelerate), the whole batch's outputs."""

@@ -65,6 +65,8 @@ def check_tensor_parallel(model: nn.Module, tensor_parallel_size: int, processes
     if problem := split_problem(net, "model_parallel"):
         raise ConfigError(problem)
     fsdp_units(net)  # every layer the split names exists
+    if processes and (processes // tp > 1 or tp == 1):  # (parallelize: FSDP2 over the data-parallel replicas)
+        check_no_scalar_parameters(net, "model_parallel")
     if tp > 1 and not split.tensor_parallel:  # each of the tp processes would hold and compute the whole model
         raise ConfigError(
             f"strategy.tensor_parallel_size={tp}, but the Split of {type(net).__name__} shards no layer (its "
@@ -209,7 +211,18 @@ def check_fsdp(model: nn.Module, processes: int, settings: FsdpSettings) -> None
         raise ConfigError(problem)
     if has_split(net):
         fsdp_units(net)  # every layer the split names exists
+    check_no_scalar_parameters(net, "fsdp")
     settings.check(processes)
+
+
+def check_no_scalar_parameters(net: nn.Module, preset: str) -> None:
+    """FSDP2 refuses a 0-dim parameter (a learned temperature, say) once every process has started: said before."""
+    if scalar := next((name for name, param in net.named_parameters() if param.dim() == 0), None):
+        raise ConfigError(
+            f"strategy={preset} shards the parameters with torch's FSDP2, which cannot shard the 0-dim parameter "
+            f"{scalar}: give it one dimension (nn.Parameter(torch.tensor([value])) broadcasts alike), or use "
+            "strategy=ddp"
+        )
 
 
 def check_precision(preset: str, precision: str) -> None:

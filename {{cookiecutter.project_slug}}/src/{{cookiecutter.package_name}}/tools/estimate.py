@@ -69,13 +69,12 @@ def model_facts(cfg: DictConfig, batch: int, stage_counts: list[int], precision:
                 parts = [pipeline_stage(net, i, count) for i in range(count)]
             except ValueError:  # more stages than the model has blocks
                 continue
+            try:
+                saved = chain_saved_bytes(parts, example)
+            except (RuntimeError, TypeError, ValueError, IndexError):  # not a chain (two towers): no pipeline of it
+                break
             stages[count] = [count_parameters(part) for part in parts]
-            x, saved = example, []
-            for part in parts:
-                nbytes, x = saved_bytes(part, x)
-                saved.append(nbytes * scale / batch)
-                x = x.detach()
-            stage_activations[count] = saved
+            stage_activations[count] = [nbytes * scale / batch for nbytes in saved]
     nbytes, output = saved_bytes(net, example)
     if not isinstance(output, torch.Tensor):
         raise not_logits(type(net).__name__, output)
@@ -146,6 +145,16 @@ def tokens_per_sample(output: torch.Tensor) -> int:
 
 def count_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
+def chain_saved_bytes(parts: list[nn.Module], x: torch.Tensor) -> list[int]:
+    """saved_bytes of each pipeline stage, run one after another as the pipeline runs them."""
+    saved = []
+    for part in parts:
+        nbytes, x = saved_bytes(part, x)
+        saved.append(nbytes)
+        x = x.detach()
+    return saved
 
 
 def saved_bytes(module: nn.Module, x: torch.Tensor) -> tuple[int, torch.Tensor]:
