@@ -1,7 +1,7 @@
 """The OOM toolkit for the Accelerate loop (`oom=toolkit`): recovery from an out-of-memory error in a training
 step, every device's memory on every process logged each epoch, and (opt-in, `oom.find_batch_size=true`) a
 batch-size search that all processes make together. The Lightning engine's algorithms and metric names; what
-counts as an OOM error is memory.py's. (`.item()` at intervals needs nothing here: train.py only reads the loss
+counts as an OOM error is memory.py's. (`.item()` at intervals needs nothing here: engine/training.py only reads the loss
 on logging steps.)"""
 
 import time
@@ -48,7 +48,7 @@ class OOMRecovery:
     and only then are the gradients averaged over the processes, in one all-reduce (what DDP's backward would
     have done). accelerate's own accumulation (accelerator.accumulate) counts loader batches and cannot redo one,
     and find_executable_batch_size decides per process: hence the hand-written loop. A net whose forward is
-    itself a collective (synchronised BatchNorm) is refused by train.py: an OOM mid-forward would leave the
+    itself a collective (synchronised BatchNorm) is refused by engine/training.py: an OOM mid-forward would leave the
     other processes in it.
     """
 

@@ -36,10 +36,6 @@ class DataModule(L.LightningDataModule):
     def per_device_batch_size(self) -> int:
         return per_device_batch_size(self.data.batch_size, self.replicas)
 
-    def prepare_data(self) -> None:
-        # Runs once per node before setup(): download or preprocess real data here.
-        pass
-
     def setup(self, stage: str | None = None) -> None:
         self.data.setup()
 

@@ -55,7 +55,7 @@ class Classifier(L.LightningModule):
         super().__init__()
         self.net = net
         self.optimizer_factory, self.no_decay_norms_and_biases = optimizer, no_decay_norms_and_biases
-        self.scheduler_factory = scheduler  # configs/scheduler/, given by train.py
+        self.scheduler_factory = scheduler  # configs/scheduler/, given by engine/training.py
         self.compile_net, self.tf32 = compile, tf32  # the top-level config keys, given by engine/training.py
         self.activation_checkpointing, self.float8 = activation_checkpointing, float8
         self.build_net: Callable[[], nn.Module] | None = None  # the net's build again (model_parallel's init=full)

@@ -1,7 +1,7 @@
 """Upstream messages known to be harmless, silenced one by one, by exact message and module (never a whole category),
 so that a training's console holds what the user needs. What the template itself caused is fixed where it was
 caused instead (the wandb logger's arguments, the checkpoints' settings, the test's checkpoint, the metrics' sync).
-Imported by engine/training.py: every process of a training imports it, spawned ones too."""
+Imported by engine/__init__.py: every process of a training imports it, spawned ones too."""
 
 import warnings
 

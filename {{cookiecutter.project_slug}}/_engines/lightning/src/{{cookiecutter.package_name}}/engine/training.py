@@ -1,6 +1,7 @@
 """The Lightning engine's training: config -> data -> model -> callbacks -> logger -> trainer -> fit -> test.
 
-Every object is built from configs/ by Hydra, so each line below reads the same whatever the strategy. The
+Every object is built from configs/ by Hydra, so the lines below read the same whatever the strategy, but for
+what a preset's checks and checkpoints need. The
 command, `python -m {{ cookiecutter.package_name }}.train`, calls train() and reports a refusal in one line.
 """
 

@@ -1,6 +1,6 @@
-"""How each preset lays a run out over processes and devices, for the Accelerate loop in train.py.
+"""How each preset lays a run out over processes and devices, for the Accelerate training (engine/training.py).
 
-`Strategy` is strategy=single and the base of the others. A preset answers five questions: how its
+`Strategy` is strategy=single and the base of the others. A preset answers, among others, these: how its
 processes start (`launch`), whether a layout can work (`check_layout`, before training), how many
 data-parallel replicas there are (`data_parallel`), how the net and optimizer are wrapped (`prepare`) and
 how one batch is trained (`train_step`). configs/strategy/<name>.yaml points at the class.

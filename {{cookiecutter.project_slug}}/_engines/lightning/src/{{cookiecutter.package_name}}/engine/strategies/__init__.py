@@ -94,7 +94,7 @@ def check_validation_interval(interval: int | float, accumulate: int) -> None:
 
 
 def model_init_context(trainer: L.Trainer) -> AbstractContextManager:
-    """Where train.py builds the model: on the meta device for strategies that shard it and allocate only each
+    """Where engine/training.py builds the model: on the meta device for strategies that shard it and allocate only each
     rank's shards (`builds_on_meta`), else as usual (on the CPU, moved to the device by Lightning)."""
     if getattr(trainer.strategy, "builds_on_meta", False):
         return trainer.init_module(empty_init=True)

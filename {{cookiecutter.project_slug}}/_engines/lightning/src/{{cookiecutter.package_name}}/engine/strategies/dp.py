@@ -207,7 +207,7 @@ class DataParallelStrategy(ParallelStrategy):
             raise ConfigError(f"strategy=dp {problems[0]}")
 
     def check_layout(self, trainer: L.Trainer, module: L.LightningModule, global_batch_size: int) -> None:
-        self.check_supported(module)  # before train.py writes anything; connect() checks again for direct use
+        self.check_supported(module)  # before engine/training.py writes anything; connect() checks again for direct use
 
     def connect(self, model: L.LightningModule) -> None:
         self.check_supported(model)

@@ -74,7 +74,7 @@ def model_parallel(
 
 class TensorParallelStrategy(ModelParallelStrategy):
     """ModelParallelStrategy that knows its data-parallel layout before the processes start, and builds the
-    model on the meta device (train.py builds it in `trainer.init_module(empty_init=True)`): only each rank's
+    model on the meta device (engine/training.py builds it in `trainer.init_module(empty_init=True)`): only each rank's
     shards are ever allocated, with the values strategy=single draws (sharding.materialize)."""
 
     builds_on_meta = True
