@@ -24,7 +24,7 @@ class ResumingWandBTracker(WandBTracker):
 
     @on_main_process
     def start(self) -> None:
-        # The id is read now, not when the tracker is made: engine/training.py may have forgotten it since (resume=false).
+        # The id is read now, not when the tracker is made: the training may have forgotten it since (resume=false).
         self.init_kwargs.update(resumed_wandb_run(self.run_dir))
         self.logged = logged_steps(self.run_dir, self.init_kwargs["id"])  # before this start's own run file
         super().start()

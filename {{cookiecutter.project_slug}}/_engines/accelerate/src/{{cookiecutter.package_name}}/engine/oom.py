@@ -1,7 +1,7 @@
 """The OOM toolkit for the Accelerate loop (`oom=toolkit`): recovery from an out-of-memory error in a training
 step, every device's memory on every process logged each epoch, and (opt-in, `oom.find_batch_size=true`) a
 batch-size search that all processes make together. The Lightning engine's algorithms and metric names; what
-counts as an OOM error is memory.py's. (`.item()` at intervals needs nothing here: engine/training.py only reads the loss
+counts as an OOM error is memory.py's. (`.item()` at intervals needs nothing here: engine/loop.py only reads the loss
 on logging steps.)"""
 
 import time
