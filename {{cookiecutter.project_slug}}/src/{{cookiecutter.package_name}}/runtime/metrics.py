@@ -4,9 +4,19 @@ import math
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 from ..data.loading import counted
 from ..errors import TrainingStopped
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean loss of a batch, the template's (strategy=pipeline computes it per micro-batch on the last stage):
+    cross-entropy over every target, class logits (B, C) with labels (B,), or a language model's (B, T, V) with
+    tokens (B, T); labels of any integer type (int32 ones were a RuntimeError at the first step: cross-entropy takes
+    int64)."""
+    target = target.flatten()
+    return F.cross_entropy(logits.flatten(0, -2), target if target.is_floating_point() else target.long())
 
 
 def summed_loss(

@@ -7,7 +7,6 @@ from math import inf
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from accelerate import Accelerator
 from omegaconf import DictConfig
 from torch import nn
@@ -17,7 +16,7 @@ from tqdm import tqdm
 from ..data.loading import Data
 from ..parallel.sharding import clip_grad_norm_
 from ..runtime.interrupt import Interrupt
-from ..runtime.metrics import check_val_loss
+from ..runtime.metrics import check_val_loss, cross_entropy
 from ..runtime.optimization import current_lr, total_steps
 from ..runtime.real_targets import RealTargets
 from ..tracking.epoch_metrics import append_epoch_metrics, is_final
@@ -46,11 +45,8 @@ class Progress:
 
 
 def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Mean loss of a batch (strategy=pipeline computes it per micro-batch on the last stage): cross-entropy over
-    every target, class logits (B, C) with labels (B,), or a language model's (B, T, V) with tokens (B, T); labels
-    of any integer type (int32 ones were a RuntimeError at the first step: cross-entropy takes int64)."""
-    target = target.flatten()
-    return F.cross_entropy(logits.flatten(0, -2), target if target.is_floating_point() else target.long())
+    """Mean loss of a batch (change it for a loss of your own: docs/your-model.md)."""
+    return cross_entropy(logits, target)
 
 
 def fit(

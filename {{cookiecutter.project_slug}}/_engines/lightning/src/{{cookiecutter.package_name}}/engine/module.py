@@ -7,7 +7,6 @@ from typing import Any
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from torch import nn
@@ -19,7 +18,7 @@ from ..models.compilation import compile_net
 from ..models.float8 import convert_float8
 from ..parallel.sharding import clip_grad_norm_, clip_grad_value_
 from ..runtime.checkpoint_forms import accept_state_by_name, by_name, parameter_names
-from ..runtime.metrics import check_val_loss, perplexity, summed_loss
+from ..runtime.metrics import check_val_loss, cross_entropy, perplexity, summed_loss
 from ..runtime.optimization import (
     OptimizerFactory,
     SchedulerFactory,
@@ -90,11 +89,8 @@ class Classifier(L.LightningModule):
         return self.net(x)
 
     def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """Mean loss of a batch (strategy=pipeline computes it per micro-batch on the last stage): cross-entropy over
-        every target, class logits (B, C) with labels (B,), or a language model's (B, T, V) with tokens (B, T); labels
-        of any integer type (int32 ones were a RuntimeError at the first step: cross-entropy takes int64)."""
-        target = target.flatten()
-        return F.cross_entropy(logits.flatten(0, -2), target if target.is_floating_point() else target.long())
+        """Mean loss of a batch (override it for a loss of your own: docs/your-model.md)."""
+        return cross_entropy(logits, target)
 
     def training_loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """`loss` weighted by the real targets of this part of the step's global batch: its padding (-100) then
