@@ -18,7 +18,7 @@ from torch.distributed.tensor.parallel import parallelize_module
 
 from {{ cookiecutter.package_name }}.config import CONFIG_DIR, check_overrides, register_resolvers
 from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
-from {{ cookiecutter.package_name }}.parallel.batchnorm import SynchronisedBatchNorm, accumulation_note
+from {{ cookiecutter.package_name }}.parallel.batchnorm import SynchronisedBatchNorm, accumulation_note, unsynchronised_note
 from {{ cookiecutter.package_name }}.parallel.sharding import clip_grad_norm_, clip_grad_value_
 from {{ cookiecutter.package_name }}.parallel.split import find_split
 from {{ cookiecutter.package_name }}.runtime.optimization import (
@@ -305,6 +305,9 @@ def test_accumulation_with_batchnorm_is_said():
     batchnorm, layernorm = (ResidualMLP(8, 2, hidden=8, depth=1, norm=norm) for norm in ("batch", "layer"))
     assert "each micro-batch is normalised by its own statistics" in accumulation_note(batchnorm, 2)
     assert accumulation_note(batchnorm, 1) is None and accumulation_note(layernorm, 2) is None
+    # ddp with trainer.sync_batchnorm=false: each process's share of the batch (a user's ResNet, 1.6e-3 off single)
+    assert "over 2 processes: each normalises by its share" in unsynchronised_note(batchnorm, 2)
+    assert unsynchronised_note(batchnorm, 1) is None and unsynchronised_note(layernorm, 2) is None
 
 
 def test_what_the_checks_take_as_lightning_does():

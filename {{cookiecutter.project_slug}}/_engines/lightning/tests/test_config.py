@@ -182,7 +182,8 @@ BAD_INPUT = [
             "strategy.schedule=interleaved_1f1b",
             "strategy.stages_per_process=3",
         ],
-        "strategy=pipeline: 6 pipeline stages need at least 6 blocks; the model has 4",
+        "strategy=pipeline: 6 pipeline stages need at least 6 blocks; the model has 4 (2 processes x "
+        "strategy.stages_per_process=3)",
     ),  # fmt: skip
     (  # a package Lightning asks for (torch_xla) was a multi-line report of Hydra's
         ["trainer.accelerator=tpu"],

@@ -125,6 +125,17 @@ def accumulation_note(net: nn.Module, accumulate: int) -> str | None:
     return None
 
 
+def unsynchronised_note(net: nn.Module, replicas: int) -> str | None:
+    """Said, not refused, when ddp's BatchNorm is left unsynchronised (trainer.sync_batchnorm=false): each process
+    normalises by its share of the batch, as many vision recipes do, but not as one device would."""
+    if replicas > 1 and uses_batchnorm(net):
+        return (
+            f"note: trainer.sync_batchnorm=false with BatchNorm over {replicas} processes: each normalises by its share "
+            "of the global batch, so the losses differ from one device's (docs/optimisation.md)"
+        )
+    return None
+
+
 def data_parallel_problem(net: nn.Module, replicas: int) -> str | None:
     """Why strategy=dp refuses `net` on `replicas` GPUs, if it does. nn.DataParallel computes BatchNorm statistics
     per GPU and cannot synchronise them (its replicas are threads of one process; SyncBatchNorm needs a process

@@ -221,7 +221,8 @@ def check_pipeline(
     except ConfigError:  # no split: already one line naming what to implement
         raise
     except ValueError as err:
-        raise ConfigError(f"strategy=pipeline: {err}") from err
+        factors = f" ({stages} processes x strategy.stages_per_process={per_process})" if per_process > 1 else ""
+        raise ConfigError(f"strategy=pipeline: {err}{factors}") from err
 
 
 class Pipeline:

@@ -26,7 +26,13 @@ from ..errors import ConfigError, Interrupted, said_once, unused_parameters
 from ..models.activation_checkpointing import check_activation_checkpointing, checkpoint_blocks
 from ..models.compilation import compile_net
 from ..models.float8 import check_float8, check_float8_layers, convert_float8
-from ..parallel.batchnorm import accumulation_note, micro_batch_split_problem, oom_handling_problem, uses_batchnorm
+from ..parallel.batchnorm import (
+    accumulation_note,
+    micro_batch_split_problem,
+    oom_handling_problem,
+    unsynchronised_note,
+    uses_batchnorm,
+)
 from ..parallel.launcher import die_with_launcher, fit_layout_to_launcher, warn_if_restarts_can_hang
 from ..parallel.sharding import check_layer_devices
 from ..parallel.split import check_chain
@@ -73,7 +79,8 @@ def train(cfg: DictConfig) -> None:
             print(note)
     if cfg.check_only:
         counted = f"{processes} process{'es' if processes > 1 else ''}"
-        print(f"check_only: the command passes its checks ({counted}); nothing was trained")
+        if is_first_process():  # (every launched process checks)
+            print(f"check_only: the command passes its checks ({counted}); nothing was trained")
         return
 
     def process() -> None:  # a named function: notebook_launcher (ddp_spawn) needs one
@@ -148,6 +155,9 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     data = build(cfg.data)
     data.check_replicas(replicas, processes)
     if (note := accumulation_note(net, cfg.trainer.accumulate_grad_batches)) and is_first_process():
+        print(note, file=sys.stderr)
+    unsynchronised = strategy.name in ("ddp", "ddp_spawn") and not cfg.trainer.sync_batchnorm
+    if unsynchronised and (note := unsynchronised_note(net, replicas)) and is_first_process():
         print(note, file=sys.stderr)
     check_input(net, data)  # e.g. model=gpt with data that is not token ids, or uint8 images
     check_output(net, data, loss_fn, micro)  # what the loss can take, for the data's targets (`net` on meta: shapes)

@@ -26,7 +26,7 @@ from ..data.loading import check_input, check_output, check_position, first_samp
 from ..errors import ConfigError, Interrupted, said_once, spawned_failure, unused_parameters
 from ..models.activation_checkpointing import check_activation_checkpointing
 from ..models.float8 import check_float8, check_float8_layers
-from ..parallel.batchnorm import accumulation_note, needs_sync, synchronised_message
+from ..parallel.batchnorm import accumulation_note, needs_sync, synchronised_message, unsynchronised_note
 from ..parallel.launcher import die_with_launcher, fit_layout_to_launcher, warn_if_restarts_can_hang
 from ..parallel.sharding import check_layer_devices
 from ..parallel.split import check_chain
@@ -200,6 +200,9 @@ def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningD
             float8=cfg.float8,
         )
     if (note := accumulation_note(model.net, cfg.trainer.accumulate_grad_batches)) and is_first_process():
+        print(note, file=sys.stderr)
+    unsynchronised = preset() in ("ddp", "ddp_spawn") and not cfg.trainer.sync_batchnorm
+    if unsynchronised and (note := unsynchronised_note(model.net, data_parallel_size(trainer))) and is_first_process():
         print(note, file=sys.stderr)
     check_activation_checkpointing(model.net, cfg.activation_checkpointing)
     tensor_parallel = getattr(trainer.strategy, "tensor_parallel_size", 1)
