@@ -388,3 +388,18 @@ class TwoTowers(nn.Module):
 
 
 register_split(TwoTowers, Split(first=[], blocks=["towers.*"], last=["head"]))
+
+
+class FeaturesNormalized(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.normalize(x, dim=-1)
+
+
+class NormalizedHidden(ResidualMLP):
+    """The template's net with its blocks' hidden features normalised (over all of them) between fc_in and fc_out:
+    under its tensor-parallel plan, each rank would normalise its share of them, with no error."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        for block in self.blocks:
+            block.act = FeaturesNormalized()

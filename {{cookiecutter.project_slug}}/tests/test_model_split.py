@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import QUICK, TOLERANCE
 from layouts import command, layout
-from own_models import Conv1DBlocks, CustomInit, FusedProj, FusedQKV, LongSkip, PositionSummed
+from own_models import Conv1DBlocks, CustomInit, FusedProj, FusedQKV, LongSkip, NormalizedHidden, PositionSummed
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
@@ -14,6 +14,7 @@ from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.models.gpt import GPT
 from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
 from {{ cookiecutter.package_name }}.parallel.pipelining import check_pipeline
+from {{ cookiecutter.package_name }}.parallel.plan_values import check_plan_values
 from {{ cookiecutter.package_name }}.parallel.sharding import (
     OnMeta,
     check_layer_devices,
@@ -89,6 +90,17 @@ def test_the_split_is_found_inside_a_wrapper_and_its_absence_named():
     wrapper.net = nn.Sequential(nn.Linear(2, 2))
     with pytest.raises(ConfigError, match="strategy=pipeline needs to know how to split Sequential"):
         find_split(wrapper, "pipeline")
+
+
+def test_a_plan_that_changes_what_the_net_computes_is_refused_by_its_values():
+    """Run over simulated ranks in this process (parallel/plan_values.py): the net's output on one sample must be the
+    unsharded net's. A normalisation between the colwise and the rowwise layer divides well, and trained silently."""
+    sample = torch.randn(1, 8)
+    check_plan_values(lambda: ResidualMLP(in_features=8, num_classes=3, hidden=16, depth=2), sample, 2)
+    normalized = partial(NormalizedHidden, in_features=8, num_classes=3, hidden=16, depth=2)
+    with pytest.raises(ConfigError, match="the tensor-parallel plan of NormalizedHidden changes what it computes"):
+        check_plan_values(normalized, sample, 2)
+    check_plan_values(normalized, sample, 1)  # one rank: nothing sharded
 
 
 def test_tensor_parallel_plan_is_checked_against_heads_and_layers():

@@ -206,6 +206,11 @@ BAD_INPUT = [
         ["data._target_={{ cookiecutter.package_name }}.data.loading.Data"],
         "data._target_={{ cookiecutter.package_name }}.data.loading.Data is not this engine's data module: give ",
     ),
+    (  # (Accelerate: by its launch only; test_model_split.py checks the plan's values in both)
+        ["strategy=model_parallel", "trainer.accelerator=cpu", "trainer.devices=2"]
+        + ["model.net._target_=own_models.NormalizedHidden"],
+        "the tensor-parallel plan of NormalizedHidden changes what it computes: over 2 ranks, its output on one sample",
+    ),
     *COMMAND_LINE_REFUSALS,  # (conftest: the same in both engines)
 ]
 BAD_INPUT_IDS = [
@@ -248,6 +253,7 @@ BAD_INPUT_IDS = [
     "accelerate-oom-group",
     "callback-that-is-not-a-node",
     "accelerate-data-class",
+    "tensor-parallel-plan-that-changes-the-values",
     *COMMAND_LINE_REFUSAL_IDS,
 ]
 

@@ -130,8 +130,8 @@ def unsynchronised_note(net: nn.Module, replicas: int) -> str | None:
     normalises by its share of the batch, as many vision recipes do, but not as one device would."""
     if replicas > 1 and uses_batchnorm(net):
         return (
-            f"note: trainer.sync_batchnorm=false with BatchNorm over {replicas} processes: each normalises by its share "
-            "of the global batch, so the losses differ from one device's (docs/optimisation.md)"
+            f"note: trainer.sync_batchnorm=false with BatchNorm over {replicas} processes: each normalises by its "
+            "share of the global batch, so the losses differ from one device's (docs/optimisation.md)"
         )
     return None
 

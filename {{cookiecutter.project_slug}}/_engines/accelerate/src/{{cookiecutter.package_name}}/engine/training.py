@@ -34,6 +34,7 @@ from ..parallel.batchnorm import (
     uses_batchnorm,
 )
 from ..parallel.launcher import die_with_launcher, fit_layout_to_launcher, warn_if_restarts_can_hang
+from ..parallel.plan_values import check_plan_values
 from ..parallel.sharding import check_layer_devices
 from ..parallel.split import check_chain
 from ..runtime.async_saves import check_async
@@ -172,6 +173,8 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
         check_chain(build(cfg.model.net), first_sample(data))  # compares values: a real net (`net` is on meta)
     if strategy.name == "model_parallel" and cfg.strategy.mode == "layers":  # a skip connection across the devices?
         check_layer_devices(build(cfg.model.net), first_sample(data), len(strategy.layer_devices))
+    if strategy.name == "model_parallel" and cfg.strategy.mode == "tensor":  # a plan that changes what it computes?
+        check_plan_values(lambda: build(cfg.model.net), first_sample(data), tensor_parallel)
     return strategy, processes, recovery
 
 

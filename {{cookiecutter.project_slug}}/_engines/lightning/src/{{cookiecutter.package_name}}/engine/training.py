@@ -28,6 +28,7 @@ from ..models.activation_checkpointing import check_activation_checkpointing
 from ..models.float8 import check_float8, check_float8_layers
 from ..parallel.batchnorm import accumulation_note, needs_sync, synchronised_message, unsynchronised_note
 from ..parallel.launcher import die_with_launcher, fit_layout_to_launcher, warn_if_restarts_can_hang
+from ..parallel.plan_values import check_plan_values
 from ..parallel.sharding import check_layer_devices
 from ..parallel.split import check_chain
 from ..runtime.async_saves import check_async
@@ -224,6 +225,8 @@ def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningD
         check_chain(model.net, first_sample(datamodule.data))
     if preset() == "model_parallel" and cfg.strategy.mode == "layers":  # a skip connection across the devices?
         check_layer_devices(model.net, first_sample(datamodule.data), len(trainer.strategy.devices))
+    if preset() == "model_parallel" and cfg.strategy.mode == "tensor":  # a plan that changes what the net computes?
+        check_plan_values(lambda: build(cfg.model.net), first_sample(datamodule.data), tensor_parallel)
     return trainer, model, datamodule
 
 
