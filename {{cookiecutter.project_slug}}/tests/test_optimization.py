@@ -3,6 +3,7 @@ train/lr), trainer.accumulate_grad_batches inside the global batch, and BatchNor
 
 import copy
 import math
+import shutil
 from functools import partial
 
 import pytest
@@ -16,7 +17,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
 
-from {{ cookiecutter.package_name }}.config import CONFIG_DIR, check_overrides, register_resolvers
+from {{ cookiecutter.package_name }} import config
+from {{ cookiecutter.package_name }}.config import CONFIG_DIR, check_group_choices, check_overrides, register_resolvers
+from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
 from {{ cookiecutter.package_name }}.parallel.batchnorm import SynchronisedBatchNorm, accumulation_note, unsynchronised_note
 from {{ cookiecutter.package_name }}.parallel.sharding import clip_grad_norm_, clip_grad_value_
@@ -316,6 +319,26 @@ def test_what_the_checks_take_as_lightning_does():
     for ends in [(None, 5, None), (-1, 5, 0), (3, None, 500), (3, -1, 1)]:
         check_training_length(*ends)
     check_overrides(["data.num_workers=auto", "~logger.group"], "train")
+
+
+def test_a_folder_of_presets_of_your_own_is_added_with_a_plus(tmp_path, monkeypatch):
+    """lightning-hydra-template's experiment/ presets: a folder of `# @package _global_` files, each added with
+    +GROUP=NAME (the refusal named a command that does not exist); a folder named experiment/ would hide the run's
+    name (experiment=NAME), and is refused saying so."""
+    configs = tmp_path / "configs"
+    shutil.copytree(CONFIG_DIR, configs)
+    for group in ("recipe", "experiment"):
+        (configs / group).mkdir()
+        (configs / group / "quick.yaml").write_text("# @package _global_\ntrainer:\n  max_epochs: 3\n")
+    monkeypatch.setattr(config, "CONFIG_DIR", configs)
+    check_group_choices(["+recipe=quick"])
+    check_overrides(["+recipe=quick", "trainer.max_epochs=2"], "train")
+    with pytest.raises(ConfigError, match=r"configs/recipe/ is not in the training's defaults .* \+recipe=quick$"):
+        check_group_choices(["recipe=quick"])
+    with pytest.raises(ConfigError, match="unknown recipe 'slow'; valid: quick"):
+        check_group_choices(["+recipe=slow"])
+    with pytest.raises(ConfigError, match=r"makes `experiment` a config group, which hides the run's name"):
+        check_group_choices(["experiment=quick"])
 
 
 @pytest.mark.parametrize("case", range(len(BAD_INPUT)), ids=CASE_NAMES[: len(BAD_INPUT)])

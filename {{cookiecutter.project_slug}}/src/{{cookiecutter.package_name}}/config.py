@@ -39,14 +39,31 @@ def check_group_choices(overrides: list[str]) -> None:
     for override in overrides:
         group, has_value, choice = override.lstrip("+").partition("=")
         if has_value and (CONFIG_DIR / group).is_dir() and group not in training_groups():  # Hydra: 4 lines
-            raise ConfigError(
-                f"{group}={choice}: the {group} presets are for `python -m {__package__}.{group}`, not this command"
-            )
+            _check_other_group(group, choice, override.startswith("+"))
         if has_value and (CONFIG_DIR / group).is_dir():
             choices = sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml"))
             for value in _sweep_values(override, [choice]):
                 if value not in choices:
                     raise ConfigError(f"unknown {group} {value!r}; valid: {', '.join(choices)}")
+
+
+def _check_other_group(group: str, choice: str, added: bool) -> None:
+    """A config folder outside the training's defaults: another command's presets (search/), or a folder of presets
+    of your own (`# @package _global_` files, as lightning-hydra-template's experiment/), which +GROUP=NAME adds."""
+    if (CONFIG_DIR.parent / group).is_dir() or (CONFIG_DIR.parent / f"{group}.py").is_file():
+        raise ConfigError(
+            f"{group}={choice}: the {group} presets are for `python -m {__package__}.{group}`, not this command"
+        )
+    if group == "experiment":  # a group of that name hides the run's name, experiment=NAME
+        raise ConfigError(
+            "configs/experiment/ makes `experiment` a config group, which hides the run's name (experiment=NAME): "
+            f"name the folder of your presets otherwise, e.g. configs/recipe/{choice}.yaml chosen with +recipe={choice}"
+        )
+    if not added:
+        raise ConfigError(
+            f"{group}={choice}: configs/{group}/ is not in the training's defaults list (configs/train.yaml); add the "
+            f"preset with +{group}={choice}"
+        )
 
 
 def _sweep_values(override: str, single: list[str]) -> list[str]:
