@@ -237,6 +237,10 @@ COMMAND_LINE_REFUSALS = [
         ["strategy=fsdp", "model.net._target_=own_models.LearnedTemperature"],
         "strategy=fsdp shards the parameters with torch's FSDP2, which cannot shard the 0-dim parameter temperature:",
     ),
+    (["logger=none", "+logger.tags=[a]"], "+logger.tags: logger=none has no logger to take it; a logger of your own"),
+    # a traceback (torch's manual_seed, numpy's seed) after the run folder was made; a run folder outside outputs/
+    (["seed=1.5"], "seed=1.5 must be a whole number from 0 to 4294967295 (the default is 42)"),
+    (["run_id=../escape"], "run_id=../escape must name one folder (outputs/<experiment>/<run_id>): no / or .."),
     # a float batch reached the DataLoader (a traceback); a list, the optimizer ("'<=' not supported ...")
     (["data.batch_size=12.0"], "data.batch_size=12.0 must be a whole number of samples (the global batch)"),
     (["model.optimizer.lr=[1,2]"], "model.optimizer.lr=[1,2] is not a number (the default is 0.001)"),
@@ -266,6 +270,9 @@ COMMAND_LINE_REFUSAL_IDS = [
     "dataset-whose-files-are-not-there",
     "layers-of-a-forward-that-skips-across-devices",
     "fsdp-of-a-0-dim-parameter",
+    "add-a-key-to-no-logger",
+    "seed-not-whole",
+    "run-id-outside-the-outputs",
     "batch-size-not-whole",
     "lr-a-list",
 ]

@@ -248,6 +248,11 @@ def _check_added(key: str, keys: dict[str, Any], read: str, node: bool) -> None:
     if parent == "checkpoint":
         taken = ", ".join(sorted(str(other) for other in keys[parent]))
         raise ConfigError(f"+{key}: the training reads no {key}, only the settings it has: {taken}")
+    if parent == "logger" and not keys.get("logger"):  # logger=none ({}): a node of one key, built as a logger
+        raise ConfigError(
+            f"+{key}: logger=none has no logger to take it; a logger of your own is a preset, "
+            "configs/logger/NAME.yaml (its _target_ and arguments), chosen with logger=NAME"
+        )
     if parent == "logger" and (taken := _logger_arguments(keys)) and name not in taken:
         near = difflib.get_close_matches(name, taken, n=1, cutoff=0.75)
         hint = f"did you mean logger.{near[0]}? " if near else ""
@@ -422,10 +427,23 @@ def run_cli(run: Callable[[], None], config_name: str = "train") -> None:
         check_overrides(sys.argv[1:], config_name)
         check_run_id(sys.argv[1:])
         check_output_folder(sys.argv[1:])
+        check_seed_and_names(sys.argv[1:])
         sys.argv[1:] = continue_last(sys.argv[1:])
     except ConfigError as err:
         fail(err)
     run()
+
+
+def check_seed_and_names(overrides: list[str]) -> None:
+    """Refuse a seed torch and numpy do not take (a traceback after the run folder was made) and a run name that
+    leaves outputs/<experiment>/ (run_id=../x wrote beside the project's outputs)."""
+    for override in overrides:
+        key, _, value = override.lstrip("+").partition("=")
+        for given in _sweep_values(override, [value]) if key in ("seed", "run_id", "experiment") else []:
+            if key == "seed" and not (given.isdigit() and int(given) < 2**32):
+                raise ConfigError(f"seed={given} must be a whole number from 0 to {2**32 - 1} (the default is 42)")
+            if key != "seed" and ("/" in given or given in ("", ".", "..")):
+                raise ConfigError(f"{key}={given} must name one folder (outputs/<experiment>/<run_id>): no / or ..")
 
 
 def check_output_folder(overrides: list[str]) -> None:

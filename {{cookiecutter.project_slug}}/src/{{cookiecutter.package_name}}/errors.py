@@ -135,6 +135,7 @@ def fail(error: Exception, run_dir: Path | None = None) -> None:
     """Report a predictable mistake in one line, remove the run folder if nothing was written, exit EXIT_REFUSED (2).
     A crashed process, or a training that stopped itself, exits EXIT_STOPPED (1) instead, keeping what the run wrote."""
     message = str(error) if isinstance(error, Interrupted) else f"error: {error}"
+    close_progress_bars()
     if str(error):  # (the same refusal raised in every process is said by the first only: said_once)
         tell_launcher(message)
         if first_to_say(message):
@@ -146,6 +147,15 @@ def fail(error: Exception, run_dir: Path | None = None) -> None:
     if run_dir is not None:
         remove_if_empty(run_dir)
     sys.exit(EXIT_REFUSED)
+
+
+def close_progress_bars() -> None:
+    """Close the progress bars a training left open (a refusal from inside it): the line then ends before the
+    error's, which was glued to the bar's."""
+    from tqdm import tqdm  # (Lightning's bars and the Accelerate loop's)
+
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()
 
 
 # Where torchrun (accelerate launch too) asks each process it started to write why it failed: the agent's report of the

@@ -70,7 +70,11 @@ def test_overrides_reach_the_objects(tmp_path):
 # (overrides, the one error line); each refused before training (conftest's `refused` runs them)
 BAD_INPUT = [
     (["strategy=warp_drive"], "unknown strategy 'warp_drive'; valid: " + ", ".join(PRESETS)),
-    (["logger=tensorboardx"], "unknown logger 'tensorboardx'; valid: none, wandb"),
+    (  # (the presets there: a logger preset of yours is one of them)
+        ["logger=tensorboardx"],
+        "unknown logger 'tensorboardx'; valid: "
+        + ", ".join(sorted(p.stem for p in (CONFIG_DIR / "logger").glob("*.yaml"))),
+    ),
     (
         ["strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "data.batch_size=255"],
         "data.batch_size=255 is the global batch and must be a positive multiple of the 2 data-parallel replicas",
@@ -211,6 +215,10 @@ BAD_INPUT = [
         + ["model.net._target_=own_models.NormalizedHidden"],
         "the tensor-parallel plan of NormalizedHidden changes what it computes: over 2 ranks, its output on one sample",
     ),
+    (  # an AttributeError at the first checkpoint (its SequentialSampler has no epoch)
+        ["+trainer.overfit_batches=2"],
+        "trainer.overfit_batches replaces the training's sampler (the global batch over the processes, resumable",
+    ),
     *COMMAND_LINE_REFUSALS,  # (conftest: the same in both engines)
 ]
 BAD_INPUT_IDS = [
@@ -254,6 +262,7 @@ BAD_INPUT_IDS = [
     "callback-that-is-not-a-node",
     "accelerate-data-class",
     "tensor-parallel-plan-that-changes-the-values",
+    "overfit-batches",
     *COMMAND_LINE_REFUSAL_IDS,
 ]
 

@@ -144,6 +144,12 @@ def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningD
     fit_and_test."""
     if cfg.ckpt_path:
         check_checkpoint_path(Path(cfg.ckpt_path))
+    if cfg.trainer.get("overfit_batches"):  # Lightning swaps in a sampler that neither deals batches out nor resumes
+        raise ConfigError(
+            "trainer.overfit_batches replaces the training's sampler (the global batch over the processes, resumable "
+            "mid-epoch); to overfit N batches: trainer.limit_train_batches=N trainer.limit_val_batches=N "
+            "data.shuffle=false"
+        )
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # (the seed is in the config it logs)
 
     check_optimization(
