@@ -165,8 +165,10 @@ def test_precision_auto_is_fp32_on_the_cpu_and_bf16_on_a_bf16_gpu():
     assert resolve_precision(32, "cpu") == "32-true"
     # Lightning's Trainer trains 16-mixed on the CPU in bf16-mixed; the Accelerate engine trained fp16: both bf16 now
     assert resolve_precision("16-mixed", "cpu") == "bf16-mixed"
-    with pytest.raises(ConfigError, match="trainer.precision=16 is unknown; valid: auto, 32-true"):
-        resolve_precision(16, "cpu")
+    assert resolve_precision("bf16", "cpu") == "bf16-mixed"  # Lightning's short names, as it takes them
+    assert resolve_precision(16, "cpu") == "bf16-mixed"  # 16-mixed, on the CPU
+    with pytest.raises(ConfigError, match="trainer.precision=8 is unknown; valid: auto, 32-true"):
+        resolve_precision(8, "cpu")
 
 
 def test_bf16_is_native_from_compute_capability_8_on_every_gpu():

@@ -41,7 +41,7 @@ BAD_INPUT = [
         [f"hydra.run.dir={Path(__file__)}/run"],
         f"the run folder {Path(__file__)}/run cannot be made: {Path(__file__)} is",
     ),
-    (["trainer.precision=16"], "trainer.precision=16 is unknown; valid: auto, 32-true, bf16-mixed, 16-mixed"),
+    (["trainer.precision=8"], "trainer.precision=8 is unknown; valid: auto, 32-true, bf16-mixed, 16-mixed"),
     (
         ["strategy=pipeline"],
         "strategy=pipeline runs one stage per process; 1 process given, use 2+: launch it with `accelerate launch",

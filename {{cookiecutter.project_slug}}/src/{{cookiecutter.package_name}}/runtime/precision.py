@@ -1,7 +1,8 @@
-"""trainer.precision, the same flag and names in both engines (Lightning's): 32-true, bf16-mixed, 16-mixed, or
-auto (the default): bf16-mixed where every GPU of the machine computes in bf16 natively (Ampere and later), else
-32-true, so CPU runs and their tests stay exact fp32. And `tf32` (default true): fp32 matmuls in TF32 on Ampere and
-later, what a GPU user would switch on anyway; false keeps them exact fp32 (the GPU check compares presets so)."""
+"""trainer.precision, the same flag and names in both engines (Lightning's): 32-true, bf16-mixed, 16-mixed (or 32,
+bf16 and 16, as Lightning takes them), or auto (the default): bf16-mixed where every GPU of the machine computes in
+bf16 natively (Ampere and later), else 32-true, so CPU runs and their tests stay exact fp32. And `tf32` (default
+true): fp32 matmuls in TF32 on Ampere and later, what a GPU user would switch on anyway; false keeps them exact fp32
+(the GPU check compares presets so)."""
 
 import sys
 
@@ -12,16 +13,16 @@ from ..tracking.wandb_run import is_first_process
 from .hardware import nvml_call
 
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+SHORT_NAMES = {"32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed"}  # Lightning's older names, still taken
 
 
 def resolve_precision(precision: str | int, accelerator: str) -> str:
-    """The precision a run uses: `auto` becomes bf16-mixed where the GPUs have bf16; 32 is 32-true; 16-mixed on the
-    CPU is bf16-mixed.
+    """The precision a run uses: `auto` becomes bf16-mixed where the GPUs have bf16; 32 is 32-true (16: 16-mixed, bf16:
+    bf16-mixed); 16-mixed on the CPU is bf16-mixed.
 
     Decided without initialising CUDA in this process: strategy=ddp_spawn (Accelerate) forks its processes
     afterwards, and a forked process cannot use CUDA once its parent has initialised it."""
-    if str(precision) == "32":
-        return "32-true"
+    precision = SHORT_NAMES.get(str(precision), precision)
     if precision == "auto":
         on_gpu = accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
         return "bf16-mixed" if on_gpu and has_native_bf16(gpu_capabilities()) else "32-true"
