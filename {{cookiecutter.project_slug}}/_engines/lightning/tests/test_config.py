@@ -272,12 +272,20 @@ def test_bad_input_fails_in_one_line(refused, case):
     refused[case].assert_rejected(BAD_INPUT[case][1])
 
 
-def test_a_mistake_lightning_finds_during_fit_is_one_line_too(train):
+@pytest.mark.parametrize(
+    "monitor",
+    [
+        ["callbacks.checkpoint.monitor=val/accc"],  # a MisconfigurationException; EarlyStopping's, a RuntimeError
+        ["+callbacks.stop._target_=lightning.pytorch.callbacks.EarlyStopping", "+callbacks.stop.monitor=val/accc"],
+    ],
+    ids=["checkpoint", "early-stopping"],
+)
+def test_a_mistake_lightning_finds_during_fit_is_one_line_too(train, monitor):
     run = train(
         "strategy=single",
-        "trainer.limit_train_batches=2",
+        "trainer.limit_train_batches=1",
         "trainer.limit_val_batches=1",
-        "callbacks.checkpoint.monitor=val/accc",
+        *monitor,
         "trainer.enable_progress_bar=false",
         "logger=none",
         check=False,

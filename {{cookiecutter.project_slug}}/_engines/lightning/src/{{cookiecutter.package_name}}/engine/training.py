@@ -72,6 +72,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     except RuntimeError as err:  # DDP's, for a parameter a step did not use: what to set, in one line
         if refusal := unused_parameters(str(err), preset()):
             raise said_once(refusal, rank_zero_only.rank == 0) from err
+        if str(err).startswith("Early stopping conditioned on metric"):  # a monitor no metric has (a typo, say)
+            raise said_once(ConfigError(str(err)), rank_zero_only.rank == 0) from err
         raise
 
 
