@@ -238,10 +238,12 @@ def open_study(
         if settings.baseline:  # the current values of the searched keys, as trial 0
             study.enqueue_trial({param.key: baseline_value(param, cfg) for param in params})
     elif started != json.loads(json.dumps(definition)):
-        changed = ", ".join(key for key in definition if started.get(key) != json.loads(json.dumps(definition[key])))
+        changed = [key for key in definition if started.get(key) != json.loads(json.dumps(definition[key]))]
+        then = f" ({' '.join(started['overrides']) or 'none'}, now {' '.join(overrides) or 'none'})"
         raise ConfigError(
-            f"study {settings.study_name} in {study_dir} was started with other {changed}; "
-            "continue it with the same command, or start a new one with search.study=<name>"
+            f"study {settings.study_name} in {study_dir} was started with other {', '.join(changed)}"
+            f"{then if changed == ['overrides'] else ''}; continue it with the same command, or start a new one with "
+            "search.study=<name>"
         )
     # Seeded by how many trials the study has: a re-run continues the sequence instead of drawing again the
     # parameters its first run drew.
