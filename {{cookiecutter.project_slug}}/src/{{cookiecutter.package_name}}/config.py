@@ -50,7 +50,8 @@ def check_group_choices(overrides: list[str]) -> None:
 def _check_other_group(group: str, choice: str, added: bool) -> None:
     """A config folder outside the training's defaults: another command's presets (search/), or a folder of presets
     of your own (`# @package _global_` files, as lightning-hydra-template's experiment/), which +GROUP=NAME adds."""
-    if (CONFIG_DIR.parent / group).is_dir() or (CONFIG_DIR.parent / f"{group}.py").is_file():
+    package, module = CONFIG_DIR.parent, CONFIG_DIR.parent / f"{group}.py"  # a command: python -m package.group
+    if (package / group / "__main__.py").is_file() or (module.is_file() and "\ndef main(" in module.read_text()):
         raise ConfigError(
             f"{group}={choice}: the {group} presets are for `python -m {__package__}.{group}`, not this command"
         )
@@ -197,6 +198,8 @@ def check_setting(override: Override, keys: dict[str, Any], groups: set[str], re
             raise ConfigError(f"~{key}: there is no setting {key} to remove{hint}")
         if lightning_only := _lightning_only(key, keys):
             raise ConfigError(lightning_only)
+        if key.startswith("logger.") and not keys.get("logger"):
+            raise ConfigError(f"{key}: {NO_LOGGER}")
         if _takes_arguments(key.rpartition(".")[0], keys):
             raise ConfigError(f"unknown setting {key}{hint} (to add a new key: +{key}=...)")
         raise ConfigError(f"unknown setting {key}{hint or _other_engines(key)}")
@@ -249,16 +252,19 @@ def _check_added(key: str, keys: dict[str, Any], read: str, node: bool) -> None:
         taken = ", ".join(sorted(str(other) for other in keys[parent]))
         raise ConfigError(f"+{key}: the training reads no {key}, only the settings it has: {taken}")
     if parent == "logger" and not keys.get("logger"):  # logger=none ({}): a node of one key, built as a logger
-        raise ConfigError(
-            f"+{key}: logger=none has no logger to take it; a logger of your own is a preset, "
-            "configs/logger/NAME.yaml (its _target_ and arguments), chosen with logger=NAME"
-        )
+        raise ConfigError(f"+{key}: {NO_LOGGER}")
     if parent == "logger" and (taken := _logger_arguments(keys)) and name not in taken:
         near = difflib.get_close_matches(name, taken, n=1, cutoff=0.75)
         hint = f"did you mean logger.{near[0]}? " if near else ""
         raise ConfigError(f"+{key}: wandb.init takes no {name}; {hint}it takes {', '.join(sorted(taken))}")
     if parent == "callbacks" and not node:  # Lightning's: each a node that builds one callback
         raise ConfigError(f"+{key}: a callback is a node that names its class: +callbacks.{name}._target_=PKG.CLASS")
+
+
+NO_LOGGER = (
+    "logger=none has no logger to take it; a logger of your own is a preset, configs/logger/NAME.yaml (its _target_ "
+    "and arguments), chosen with logger=NAME"
+)
 
 
 def _logger_arguments(keys: dict[str, Any]) -> set[str]:

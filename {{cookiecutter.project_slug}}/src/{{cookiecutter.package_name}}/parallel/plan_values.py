@@ -32,7 +32,7 @@ def check_plan_values(build: Callable[[], nn.Module], example: object, tensor_pa
     """Refuse a tensor-parallel plan under which the net's output on `example` (a sample, as a batch of one) is not
     the unsharded net's, over `tensor_parallel_size` ranks; eval mode, no gradients. `build` makes the net (on the
     CPU, leaving the random state as it was). Not checked: a net over MOST_PARAMETERS parameters, an example that is
-    not one tensor, a process group already started."""
+    not one tensor, a forward that draws random numbers in eval mode, a process group already started."""
     tp = tensor_parallel_size
     if tp < 2 or not isinstance(example, torch.Tensor) or dist.is_initialized():
         return
@@ -43,42 +43,16 @@ def check_plan_values(build: Callable[[], nn.Module], example: object, tensor_pa
         net, split = find_split(build(), "model_parallel")
     if not split.tensor_parallel:
         return
-    try:
-        from torch.distributed._local_tensor import LocalTensor, LocalTensorMode
-        from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
-    except ImportError:
-        return
-    training, sharded = net.training, copy.deepcopy(net)
-    net.eval(), sharded.eval()
-    fake_tensors = logging.getLogger("torch._subclasses.fake_tensor")  # logs the simulation's errors, raised below
-    level = fake_tensors.level
-    fake_tensors.setLevel(logging.CRITICAL)
-    try:
-        with torch.no_grad():
-            expected = net(example)
-            dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=tp)
-            with LocalTensorMode(tp):
-                mesh = init_device_mesh("cpu", (tp,))
-                parallelize_module(sharded, mesh, dict(split.tensor_parallel))
-                output = sharded(example)
-                output = output.full_tensor() if isinstance(output, DTensor) else output
-                outputs = [output._local_tensors[r] for r in range(tp)] if isinstance(output, LocalTensor) else [output]
-    except RuntimeError as err:  # a share of the features met a layer sized for all of them (a LayerNorm, say)
-        if any(word in str(err) for word in ("shape", "size", "dim")):
-            first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
-            raise ConfigError(
-                f"the tensor-parallel plan of {type(net).__name__} fails over {tensor_parallel_size} ranks on one "
-                f"sample ({first_line}): {ADVICE}"
-            ) from None
-        return  # what the simulation cannot run; the training itself shows what is wrong, if anything
-    except Exception:
-        return
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        net.train(training)
-        fake_tensors.setLevel(level)
-    if not isinstance(expected, torch.Tensor):
+    net.eval()
+    with torch.no_grad():
+        try:
+            expected, again = net(example), net(example)
+        except Exception:  # the net's own forward fails on the sample: the checks of the data and the output say why
+            return
+        if not isinstance(expected, torch.Tensor) or not torch.equal(expected, again):  # it draws: not compared
+            return
+        outputs = simulated_outputs(net, dict(split.tensor_parallel), example, tp)
+    if outputs is None:
         return
     name = type(net).__name__
     if shapes := [tuple(out.shape) for out in outputs if out.shape != expected.shape]:
@@ -94,3 +68,37 @@ def check_plan_values(build: Callable[[], nn.Module], example: object, tensor_pa
             f"the tensor-parallel plan of {name} changes what it computes: over {tp} ranks, its output on one sample "
             f"differs from the unsharded net's by {worst:.2g} (of values up to {scale:.2g}); {ADVICE}"
         )
+
+
+def simulated_outputs(net: nn.Module, plan: dict, example: torch.Tensor, tp: int) -> list[torch.Tensor] | None:
+    """Each simulated rank's output of a copy of `net` sharded by `plan` over `tp` ranks; None where torch's private
+    APIs are missing or cannot run the forward. A shape error there is the plan's: refused."""
+    try:
+        from torch.distributed._local_tensor import LocalTensor, LocalTensorMode
+        from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
+    except ImportError:
+        return None
+    sharded = copy.deepcopy(net)
+    fake_tensors = logging.getLogger("torch._subclasses.fake_tensor")  # logs the simulation's errors, raised below
+    level = fake_tensors.level
+    fake_tensors.setLevel(logging.CRITICAL)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=tp)
+    try:
+        with LocalTensorMode(tp):
+            parallelize_module(sharded, init_device_mesh("cpu", (tp,)), plan)
+            output = sharded(example)
+            output = output.full_tensor() if isinstance(output, DTensor) else output
+            return [output._local_tensors[rank] for rank in range(tp)] if isinstance(output, LocalTensor) else [output]
+    except RuntimeError as err:  # a share of the features met a layer sized for all of them (a LayerNorm, say)
+        if not any(word in str(err) for word in ("shape", "size", "dim")):
+            return None  # what the simulation cannot run; the training itself shows what is wrong, if anything
+        first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ConfigError(
+            f"the tensor-parallel plan of {type(net).__name__} fails over {tp} ranks on one sample ({first_line}): "
+            f"{ADVICE}"
+        ) from None
+    except Exception:
+        return None
+    finally:
+        dist.destroy_process_group()
+        fake_tensors.setLevel(level)

@@ -268,12 +268,13 @@ def trained_so_far(checkpoint: str) -> tuple[int, int] | None:
     return saved["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"], saved["global_step"]
 
 
-def mid_epoch_position(checkpoint: str) -> dict[str, int]:
+def mid_epoch_position(checkpoint: str, finder: bool) -> dict[str, int]:
     """The training loader's state in a checkpoint saved inside an epoch; {} for one saved at an epoch's end (the
-    next epoch starts afresh), or with a batch the batch-size finder found (the run continues with it)."""
+    next epoch starts afresh), or, where this run has the batch-size finder (`finder`), with a batch it found (the
+    run continues with that batch)."""
     saved = saved_state(checkpoint)
     fit_loop = saved.get("loops", {}).get("fit_loop", {})
-    found = any("global_batch_size" in state for state in saved.get("callbacks", {}).values())
+    found = finder and any("global_batch_size" in state for state in saved.get("callbacks", {}).values())
     if found or fit_loop.get("epoch_loop.batch_progress", {}).get("is_last_batch", True):
         return {}
     return (fit_loop["state_dict"].get("combined_loader") or [{}])[0]

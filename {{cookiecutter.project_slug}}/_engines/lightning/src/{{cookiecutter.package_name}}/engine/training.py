@@ -39,6 +39,7 @@ from ..runtime.optimization import check_optimization
 from ..runtime.precision import resolve_precision
 from ..runtime.resuming import check_not_past_the_end, check_same_mesh, starting_point
 from ..tracking.wandb_run import finish_wandb, is_first_process, write_atomically
+from .callbacks.batch_size_finder import BatchSizeFinder
 from .callbacks.epoch_metrics import EpochMetricsFile
 from .checkpoints import (
     LAST,
@@ -85,7 +86,8 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
     trainer, model, datamodule = prepare(cfg)  # checked before anything is written or deleted
     start = resume_from(run_dir, cfg.ckpt_path, cfg.resume)
     if start:  # a global batch that continues the epoch a whole step ahead? (Lightning would find out after wandb)
-        check_position(mid_epoch_position(start), cfg.data.batch_size)
+        finder = any(isinstance(callback, BatchSizeFinder) for callback in trainer.callbacks)
+        check_position(mid_epoch_position(start, finder), cfg.data.batch_size)
     if start and (done := trained_so_far(start)):
         limits = cfg.trainer.max_epochs, cfg.trainer.max_steps
         if note := check_not_past_the_end(Path(start), *done, *limits, bool(cfg.ckpt_path)):
