@@ -403,3 +403,33 @@ class NormalizedHidden(ResidualMLP):
         super().__init__(*args, **kwargs)
         for block in self.blocks:
             block.act = FeaturesNormalized()
+
+
+class MaskedBlock(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return x + self.fc(x) * mask
+
+
+class Masked(nn.Module):
+    """A sequence model whose blocks take the features and a padding mask: no pipeline stage can (one tensor is
+    passed from stage to stage)."""
+
+    def __init__(self, in_features: int, num_classes: int, hidden: int = 16, depth: int = 2, **_: object) -> None:
+        super().__init__()
+        self.embed = nn.Linear(in_features, hidden)
+        self.blocks = nn.ModuleList(MaskedBlock(hidden) for _ in range(depth))
+        self.head = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = (x.abs().sum(dim=-1, keepdim=True) > 0).float()
+        h = self.embed(x)
+        for block in self.blocks:
+            h = block(h, mask)
+        return self.head(h)
+
+
+register_split(Masked, Split(first=["embed"], blocks=["blocks.*"], last=["head"]))

@@ -6,7 +6,16 @@ import pytest
 import torch
 from conftest import QUICK, TOLERANCE
 from layouts import command, layout
-from own_models import Conv1DBlocks, CustomInit, FusedProj, FusedQKV, LongSkip, NormalizedHidden, PositionSummed
+from own_models import (
+    Conv1DBlocks,
+    CustomInit,
+    FusedProj,
+    FusedQKV,
+    LongSkip,
+    Masked,
+    NormalizedHidden,
+    PositionSummed,
+)
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
@@ -159,6 +168,8 @@ def test_a_forward_that_is_not_its_splits_chain_is_refused_and_a_chain_passes():
     torch.manual_seed(0)
     with pytest.raises(ConfigError, match="forward gives it something else than embed's output for blocks.0"):
         check_chain(PositionSummed(in_features=8, num_classes=3), torch.randn(1, 8))
+    with pytest.raises(ConfigError, match=r"gives it 2 inputs for blocks.0: .* \(e.g. carry a mask inside the one"):
+        check_chain(Masked(in_features=8, num_classes=3), torch.randn(1, 8))  # (the hint was a position embedding's)
     check_chain(ResidualMLP(in_features=8, num_classes=3, hidden=16, depth=2), torch.randn(1, 8))
     gpt = GPT(vocab_size=32, max_seq_len=8, dim=16, depth=2, num_heads=2)
     check_chain(gpt, torch.randint(0, 32, (1, 8)))

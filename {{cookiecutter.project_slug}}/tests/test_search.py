@@ -21,12 +21,20 @@ from optuna.trial import TrialState
 from wandb_records import offline_runs
 
 from {{ cookiecutter.package_name }}.errors import ConfigError
-from {{ cookiecutter.package_name }}.search.__main__ import hold_lock, make_pruner, requeue_interrupted
+from {{ cookiecutter.package_name }}.search.__main__ import compose_training, hold_lock, make_pruner, requeue_interrupted
 from {{ cookiecutter.package_name }}.search.__main__ import main as search_main
 from {{ cookiecutter.package_name }}.search.report import parallel_coordinate
 from {{ cookiecutter.package_name }}.search.settings import Settings
 from {{ cookiecutter.package_name }}.search.slurm import gpus_per_trial
-from {{ cookiecutter.package_name }}.search.trials import RUNNING, STOPPING, TrialProcess, run_trial, stop_all
+from {{ cookiecutter.package_name }}.search.trials import (
+    RUNNING,
+    STOPPING,
+    MetricMissing,
+    TrialProcess,
+    check_some_trial,
+    run_trial,
+    stop_all,
+)
 from {{ cookiecutter.package_name }}.tracking.epoch_metrics import append_epoch_metrics
 
 PROJECT = Path(__file__).resolve().parents[1]  # searches run from the project root, as the README says
@@ -472,6 +480,30 @@ def search_command(tmp_path, monkeypatch, capsys):
 
 DROPOUT = {"type": "float", "low": 0.0, "high": 0.5}  # a setting the space adds to the net (+model.net.dropout)
 REFUSED_BATCH = "the training refuses the first trial's config: data.batch_size=64 is the global batch and must be"
+
+
+def test_a_value_only_some_trials_get_fails_those_trials_alone(monkeypatch, capsys):
+    """The first trial's config (each parameter at its first value) refused by the training stopped the whole search,
+    although the other values were fine (3 attention heads over 2 tensor-parallel ranks, choices [3, 2]; [2, 3]
+    searched). The configs with another value of a parameter are checked too: only where all are refused, it stops."""
+    monkeypatch.chdir(PROJECT)
+    over_3 = ["strategy=ddp", "trainer.devices=3", "trainer.accelerator=cpu"]
+    trial = lambda batch: compose_training([*over_3, f"data.batch_size={batch}"])[0]  # noqa: E731
+    check_some_trial(trial(64), iter([trial(128), trial(96)]), "ddp", 3, {})  # 96 splits over 3 processes
+    assert (
+        "note: the training refuses some trials' configs (data.batch_size=64 is the global batch"
+        in capsys.readouterr().err
+    )
+    with pytest.raises(ConfigError, match=REFUSED_BATCH):
+        check_some_trial(trial(64), iter([trial(128)]), "ddp", 3, {})
+
+
+def test_a_trial_that_never_validates_stops_the_search(tmp_path):
+    """A training that ends before its first validation (trainer.max_steps inside the first epoch) reports nothing:
+    every trial would, and the search went on until 3 in a row had failed."""
+    start = lambda command, env, log: TrialProcess(command, env, log)  # noqa: E731
+    with pytest.raises(MetricMissing, match="trial 0 trained to its end without a validation, so without val/loss"):
+        run_trial(optuna.create_study().ask(), start, [sys.executable, "-c", "pass"], {}, tmp_path, "val/loss")
 
 
 def test_a_second_search_of_a_study_is_refused_while_the_first_holds_it(tmp_path):

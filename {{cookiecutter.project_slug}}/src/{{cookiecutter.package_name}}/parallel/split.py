@@ -218,11 +218,14 @@ def check_chain(model: nn.Module, example: Any, preset: str = "pipeline") -> Non
             for name in names:
                 if name not in seen or not _same(seen[name], x):
                     how = "never calls it" if name not in seen else f"gives it something else than {previous}"
+                    fix = "fold a position embedding into the first part's module"
+                    if isinstance(seen.get(name), tuple):  # (x, mask): a stage passes one tensor to the next
+                        how, fix = f"gives it {len(seen[name])} inputs", "carry a mask inside the one tensor"
                     raise ConfigError(
                         f"strategy={preset} runs {type(net).__name__}'s Split as a chain (first, blocks, last, each on "
                         f"the one before's output), but its forward {how} for {name}: it would train another model. "
-                        "Make the forward that chain (e.g. fold a position embedding into the first part's module), "
-                        "or use a preset that runs the model's own forward (ddp, model_parallel)"
+                        f"Make the forward that chain (e.g. {fix}), or use a preset that runs the model's own forward "
+                        "(ddp, model_parallel)"
                     )
                 x, previous = net.get_submodule(name)(x), f"{name}'s output"
             if not _same(expected, x):

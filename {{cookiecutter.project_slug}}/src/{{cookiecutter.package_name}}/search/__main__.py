@@ -17,6 +17,7 @@ import re
 import shutil
 import signal
 import sys
+from collections.abc import Iterator
 from dataclasses import fields
 from functools import partial
 from pathlib import Path
@@ -47,7 +48,7 @@ from .trials import (
     StartTrial,
     TrialFailed,
     TrialProcess,
-    check_training,
+    check_some_trial,
     local_devices,
     run_trial,
     stop_all,
@@ -91,7 +92,8 @@ def main() -> None:
             return
         slots, start = trial_starter(settings, cfg, preset)
         if settings.backend == "local":  # (a SLURM trial runs on a node whose devices the search does not see)
-            check_training(first_trial, preset, processes, slots.first)
+            others = other_trial_configs(params, overrides)
+            check_some_trial(first_trial, others, preset, processes, slots.first)
         new_dir = not settings.study_dir.exists()
         settings.study_dir.mkdir(parents=True, exist_ok=True)
         lock = hold_lock(settings.study_dir)  # held until the search and every trial it started have ended
@@ -170,6 +172,24 @@ def check_trial_config(params: list[Param], overrides: list[str]) -> DictConfig:
         raise ConfigError(f"{', '.join(both)} is both searched and set on the command line; drop one")
     sample = [param.override(param.grid[0] if param.grid else param.distribution.low) for param in params]
     return compose_training([*overrides, *sample])[0]
+
+
+# At most this many configs are checked beside the first trial's (each a compose and the training's checks).
+MOST_OTHER_CONFIGS = 16
+
+
+def other_trial_configs(params: list[Param], overrides: list[str]) -> Iterator[DictConfig]:
+    """The first trial's config with one parameter at another of its values (its other grid values or choices, or
+    its high end), composed only as they are asked for."""
+    first = [param.grid[0] if param.grid else param.distribution.low for param in params]
+    others = [
+        (index, value)
+        for index, param in enumerate(params)
+        for value in (param.grid[1:] if param.grid else [param.distribution.high])
+    ]
+    for index, value in others[:MOST_OTHER_CONFIGS]:
+        values = [*first[:index], value, *first[index + 1 :]]
+        yield compose_training([*overrides, *(param.override(v) for param, v in zip(params, values, strict=True))])[0]
 
 
 def trial_starter(settings: Settings, cfg: DictConfig, preset: str) -> tuple[DeviceSlots, StartTrial]:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
@@ -59,6 +59,26 @@ def check_training(cfg: DictConfig, preset: str, processes: int, env: dict[str, 
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+def check_some_trial(
+    first: DictConfig, others: Iterable[DictConfig], preset: str, processes: int, env: dict[str, str]
+) -> None:
+    """check_training on the first trial's config; where the training refuses it, on `others` (a parameter at another
+    of its values) too: the search stops only where each is refused. A value that some trials get (3 attention heads
+    over 2 tensor-parallel ranks, say) fails those trials alone, and is said once here."""
+    try:
+        check_training(first, preset, processes, env)
+    except ConfigError as refused:
+        for config in others:
+            try:
+                check_training(config, preset, processes, env)
+            except ConfigError:
+                continue
+            reason = str(refused).removeprefix("the training refuses the first trial's config: ")
+            print(f"note: the training refuses some trials' configs ({reason}): those trials fail", file=sys.stderr)
+            return
+        raise
 
 
 def local_devices(n_jobs: int, per_trial: int | None, cpu: bool) -> list[dict[str, str]]:
@@ -199,8 +219,12 @@ def run_trial(
         threading.Event().wait()  # lost; the search ends the process (os._exit) and the next one runs it again
     if code != 0:
         raise TrialFailed(f"trial {trial.number} failed (exit code {code}): {last_error(log)}; log: {log}")
-    if not reported:
-        raise TrialFailed(f"trial {trial.number} finished without validating (no {metrics_file}); log: {log}")
+    if not reported:  # every trial would end so: the search stops (it went on until 3 had failed in a row)
+        raise MetricMissing(
+            f"trial {trial.number} trained to its end without a validation, so without {metric} (validation runs "
+            "at each epoch's end: a trainer.max_steps that ends inside the first epoch leaves none); give more steps "
+            "or trainer.max_epochs"
+        )
     return reported[-1][metric]
 
 

@@ -47,6 +47,7 @@ class ModelFacts:
     sample: torch.Tensor  # one sample's x on the meta device (shape, dtype): the doctor builds a dataset once
     batchnorm: bool = False  # fsdp, model_parallel, pipeline and dp over 2+ devices refuse it (parallel/batchnorm.py)
     unused: tuple[str, ...] = ()  # parameters no gradient reaches (an auxiliary head left out): ddp must be told
+    chain: bool = True  # the Split's parts run one after another on one tensor (else no pipeline: two towers, a mask)
 
     @property
     def state_bytes(self) -> int:
@@ -63,6 +64,7 @@ def model_facts(cfg: DictConfig, batch: int, stage_counts: list[int], precision:
     scale = 0.5 if precision in ("bf16-mixed", "16-mixed") else 1.0
     stages: dict[int, list[int]] = {}
     stage_activations: dict[int, list[float]] = {}
+    chain = True
     if has_split(net):
         for count in stage_counts:
             try:
@@ -72,6 +74,7 @@ def model_facts(cfg: DictConfig, batch: int, stage_counts: list[int], precision:
             try:
                 saved = chain_saved_bytes(parts, example)
             except (RuntimeError, TypeError, ValueError, IndexError):  # not a chain (two towers): no pipeline of it
+                chain = False
                 break
             stages[count] = [count_parameters(part) for part in parts]
             stage_activations[count] = [nbytes * scale / batch for nbytes in saved]
@@ -92,6 +95,7 @@ def model_facts(cfg: DictConfig, batch: int, stage_counts: list[int], precision:
         stage_activation_bytes_per_sample=stage_activations,
         batchnorm=uses_batchnorm(net),
         unused=tuple(name for name, p in net.named_parameters() if p.requires_grad and p.grad is None),
+        chain=chain,
         sample=example[0],
     )
 
@@ -254,6 +258,8 @@ def memory_per_device(
         )
     if preset == "pipeline":
         stages, share = devices // pipelines, batch // pipelines  # each pipeline reads its share of the batch
+        if not facts.chain:
+            return None, "its forward is not its Split's parts one after another on one tensor (two towers, a mask)"
         if devices % pipelines or stages not in facts.stage_parameters:
             return None, "the model cannot be cut into that many stages"
         if batch % (microbatches * pipelines) or microbatches < stages:
