@@ -66,6 +66,8 @@ NEUTRAL_IN_THE_SECOND_SUITE = [
     "tests/test_search.py::test_a_killed_search_continues_to_the_total_without_repeating_finished_trials",
     "tests/test_search.py::test_failing_trials_are_recorded_with_their_log_and_stop_the_search",
     "tests/test_search.py::test_a_metric_the_training_does_not_report_stops_the_search_at_the_first_epoch",
+    "tests/test_search.py::test_trials_run_as_slurm_jobs",
+    "tests/test_search.py::test_a_trial_stopped_with_the_search_stays_running_in_the_study",
 ]
 
 

@@ -576,6 +576,7 @@ def test_a_study_continued_in_another_direction_or_folder_is_refused(search_comm
     assert optuna.get_all_study_names(storage) == ["s"], "nothing of the refused study is written"
 
 
+@pytest.mark.engine_neutral  # the search's threads and a process of its own: no training
 def test_a_trial_stopped_with_the_search_stays_running_in_the_study(tmp_path):
     """Ctrl-C under search.n_jobs=2: the trials' threads recorded the stopped trials as failed ("exit code 254: no
     error line") before the search ended, and the next search drew new parameters instead of running theirs again.
