@@ -260,19 +260,18 @@ def saved_state(checkpoint: str | Path) -> dict[str, Any]:
     )
 
 
-def trained_so_far(checkpoint: str) -> tuple[int, int] | None:
-    """(whole epochs, optimizer steps) a checkpoint has trained, from its fit loop's counters (None without them)."""
-    saved = saved_state(checkpoint)
+def trained_so_far(saved: dict[str, Any]) -> tuple[int, int] | None:
+    """(whole epochs, optimizer steps) a checkpoint (its saved_state) has trained, from its fit loop's counters (None
+    without them)."""
     if "loops" not in saved or "global_step" not in saved:
         return None
     return saved["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"], saved["global_step"]
 
 
-def mid_epoch_position(checkpoint: str, finder: bool) -> dict[str, int]:
-    """The training loader's state in a checkpoint saved inside an epoch; {} for one saved at an epoch's end (the
-    next epoch starts afresh), or, where this run has the batch-size finder (`finder`), with a batch it found (the
-    run continues with that batch)."""
-    saved = saved_state(checkpoint)
+def mid_epoch_position(saved: dict[str, Any], finder: bool) -> dict[str, int]:
+    """The training loader's state in a checkpoint (its saved_state) saved inside an epoch; {} for one saved at an
+    epoch's end (the next epoch starts afresh), or, where this run has the batch-size finder (`finder`), with a batch
+    it found (the run continues with that batch)."""
     fit_loop = saved.get("loops", {}).get("fit_loop", {})
     found = finder and any("global_batch_size" in state for state in saved.get("callbacks", {}).values())
     if found or fit_loop.get("epoch_loop.batch_progress", {}).get("is_last_batch", True):

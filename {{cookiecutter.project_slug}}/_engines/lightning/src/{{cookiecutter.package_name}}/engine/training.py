@@ -85,10 +85,11 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
     cfg.ckpt_path, cfg.resume = starting_point(run_dir, cfg, run_dir / "checkpoints" / LAST)
     trainer, model, datamodule = prepare(cfg)  # checked before anything is written or deleted
     start = resume_from(run_dir, cfg.ckpt_path, cfg.resume)
+    saved = saved_state(start) if start else {}  # read once: its counters and its loader's position
     if start:  # a global batch that continues the epoch a whole step ahead? (Lightning would find out after wandb)
         finder = any(isinstance(callback, BatchSizeFinder) for callback in trainer.callbacks)
-        check_position(mid_epoch_position(start, finder), cfg.data.batch_size)
-    if start and (done := trained_so_far(start)):
+        check_position(mid_epoch_position(saved, finder), cfg.data.batch_size)
+    if start and (done := trained_so_far(saved)):
         limits = cfg.trainer.max_epochs, cfg.trainer.max_steps
         if note := check_not_past_the_end(Path(start), *done, *limits, bool(cfg.ckpt_path)):
             rank_zero_info(note)
