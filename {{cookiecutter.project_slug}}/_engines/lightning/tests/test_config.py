@@ -219,6 +219,15 @@ BAD_INPUT = [
         ["+trainer.overfit_batches=2"],
         "trainer.overfit_batches replaces the training's sampler (the global batch over the processes, resumable",
     ),
+    (  # Lightning's ValueError once fit had started: a traceback, and a run folder with a wandb run in it
+        ["trainer.val_check_interval=1000"],
+        "trainer.val_check_interval=1000 is past the end of an epoch of 32 training batches: give 1 to 32, or "
+        "trainer.check_val_every_n_epoch=null",
+    ),
+    (  # (the same, a MisconfigurationException, once fit had started)
+        ["logger=none", "+callbacks.lr._target_=lightning.pytorch.callbacks.LearningRateMonitor"],
+        "callbacks.lr (LearningRateMonitor) logs to the logger, and logger=none gives none: give logger=wandb, or",
+    ),
     *COMMAND_LINE_REFUSALS,  # (conftest: the same in both engines)
 ]
 BAD_INPUT_IDS = [
@@ -263,6 +272,8 @@ BAD_INPUT_IDS = [
     "accelerate-data-class",
     "tensor-parallel-plan-that-changes-the-values",
     "overfit-batches",
+    "validation-past-the-epoch",
+    "learning-rate-monitor-without-logger",
     *COMMAND_LINE_REFUSAL_IDS,
 ]
 

@@ -16,7 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.callbacks import DeviceStatsMonitor, LearningRateMonitor, ProgressBar
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 from torch.multiprocessing.spawn import ProcessRaisedException
@@ -35,7 +35,7 @@ from ..runtime.async_saves import check_async
 from ..runtime.checkpoint_files import DCP_INDEX, pickled_keys_include, written_by_torch
 from ..runtime.interrupt import interrupted, mark_finished
 from ..runtime.memory import configure_allocator
-from ..runtime.optimization import check_optimization
+from ..runtime.optimization import batches_per_epoch, check_optimization
 from ..runtime.precision import resolve_precision
 from ..runtime.resuming import check_not_past_the_end, check_same_mesh, starting_point
 from ..tracking.wandb_run import finish_wandb, is_first_process, write_atomically
@@ -54,7 +54,14 @@ from .checkpoints import (
 from .datamodule import DataModule
 from .module import build_module
 from .profiler import NoProfiler
-from .strategies import BatchNormSync, check_layout, data_parallel_size, device_layout, model_init_context
+from .strategies import (
+    BatchNormSync,
+    check_layout,
+    check_validation_in_epoch,
+    data_parallel_size,
+    device_layout,
+    model_init_context,
+)
 
 # Lightning reports a bad Trainer argument as MisconfigurationException: a refused config too.
 build = functools.partial(build_object, bad_arguments=(MisconfigurationException,))
@@ -171,6 +178,12 @@ def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningD
         callbacks.append(callback := build(config))
         if callback is not None:
             callback.config_name = name  # what a refusal tells to drop: ~callbacks.<name>
+    for callback in callbacks if not cfg.logger else []:  # (Lightning finds out once fit has started)
+        if isinstance(callback, (LearningRateMonitor, DeviceStatsMonitor)):
+            raise ConfigError(
+                f"callbacks.{callback.config_name} ({type(callback).__name__}) logs to the logger, and logger=none "
+                f"gives none: give logger=wandb, or drop it with ~callbacks.{callback.config_name}"
+            )
     if not cfg.trainer.enable_progress_bar:  # one switch hides the bar, whichever bar callback is configured
         callbacks = [callback for callback in callbacks if not isinstance(callback, ProgressBar)]
     if cfg.epoch_metrics:  # the search reads it to prune a trial
@@ -227,6 +240,10 @@ def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningD
     synchronised = synchronised_batchnorm(cfg, model, trainer)
     check_layout(preset(), trainer, cfg.data.batch_size, model, synchronised)  # now, not inside a worker process
     datamodule.data.check_replicas(data_parallel_size(trainer), trainer.world_size)
+    if isinstance(trainer.val_check_interval, int):  # the batches of this process's epoch, as Lightning counts them
+        loader = datamodule.data.loader("train", data_parallel_size(trainer), accumulate=trainer.accumulate_grad_batches)
+        batches = batches_per_epoch(len(loader), trainer.limit_train_batches)
+        check_validation_in_epoch(trainer.val_check_interval, trainer.check_val_every_n_epoch, batches)
     check_input(model.net, datamodule.data)  # e.g. model=gpt with data that is not token ids, or uint8 images
     with torch.device("meta"):  # what the loss can take, for the data's targets: a forward on shapes alone
         shapes_only = build(cfg.model.net)

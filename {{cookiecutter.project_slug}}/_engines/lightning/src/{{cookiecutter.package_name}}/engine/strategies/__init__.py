@@ -93,6 +93,16 @@ def check_validation_interval(interval: int | float, accumulate: int) -> None:
         )
 
 
+def check_validation_in_epoch(interval: int | float | None, every_n_epochs: int | None, batches: int) -> None:
+    """An interval of N micro-batches validates within each epoch (Lightning's ValueError once fit has started, after
+    the run folder and wandb run were made); with trainer.check_val_every_n_epoch=null it counts across epochs."""
+    if isinstance(interval, int) and every_n_epochs is not None and interval > batches:
+        raise ConfigError(
+            f"trainer.val_check_interval={interval} is past the end of an epoch of {batches} training batches: give "
+            f"1 to {batches}, or trainer.check_val_every_n_epoch=null to count batches across epochs"
+        )
+
+
 def model_init_context(trainer: L.Trainer) -> AbstractContextManager:
     """Where engine/training.py builds the model: on the meta device for strategies that shard it and allocate only each
     rank's shards (`builds_on_meta`), else as usual (on the CPU, moved to the device by Lightning)."""
