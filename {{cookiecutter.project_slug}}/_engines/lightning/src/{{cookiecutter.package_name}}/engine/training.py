@@ -241,7 +241,9 @@ def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningD
     check_layout(preset(), trainer, cfg.data.batch_size, model, synchronised)  # now, not inside a worker process
     datamodule.data.check_replicas(data_parallel_size(trainer), trainer.world_size)
     if isinstance(trainer.val_check_interval, int):  # the batches of this process's epoch, as Lightning counts them
-        loader = datamodule.data.loader("train", data_parallel_size(trainer), accumulate=trainer.accumulate_grad_batches)
+        loader = datamodule.data.loader(
+            "train", data_parallel_size(trainer), accumulate=trainer.accumulate_grad_batches
+        )
         batches = batches_per_epoch(len(loader), trainer.limit_train_batches)
         check_validation_in_epoch(trainer.val_check_interval, trainer.check_val_every_n_epoch, batches)
     check_input(model.net, datamodule.data)  # e.g. model=gpt with data that is not token ids, or uint8 images
