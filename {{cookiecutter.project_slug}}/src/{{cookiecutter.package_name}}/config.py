@@ -189,6 +189,9 @@ def check_setting(override: Override, keys: dict[str, Any], groups: set[str], re
     if kind == OverrideType.ADD and key in keys:
         shown = override.get_value_element_as_str()
         raise ConfigError(f"+{key}: {key} exists; set it without +: {key}={shown} (or ++{key}={shown} to force)")
+    if key.startswith("logger.") and not keys.get("logger") and kind != OverrideType.DEL:  # logger=none: {}
+        sign = {OverrideType.ADD: "+", OverrideType.FORCE_ADD: "++"}.get(kind, "")
+        raise ConfigError(f"{sign}{key}: {NO_LOGGER}")
     if kind in (OverrideType.ADD, OverrideType.FORCE_ADD) and key not in keys:
         _check_added(key, keys, read, isinstance(override.value(), dict))
     if kind in (OverrideType.CHANGE, OverrideType.DEL) and key not in keys:
@@ -198,8 +201,6 @@ def check_setting(override: Override, keys: dict[str, Any], groups: set[str], re
             raise ConfigError(f"~{key}: there is no setting {key} to remove{hint}")
         if lightning_only := _lightning_only(key, keys):
             raise ConfigError(lightning_only)
-        if key.startswith("logger.") and not keys.get("logger"):
-            raise ConfigError(f"{key}: {NO_LOGGER}")
         if _takes_arguments(key.rpartition(".")[0], keys):
             raise ConfigError(f"unknown setting {key}{hint} (to add a new key: +{key}=...)")
         raise ConfigError(f"unknown setting {key}{hint or _other_engines(key)}")
@@ -251,8 +252,6 @@ def _check_added(key: str, keys: dict[str, Any], read: str, node: bool) -> None:
     if parent == "checkpoint":
         taken = ", ".join(sorted(str(other) for other in keys[parent]))
         raise ConfigError(f"+{key}: the training reads no {key}, only the settings it has: {taken}")
-    if parent == "logger" and not keys.get("logger"):  # logger=none ({}): a node of one key, built as a logger
-        raise ConfigError(f"+{key}: {NO_LOGGER}")
     if parent == "logger" and (taken := _logger_arguments(keys)) and name not in taken:
         near = difflib.get_close_matches(name, taken, n=1, cutoff=0.75)
         hint = f"did you mean logger.{near[0]}? " if near else ""
