@@ -66,15 +66,18 @@ def spawned_failure(rank: int, traceback: str, config_errors: tuple[type, ...] =
 UNUSED_PARAMETERS = ("Expected to have finished reduction in the prior iteration", "parameters that were not used in")
 
 
-def unused_parameters(message: str, preset: str, names: list[str] | None = None) -> ConfigError | None:
+def unused_parameters(
+    message: str, preset: str, names: list[str] | None = None, unused: list[str] | None = None
+) -> ConfigError | None:
     """The one-line refusal for DDP's error about parameters a step did not use (an auxiliary head, a branch taken
     some steps only), from its message or a spawned process's traceback; None for any other error. `names`: the
-    net's trainable parameters in order, to name those torch lists by index."""
+    net's trainable parameters in order, to name those torch lists by index; `unused`: their names, where the
+    message does not list them."""
     if not any(words in message for words in UNUSED_PARAMETERS):
         return None
     listed = re.search(r"did not receive grad for rank \d+: ([\d ]+)", message)
-    unused = [int(index) for index in listed.group(1).split()] if listed else []
-    named = [names[index] if names and index < len(names) else f"#{index}" for index in unused]
+    indices = [int(index) for index in listed.group(1).split()] if listed else []
+    named = unused or [names[index] if names and index < len(names) else f"#{index}" for index in indices]
     which = f" ({', '.join(named)})" if named else ""
     return ConfigError(
         f"strategy={preset}: parameters of the model got no gradient in a training step{which}; if the model leaves "

@@ -75,11 +75,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     except MisconfigurationException as err:
         raise ConfigError(str(err)) from err
     except ProcessRaisedException as err:  # strategy=ddp_spawn: a spawned process failed; its traceback is the text
-        refusal = unused_parameters(str(err), preset())
-        raise refusal or spawned_failure(err.error_index, str(err), config_errors=(MisconfigurationException,)) from err
-    except RuntimeError as err:  # DDP's, for a parameter a step did not use: what to set, in one line
-        if refusal := unused_parameters(str(err), preset()):
-            raise said_once(refusal, rank_zero_only.rank == 0) from err
+        raise spawned_failure(err.error_index, str(err), config_errors=(MisconfigurationException,)) from err
+    except RuntimeError as err:
         if str(err).startswith("Early stopping conditioned on metric"):  # a monitor no metric has (a typo, say)
             raise said_once(ConfigError(str(err)), rank_zero_only.rank == 0) from err
         raise
@@ -120,7 +117,12 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
             mark_finished(run_dir, False)
             for logger in trainer.loggers:  # the resolved config and the run's layout, rank 0 only
                 logger.log_hyperparams(run_summary(cfg, trainer))
-        trainer.fit(model, datamodule=datamodule, ckpt_path=start)
+        try:
+            trainer.fit(model, datamodule=datamodule, ckpt_path=start)
+        except (RuntimeError, ProcessRaisedException) as err:  # DDP's, for a parameter a step did not use: in one line
+            if refusal := unused_parameters(str(err), preset(), unused=without_gradient(model)):
+                raise said_once(refusal, trainer.is_global_zero) from err
+            raise
         resume = next((callback for callback in trainer.callbacks if isinstance(callback, ResumeCheckpoint)), None)
         if resume and resume.interrupted_at is not None:  # Ctrl-C: saved, stopped; say how to continue
             failed = False
@@ -137,6 +139,15 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
     finally:
         finish_wandb(failed)
     return {name: float(value) for name, value in trainer.callback_metrics.items()}
+
+
+def without_gradient(model: L.LightningModule) -> list[str]:
+    """The trained parameters that no step has given a gradient, when DDP stops at the second step for them
+    (Lightning's message replaces torch's, which listed them): the step before left the others theirs. None found
+    where no parameter has one (ddp_spawn's trained in other processes)."""
+    trained = [(name.removeprefix("net."), p) for name, p in model.named_parameters() if p.requires_grad]
+    unused = [name for name, p in trained if p.grad is None]
+    return unused if len(unused) < len(trained) else []
 
 
 def restore_loop_counters(trainer: L.Trainer, checkpoint: Path) -> None:
