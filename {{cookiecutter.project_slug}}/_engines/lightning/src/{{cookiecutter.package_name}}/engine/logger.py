@@ -14,16 +14,16 @@ from .lightning_private import drop_anonymous, wandb_run_id, wandb_started
 
 
 class ResumingWandbLogger(WandbLogger):
-    """Every start of the training in `run_dir` logs to the same wandb run (its id is kept in the run folder; see
-    tracking.resumed_wandb_run), each step once: a restart does not log again what an earlier start logged, and logs
-    what a hard kill kept from the run files (tracking/metrics_file.py). Other arguments go to WandbLogger (and from
-    there to wandb.init)."""
+    """Every start of the training in the run folder `dir` logs to the same wandb run (its id is kept in the run
+    folder; see tracking.resumed_wandb_run), each step once: a restart does not log again what an earlier start
+    logged, and logs what a hard kill kept from the run files (tracking/metrics_file.py). Other arguments go to
+    WandbLogger (and from there to wandb.init)."""
 
-    def __init__(self, run_dir: str, **kwargs: Any) -> None:
-        self.run_dir = Path(run_dir)
+    def __init__(self, dir: str, **kwargs: Any) -> None:  # wandb.init's name, as in the Accelerate engine
+        self.run_dir = Path(dir)
         self.logged: dict[str, int] = {}  # by the earlier starts: metric -> last step
         self.service_lost = False  # wandb's service process stopped (SLURM signals it too): rows go to the file only
-        super().__init__(save_dir=run_dir, **resumed_wandb_run(self.run_dir), **kwargs)
+        super().__init__(save_dir=dir, **resumed_wandb_run(self.run_dir), **kwargs)
         drop_anonymous(self)
 
     def __getstate__(self) -> dict[str, Any]:
