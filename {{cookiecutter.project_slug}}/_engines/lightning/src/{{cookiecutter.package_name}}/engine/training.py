@@ -56,8 +56,8 @@ from .module import build_module
 from .profiler import NoProfiler
 from .strategies import (
     BatchNormSync,
+    check_epoch_batches,
     check_layout,
-    check_validation_in_epoch,
     data_parallel_size,
     device_layout,
     model_init_context,
@@ -251,12 +251,11 @@ def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningD
     synchronised = synchronised_batchnorm(cfg, model, trainer)
     check_layout(preset(), trainer, cfg.data.batch_size, model, synchronised)  # now, not inside a worker process
     datamodule.data.check_replicas(data_parallel_size(trainer), trainer.world_size)
-    if isinstance(trainer.val_check_interval, int):  # the batches of this process's epoch, as Lightning counts them
+    if isinstance(trainer.val_check_interval, int) or trainer.limit_train_batches != 1.0:  # (a loader's length)
         loader = datamodule.data.loader(
             "train", data_parallel_size(trainer), accumulate=trainer.accumulate_grad_batches
         )
-        batches = batches_per_epoch(len(loader), trainer.limit_train_batches)
-        check_validation_in_epoch(trainer.val_check_interval, trainer.check_val_every_n_epoch, batches)
+        check_epoch_batches(trainer, batches_per_epoch(len(loader), trainer.limit_train_batches))
     check_input(model.net, datamodule.data)  # e.g. model=gpt with data that is not token ids, or uint8 images
     with torch.device("meta"):  # what the loss can take, for the data's targets: a forward on shapes alone
         shapes_only = build(cfg.model.net)
