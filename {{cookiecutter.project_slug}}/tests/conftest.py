@@ -244,6 +244,11 @@ COMMAND_LINE_REFUSALS = [
     # a float batch reached the DataLoader (a traceback); a list, the optimizer ("'<=' not supported ...")
     (["data.batch_size=12.0"], "data.batch_size=12.0 must be a whole number of samples (the global batch)"),
     (["model.optimizer.lr=[1,2]"], "model.optimizer.lr=[1,2] is not a number (the default is 0.001)"),
+    (  # Lightning stepped after the epoch's last micro-batch: a smaller global batch every epoch
+        ["trainer.limit_train_batches=5", "trainer.accumulate_grad_batches=2", "data.batch_size=64"],
+        "trainer.limit_train_batches=5 makes epochs of 5 micro-batches, which trainer.accumulate_grad_batches=2 does",
+    ),
+    (["trainer.limit_train_batches=0.0001"], "trainer.limit_train_batches=0.0001 leaves no training batch in an epoch"),
 ]
 COMMAND_LINE_REFUSAL_IDS = [
     "data-setting-nothing-takes",
@@ -275,6 +280,8 @@ COMMAND_LINE_REFUSAL_IDS = [
     "run-id-outside-the-outputs",
     "batch-size-not-whole",
     "lr-a-list",
+    "epoch-limit-inside-an-optimizer-step",
+    "epoch-limit-of-no-batch",
 ]
 
 

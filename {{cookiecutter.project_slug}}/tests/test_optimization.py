@@ -404,6 +404,15 @@ def test_batchnorm_under_ddp_is_synchronised_and_trains_like_one_device(train, a
     assert ddp.losses(K) == pytest.approx(single.losses(K), abs=tolerance)
 
 
+def test_epochs_limited_to_some_batches_train_those_and_validate_after_them(train, single_losses):
+    """trainer.limit_train_batches=3 (Lightning's setting, in both engines): epochs of 3 optimizer steps, each one
+    validated; the first epoch trains the unlimited run's first batches (its losses)."""
+    run = train(*PARITY, "trainer.max_steps=-1", "trainer.max_epochs=2", "trainer.limit_train_batches=3")
+    assert run.wandb.steps("train/loss") == list(range(6))
+    assert run.losses(3) == pytest.approx(single_losses[:3], abs=TOLERANCE)
+    assert run.wandb.steps("val/loss") == [2, 5] and run.wandb.metric("epoch")[-1] == 1
+
+
 @pytest.mark.slow
 def test_a_model_with_a_parameter_no_step_uses_is_refused_under_ddp_until_told(train, single_losses):
     """DDP (both engines) fails at the second step of a model whose forward leaves a parameter out. That failure is

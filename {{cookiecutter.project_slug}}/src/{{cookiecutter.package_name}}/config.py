@@ -162,9 +162,8 @@ OTHER_ENGINE_GROUPS = {"oom": "callbacks", "callbacks": "oom"}
 
 
 # Arguments of Lightning's Trainer that the Accelerate engine's loop has no counterpart of, said so in that engine (a
-# "did you mean" pointed trainer.limit_train_batches at trainer.limit_val_batches, another setting).
+# "did you mean" pointed trainer.min_steps at trainer.max_steps, another setting).
 LIGHTNING_TRAINER_ONLY = {
-    "limit_train_batches",
     "overfit_batches",
     "fast_dev_run",
     "num_sanity_val_steps",

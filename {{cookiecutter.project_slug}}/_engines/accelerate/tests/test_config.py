@@ -91,9 +91,9 @@ BAD_INPUT = [
         "strategy=single runs one device but trainer.devices=2; for 2 processes: `accelerate launch --config_file "
         "launch/multi_process.yaml --num_processes 2 -m {{ cookiecutter.package_name }}.train strategy=ddp` (or",
     ),
-    (  # it was "did you mean trainer.limit_val_batches?", another setting
-        ["trainer.limit_train_batches=5"],
-        "trainer.limit_train_batches is a setting of Lightning's Trainer, not of this loop; it reads: accelerator,",
+    (  # it was "did you mean trainer.max_steps?", another setting
+        ["trainer.min_steps=5"],
+        "trainer.min_steps is a setting of Lightning's Trainer, not of this loop; it reads: accelerator,",
     ),
     (  # Hydra adds it, and the loop ignored it: value clipping was silently norm clipping
         ["+trainer.gradient_clip_algorithm=value"],

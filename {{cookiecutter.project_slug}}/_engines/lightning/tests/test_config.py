@@ -224,10 +224,6 @@ BAD_INPUT = [
         "trainer.val_check_interval=1000 is past the end of an epoch of 32 training batches: give 1 to 32, or "
         "trainer.check_val_every_n_epoch=null",
     ),
-    (  # Lightning steps after the epoch's last micro-batch: a smaller global batch, every epoch
-        ["trainer.limit_train_batches=5", "trainer.accumulate_grad_batches=2", "data.batch_size=64"],
-        "trainer.limit_train_batches=5 makes epochs of 5 micro-batches, which trainer.accumulate_grad_batches=2 does",
-    ),
     (  # (the same, a MisconfigurationException, once fit had started)
         ["logger=none", "+callbacks.lr._target_=lightning.pytorch.callbacks.LearningRateMonitor"],
         "callbacks.lr (LearningRateMonitor) logs to the logger, and logger=none gives none: give logger=wandb, or",
@@ -277,7 +273,6 @@ BAD_INPUT_IDS = [
     "tensor-parallel-plan-that-changes-the-values",
     "overfit-batches",
     "validation-past-the-epoch",
-    "epoch-limit-inside-an-optimizer-step",
     "learning-rate-monitor-without-logger",
     *COMMAND_LINE_REFUSAL_IDS,
 ]

@@ -149,9 +149,11 @@ class Data:
         pin_memory: bool = False,
         processes_per_node: int = 1,
         accumulate: int = 1,
+        limit: int | float | None = None,
     ) -> DataLoader:
         """This data-parallel replica's loader of `split`: `rank`'s share of each global batch, in `accumulate`
-        micro-batches (trainer.accumulate_grad_batches).
+        micro-batches (trainer.accumulate_grad_batches); the training split's epochs end after `limit` batches
+        (trainer.limit_train_batches, for a loop that does not apply it itself).
 
         The same seeded sampler for every layout, one replica included: each global batch is then the same
         samples whatever the strategy or engine, shuffled or not. The training split drops its last partial
@@ -170,6 +172,7 @@ class Data:
                 replicas,
                 rank,
                 accumulate=accumulate,
+                limit=limit,
                 batch_size=per_device_batch_size(self.batch_size, replicas, accumulate),
                 num_workers=workers,
                 prefetch_factor=self.prefetch_factor if workers else None,
@@ -188,7 +191,7 @@ class Data:
         else:
             sampler = EvalSampler(dataset, replicas, rank, batch_size)
             dataset = SeededSamples(WithPadding(dataset) if sampler.padded else dataset, self.seed)
-        extra = {"accumulate": accumulate} if train else {}
+        extra = {"accumulate": accumulate, "limit": limit} if train else {}
         return (ResumableLoader if train else DataLoader)(
             dataset,
             batch_size=batch_size,
@@ -332,9 +335,10 @@ class ResumableLoader(DataLoader):
 
     sampler: ResumableSampler
 
-    def __init__(self, *args: Any, accumulate: int = 1, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, accumulate: int = 1, limit: int | float | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.accumulate = accumulate  # micro-batches per optimizer step
+        self.limit = limit  # trainer.limit_train_batches, where the engine's loop does not apply it itself
         self.batches_done = 0  # of the current epoch, handed out to the training loop
         self._resume: tuple[int, int] | None = None  # (epoch, batches done) to continue from
 
@@ -345,7 +349,7 @@ class ResumableLoader(DataLoader):
 
     def __len__(self) -> int:
         # Whole optimizer steps only: the micro-batches left over at the end of an epoch would make a smaller step.
-        return super().__len__() // self.accumulate * self.accumulate
+        return batches_per_epoch(super().__len__() // self.accumulate * self.accumulate, self.limit)
 
     def __iter__(self) -> Iterator[Any]:
         self.batches_done = 0
@@ -677,6 +681,30 @@ def first_sample(data: Data) -> Any:
 def batch_parts(replicas: int, accumulate: int = 1) -> int:
     """How many micro-batches one global batch is cut into: one per replica and accumulated micro-batch."""
     return replicas * accumulate
+
+
+def batches_per_epoch(batches: int, limit: int | float | None) -> int:
+    """The training batches an epoch runs under trainer.limit_train_batches, as Lightning counts them: an int caps
+    them, a float is a fraction of them (1.0 or null: all)."""
+    if limit is None:
+        return batches
+    return min(batches, limit) if isinstance(limit, int) else int(batches * limit)
+
+
+def check_epoch_batches(limit: int | float | None, batches: int, accumulate: int) -> None:
+    """The `batches` of an epoch under trainer.limit_train_batches=`limit` train something and end on an optimizer
+    step (Lightning would step after the epoch's last micro-batch on a smaller global batch)."""
+    if batches == 0:
+        raise ConfigError(
+            f"trainer.limit_train_batches={limit} leaves no training batch in an epoch: give a number of batches "
+            "(1 or more) or a larger share"
+        )
+    if batches % accumulate:
+        raise ConfigError(
+            f"trainer.limit_train_batches={limit} makes epochs of {batches} micro-batches, which "
+            f"trainer.accumulate_grad_batches={accumulate} does not divide: the last step would be a smaller batch; "
+            f"give a multiple of {accumulate}"
+        )
 
 
 def global_batch_size(micro_batch_size: int, replicas: int, accumulate: int = 1) -> int:

@@ -33,6 +33,7 @@ from torch.utils.data import Dataset
 
 from ..errors import ConfigError
 from .files import as_trained, describe, read_split, split_file
+from .loading import batches_per_epoch
 from .streaming_shapes import SHAPES_FILE
 
 logging.getLogger("litdata").setLevel(logging.WARNING)  # its per-process, per-split notes (cache sizes, mmap) at INFO
@@ -95,13 +96,21 @@ class StreamingLoader(StreamingDataLoader):
     `global_batch_size`, and a state that starts a fresh epoch from {"epoch", "samples_done": 0} or continues
     from a saved one, which holds litdata's own position under "stream"."""
 
-    def __init__(self, dataset: StreamedSplit, replicas: int, rank: int, accumulate: int = 1, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        dataset: StreamedSplit,
+        replicas: int,
+        rank: int,
+        accumulate: int = 1,
+        limit: int | float | None = None,
+        **kwargs: Any,
+    ) -> None:
         # litdata deals the chunks out to every process of the job; here they go to the data-parallel replicas.
         # Always as one node: litdata 0.2.76, told that the replicas span nodes, dealt a shuffled epoch unevenly
         # (measured: one replica a batch more than the other, some samples twice; a DDP run would hang).
         dataset.distributed_env = _DistributedEnv(world_size=replicas, global_rank=rank, num_nodes=1)
         super().__init__(dataset, drop_last=True, **kwargs)
-        self.replicas, self.accumulate = replicas, accumulate
+        self.replicas, self.accumulate, self.limit = replicas, accumulate, limit  # (limit: trainer.limit_train_batches)
         self.batches_done = 0  # of the current epoch, handed out to the training loop
         self._loaded: int | None = None  # batches of the epoch that a loaded state had done
 
@@ -110,7 +119,7 @@ class StreamingLoader(StreamingDataLoader):
         return self.batch_size * self.replicas
 
     def __len__(self) -> int:
-        return super().__len__() // self.accumulate * self.accumulate
+        return batches_per_epoch(super().__len__() // self.accumulate * self.accumulate, self.limit)
 
     def __iter__(self) -> Any:
         if self._loaded is None:  # litdata replays a loaded state until an epoch is read to its very end; the

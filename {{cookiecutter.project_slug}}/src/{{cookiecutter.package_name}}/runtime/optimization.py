@@ -182,14 +182,6 @@ def respan(scheduler: LRScheduler, build: SchedulerFactory, total_steps: int) ->
     scheduler.load_state_dict(build(scheduler.optimizer, total_steps=total_steps).state_dict())
 
 
-def batches_per_epoch(batches: int, limit: int | float | None) -> int:
-    """The training batches an epoch runs under trainer.limit_train_batches, as Lightning counts them: an int caps
-    them, a float is a fraction of them (1.0: all)."""
-    if limit is None:
-        return batches
-    return min(batches, limit) if isinstance(limit, int) else int(batches * limit)
-
-
 def check_training_length(max_epochs: Any, max_steps: Any, every_n_steps: Any) -> None:
     """Where the training ends (-1 or null: no limit of that kind, as in Lightning), which the schedule spans, and
     how often it saves (0 or null: at epoch ends only): refused in one line rather than a scheduler's traceback or a

@@ -189,7 +189,8 @@ def stop_now(accelerator: Accelerator, interrupt: Interrupt, step: int, log_ever
 def training_steps(cfg: DictConfig, data: Data, replicas: int, rank: int) -> int:
     """Optimizer steps of the whole training, which the schedule spans (as Lightning's estimated_stepping_batches):
     trainer.max_steps, or the epochs' steps if fewer."""
-    steps_per_epoch = len(data.loader("train", replicas, rank, accumulate=accumulation(cfg))) // accumulation(cfg)
+    loader = data.loader("train", replicas, rank, accumulate=accumulation(cfg), limit=cfg.trainer.limit_train_batches)
+    steps_per_epoch = len(loader) // accumulation(cfg)
     return total_steps(cfg.trainer.max_steps, cfg.trainer.max_epochs, steps_per_epoch)
 
 

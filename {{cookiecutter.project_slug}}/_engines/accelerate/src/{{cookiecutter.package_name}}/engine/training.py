@@ -21,7 +21,15 @@ from torch import nn
 
 from ..config import CONFIG_DIR, interpolations, is_read, leaves
 from ..config import build_object as build
-from ..data.loading import check_input, check_output, check_position, first_sample, per_device_batch_size
+from ..data.loading import (
+    batches_per_epoch,
+    check_epoch_batches,
+    check_input,
+    check_output,
+    check_position,
+    first_sample,
+    per_device_batch_size,
+)
 from ..errors import ConfigError, Interrupted, said_once, unused_parameters
 from ..models.activation_checkpointing import check_activation_checkpointing, checkpoint_blocks
 from ..models.compilation import compile_net
@@ -164,8 +172,11 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     check_output(net, data, loss_fn, micro)  # what the loss can take, for the data's targets (`net` on meta: shapes)
     check_activation_checkpointing(net, cfg.activation_checkpointing)
     check_optimization(cfg, build(cfg.model.optimizer), build(cfg.scheduler))
-    for limit in ("limit_val_batches", "limit_test_batches"):
+    for limit in ("limit_train_batches", "limit_val_batches", "limit_test_batches"):
         check_limit(limit, cfg.trainer[limit])
+    if (limit := cfg.trainer.limit_train_batches) is not None:
+        whole = len(data.loader("train", replicas, accumulate=accumulation(cfg)))  # (whole optimizer steps)
+        check_epoch_batches(limit, batches_per_epoch(whole, limit), accumulation(cfg))
     tensor_parallel = strategy.sizes[1] if strategy.name == "model_parallel" else 1
     check_float8(cfg.float8, strategy.name, cfg.trainer.accelerator, tensor_parallel)
     check_float8_layers(net, cfg.float8)
@@ -242,8 +253,10 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
             respan(scheduler, build(cfg.scheduler), steps)
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes))
         on_gpu, accumulate = accelerator.device.type == "cuda", accumulation(cfg)
+        limit = cfg.trainer.limit_train_batches  # (Lightning's loop applies it; this one, the loader)
         loaders = {
-            split: data.loader(split, replicas, rank, on_gpu, per_node, accumulate) for split in data.split_names
+            split: data.loader(split, replicas, rank, on_gpu, per_node, accumulate, limit if split == "train" else None)
+            for split in data.split_names
         }
         # Ctrl-C: stop after this step (several processes: at a logged step), with a checkpoint
         with (

@@ -12,6 +12,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from torch import nn
 
 from ..config import build_object
+from ..data.loading import batches_per_epoch
 from ..errors import ConfigError, located
 from ..models.activation_checkpointing import checkpoint_blocks
 from ..models.compilation import compile_net
@@ -22,7 +23,6 @@ from ..runtime.metrics import check_val_loss, cross_entropy, perplexity, summed_
 from ..runtime.optimization import (
     OptimizerFactory,
     SchedulerFactory,
-    batches_per_epoch,
     current_lr,
     grouped_optimizer,
     respan,

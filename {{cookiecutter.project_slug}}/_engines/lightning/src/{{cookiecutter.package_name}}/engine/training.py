@@ -22,7 +22,15 @@ from omegaconf import DictConfig, OmegaConf
 from torch.multiprocessing.spawn import ProcessRaisedException
 
 from ..config import build_object
-from ..data.loading import check_input, check_output, check_position, first_sample, per_device_batch_size
+from ..data.loading import (
+    batches_per_epoch,
+    check_epoch_batches,
+    check_input,
+    check_output,
+    check_position,
+    first_sample,
+    per_device_batch_size,
+)
 from ..errors import ConfigError, Interrupted, said_once, spawned_failure, unused_parameters
 from ..models.activation_checkpointing import check_activation_checkpointing
 from ..models.float8 import check_float8, check_float8_layers
@@ -35,7 +43,7 @@ from ..runtime.async_saves import check_async
 from ..runtime.checkpoint_files import DCP_INDEX, pickled_keys_include, written_by_torch
 from ..runtime.interrupt import interrupted, mark_finished
 from ..runtime.memory import configure_allocator
-from ..runtime.optimization import batches_per_epoch, check_optimization
+from ..runtime.optimization import check_optimization
 from ..runtime.precision import resolve_precision
 from ..runtime.resuming import check_not_past_the_end, check_same_mesh, starting_point
 from ..tracking.wandb_run import finish_wandb, is_first_process, write_atomically
@@ -56,8 +64,8 @@ from .module import build_module
 from .profiler import NoProfiler
 from .strategies import (
     BatchNormSync,
-    check_epoch_batches,
     check_layout,
+    check_validation_in_epoch,
     data_parallel_size,
     device_layout,
     model_init_context,
@@ -255,7 +263,9 @@ def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningD
         loader = datamodule.data.loader(
             "train", data_parallel_size(trainer), accumulate=trainer.accumulate_grad_batches
         )
-        check_epoch_batches(trainer, batches_per_epoch(len(loader), trainer.limit_train_batches))
+        batches = batches_per_epoch(len(loader), trainer.limit_train_batches)
+        check_epoch_batches(trainer.limit_train_batches, batches, trainer.accumulate_grad_batches)
+        check_validation_in_epoch(trainer, batches)
     check_input(model.net, datamodule.data)  # e.g. model=gpt with data that is not token ids, or uint8 images
     with torch.device("meta"):  # what the loss can take, for the data's targets: a forward on shapes alone
         shapes_only = build(cfg.model.net)

@@ -93,22 +93,11 @@ def check_validation_interval(interval: int | float, accumulate: int) -> None:
         )
 
 
-def check_epoch_batches(trainer: L.Trainer, batches: int) -> None:
-    """The `batches` of an epoch (trainer.limit_train_batches applied) end on an optimizer step: Lightning steps
-    after an epoch's last micro-batch even if the step has fewer than trainer.accumulate_grad_batches, a smaller global
-    batch. An interval of N micro-batches validates within each epoch (Lightning's ValueError once fit had started,
-    after the run folder and wandb run were made); with trainer.check_val_every_n_epoch=null it counts across epochs."""
-    accumulate, interval, limit = (
-        trainer.accumulate_grad_batches,
-        trainer.val_check_interval,
-        trainer.limit_train_batches,
-    )
-    if batches % accumulate:
-        raise ConfigError(
-            f"trainer.limit_train_batches={limit} makes epochs of {batches} micro-batches, which "
-            f"trainer.accumulate_grad_batches={accumulate} does not divide: the last step would be a smaller batch; "
-            f"give a multiple of {accumulate}"
-        )
+def check_validation_in_epoch(trainer: L.Trainer, batches: int) -> None:
+    """An interval of N micro-batches validates within each epoch of `batches` (Lightning's ValueError once fit had
+    started, after the run folder and wandb run were made); with trainer.check_val_every_n_epoch=null it counts
+    across epochs."""
+    interval = trainer.val_check_interval
     if isinstance(interval, int) and trainer.check_val_every_n_epoch is not None and interval > batches:
         raise ConfigError(
             f"trainer.val_check_interval={interval} is past the end of an epoch of {batches} training batches: give "
