@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from conftest import PARITY, QUICK, TOLERANCE, K, unsplit_net
-from engine_specific import DDP, OOM_RECOVERY, OOM_TOOLKIT, OPTIMIZATION_REFUSALS, launcher_of, optimizer_of
+from engine_specific import DDP, OOM_RECOVERY, OOM_TOOLKIT, OPTIMIZATION_REFUSALS, best_step, launcher_of, optimizer_of
 from hydra import compose, initialize_config_dir
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
@@ -405,12 +405,16 @@ def test_batchnorm_under_ddp_is_synchronised_and_trains_like_one_device(train, a
 
 
 def test_epochs_limited_to_some_batches_train_those_and_validate_after_them(train, single_losses):
-    """trainer.limit_train_batches=3 (Lightning's setting, in both engines): epochs of 3 optimizer steps, each one
-    validated; the first epoch trains the unlimited run's first batches (its losses)."""
-    run = train(*PARITY, "trainer.max_steps=-1", "trainer.max_epochs=2", "trainer.limit_train_batches=3")
+    """trainer.limit_train_batches=2 (Lightning's setting, in both engines): epochs of 2 optimizer steps, each one
+    validated; the first epoch trains the unlimited run's first batches (its losses). The best checkpoint is the one
+    of the highest val/acc under checkpoint.monitor=val/acc (the first of equals)."""
+    limited = ["trainer.max_steps=-1", "trainer.max_epochs=3", "trainer.limit_train_batches=2"]
+    run = train(*PARITY, *limited, "checkpoint.monitor=val/acc", "checkpoint.keep_last=3")
     assert run.wandb.steps("train/loss") == list(range(6))
-    assert run.losses(3) == pytest.approx(single_losses[:3], abs=TOLERANCE)
-    assert run.wandb.steps("val/loss") == [2, 5] and run.wandb.metric("epoch")[-1] == 1
+    assert run.losses(2) == pytest.approx(single_losses[:2], abs=TOLERANCE)
+    assert run.wandb.steps("val/loss") == [1, 3, 5] and run.wandb.metric("epoch")[-1] == 2
+    accuracies = run.wandb.metric("val/acc")
+    assert best_step(run.run_dir) == 2 * (1 + accuracies.index(max(accuracies))), accuracies
 
 
 @pytest.mark.slow

@@ -22,6 +22,7 @@ from .data.streaming_shapes import streamed_shapes
 from .errors import ConfigError, fail, not_importable
 from .parallel.launcher import check_run_id, default_run_id
 from .runtime.interrupt import continue_last
+from .runtime.metrics import best_mode
 from .tracking.wandb_run import wandb_mode
 
 CONFIG_DIR = Path(__file__).parent / "configs"
@@ -478,6 +479,7 @@ def register_resolvers() -> None:
         "wandb_mode": wandb_mode,
         "data_files": data_files,
         "data_streaming": streamed_shapes,
+        "best_mode": best_mode,
     }
     for name, resolver in resolvers.items():
         if not OmegaConf.has_resolver(name):

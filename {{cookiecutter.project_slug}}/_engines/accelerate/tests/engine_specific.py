@@ -63,6 +63,11 @@ def kept_checkpoints(run_dir: Path) -> tuple[list[int], int | None]:
     return steps, int(best.readlink().name.removeprefix("step-")) if best.is_symlink() else None
 
 
+def best_step(run_dir: Path) -> int | None:
+    """The step of the checkpoint `best` points at, None without one."""
+    return kept_checkpoints(run_dir)[1]
+
+
 def launcher_of(preset: str, processes: int) -> list[str] | None:
     """The launcher prefix a preset over `processes` processes needs (None: `python -m`): `accelerate launch`, but
     for ddp_spawn, which spawns its own."""

@@ -66,6 +66,12 @@ def kept_checkpoints(run_dir: Path) -> tuple[list[int], int | None]:
     return sorted(steps), None
 
 
+def best_step(run_dir: Path) -> int | None:
+    """The step of the run's best checkpoint (best-epochEE-stepN.ckpt), None without one."""
+    best = [int(path.stem.rpartition("-step")[2]) for path in (run_dir / "checkpoints").glob("best-*.ckpt")]
+    return best[0] if best else None
+
+
 def launcher_of(preset: str, processes: int) -> list[str] | None:
     """The launcher prefix a preset over `processes` processes needs (None: `python -m`): Lightning starts them."""
     return None

@@ -67,6 +67,14 @@ def test_overrides_reach_the_objects(tmp_path):
     assert cfg.callbacks.checkpoint.dirpath == f"{tmp_path}/checkpoints"
 
 
+@pytest.mark.parametrize("monitor", ["checkpoint.monitor=val/acc", "callbacks.checkpoint.monitor=val/acc"])
+def test_the_best_checkpoint_of_accuracy_is_its_highest(tmp_path, monitor):
+    """The shared setting, or Lightning's own (the callback's): mode follows the metric (min left the worst)."""
+    checkpoint = instantiate(compose_config(tmp_path, monitor).callbacks.checkpoint)
+    assert (checkpoint.monitor, checkpoint.mode) == ("val/acc", "max")
+    assert instantiate(compose_config(tmp_path).callbacks.checkpoint).mode == "min"
+
+
 # (overrides, the one error line); each refused before training (conftest's `refused` runs them)
 BAD_INPUT = [
     (["strategy=warp_drive"], "unknown strategy 'warp_drive'; valid: " + ", ".join(PRESETS)),

@@ -7,7 +7,25 @@ import torch
 import torch.nn.functional as F
 
 from ..data.loading import counted
-from ..errors import TrainingStopped
+from ..errors import ConfigError, TrainingStopped
+
+# The validation metrics both engines log (val/acc and val/perplexity for class targets), each with the way it
+# improves: checkpoint.monitor names the one the best checkpoint is kept by.
+VALIDATION_METRICS = {"val/loss": "min", "val/acc": "max", "val/perplexity": "min"}
+
+
+def best_mode(monitor: str) -> str:
+    """ "min" or "max": which way `monitor` improves (Lightning's ModelCheckpoint mode)."""
+    return VALIDATION_METRICS.get(monitor, "min")
+
+
+def check_monitor(monitor: object) -> None:
+    """checkpoint.monitor names a validation metric (a typo kept the first checkpoint as the best, or failed at the
+    first validation, after the run folder was made)."""
+    if monitor not in VALIDATION_METRICS:
+        raise ConfigError(
+            f"checkpoint.monitor={monitor} is not a validation metric; valid: {', '.join(VALIDATION_METRICS)}"
+        )
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -14,9 +14,10 @@ from torch.optim.lr_scheduler import LRScheduler
 from tqdm import tqdm
 
 from ..data.loading import Data
+from ..errors import ConfigError
 from ..parallel.sharding import clip_grad_norm_
 from ..runtime.interrupt import Interrupt
-from ..runtime.metrics import check_val_loss, cross_entropy
+from ..runtime.metrics import best_mode, check_val_loss, cross_entropy
 from ..runtime.optimization import current_lr, total_steps
 from ..runtime.real_targets import RealTargets
 from ..tracking.epoch_metrics import append_epoch_metrics, is_final
@@ -33,7 +34,7 @@ class Progress:
     epoch: int = 0
     loader: dict[str, Any] = field(default_factory=dict)  # the training loader's position mid-epoch ({}: at a start)
     global_step: int = 0  # optimizer steps done
-    best_val_loss: float = float("inf")
+    best: float | None = None  # the best checkpoint's checkpoint.monitor
     found_batch_size: int = 0  # the global batch that oom.find_batch_size found (0: not searched yet)
     oom_recovery: dict[str, int] = field(default_factory=dict)  # oom.recovery's state: its micro-batch size
 
@@ -213,7 +214,7 @@ def validate(
     epoch: int,
     checkpoints: Checkpoints,
 ) -> None:
-    """Evaluate on the validation split, log, and checkpoint: the latest state, and the best by val/loss."""
+    """Evaluate on the validation split, log, and checkpoint: the latest state, and the best by checkpoint.monitor."""
     if batches(cfg.trainer.limit_val_batches, len(loader)) == 0:  # validation turned off: the latest state only
         checkpoints.save(progress.global_step)
         return
@@ -227,6 +228,13 @@ def validate(
         append_epoch_metrics(cfg.epoch_metrics, epoch, prefixed("val", metrics), final)
     if cfg.oom.log_memory:
         log_device_memory(accelerator, strategy, progress.global_step)
-    best = metrics["loss"] < progress.best_val_loss
-    progress.best_val_loss = min(progress.best_val_loss, metrics["loss"])
+    monitor = cfg.checkpoint.monitor
+    if (value := metrics.get(monitor.removeprefix("val/"))) is None:  # val/acc of a regression: as Lightning's
+        raise ConfigError(
+            f"checkpoint.monitor={monitor}: the validation logs no {monitor} (values as targets: no "
+            "accuracy or perplexity); give checkpoint.monitor=val/loss"
+        )
+    best = progress.best is None or (value > progress.best if best_mode(monitor) == "max" else value < progress.best)
+    if best:
+        progress.best = value
     checkpoints.save(progress.global_step, best=best)

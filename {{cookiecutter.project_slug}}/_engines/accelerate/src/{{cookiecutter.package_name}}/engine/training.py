@@ -48,6 +48,7 @@ from ..parallel.split import check_chain
 from ..runtime.async_saves import check_async
 from ..runtime.interrupt import ctrl_c, interrupted, mark_finished
 from ..runtime.memory import configure_allocator
+from ..runtime.metrics import check_monitor
 from ..runtime.optimization import check_optimization, grouped_optimizer, respan
 from ..runtime.precision import resolve_precision, use_tensor_cores
 from ..runtime.resuming import afresh_message, check_not_past_the_end, resuming_message, starting_point
@@ -172,6 +173,7 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     check_output(net, data, loss_fn, micro)  # what the loss can take, for the data's targets (`net` on meta: shapes)
     check_activation_checkpointing(net, cfg.activation_checkpointing)
     check_optimization(cfg, build(cfg.model.optimizer), build(cfg.scheduler))
+    check_monitor(cfg.checkpoint.monitor)
     for limit in ("limit_train_batches", "limit_val_batches", "limit_test_batches"):
         check_limit(limit, cfg.trainer[limit])
     if (limit := cfg.trainer.limit_train_batches) is not None:

@@ -35,10 +35,10 @@ LAST = "last.ckpt"
 
 
 class ModelCheckpoint(LightningModelCheckpoint):
-    """Lightning's ModelCheckpoint (configs/callbacks/checkpoint.yaml: the best by val/loss), with the work it does
-    on every training step made cheap: its state key, a repr of its settings that Lightning builds around every hook
-    call, is built once; and a step on which no trigger saves returns at once (Lightning's own test does several
-    calls first). Its class name stays, and with it the key its state is saved under in checkpoints."""
+    """Lightning's ModelCheckpoint (configs/callbacks/checkpoint.yaml: the best by checkpoint.monitor), with the work
+    it does on every training step made cheap: its state key, a repr of its settings that Lightning builds around
+    every hook call, is built once; and a step on which no trigger saves returns at once (Lightning's own test does
+    several calls first). Its class name stays, and with it the key its state is saved under in checkpoints."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

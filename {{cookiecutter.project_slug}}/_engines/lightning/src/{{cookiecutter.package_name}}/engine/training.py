@@ -43,6 +43,7 @@ from ..runtime.async_saves import check_async
 from ..runtime.checkpoint_files import DCP_INDEX, pickled_keys_include, written_by_torch
 from ..runtime.interrupt import interrupted, mark_finished
 from ..runtime.memory import configure_allocator
+from ..runtime.metrics import check_monitor
 from ..runtime.optimization import check_optimization
 from ..runtime.precision import resolve_precision
 from ..runtime.resuming import check_not_past_the_end, check_same_mesh, starting_point
@@ -182,6 +183,7 @@ def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningD
             "data.shuffle=false"
         )
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # (the seed is in the config it logs)
+    check_monitor(cfg.checkpoint.monitor)
 
     check_optimization(
         cfg, build(cfg.model.optimizer), build(cfg.scheduler)
