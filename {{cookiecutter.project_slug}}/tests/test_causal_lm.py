@@ -68,12 +68,15 @@ def test_model_types_the_presets_cannot_split_are_refused_in_one_line():
         check_tensor_parallel(qwen3, 2)
     with pytest.raises(ConfigError, match="model_type=lama is not a model type of transformers; nearest: llama"):
         CausalLM(32, 8, model_type="lama")
+    with pytest.raises(ConfigError, match="model.net.config has intermediate_size, which GPT2Config \\(model.net"):
+        CausalLM(32, 8, model_type="gpt2", config={"n_inner": 64, "hidden_size": 16, "intermediate_size": 64})
 
 
 def test_a_refusal_on_the_command_line_is_its_only_line(tmp_path, train_env):
     """transformers imports torchao where it is installed, whose notes about kernels this machine cannot load came
     before the one-line error (runtime/quiet_logs.py silences them)."""
-    [run] = refuse_all(tmp_path, train_env, [["model=causal_lm", "model.net.model_type=gpt2", "strategy=pipeline"]])
+    gpt2 = ["model.net.model_type=gpt2", "~model.net.config.intermediate_size", "~model.net.config.num_key_value_heads"]
+    [run] = refuse_all(tmp_path, train_env, [["model=causal_lm", *gpt2, "strategy=pipeline"]])
     run.assert_rejected("model.net.model_type=gpt2 is not a chain of embedding, decoder layers, norm and head")
     assert [line for line in run.output.splitlines() if line.strip()] == [run.output.strip()]
 

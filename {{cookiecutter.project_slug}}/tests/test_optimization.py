@@ -315,10 +315,12 @@ def test_accumulation_with_batchnorm_is_said():
 
 def test_what_the_checks_take_as_lightning_does():
     """Lightning's "no limit" (null or -1) for one of the two ends, 0 or null for no step checkpoints, `auto`
-    loader workers where the default is a number, and a wandb argument removed with ~ (both engines)."""
+    loader workers where the default is a number, a wandb argument removed with ~ (both engines), and a key of a dict
+    argument (model.net.config of model=causal_lm: a Llama key gpt2 does not take) too."""
     for ends in [(None, 5, None), (-1, 5, 0), (3, None, 500), (3, -1, 1)]:
         check_training_length(*ends)
     check_overrides(["data.num_workers=auto", "~logger.group"], "train")
+    check_overrides(["model=causal_lm", "~model.net.config.intermediate_size"], "train")
 
 
 def test_a_folder_of_presets_of_your_own_is_added_with_a_plus(tmp_path, monkeypatch):

@@ -208,6 +208,8 @@ def check_setting(override: Override, keys: dict[str, Any], groups: set[str], re
         parent, _, name = key.rpartition(".")
         node = keys.get(parent)
         argument = isinstance(node, dict) and "_target_" in node and parent not in READ and not name.startswith("_")
+        owner = parent.rpartition(".")[0]  # a key of a dict argument (model.net.config of model=causal_lm)
+        argument = argument or isinstance(keys.get(owner), dict) and "_target_" in keys[owner] and owner not in READ
         if not (argument or parent == "logger" or parent == "callbacks" and "callbacks" in groups):  # (wandb's)
             raise ConfigError(f"~{key}: {_not_removable(key, groups)}")
         if keys[key] is None:  # Hydra's words for it: "'KEY' does not exist"

@@ -60,6 +60,14 @@ class CausalLM(nn.Module):
                 f"model.net.model_type={model_type} is not a model type of transformers; nearest: "
                 f"{', '.join(nearest) or 'none'} (any causal LM's type: llama, qwen2, mistral, ...)"
             ) from None
+        unknown = [key for key in config or {} if not _takes(lm_config, key)]
+        if unknown:  # (the library keeps any keyword: a Llama key given to gpt2 sized nothing, silently)
+            removals = " ".join(f"~model.net.config.{key}" for key in unknown)
+            raise ConfigError(
+                f"model.net.config has {', '.join(unknown)}, which {type(lm_config).__name__} "
+                f"(model.net.model_type={model_type}) does not take: remove {'them' if unknown[1:] else 'it'} with "
+                f"{removals}, or give the model type's own names"
+            )
         lm_config.use_cache = False  # no key/value cache: training reads each sequence once
         # No dropout unless given: each process draws its own masks, so presets would not match single (gpt2's
         # resid_pdrop, embd_pdrop and attn_pdrop are 0.1 by default, llama's attention_dropout 0).
@@ -81,6 +89,13 @@ class CausalLM(nn.Module):
         return self.lm(input_ids=tokens).logits
 
 
+def _takes(lm_config: object, key: str) -> bool:
+    """Whether the library's config class of this model type has `key`, by its own name or an alias of it (gpt2's
+    n_embd is hidden_size too)."""
+    defaults = type(lm_config)()
+    return key in defaults.to_dict() or key in getattr(defaults, "attribute_map", {})
+
+
 def _positions_for_a_layer_alone(layer: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
     """A decoder layer called with hidden states only (as a pipeline stage or a layer group calls it) gets the
     positions 0..T-1 and their rotary embeddings, which the model's forward computes once and passes to each layer;
@@ -100,8 +115,8 @@ def causal_lm_split(net: CausalLM) -> Split:
         raise ConfigError(
             f"model.net.model_type={net.model_type} is not a chain of embedding, decoder layers, norm and head with "
             "rotary positions (GPT-2-style models add a learned position embedding in the forward and use Conv1D "
-            "layers): strategy=pipeline and model_parallel cannot split it. Use a model_type of the Llama layout "
-            "(llama, qwen2, mistral, ...), or strategy=single, ddp, ddp_spawn or dp"
+            "layers): strategy=pipeline, model_parallel and fsdp cannot split it. Use a model_type of the Llama "
+            "layout (llama, qwen2, mistral, ...), or strategy=single, ddp, ddp_spawn or dp"
         )
     plan = {}
     for pattern, style in (getattr(net.lm.config, "base_model_tp_plan", None) or {}).items():
