@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 
 from ..errors import ConfigError, located, said_once
 from ..tracking.wandb_run import is_first_process
-from . import IGNORED
+from . import IGNORED, batches_per_epoch
 
 SPLITS = ("train", "val", "test")
 EVALUATION = 2**32 - 1  # the "epoch" of every evaluation pass, for each sample's seed (SeededSamples)
@@ -681,14 +681,6 @@ def first_sample(data: Data) -> Any:
 def batch_parts(replicas: int, accumulate: int = 1) -> int:
     """How many micro-batches one global batch is cut into: one per replica and accumulated micro-batch."""
     return replicas * accumulate
-
-
-def batches_per_epoch(batches: int, limit: int | float | None) -> int:
-    """The training batches an epoch runs under trainer.limit_train_batches, as Lightning counts them: an int caps
-    them, a float is a fraction of them (1.0 or null: all)."""
-    if limit is None:
-        return batches
-    return min(batches, limit) if isinstance(limit, int) else int(batches * limit)
 
 
 def check_epoch_batches(limit: int | float | None, batches: int, accumulate: int) -> None:

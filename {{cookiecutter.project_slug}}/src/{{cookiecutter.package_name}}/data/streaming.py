@@ -32,8 +32,8 @@ from litdata.utilities.env import _DistributedEnv
 from torch.utils.data import Dataset
 
 from ..errors import ConfigError
+from . import batches_per_epoch
 from .files import as_trained, describe, read_split, split_file
-from .loading import batches_per_epoch
 from .streaming_shapes import SHAPES_FILE
 
 logging.getLogger("litdata").setLevel(logging.WARNING)  # its per-process, per-split notes (cache sizes, mmap) at INFO
