@@ -14,6 +14,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 WANDB_FLUSH_SECONDS = 2
@@ -37,6 +38,24 @@ class KillAtStep(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         if trainer.global_step == self.step and trainer.global_rank == self.rank:
+            die_once(self.marker)
+
+
+class KillAfterTheSave(ModelCheckpoint):
+    """SIGKILL process 0 once, after optimizer step `step` and its checkpoint, before Lightning logs the step: a
+    ModelCheckpoint that saves nothing, since Lightning runs those after the other callbacks, in their order (this one
+    after the template's)."""
+
+    def __init__(self, step: int, marker: str) -> None:
+        super().__init__(save_top_k=0)
+        self.step, self.marker = step, marker
+
+    @property
+    def state_key(self) -> str:
+        return "KillAfterTheSave"
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.global_step == self.step and trainer.global_rank == 0:
             die_once(self.marker)
 
 

@@ -64,13 +64,17 @@ def assert_continues_exactly(run, uninterrupted, starts: int, tolerance: float =
 
 
 def test_a_killed_training_started_again_continues_exactly(train, uninterrupted, tmp_path, train_env):
-    # Killed 2 steps after the checkpoint of step 6: the restart trains steps 6 and 7 again, the first of them
-    # logged already (Lightning logs a step after its callbacks' on_train_batch_end, where the kill happens).
-    killed = train(*TRAIN, "strategy=single", *kill_at(8, tmp_path / "killed"), check=False)
+    # Killed once the checkpoint of step 9 was written, before Lightning logged the step (it logs a step after its
+    # callbacks' on_train_batch_end): `last` is still the one of step 6, so the restart trains from there, steps
+    # 6 and 7 logged already. (`last` on step 9 lost the 9th step's loss for good.)
+    kill = ["+callbacks.kill._target_=kill_switch.KillAfterTheSave", "+callbacks.kill.step=9"]
+    kill.append(f"+callbacks.kill.marker='{tmp_path / 'killed'}'")
+    killed = train(*TRAIN, "strategy=single", *kill, check=False)
     assert killed.returncode == -9, killed.output[-2000:]
+    assert (killed.run_dir / "checkpoints/step000009.ckpt").is_file()
     assert (killed.run_dir / "checkpoints/last.ckpt").resolve().name == "step000006.ckpt"
-    assert killed.wandb.steps("train/loss")[-1] == 6
-    again = train(*TRAIN, "strategy=single", *kill_at(8, tmp_path / "killed"), run_dir=killed.run_dir)
+    assert killed.wandb.steps("train/loss")[-1] == 7
+    again = train(*TRAIN, "strategy=single", *kill, run_dir=killed.run_dir)
     assert "resuming from" in again.output
     assert_continues_exactly(again, uninterrupted, starts=2)  # bit-identical: same process layout
     assert "Would sync 2 run(s)" in sync_dry_run(again.run_dir, train_env), "the README's upload takes both starts"

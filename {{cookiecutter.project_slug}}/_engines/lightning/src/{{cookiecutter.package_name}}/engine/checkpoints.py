@@ -82,7 +82,7 @@ class ResumeCheckpoint(ModelCheckpoint):
         self._logged_steps: int | None = None
         self.interrupt = Interrupt()
         self.interrupted_at: int | None = None  # the step a Ctrl-C stopped the training after
-        self.unlinked: Path | None = None  # checkpoint.async=true: the checkpoint being written, `last` once it is
+        self.unlinked: Path | None = None  # the checkpoint `last` moves to once its step is logged (and written)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # After Lightning's own SIGTERM handler, which would end the training its way
@@ -93,6 +93,9 @@ class ResumeCheckpoint(ModelCheckpoint):
         # step for the loggers, which would log every later step one too far. The count is put back below.
         if trainer.fit_loop.restarted_on_epoch_end:
             self._logged_steps = batches_that_stepped(trainer)
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        self._link_written(trainer)  # the step saved before this batch is logged by now
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         self._link_written(trainer)  # a checkpoint written in the background since the last batch: `last` now
@@ -141,28 +144,27 @@ class ResumeCheckpoint(ModelCheckpoint):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # ModelCheckpoint saves either every N steps or every N epochs; this one does both.
         save_now(self, trainer)  # unless this step was saved already
+        self._link_written(trainer)  # (the epoch's last step is logged)
 
     def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
         self._link_written(trainer, wait=True)  # the one written in the background before: `last` on it first
         super()._save_checkpoint(trainer, filepath)  # returns once every rank has written its part, or started to
-        writer = getattr(trainer.strategy, "checkpoint_writer", None)
-        if writer is not None and writer.in_flight:  # checkpoint.async=true: `last` moves once it is written
-            self.unlinked = Path(filepath)
-            return
-        if trainer.is_global_zero:
-            point_last_at(Path(filepath))
-        trainer.strategy.barrier("ResumeCheckpoint")
-        self._remove_old(trainer)  # (the one resumed from too, which Lightning never names for removal)
+        # `last` moves on once the step is logged (Lightning logs it after this hook): killed in between, the
+        # training went on after a step whose metrics were never written, in the run files or wandb.
+        self.unlinked = Path(filepath)
 
     def _link_written(self, trainer: L.Trainer, wait: bool = False) -> None:
-        """Point `last` at the checkpoint written in the background, if its write has ended (or, `wait`, once it
-        has). Every process asks its own write; the first process's ends last (runtime/async_saves.py)."""
+        """Point `last` at the checkpoint saved at a step that is logged by now, once it is written: one written in
+        the background (checkpoint.async=true), if its write has ended (or, `wait`, once it has). Every process asks
+        its own write; the first process's ends last (runtime/async_saves.py)."""
         writer = getattr(trainer.strategy, "checkpoint_writer", None)
-        if self.unlinked is not None and writer is not None and writer.finished(wait):
-            if trainer.is_global_zero:
-                point_last_at(self.unlinked)
-            self.unlinked = None
-            self._remove_old(trainer)  # those kept only because `last` was still on one (first process)
+        background = writer is not None and writer.in_flight
+        if self.unlinked is None or (background and not writer.finished(wait)):
+            return
+        if trainer.is_global_zero:
+            point_last_at(self.unlinked)
+        self.unlinked = None
+        self._remove_old(trainer)  # (the one resumed from too, which Lightning never names for removal)
 
     def _remove_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
         # Lightning keeps one checkpoint when none is monitored and names the previous one for removal once the new
