@@ -132,6 +132,13 @@ def test_a_split_naming_a_missing_layer_is_refused():
     with pytest.raises(ConfigError, match="the Split of Renamed names 'blocks.*', which matches no submodule"):
         check_tensor_parallel(Renamed(), tensor_parallel_size=2)
 
+    class Reused(TinyViT):  # a user's block run twice, listed twice: the chain check's advice did not fit
+        pass
+
+    register_split(Reused, Split(first=["stem"], blocks=["layers.0", "layers.1", "layers.0"]))
+    with pytest.raises(ConfigError, match="the Split of Reused lists layers.0 twice: list each module once"):
+        check_tensor_parallel(Reused(), tensor_parallel_size=2)
+
 
 def test_tensor_parallelism_over_a_split_that_shards_nothing_is_refused():
     """Each process would hold the whole model and compute what the others compute (a Split for pipeline only)."""

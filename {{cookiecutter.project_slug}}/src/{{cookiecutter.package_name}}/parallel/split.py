@@ -104,6 +104,12 @@ def expand(net: nn.Module, patterns: Iterable[str]) -> list[str]:
         if not matched:
             raise ConfigError(f"the Split of {type(net).__name__} names {pattern!r}, which matches no submodule")
         found += matched
+    if repeated := next((name for name in found if found.count(name) > 1), None):
+        raise ConfigError(
+            f"the Split of {type(net).__name__} lists {repeated} twice: list each module once (a module the forward "
+            "runs twice cannot be two parts of a chain: strategy=pipeline and model_parallel's mode=layers cannot "
+            "split that model; fsdp and tensor parallelism take it listed once)"
+        )
     return found
 
 
