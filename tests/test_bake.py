@@ -195,6 +195,7 @@ def expected_files(package: str, engine: str) -> set[str]:
             f"src/{package}/engine/loop.py",
             f"src/{package}/engine/oom.py",
             f"src/{package}/engine/strategies/ddp.py",
+            f"src/{package}/engine/torchrun.py",
             "tests/launchers.py",
             "tests/nets.py",
             "tests/old_layout_run/checkpoints/step-0000003/custom_checkpoint_0.pkl",

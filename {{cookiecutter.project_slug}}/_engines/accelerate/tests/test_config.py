@@ -31,7 +31,7 @@ def test_every_preset_is_documented_and_builds():
 BAD_INPUT = [
     (["strategy=warp_drive"], "unknown strategy 'warp_drive'; valid: " + ", ".join(PRESETS)),
     (["oom=lots"], "unknown oom 'lots'; valid: none, toolkit"),
-    (["strategy=ddp"], "strategy=ddp needs 2+ processes but this is 1; launch it with `accelerate launch"),
+    (["strategy=ddp"], "strategy=ddp needs 2+ processes but this is 1: give trainer.devices=N (this command starts"),
     (
         ["strategy=ddp_spawn", "trainer.devices=2", "data.batch_size=255"],
         "data.batch_size=255 is the global batch and must be a positive multiple of the 2 data-parallel replicas",
@@ -44,10 +44,9 @@ BAD_INPUT = [
     (["trainer.precision=8"], "trainer.precision=8 is unknown; valid: auto, 32-true, bf16-mixed, 16-mixed"),
     (
         ["strategy=pipeline"],
-        "strategy=pipeline runs one stage per process; 1 process given, use 2+: launch it with `accelerate launch",
+        "strategy=pipeline runs one stage per process; 1 process given, use 2+: give trainer.devices=N (this command",
     ),
     (["strategy=model_parallel"], "strategy=model_parallel (mode=tensor) needs 2+ processes"),
-    (["strategy=fsdp", "trainer.devices=2"], "strategy=fsdp over 2 devices needs a process each but this is 1"),
     (["strategy=model_parallel", "strategy.mode=pipes"], "strategy.mode='pipes' is unknown; valid: tensor, layers"),
     (["strategy=pipeline", "oom.find_batch_size=true"], "oom.find_batch_size works with single, ddp"),
     (
@@ -88,8 +87,8 @@ BAD_INPUT = [
     (["strategy=ddp_spawn", "trainer.devices=abc"], "trainer.devices=abc is not a device count; valid: 1, 2,"),
     (
         ["trainer.devices=2"],
-        "strategy=single runs one device but trainer.devices=2; for 2 processes: `accelerate launch --config_file "
-        "launch/multi_process.yaml --num_processes 2 -m {{ cookiecutter.package_name }}.train strategy=ddp` (or",
+        "strategy=single runs one device but trainer.devices=2; for 2 processes: strategy=ddp trainer.devices=2 (this "
+        "command starts them under torchrun; or `accelerate launch --config_file launch/multi_process.yaml",
     ),
     (  # it was "did you mean trainer.max_steps?", another setting
         ["trainer.min_steps=5"],
@@ -122,7 +121,6 @@ BAD_INPUT_IDS = [
     "unknown-precision",
     "pipeline-one-stage",
     "tensor-parallel-one-process",
-    "fsdp-of-several-devices-without-launcher",
     "unknown-mode",
     "batch-search-on-pipeline",
     "recovery-under-pipeline",

@@ -59,13 +59,14 @@ def test_a_pipeline_killed_while_saving_resumes_each_stage_from_its_own_part(tra
 
 
 def test_shuffled_runs_match_too(train, single_losses):
-    """data.shuffle=true: the seeded sampler deals the same samples to each global batch on any layout."""
+    """data.shuffle=true: the seeded sampler deals the same samples to each global batch on any layout. The ddp run
+    is typed as in the Lightning engine, without a launcher: the command starts its 2 processes under torchrun."""
     shuffled = [*(o for o in PARITY if o != "data.shuffle=false"), "data.shuffle=true"]
     single = train(*shuffled, "strategy=single").losses(K)
     assert single != pytest.approx(single_losses, abs=TOLERANCE), "shuffling must change the batches"
-    assert train(*shuffled, "strategy=ddp", launcher=accelerate_launch()).losses(K) == pytest.approx(
-        single, abs=TOLERANCE
-    )
+    ddp = train(*shuffled, "strategy=ddp", "trainer.devices=2")
+    assert ddp.losses(K) == pytest.approx(single, abs=TOLERANCE)
+    assert ddp.wandb.config["run"]["world_size"] == 2 and ddp.wandb.starts == 1
 
 
 # Plain SGD, so that clipping changes the update in proportion (Adam's update hardly depends on the scale).

@@ -11,6 +11,10 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..tracking.wandb_run import is_first_process
 
+# Set by a training command that starts its processes under torchrun (the Accelerate engine): the folder it holds
+# for them, in which their first process does not ask again.
+HELD_BY_THE_COMMAND = "TRAINING_RUN_FOLDER_HELD"
+
 # The folders this process holds, open. A fork (a loader worker, ddp_spawn's processes) closes its copies: the lock
 # is the open folder's, shared by every copy, so a loader worker outliving a killed training would hold it on.
 _HELD: set[int] = set()
@@ -34,7 +38,7 @@ def only_training_in(run_dir: Path) -> Iterator[None]:
     """Hold `run_dir` while the block runs, in the training's first process (the others share its folder): a lock
     on the folder itself (flock), so nothing is written, released when the process ends, however it ends. Raises
     RunFolderInUse when another process holds it. A file system without flock (some network ones) is not guarded."""
-    if not is_first_process():
+    if not is_first_process() or os.environ.get(HELD_BY_THE_COMMAND) == str(run_dir):
         yield
         return
     folder = os.open(run_dir, os.O_RDONLY)

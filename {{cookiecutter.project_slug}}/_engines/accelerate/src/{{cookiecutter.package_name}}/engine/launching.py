@@ -1,6 +1,7 @@
 """How the Accelerate engine's trainings are started: the command the doctor recommends and the bench runs, and
 how the search starts each trial. One process per device is started by `accelerate launch` on one machine and by
-torchrun across machines; single, dp and ddp_spawn run from one process."""
+torchrun across machines (or by the training command itself: torchrun.py); single, dp and ddp_spawn run from one
+process."""
 
 import sys
 from collections.abc import Sequence
@@ -10,10 +11,9 @@ from omegaconf import DictConfig
 
 from ..errors import ConfigError
 from ..parallel.launcher import PACKAGE, free_port, module_command, multi_node_torchrun
+from .torchrun import LAUNCHED_PRESETS
 
 TRAIN = f"{PACKAGE}.train"
-# The presets that run one process per device, started by `accelerate launch` (their config's header says so).
-LAUNCHED_PRESETS = ("ddp", "fsdp", "model_parallel", "pipeline")
 LAUNCH_CONFIG = Path("launch/multi_process.yaml")
 DP_GATHERS_OUTPUTS = True  # strategy=dp: the replicas' outputs are gathered on device 0, where the loss is computed
 

@@ -41,7 +41,7 @@ from ..parallel.batchnorm import (
     unsynchronised_note,
     uses_batchnorm,
 )
-from ..parallel.launcher import die_with_launcher, fit_layout_to_launcher, warn_if_restarts_can_hang
+from ..parallel.launcher import detect_launcher, die_with_launcher, fit_layout_to_launcher, warn_if_restarts_can_hang
 from ..parallel.plan_values import check_plan_values
 from ..parallel.sharding import check_layer_devices
 from ..parallel.split import check_chain
@@ -59,6 +59,7 @@ from .logger import ResumingWandBTracker
 from .loop import Progress, accumulation, fit, loss_fn, step_bar, training_steps
 from .oom import OOMRecovery, find_batch_size
 from .strategies import Strategy, check_devices
+from .torchrun import LAUNCHED_PRESETS, start_processes
 
 logging.getLogger("accelerate").setLevel(logging.WARNING)  # not one INFO line per file it saves
 # AcceleratedOptimizer.step asks twice per step whether the lomo_optim package is installed: an uncached
@@ -91,6 +92,10 @@ def train(cfg: DictConfig) -> None:
         counted = f"{processes} process{'es' if processes > 1 else ''}"
         if is_first_process():  # (every launched process checks)
             print(f"check_only: the command passes its checks ({counted}); nothing was trained")
+        return
+    if strategy.name in LAUNCHED_PRESETS and processes > int(os.environ.get("WORLD_SIZE", 1)):
+        overrides = list(HydraConfig.get().overrides.task)
+        start_processes(processes, run_dir, cfg.run_id, overrides)  # trainer.devices=N typed without a launcher
         return
 
     def process() -> None:  # a named function: notebook_launcher (ddp_spawn) needs one
@@ -147,6 +152,8 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     die_with_launcher()  # an orphan of a dead torchrun agent trained on
     if devices in ("auto", -1):  # every visible GPU, as in Lightning (1 on CPU)
         devices = max(torch.cuda.device_count(), 1)
+    if launched == 1 and preset in LAUNCHED_PRESETS and int(devices) > 1 and detect_launcher() is None:
+        launched = int(devices)  # trainer.devices=N without a launcher: train() starts them (launching.py)
     processes = strategy.processes(launched, devices)
     check_async(cfg.checkpoint.get("async", False), preset, strategy.writes_checkpoint_parts)
     with torch.device("meta"):  # shapes and hooks only: the real net is built in each process

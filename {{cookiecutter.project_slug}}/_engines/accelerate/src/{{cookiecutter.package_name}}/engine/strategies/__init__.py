@@ -40,11 +40,11 @@ def check_devices(accelerator: str, devices: Any, preset: str) -> None:
     if devices not in ("auto", -1) and not (type(devices) is int and devices >= 1):
         raise ConfigError(f"trainer.devices={devices} is not a device count; valid: 1, 2, ..., or auto (or -1)")
     if preset == "single" and type(devices) is int and devices > 1:
-        raise ConfigError(  # (the next step in one go: ddp without a launcher, then trainer.devices under one)
-            f"strategy=single runs one device but trainer.devices={devices}; for {devices} processes: `accelerate "
-            f"launch --config_file launch/multi_process.yaml --num_processes {devices} -m "
-            "{{ cookiecutter.package_name }}.train strategy=ddp` (or strategy=ddp_spawn "
-            f"trainer.devices={devices})"
+        raise ConfigError(
+            f"strategy=single runs one device but trainer.devices={devices}; for {devices} processes: strategy=ddp "
+            f"trainer.devices={devices} (this command starts them under torchrun; or `accelerate launch --config_file "
+            f"launch/multi_process.yaml --num_processes {devices} -m {{ cookiecutter.package_name }}.train "
+            "strategy=ddp`)"
         )
 
 

@@ -45,9 +45,9 @@ class DDP(Strategy):
         if processes < 2:
             # The trap this guards against: `accelerate launch --cpu --num_processes 2` starts ONE process.
             raise ConfigError(
-                "strategy=ddp needs 2+ processes but this is 1; launch it with `accelerate launch --config_file "
-                "launch/multi_process.yaml -m {{ cookiecutter.package_name }}.train strategy=ddp` (or torchrun), "
-                "or use strategy=ddp_spawn"
+                "strategy=ddp needs 2+ processes but this is 1: give trainer.devices=N (this command starts them "
+                "under torchrun), or launch it with `accelerate launch --config_file launch/multi_process.yaml -m "
+                "{{ cookiecutter.package_name }}.train strategy=ddp` (or torchrun)"
             )
         # The net has BatchNorm layers and trainer.sync_batchnorm (set by the preset) asks for it.
         self.sync_batchnorm = cfg.trainer.sync_batchnorm and needs_sync(net, processes)

@@ -106,8 +106,9 @@ class ModelParallel(Strategy):
         dp, tp = self.sizes
         if processes < 2:
             raise ConfigError(
-                "strategy=model_parallel (mode=tensor) needs 2+ processes but this is 1; launch it with `accelerate "
-                "launch --config_file launch/multi_process.yaml -m {{ cookiecutter.package_name }}.train strategy=model_parallel`"
+                "strategy=model_parallel (mode=tensor) needs 2+ processes but this is 1: give trainer.devices=N (this "
+                "command starts them under torchrun), or launch it with `accelerate launch --config_file "
+                "launch/multi_process.yaml -m {{ cookiecutter.package_name }}.train strategy=model_parallel`"
             )
         if dp < 1 or tp < 1 or dp * tp != processes:
             raise ConfigError(

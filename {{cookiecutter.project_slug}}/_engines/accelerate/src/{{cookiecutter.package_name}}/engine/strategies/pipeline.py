@@ -76,8 +76,9 @@ class PipelineParallel(Strategy):
             schedule,
             per_process,
             tensor_parallel,
-            launch=": launch it with `accelerate launch --config_file launch/multi_process.yaml -m "
-            "{{ cookiecutter.package_name }}.train strategy=pipeline`",
+            launch=": give trainer.devices=N (this command starts them under torchrun), or launch it with "
+            "`accelerate launch --config_file launch/multi_process.yaml -m {{ cookiecutter.package_name }}.train "
+            "strategy=pipeline`",
         )
         self.layout = PipelineLayout.over(processes, replicas, schedule, per_process, tensor_parallel)
         if cfg.trainer.accumulate_grad_batches != 1 or cfg.trainer.gradient_clip_val:
