@@ -249,6 +249,8 @@ COMMAND_LINE_REFUSALS = [
         "trainer.limit_train_batches=5 makes epochs of 5 micro-batches, which trainer.accumulate_grad_batches=2 does",
     ),
     (["trainer.limit_train_batches=0.0001"], "trainer.limit_train_batches=0.0001 leaves no training batch in an epoch"),
+    # Lightning's words named neither the setting nor what is valid
+    (["trainer.devices=two"], "trainer.devices=two is not a device count; valid: 1, 2, ..., or auto (or -1)"),
 ]
 COMMAND_LINE_REFUSAL_IDS = [
     "data-setting-nothing-takes",
@@ -282,6 +284,7 @@ COMMAND_LINE_REFUSAL_IDS = [
     "lr-a-list",
     "epoch-limit-inside-an-optimizer-step",
     "epoch-limit-of-no-batch",
+    "devices-that-are-not-a-count",
 ]
 
 

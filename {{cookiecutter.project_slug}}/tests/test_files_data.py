@@ -298,6 +298,12 @@ def test_a_net_the_loss_cannot_train_on_this_data_is_refused_before_training(tmp
         tokens.collate_fn = returned
         with pytest.raises(ConfigError, match=re.escape(refusal)):
             check_output(on_meta(lambda: GPT(8, 40, dim=8, depth=1, num_heads=2)), tokens, cross_entropy)
+    # samples whose x is a dict (a tokenizer's): the forward is checked too (were not, a dict out failed at step 1)
+    inputs = [{"ids": torch.zeros(6, dtype=torch.long), "mask": torch.ones(6)} for _ in range(4)]
+    encoded = Data(partial(tensors, inputs, torch.zeros(4, dtype=torch.long)), splits=["train", "val"])
+    check_output(on_meta(lambda: DictInput(as_dict=False)), encoded, cross_entropy)
+    with pytest.raises(ConfigError, match="model.net DictInput returns a dict, but the loss takes one tensor"):
+        check_output(on_meta(lambda: DictInput(as_dict=True)), encoded, cross_entropy)
     # token ids past the embedding: an IndexError in the first step
     ids = torch.randint(0, 8, (6, 5)).index_fill(0, torch.tensor([4]), 9)
     tokens = Data(partial(tensors, ids, torch.zeros(6, 5, dtype=torch.long)), splits=["train", "val"])
@@ -321,6 +327,18 @@ def test_a_net_the_loss_cannot_train_on_this_data_is_refused_before_training(tmp
 def tensors(x: torch.Tensor | list[torch.Tensor], y: torch.Tensor, split: str) -> TensorDataset | list:
     """The same samples for every split: a TensorDataset, or a list of (x, y) (samples of different shapes)."""
     return TensorDataset(x, y) if isinstance(x, torch.Tensor) else list(zip(x, y, strict=True))
+
+
+class DictInput(nn.Module):
+    """A sequence classifier of a tokenizer's dict, returning its logits alone or in a dict."""
+
+    def __init__(self, as_dict: bool) -> None:
+        super().__init__()
+        self.embed, self.head, self.as_dict = nn.Embedding(8, 4), nn.Linear(4, CLASSES), as_dict
+
+    def forward(self, x: dict[str, torch.Tensor]) -> torch.Tensor | dict[str, torch.Tensor]:
+        logits = self.head((self.embed(x["ids"]) * x["mask"][..., None]).mean(dim=1))
+        return {"logits": logits} if self.as_dict else logits
 
 
 class MeanOverPositions(nn.Module):

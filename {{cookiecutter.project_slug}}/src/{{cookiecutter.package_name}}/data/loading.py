@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, TensorDataset
+from torch.utils._pytree import tree_map
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, TensorDataset, default_collate
 
 from ..errors import ConfigError, located, said_once
 from ..tracking.wandb_run import is_first_process
@@ -312,7 +313,9 @@ class SeededSamples(Dataset):
             return self.dataset[index]
         sample_seed = int(np.random.SeedSequence([self.seed, epoch, index]).generate_state(1, np.uint64)[0])
         states = torch.random.get_rng_state(), np.random.get_state(), random.getstate()
-        torch.manual_seed(sample_seed)
+        # The CPU's generator alone: torch.manual_seed also reseeds CUDA's, which is not put back, and where CUDA is not
+        # started queues that with a stack trace (a loader worker's sample took 1.7x as long).
+        torch.default_generator.manual_seed(sample_seed)
         np.random.seed(sample_seed % 2**32)
         random.seed(sample_seed)
         try:
@@ -491,14 +494,15 @@ def check_output(
     item = data.first_item("train")
     # the batch the net gets: a collate of yours may change x's layout, or pad
     batch = collated(data.collate_fn, item) if data.collate_fn is not None else None
+    name, training, logits = type(net).__name__, net.training, None
     try:
         if batch is None:
             x, y = (torch.as_tensor(part)[None] for part in item)
         else:
             x, y = (torch.as_tensor(part) for part in batch)
-    except (TypeError, ValueError, RuntimeError):  # not arrays (e.g. a dict): the net reads them its own way
+    except (TypeError, ValueError, RuntimeError):  # not arrays (e.g. a dict of a tokenizer's): what the net gives
+        check_structured_output(net, batch if batch is not None else default_collate([item]), loss)
         return
-    name, training, logits = type(net).__name__, net.training, None
     try:
         with torch.no_grad():
             logits = net.eval()(x.to("meta"))  # eval: a batch of one through BatchNorm
@@ -551,6 +555,32 @@ def check_output(
             f"gives {logits.shape[-1]} classes (0 to {logits.shape[-1] - 1}): set data.num_classes (or the model's "
             "size) to the largest target + 1"
         )
+
+
+def check_structured_output(
+    net: nn.Module, batch: Any, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+) -> None:
+    """check_output for samples whose x is several tensors (a dict, a tuple): the net's forward on a batch of one, on
+    the meta device, must give one tensor the loss takes with the targets (a dict of outputs failed at the first step,
+    once the run folder and wandb run were made). What the meta device cannot run is left to the training."""
+    try:
+        x, y = tree_map(lambda part: part.to("meta") if isinstance(part, torch.Tensor) else part, tuple(batch))
+    except (TypeError, ValueError):  # not (x, y): the training says what it needs
+        return
+    training = net.training
+    try:
+        with torch.no_grad():
+            logits = net.eval()(x)
+    except ConfigError:
+        raise
+    except Exception:  # noqa: BLE001 (the meta device, or a forward that takes the dict's keys: left to the training)
+        return
+    finally:
+        net.train(training)
+    if not isinstance(logits, torch.Tensor):
+        raise not_logits(type(net).__name__, logits)
+    if isinstance(y, torch.Tensor):
+        check_loss(loss, logits, y, type(net).__name__)
 
 
 def collated(collate_fn: Callable[[list[Any]], Any], item: Any) -> Any:

@@ -17,12 +17,29 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ..errors import ConfigError
 from ..parallel.launcher import free_port
 
 try:  # NVML's maintained binding is the nvidia-ml-py package; it installs the `pynvml` module
     import pynvml
 except ImportError:  # pragma: no cover - a dependency of the project, but the doctor should still run
     pynvml = None
+
+
+def check_device_settings(accelerator: str, devices: Any, gpu_indices: bool = False) -> None:
+    """trainer.accelerator=gpu (or cuda) where torch sees no GPU, and a trainer.devices that is not a device count, in
+    one line each (both engines: Lightning's words named neither the setting nor what is valid; accelerate trained on
+    the CPU). `gpu_indices`: the engine also takes a list of GPU indices (Lightning's devices=[0, 1])."""
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():  # (NVML's answer: CUDA stays untouched)
+        raise ConfigError(
+            f"trainer.accelerator={accelerator}, but torch sees no CUDA device (a CPU build of torch, or no GPU "
+            "visible); use trainer.accelerator=cpu or auto"
+        )
+    listed = isinstance(devices, list | tuple) or type(devices).__name__ == "ListConfig"
+    indices = gpu_indices and accelerator != "cpu" and listed and all(type(i) is int and i >= 0 for i in devices)
+    if devices not in ("auto", -1) and not (type(devices) is int and devices >= 1) and not (indices and devices):
+        also = ", or GPU indices ([0, 1])" if gpu_indices else ""
+        raise ConfigError(f"trainer.devices={devices} is not a device count; valid: 1, 2, ..., or auto (or -1){also}")
 
 
 def environment() -> dict[str, Any]:

@@ -41,6 +41,7 @@ from ..parallel.sharding import check_layer_devices
 from ..parallel.split import check_chain
 from ..runtime.async_saves import check_async
 from ..runtime.checkpoint_files import DCP_INDEX, pickled_keys_include, written_by_torch
+from ..runtime.hardware import check_device_settings
 from ..runtime.interrupt import interrupted, mark_finished
 from ..runtime.memory import configure_allocator
 from ..runtime.metrics import check_monitor
@@ -215,6 +216,7 @@ def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningD
     )
     warn_if_restarts_can_hang()
     die_with_launcher()  # an orphan of a dead torchrun agent trained on
+    check_device_settings(cfg.trainer.accelerator, devices, gpu_indices=True)  # (Lightning's words named neither)
     cfg.trainer.precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # auto: bf16 on GPUs
     plugins = [build(plugin) for plugin in cfg.trainer.get("plugins") or []]  # the user's, e.g. a CheckpointIO
     if not any(isinstance(plugin, CheckpointIO) for plugin in plugins) and not has_checkpoint_io(cfg.strategy):

@@ -20,6 +20,7 @@ from torch import nn
 from ...errors import ConfigError
 from ...parallel.layout import Layout
 from ...runtime.checkpoint_forms import keep_state_by_name, parameter_names
+from ...runtime.hardware import check_device_settings
 from ...runtime.resuming import check_same_mesh
 from ..checkpoints import saved_by_layers
 
@@ -32,13 +33,7 @@ def check_devices(accelerator: str, devices: Any, preset: str) -> None:
     itself would train on the CPU whatever the words (trainer.accelerator=gpuu, or gpu on a machine without one)."""
     if accelerator not in ACCELERATORS:
         raise ConfigError(f"trainer.accelerator={accelerator} is unknown; valid: {', '.join(ACCELERATORS)}")
-    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():  # (NVML's answer: CUDA stays untouched)
-        raise ConfigError(
-            f"trainer.accelerator={accelerator}, but torch sees no CUDA device (a CPU build of torch, or no GPU "
-            "visible); use trainer.accelerator=cpu or auto"
-        )
-    if devices not in ("auto", -1) and not (type(devices) is int and devices >= 1):
-        raise ConfigError(f"trainer.devices={devices} is not a device count; valid: 1, 2, ..., or auto (or -1)")
+    check_device_settings(accelerator, devices)
     if preset == "single" and type(devices) is int and devices > 1:
         raise ConfigError(
             f"strategy=single runs one device but trainer.devices={devices}; for {devices} processes: strategy=ddp "
