@@ -24,6 +24,7 @@ from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
 from {{ cookiecutter.package_name }}.parallel.batchnorm import SynchronisedBatchNorm, accumulation_note, unsynchronised_note
 from {{ cookiecutter.package_name }}.parallel.sharding import clip_grad_norm_, clip_grad_value_
 from {{ cookiecutter.package_name }}.parallel.split import find_split
+from {{ cookiecutter.package_name }}.runtime.interrupt import ending_limit
 from {{ cookiecutter.package_name }}.runtime.optimization import (
     check_training_length,
     constant,
@@ -321,6 +322,20 @@ def test_what_the_checks_take_as_lightning_does():
         check_training_length(*ends)
     check_overrides(["data.num_workers=auto", "~logger.group"], "train")
     check_overrides(["model=causal_lm", "~model.net.config.intermediate_size"], "train")
+
+
+def test_a_typo_is_told_its_setting_and_a_finished_run_the_limit_that_ended_it(tmp_path):
+    """A newcomer's: a close match is the hint, not a key to add (Trainer takes no new key) nor the key's own node
+    (doctor.foo: "did you mean doctor?"); run_id=last on a run trainer.max_steps ended names max_steps."""
+    with pytest.raises(ConfigError, match=r"^unknown setting trainer.max_epoch; did you mean trainer.max_epochs\?$"):
+        check_overrides(["trainer.max_epoch=2"], "train")
+    with pytest.raises(ConfigError) as refused:
+        check_overrides(["doctor.foo=1"], "doctor")
+    assert "did you mean doctor?" not in str(refused.value)
+    (tmp_path / "config.yaml").write_text("trainer:\n  max_epochs: 3\n  max_steps: 6\n")
+    assert ending_limit(tmp_path) == "trainer.max_steps"
+    (tmp_path / "config.yaml").write_text("trainer:\n  max_epochs: 3\n  max_steps: -1\n")
+    assert ending_limit(tmp_path) == "trainer.max_epochs"
 
 
 def test_a_folder_of_presets_of_your_own_is_added_with_a_plus(tmp_path, monkeypatch):

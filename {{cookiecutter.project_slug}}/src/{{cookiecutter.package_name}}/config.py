@@ -195,14 +195,15 @@ def check_setting(override: Override, keys: dict[str, Any], groups: set[str], re
     if kind in (OverrideType.ADD, OverrideType.FORCE_ADD) and key not in keys:
         _check_added(key, keys, read, isinstance(override.value(), dict))
     if kind in (OverrideType.CHANGE, OverrideType.DEL) and key not in keys:
-        near = difflib.get_close_matches(key, keys, n=1, cutoff=0.75)  # (0.6 offered `oom` for `foo`)
+        others = [other for other in keys if not key.startswith(f"{other}.")]  # (`doctor` for doctor.foo: its node)
+        near = difflib.get_close_matches(key, others, n=1, cutoff=0.75)  # (0.6 offered `oom` for `foo`)
         hint = f"; did you mean {near[0]}?" if near else ""
         if kind == OverrideType.DEL:
             raise ConfigError(f"~{key}: there is no setting {key} to remove{hint}")
         if lightning_only := _lightning_only(key, keys):
             raise ConfigError(lightning_only)
-        if _takes_arguments(key.rpartition(".")[0], keys):
-            raise ConfigError(f"unknown setting {key}{hint} (to add a new key: +{key}=...)")
+        if _takes_arguments(key.rpartition(".")[0], keys) and not near:  # (a typo: not a key to add)
+            raise ConfigError(f"unknown setting {key} (to add a new key: +{key}=...)")
         raise ConfigError(f"unknown setting {key}{hint or _other_engines(key)}")
     if kind == OverrideType.DEL:
         parent, _, name = key.rpartition(".")

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import COMMAND_LINE_REFUSAL_IDS, COMMAND_LINE_REFUSALS, unsplit_net
+from conftest import COMMAND_LINE_REFUSAL_IDS, COMMAND_LINE_REFUSALS, refuse_all, unsplit_net
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
@@ -149,6 +149,15 @@ BAD_INPUT_IDS = [
 @pytest.mark.parametrize("case", range(len(BAD_INPUT)), ids=BAD_INPUT_IDS)
 def test_bad_input_fails_in_one_line(refused, case):
     refused[case].assert_rejected(BAD_INPUT[case][1])
+
+
+def test_a_launchers_mixed_precision_that_is_not_the_projects_is_refused(tmp_path, train_env):
+    """`accelerate launch --mixed_precision bf16` trained in fp32 without a word: the Accelerator is given
+    trainer.precision, which wins over the launcher's."""
+    env = {**train_env, "ACCELERATE_MIXED_PRECISION": "bf16"}
+    refused, agreeing = refuse_all(tmp_path, env, [[], ["trainer.precision=bf16-mixed", "check_only=true"]])
+    refused.assert_rejected("accelerate launch --mixed_precision bf16 (or its config) is not trainer.precision=32-true")
+    assert agreeing.returncode == 0 and "passes its checks" in agreeing.output
 
 
 @pytest.mark.parametrize("preset", ["pipeline", "model_parallel"])

@@ -159,7 +159,7 @@ BAD_INPUT = [
     (["model.optimizer.lr=abc"], "model.optimizer.lr=abc is not a number (the default is 0.001)"),
     (
         ["trainer.max_epoch=2"],
-        "unknown setting trainer.max_epoch; did you mean trainer.max_epochs? (to add a new key: +trainer.max_epoch=",
+        "unknown setting trainer.max_epoch; did you mean trainer.max_epochs?",
     ),
     (["data.shuffle=sometimes"], "data.shuffle=sometimes is not true or false (the default is true)"),
     (

@@ -94,6 +94,15 @@ def mark_finished(run_dir: Path, finished: bool) -> None:
         marker.unlink(missing_ok=True)
 
 
+def ending_limit(run_dir: Path) -> str:
+    """The setting that ended a finished run: trainer.max_steps where its config set one, else trainer.max_epochs."""
+    from omegaconf import OmegaConf  # (a second to import: only for this refusal)
+
+    saved = run_dir / "config.yaml"
+    steps = OmegaConf.select(OmegaConf.load(saved), "trainer.max_steps") if saved.is_file() else None
+    return "trainer.max_steps" if isinstance(steps, int) and steps > 0 else "trainer.max_epochs"
+
+
 def continue_last(argv: list[str]) -> list[str]:
     """The command line with `run_id=last` replaced by the id of the experiment's newest run, if it has a checkpoint
     and did not finish (outputs/<experiment>/<run id>/, the default run folders). Raises ConfigError otherwise."""
@@ -108,7 +117,7 @@ def continue_last(argv: list[str]) -> list[str]:
     if (newest / FINISHED_FILE).exists():
         raise ConfigError(
             f"run_id=last: the newest run of experiment={experiment}, {newest.name}, finished; to train it further "
-            f"give run_id={newest.name} (with more trainer.max_epochs), or leave run_id out for a new run"
+            f"give run_id={newest.name} (with more {ending_limit(newest)}), or leave run_id out for a new run"
         )
     print(f"run_id=last: continuing {newest}", file=sys.stderr)
     return [f"run_id={newest.name}" if arg == "run_id=last" else arg for arg in argv]

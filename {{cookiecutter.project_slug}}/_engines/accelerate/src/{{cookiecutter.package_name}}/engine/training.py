@@ -138,6 +138,14 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
         )
     check_settings_read(cfg)
     cfg.trainer.precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # auto: bf16 on GPUs
+    launched_with = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")  # accelerate launch --mixed_precision
+    if launched_with != "no" and PRECISION.get(cfg.trainer.precision) != launched_with:  # (the Accelerator's wins)
+        named = {value: key for key, value in PRECISION.items()}.get(launched_with)
+        raise ConfigError(
+            f"accelerate launch --mixed_precision {launched_with} (or its config) is not trainer.precision="
+            f"{cfg.trainer.precision}, which this project reads, in both engines: give trainer.precision="
+            f"{named or '|'.join(PRECISION)} and leave the launcher's at no"
+        )
     strategy: Strategy = build(cfg.strategy)
     if cfg.oom.find_batch_size and not strategy.supports_batch_size_search:
         raise ConfigError(f"oom.find_batch_size works with single, ddp, ddp_spawn and dp, not strategy={strategy.name}")
