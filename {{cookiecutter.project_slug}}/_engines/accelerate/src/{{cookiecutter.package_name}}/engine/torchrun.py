@@ -2,11 +2,12 @@
 starts its N processes on this machine under torchrun, as `accelerate launch` would."""
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
-from ..errors import TrainingStopped
+from ..errors import Interrupted, TrainingStopped
 from ..parallel.launcher import PACKAGE
 from ..runtime.run_folder import HELD_BY_THE_COMMAND
 
@@ -25,10 +26,18 @@ def start_processes(processes: int, run_dir: Path, run_id: str, overrides: list[
     env = {**os.environ, HELD_BY_THE_COMMAND: str(run_dir), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's value, set here: it prints a banner when it sets it
     launcher = subprocess.Popen([*torchrun, "-m", f"{PACKAGE}.train", *overrides, *here], env=env)
+    asked: list[int] = []  # Ctrl-C: torchrun passes it on (the terminal's reaches it too); the processes save, stop
+
+    def pass_on(signum: int, frame: object) -> None:
+        asked.append(signum)
+        launcher.send_signal(signum)
+
+    previous = signal.signal(signal.SIGINT, pass_on)
     try:
         code = launcher.wait()
-    except KeyboardInterrupt:  # Ctrl-C: torchrun stops the processes; the run continues from its last checkpoint
-        launcher.wait()
-        raise
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if asked:  # the first process said how to continue (torchrun's own report of the signal follows it)
+        raise Interrupted("")
     if code:
         raise TrainingStopped(f"a training process failed (torchrun exit code {code}; its error is above)")
