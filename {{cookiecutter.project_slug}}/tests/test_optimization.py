@@ -332,6 +332,11 @@ def test_a_typo_is_told_its_setting_and_a_finished_run_the_limit_that_ended_it(t
     with pytest.raises(ConfigError) as refused:
         check_overrides(["doctor.foo=1"], "doctor")
     assert "did you mean doctor?" not in str(refused.value)
+    # an accelerate examples user's, a Hugging Face Trainer user's names: this project's is said
+    with pytest.raises(ConfigError, match="this project's name for it: trainer.accumulate_grad_batches$"):
+        check_overrides(["trainer.gradient_accumulation_steps=2"], "train")
+    with pytest.raises(ConfigError, match="top-level resume_from_checkpoint; this project's name for it: ckpt_path"):
+        check_overrides(["+resume_from_checkpoint=x"], "train")
     (tmp_path / "config.yaml").write_text("trainer:\n  max_epochs: 3\n  max_steps: 6\n")
     assert ending_limit(tmp_path) == "trainer.max_steps"
     (tmp_path / "config.yaml").write_text("trainer:\n  max_epochs: 3\n  max_steps: -1\n")

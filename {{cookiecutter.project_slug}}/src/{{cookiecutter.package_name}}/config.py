@@ -202,7 +202,8 @@ def check_setting(override: Override, keys: dict[str, Any], groups: set[str], re
             raise ConfigError(f"~{key}: there is no setting {key} to remove{hint}")
         if lightning_only := _lightning_only(key, keys):
             raise ConfigError(lightning_only)
-        if _takes_arguments(key.rpartition(".")[0], keys) and not near:  # (a typo: not a key to add)
+        hint = hint or _named_here(key)
+        if _takes_arguments(key.rpartition(".")[0], keys) and not hint:  # (a typo: not a key to add)
             raise ConfigError(f"unknown setting {key} (to add a new key: +{key}=...)")
         raise ConfigError(f"unknown setting {key}{hint or _other_engines(key)}")
     if kind == OverrideType.DEL:
@@ -251,7 +252,9 @@ def _check_added(key: str, keys: dict[str, Any], read: str, node: bool) -> None:
     if is_read(name, read):
         return
     if top not in keys:  # (+foo.bar=1 made a node foo that nothing reads)
-        raise ConfigError(f"+{key}: no part of the training reads a top-level {top}{_other_engines(key)}")
+        raise ConfigError(
+            f"+{key}: no part of the training reads a top-level {top}{_named_here(key) or _other_engines(key)}"
+        )
     if parent == "checkpoint":
         taken = ", ".join(sorted(str(other) for other in keys[parent]))
         raise ConfigError(f"+{key}: the training reads no {key}, only the settings it has: {taken}")
@@ -296,6 +299,41 @@ def _takes_arguments(node: str, keys: dict[str, Any]) -> bool:
 def is_read(name: str, read: str) -> bool:
     """Whether an interpolation in `read` ends in the key `name` (`${name}`, `${node.name}`)."""
     return any(f"{start}{name}" + "}" in read for start in (".", "{"))
+
+
+# Settings this project has under another name than Hugging Face's Trainer, the accelerate examples or Lightning's
+# Trainer arguments given at the top: an unknown setting of such a name says this project's (it said nothing).
+NAMES_HERE = {
+    "gradient_accumulation_steps": "trainer.accumulate_grad_batches",
+    "mixed_precision": "trainer.precision (32-true, bf16-mixed, 16-mixed)",
+    "fp16": "trainer.precision=16-mixed",
+    "bf16": "trainer.precision=bf16-mixed",
+    "resume_from_checkpoint": "ckpt_path (a checkpoint), or run_id (continues that run's last)",
+    "num_train_epochs": "trainer.max_epochs",
+    "max_train_steps": "trainer.max_steps",
+    "max_grad_norm": "trainer.gradient_clip_val",
+    "learning_rate": "model.optimizer.lr",
+    "weight_decay": "model.optimizer.weight_decay",
+    "per_device_train_batch_size": "data.batch_size (the GLOBAL batch: per device x processes x accumulation)",
+    "train_batch_size": "data.batch_size (the GLOBAL batch: per device x processes x accumulation)",
+    "batch_size": "data.batch_size (the GLOBAL batch)",
+    "logging_steps": "trainer.log_every_n_steps",
+    "save_steps": "checkpoint.every_n_steps",
+    "output_dir": "hydra.run.dir, or experiment= and run_id= (outputs/<experiment>/<run_id>)",
+    "report_to": "logger=wandb or logger=none",
+    "warmup_steps": "scheduler.warmup_steps",
+    "num_workers": "data.num_workers",
+    "max_epochs": "trainer.max_epochs",
+    "max_steps": "trainer.max_steps",
+    "precision": "trainer.precision",
+    "devices": "trainer.devices",
+}
+
+
+def _named_here(key: str) -> str:
+    """ "; this project's name for it: ..." for `key`, another library's name of a setting (NAMES_HERE); else ""."""
+    here = NAMES_HERE.get(key.rpartition(".")[2])
+    return f"; this project's name for it: {here}" if here and not here.startswith(key) else ""
 
 
 def _other_engines(key: str) -> str:
