@@ -15,8 +15,10 @@ from test_optimization import expected_cosine
 
 from {{ cookiecutter.package_name }}.data.loading import Data
 from {{ cookiecutter.package_name }}.data.synthetic import data_settings
-from {{ cookiecutter.package_name }}.engine.oom import OOMRecovery, OutOfMemoryStop, find_batch_size
+from {{ cookiecutter.package_name }}.engine.oom.batch_size_finder import find_batch_size
+from {{ cookiecutter.package_name }}.engine.oom.recovery import OOMRecovery
 from {{ cookiecutter.package_name }}.engine.strategies import Strategy
+from {{ cookiecutter.package_name }}.runtime.memory import OutOfMemoryStop
 
 OOM = [*QUICK, "trainer.accelerator=cpu", "oom=toolkit", "model.net._target_=nets.OOMNet", "data.batch_size=128"]
 FINDER = [*OOM, "oom.find_batch_size=true"]

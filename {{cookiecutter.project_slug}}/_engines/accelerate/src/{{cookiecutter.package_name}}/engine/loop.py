@@ -17,13 +17,15 @@ from ..data.loading import Data
 from ..errors import ConfigError
 from ..parallel.sharding import clip_grad_norm_
 from ..runtime.interrupt import Interrupt
+from ..runtime.memory import OutOfMemoryStop
 from ..runtime.metrics import best_mode, check_val_loss, cross_entropy
 from ..runtime.optimization import current_lr, total_steps
 from ..runtime.real_targets import RealTargets
 from ..tracking.epoch_metrics import append_epoch_metrics, is_final
 from .checkpoints import Checkpoints
 from .evaluation import batches, evaluate, log, prefixed, to_device
-from .oom import OOMRecovery, OutOfMemoryStop, log_device_memory
+from .oom.device_memory import log_device_memory
+from .oom.recovery import OOMRecovery
 from .strategies import Strategy
 
 

@@ -57,7 +57,8 @@ from .checkpoints import PROGRESS, Checkpoints, trained_so_far
 from .evaluation import batches, check_limit, evaluate, log, prefixed, show
 from .logger import ResumingWandBTracker
 from .loop import Progress, accumulation, fit, loss_fn, step_bar, training_steps
-from .oom import OOMRecovery, find_batch_size
+from .oom.batch_size_finder import find_batch_size
+from .oom.recovery import OOMRecovery
 from .strategies import Strategy, check_devices
 from .torchrun import LAUNCHED_PRESETS, start_processes
 
