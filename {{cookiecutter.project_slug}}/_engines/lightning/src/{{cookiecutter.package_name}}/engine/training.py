@@ -195,21 +195,7 @@ def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningD
             f"data._target_={cfg.data._target_} is not this engine's data module: give "
             f"{DataModule.__module__}.DataModule, the _target_ of configs/data/*.yaml"
         )
-    callbacks = []
-    for name, config in (cfg.callbacks or {}).items():
-        callbacks.append(callback := build(config))
-        if callback is not None:
-            callback.config_name = name  # what a refusal tells to drop: ~callbacks.<name>
-    for callback in callbacks if not cfg.logger else []:  # (Lightning finds out once fit has started)
-        if isinstance(callback, (LearningRateMonitor, DeviceStatsMonitor)):
-            raise ConfigError(
-                f"callbacks.{callback.config_name} ({type(callback).__name__}) logs to the logger, and logger=none "
-                f"gives none: give logger=wandb, or drop it with ~callbacks.{callback.config_name}"
-            )
-    if not cfg.trainer.enable_progress_bar:  # one switch hides the bar, whichever bar callback is configured
-        callbacks = [callback for callback in callbacks if not isinstance(callback, ProgressBar)]
-    if cfg.epoch_metrics:  # the search reads it to prune a trial
-        callbacks.append(EpochMetricsFile(cfg.epoch_metrics))
+    callbacks = build_callbacks(cfg)
     # Under torchrun or SLURM the launcher's layout, unless the command line gave one (checked against it).
     num_nodes, devices = fit_layout_to_launcher(
         preset(), cfg.trainer.num_nodes, cfg.trainer.devices, HydraConfig.get().overrides.task
@@ -218,16 +204,7 @@ def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningD
     die_with_launcher()  # an orphan of a dead torchrun agent trained on
     check_device_settings(cfg.trainer.accelerator, devices, gpu_indices=True)  # (Lightning's words named neither)
     cfg.trainer.precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # auto: bf16 on GPUs
-    plugins = [build(plugin) for plugin in cfg.trainer.get("plugins") or []]  # the user's, e.g. a CheckpointIO
-    if not any(isinstance(plugin, CheckpointIO) for plugin in plugins) and not has_checkpoint_io(cfg.strategy):
-        plugins.append(AnyPresetCheckpointIO())  # reads a checkpoint of any preset (the presets that split it: theirs)
-    if cfg.trainer.sync_batchnorm:
-        plugins.append(BatchNormSync())  # on CPU processes too
-    if SLURMEnvironment.detect() and not any(isinstance(plugin, ClusterEnvironment) for plugin in plugins):
-        # Lightning's auto-requeue saves a checkpoint in its SIGUSR1 handler, wherever the signal lands: with the
-        # other processes inside the step's gradient all-reduce, the save's collectives waited for ever (a job
-        # deadlocked until its time limit). launch/slurm.sbatch requeues the job itself, and its tasks ignore USR1.
-        plugins.append(SLURMEnvironment(auto_requeue=False))
+    plugins = build_plugins(cfg)
     trainer = build(
         cfg.trainer,
         num_nodes=num_nodes,
@@ -247,6 +224,49 @@ def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningD
             activation_checkpointing=cfg.activation_checkpointing,
             float8=cfg.float8,
         )
+    check_model_and_data(cfg, trainer, model, datamodule)
+    return trainer, model, datamodule
+
+
+def build_callbacks(cfg: DictConfig) -> list[L.Callback]:
+    """configs/callbacks/ built, each told its config name, and the ones the run's settings add or leave out."""
+    callbacks = []
+    for name, config in (cfg.callbacks or {}).items():
+        callbacks.append(callback := build(config))
+        if callback is not None:
+            callback.config_name = name  # what a refusal tells to drop: ~callbacks.<name>
+    for callback in callbacks if not cfg.logger else []:  # (Lightning finds out once fit has started)
+        if isinstance(callback, (LearningRateMonitor, DeviceStatsMonitor)):
+            raise ConfigError(
+                f"callbacks.{callback.config_name} ({type(callback).__name__}) logs to the logger, and logger=none "
+                f"gives none: give logger=wandb, or drop it with ~callbacks.{callback.config_name}"
+            )
+    if not cfg.trainer.enable_progress_bar:  # one switch hides the bar, whichever bar callback is configured
+        callbacks = [callback for callback in callbacks if not isinstance(callback, ProgressBar)]
+    if cfg.epoch_metrics:  # the search reads it to prune a trial
+        callbacks.append(EpochMetricsFile(cfg.epoch_metrics))
+    return callbacks
+
+
+def build_plugins(cfg: DictConfig) -> list[Any]:
+    """The user's trainer.plugins, and the ones every run needs that the user did not give."""
+    plugins = [build(plugin) for plugin in cfg.trainer.get("plugins") or []]  # the user's, e.g. a CheckpointIO
+    if not any(isinstance(plugin, CheckpointIO) for plugin in plugins) and not has_checkpoint_io(cfg.strategy):
+        plugins.append(AnyPresetCheckpointIO())  # reads a checkpoint of any preset (the presets that split it: theirs)
+    if cfg.trainer.sync_batchnorm:
+        plugins.append(BatchNormSync())  # on CPU processes too
+    if SLURMEnvironment.detect() and not any(isinstance(plugin, ClusterEnvironment) for plugin in plugins):
+        # Lightning's auto-requeue saves a checkpoint in its SIGUSR1 handler, wherever the signal lands: with the
+        # other processes inside the step's gradient all-reduce, the save's collectives waited for ever (a job
+        # deadlocked until its time limit). launch/slurm.sbatch requeues the job itself, and its tasks ignore USR1.
+        plugins.append(SLURMEnvironment(auto_requeue=False))
+    return plugins
+
+
+def check_model_and_data(
+    cfg: DictConfig, trainer: L.Trainer, model: L.LightningModule, datamodule: L.LightningDataModule
+) -> None:
+    """Everything that can refuse the built trainer, model and data together, and the notes about them."""
     if (note := accumulation_note(model.net, cfg.trainer.accumulate_grad_batches)) and is_first_process():
         print(note, file=sys.stderr)
     unsynchronised = preset() in ("ddp", "ddp_spawn") and not cfg.trainer.sync_batchnorm
@@ -281,7 +301,6 @@ def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningD
         check_layer_devices(model.net, first_sample(datamodule.data), len(trainer.strategy.devices))
     if preset() == "model_parallel" and cfg.strategy.mode == "tensor":  # a plan that changes what the net computes?
         check_plan_values(lambda: build(cfg.model.net), first_sample(datamodule.data), tensor_parallel)
-    return trainer, model, datamodule
 
 
 def check_checkpoint_path(path: Path) -> None:
