@@ -251,6 +251,7 @@ COMMAND_LINE_REFUSALS = [
     (["trainer.limit_train_batches=0.0001"], "trainer.limit_train_batches=0.0001 leaves no training batch in an epoch"),
     # Lightning's words named neither the setting nor what is valid
     (["trainer.devices=two"], "trainer.devices=two is not a device count; valid: 1, 2, ..., or auto (or -1)"),
+    (["hydra/launcher=joblib"], "unknown hydra/launcher 'joblib'; valid: basic"),  # Hydra's: ten lines, exit 1
 ]
 COMMAND_LINE_REFUSAL_IDS = [
     "data-setting-nothing-takes",
@@ -285,6 +286,7 @@ COMMAND_LINE_REFUSAL_IDS = [
     "epoch-limit-inside-an-optimizer-step",
     "epoch-limit-of-no-batch",
     "devices-that-are-not-a-count",
+    "hydra-group-choice",
 ]
 
 

@@ -43,9 +43,25 @@ def check_group_choices(overrides: list[str]) -> None:
             _check_other_group(group, choice, override.startswith("+"))
         if has_value and (CONFIG_DIR / group).is_dir():
             choices = sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml"))
-            for value in _sweep_values(override, [choice]):
-                if value not in choices:
-                    raise ConfigError(f"unknown {group} {value!r}; valid: {', '.join(choices)}")
+        elif has_value and group.startswith("hydra/"):  # Hydra's own groups (hydra/launcher=...), its plugins' too
+            choices = hydra_group_options(group)
+        else:
+            continue
+        for value in _sweep_values(override, [choice]):
+            if value not in choices:
+                raise ConfigError(f"unknown {group} {value!r}; valid: {', '.join(choices) or 'none'}")
+
+
+def hydra_group_options(group: str) -> list[str]:
+    """The choices of one of Hydra's config groups, with the plugins installed (Hydra's refusal is ten lines)."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance()  # imports the installed plugins, which register their choices
+    if GlobalHydra.instance().is_initialized():  # (inside a command Hydra runs: the search's trials)
+        return sorted(GlobalHydra.instance().config_loader().get_group_options(group))
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return sorted(GlobalHydra.instance().config_loader().get_group_options(group))
 
 
 def _check_other_group(group: str, choice: str, added: bool) -> None:
