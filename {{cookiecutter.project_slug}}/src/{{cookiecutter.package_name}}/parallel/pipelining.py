@@ -41,7 +41,7 @@ from ..errors import ConfigError
 from .batchnorm import split_problem
 from .layout import Layout
 from .sharding import check_tensor_parallel
-from .split import Chain, find_split, pipeline_stage, tied_across_stages
+from .split import Chain, find_split, pipeline_stage, tensor_parallel_plan, tied_across_stages
 
 SCHEDULES = {
     "gpipe": ScheduleGPipe,
@@ -494,7 +494,7 @@ class PipelinedNet(nn.Module):
         index, replica = layout.stage_of(rank), layout.pipeline_of(rank)
         pipeline_group, replica_group, tensor_mesh = pipeline_groups(layout, rank, device_type)
         if tensor_mesh is not None:  # the whole net's blocks by the Split's plan, before the cut: its names
-            parallelize_module(net, tensor_mesh, dict(find_split(net, "pipeline")[1].tensor_parallel))
+            parallelize_module(net, tensor_mesh, tensor_parallel_plan(net, "pipeline"))
         num_stages, held = layout.num_stages, layout.stages_at(index)
         chunks = [pipeline_stage(net, stage, num_stages, split_points) for stage in held]
         tied = tied_across_stages(net, num_stages, split_points)

@@ -18,7 +18,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
 
 from ..errors import ConfigError
-from .split import find_split
+from .split import find_split, tensor_parallel_plan
 
 # The check holds a second copy of the net in host memory and runs it over every rank: bigger nets are not checked.
 MOST_PARAMETERS = 100_000_000
@@ -51,7 +51,7 @@ def check_plan_values(build: Callable[[], nn.Module], example: object, tensor_pa
             return
         if not isinstance(expected, torch.Tensor) or not torch.equal(expected, again):  # it draws: not compared
             return
-        outputs = simulated_outputs(net, dict(split.tensor_parallel), example, tp)
+        outputs = simulated_outputs(net, tensor_parallel_plan(net, "model_parallel"), example, tp)
     if outputs is None:
         return
     name = type(net).__name__

@@ -31,7 +31,16 @@ from torch.utils.hooks import RemovableHandle
 from ..errors import ConfigError
 from .batchnorm import split_problem
 from .layout import Layout
-from .split import RefusedStyle, find_split, fsdp_units, has_split, layer_groups, matches, split_net
+from .split import (
+    RefusedStyle,
+    find_split,
+    fsdp_units,
+    has_split,
+    layer_groups,
+    matches,
+    split_net,
+    tensor_parallel_plan,
+)
 
 MODES = ("tensor", "layers")  # strategy.mode of model_parallel, in both engines
 
@@ -255,7 +264,7 @@ def parallelize(
         root = init_device_mesh(mesh.device_type, sizes, mesh_dim_names=names)
         tp_mesh, dp_mesh = root["tensor_parallel"], root["replicate", "shard"]
     if tp_mesh.size() > 1:
-        parallelize_module(net, tp_mesh, dict(find_split(net, "model_parallel")[1].tensor_parallel))
+        parallelize_module(net, tp_mesh, tensor_parallel_plan(net, "model_parallel"))
     if dp_mesh.size() > 1 or tp_mesh.size() == 1:
         # FSDP2 over the data-parallel replicas: it shards weights, gradients and optimizer state, and
         # averages the gradients. One unit per layer, so only one layer's weights are gathered at a time

@@ -113,6 +113,15 @@ def expand(net: nn.Module, patterns: Iterable[str]) -> list[str]:
     return found
 
 
+def tensor_parallel_plan(net: nn.Module, preset: str) -> dict[str, Any]:
+    """The Split's tensor-parallel plan of `net` for torch's parallelize_module, each pattern replaced by the names it
+    matches here (check_tensor_parallel refuses one that matches none): torch matches `*.up` against every part and
+    warned once for each part without an `up`."""
+    plan = find_split(net, preset)[1].tensor_parallel
+    names = [name for name, _ in net.named_modules()]
+    return {name: style for pattern, style in plan.items() for name in names if matches(name, pattern)}
+
+
 def layers(model: nn.Module, preset: str) -> tuple[nn.Module, list[str], list[str], list[str]]:
     """(the net inside `model`, its first, blocks and last as submodule names of the net)."""
     net, split = find_split(model, preset)
