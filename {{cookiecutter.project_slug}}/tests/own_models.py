@@ -39,7 +39,8 @@ class InterruptedOnce(ResidualMLP):
     """Ctrl-C from within: SIGINT to its own process in the forward of training step `at` (0-based), as a terminal
     sends it to every process of the training (`signal_name=SIGKILL`: a crash of every process instead). Only once:
     it leaves `marker` (one per process), so the continued run trains through. `only_rank`: that process alone;
-    `to_launcher`: to the process that started it (torchrun's agent, which passes it on to every process)."""
+    `to_command`: to the training command that started torchrun (the Accelerate engine's trainer.devices=N without
+    a launcher), which passes it on to torchrun's agent, which passes it on to every process."""
 
     def __init__(
         self,
@@ -49,7 +50,7 @@ class InterruptedOnce(ResidualMLP):
         signal_name: str = "SIGINT",
         children: bool = False,
         only_rank: int | None = None,
-        to_launcher: bool = False,
+        to_command: bool = False,
         **kwargs,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -57,7 +58,7 @@ class InterruptedOnce(ResidualMLP):
         self.marker, self.at, self.calls = Path(f"{marker}.{rank}"), at, 0
         if only_rank is not None and int(rank) != only_rank:  # the signal reaches that process alone
             self.marker.touch()
-        self.to_launcher = to_launcher  # to the process that started this one: a Ctrl-C where torchrun runs
+        self.to_command = to_command  # a Ctrl-C where the command runs
         self.signal = getattr(signal, signal_name)
         self.with_children = children  # its child processes too (wandb's service), as SLURM signals every one of a step
 
@@ -67,9 +68,14 @@ class InterruptedOnce(ResidualMLP):
                 self.marker.touch()
                 for pid in child_processes() if self.with_children else []:
                     os.kill(pid, self.signal)
-                os.kill(os.getppid() if self.to_launcher else os.getpid(), self.signal)
+                os.kill(parent_of(os.getppid()) if self.to_command else os.getpid(), self.signal)
             self.calls += 1
         return super().forward(x)
+
+
+def parent_of(pid: int) -> int:
+    """The process that started `pid` (its stat line's 4th field)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
 
 
 def child_processes() -> list[int]:

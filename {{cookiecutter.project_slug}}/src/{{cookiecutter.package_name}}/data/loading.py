@@ -583,6 +583,17 @@ def check_structured_output(
         check_loss(loss, logits, y, type(net).__name__)
 
 
+def targets_are_values(data: Data) -> bool:
+    """Whether the training split's targets are floats (a regression: no accuracy, no perplexity)."""
+    data.setup()
+    if not isinstance(data.splits.get("train"), Dataset) or isinstance(data.splits["train"], IterableDataset):
+        return False
+    try:
+        return torch.as_tensor(data.first_item("train")[1]).is_floating_point()
+    except (TypeError, ValueError, RuntimeError, IndexError):  # targets of a form of yours: the training tells
+        return False
+
+
 def collated(collate_fn: Callable[[list[Any]], Any], item: Any) -> Any:
     """What `collate_fn` makes of one item: refused in one line unless an (x, y) pair, as the training takes it."""
     name = getattr(collate_fn, "__qualname__", type(collate_fn).__name__)

@@ -109,6 +109,13 @@ def die_with_launcher() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def die_with_parent() -> None:
+    """In a process about to run another program (a subprocess's preexec_fn): SIGTERM it when the process that
+    started it dies (kill -9 of a command that started torchrun: torchrun and its workers trained on). Linux."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def warn_if_restarts_can_hang() -> None:
     """Say so (rank 0, one line) when torchrun will restart its workers through the store it shares with them.
 

@@ -6,6 +6,7 @@ known here (no GPU, no NVML), the answer says why instead of being empty without
 
 import functools
 import os
+import re
 import socket
 import statistics
 import tempfile
@@ -36,7 +37,9 @@ def check_device_settings(accelerator: str, devices: Any, gpu_indices: bool = Fa
             "visible); use trainer.accelerator=cpu or auto"
         )
     listed = isinstance(devices, list | tuple) or type(devices).__name__ == "ListConfig"
-    indices = gpu_indices and accelerator != "cpu" and listed and all(type(i) is int and i >= 0 for i in devices)
+    listed = listed and all(type(i) is int and i >= 0 for i in devices)
+    written = isinstance(devices, str) and re.fullmatch(r"\d+(,\d*)*", devices)  # Lightning's "0,1" and "1,"
+    indices = gpu_indices and accelerator != "cpu" and (listed or written)
     if devices not in ("auto", -1) and not (type(devices) is int and devices >= 1) and not (indices and devices):
         also = ", or GPU indices ([0, 1])" if gpu_indices else ""
         raise ConfigError(f"trainer.devices={devices} is not a device count; valid: 1, 2, ..., or auto (or -1){also}")

@@ -19,12 +19,18 @@ def best_mode(monitor: str) -> str:
     return VALIDATION_METRICS.get(monitor, "min")
 
 
-def check_monitor(monitor: object) -> None:
+def check_monitor(monitor: object, values: bool = False) -> None:
     """checkpoint.monitor names a validation metric (a typo kept the first checkpoint as the best, or failed at the
-    first validation, after the run folder was made)."""
+    first validation, after the run folder was made) the data's targets have: `values` (float targets, a regression)
+    log val/loss alone."""
     if monitor not in VALIDATION_METRICS:
         raise ConfigError(
             f"checkpoint.monitor={monitor} is not a validation metric; valid: {', '.join(VALIDATION_METRICS)}"
+        )
+    if values and monitor != "val/loss":
+        raise ConfigError(
+            f"checkpoint.monitor={monitor}, but the data's targets are values (a regression), whose validation logs "
+            "val/loss alone: give checkpoint.monitor=val/loss"
         )
 
 

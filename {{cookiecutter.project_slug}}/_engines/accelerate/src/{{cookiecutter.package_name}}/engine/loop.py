@@ -36,7 +36,8 @@ class Progress:
     epoch: int = 0
     loader: dict[str, Any] = field(default_factory=dict)  # the training loader's position mid-epoch ({}: at a start)
     global_step: int = 0  # optimizer steps done
-    best: float | None = None  # the best checkpoint's checkpoint.monitor
+    best: float | None = None  # the best checkpoint's value of checkpoint.monitor
+    monitor: str = "val/loss"  # which metric `best` is of (resumed with another: the next validation is the best)
     found_batch_size: int = 0  # the global batch that oom.find_batch_size found (0: not searched yet)
     oom_recovery: dict[str, int] = field(default_factory=dict)  # oom.recovery's state: its micro-batch size
 
@@ -44,7 +45,9 @@ class Progress:
         return dict(vars(self))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        vars(self).update(state)
+        if "best_val_loss" in state and "best" not in state:  # a checkpoint from before checkpoint.monitor
+            state = {**state, "best": None if state["best_val_loss"] == inf else state["best_val_loss"]}
+        vars(self).update({key: value for key, value in state.items() if key in vars(self)})
 
 
 def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -236,6 +239,8 @@ def validate(
             f"checkpoint.monitor={monitor}: the validation logs no {monitor} (values as targets: no "
             "accuracy or perplexity); give checkpoint.monitor=val/loss"
         )
+    if progress.monitor != monitor:  # resumed with another checkpoint.monitor: a value of another metric
+        progress.best, progress.monitor = None, monitor
     best = progress.best is None or (value > progress.best if best_mode(monitor) == "max" else value < progress.best)
     if best:
         progress.best = value

@@ -7,37 +7,55 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+
 from ..errors import Interrupted, TrainingStopped
-from ..parallel.launcher import PACKAGE
+from ..parallel.launcher import PACKAGE, die_with_parent
 from ..runtime.run_folder import HELD_BY_THE_COMMAND
 
 # The presets that run one process per device, started by a launcher (their config's header says which).
 LAUNCHED_PRESETS = ("ddp", "fsdp", "model_parallel", "pipeline")
 
 
-def start_processes(processes: int, run_dir: Path, run_id: str, overrides: list[str]) -> None:
+def start_processes(processes: int, run_dir: Path, run_id: str) -> None:
     """`strategy=ddp trainer.devices=N` (fsdp, model_parallel, pipeline too) typed without a launcher: the N
-    processes of this machine under torchrun (what `accelerate launch` starts too), each running this command
-    (`overrides`: its job's, one job of a --multirun) in this run folder, which this process holds for them; returns
-    when they end. Raises TrainingStopped when one failed (its
+    processes of this machine under torchrun (what `accelerate launch` starts too), each running this job's command
+    in this run folder, which this process holds for them; returns when they end. Ctrl-C, or SIGTERM (`kill PID`),
+    is passed on as a Ctrl-C: the processes save and stop (Interrupted). Raises TrainingStopped when one failed (its
     error is in the output above). Restarts (torchrun --max-restarts) and several machines: torchrun itself."""
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
     here = [f"hydra.run.dir={run_dir}", f"run_id={run_id}"]  # (after the command's: the last value is taken)
     env = {**os.environ, HELD_BY_THE_COMMAND: str(run_dir), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's value, set here: it prints a banner when it sets it
-    launcher = subprocess.Popen([*torchrun, "-m", f"{PACKAGE}.train", *overrides, *here], env=env)
-    asked: list[int] = []  # Ctrl-C: torchrun passes it on (the terminal's reaches it too); the processes save, stop
+    # A session of its own: the terminal's Ctrl-C reaches this process alone, which passes it on once (torchrun given
+    # a second one stopped the processes with SIGTERM before they saved). It dies with this process (kill -9).
+    command = [*torchrun, "-m", f"{PACKAGE}.train", *this_job(), *here]
+    launcher = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=die_with_parent)
+    asked: list[int] = []
 
     def pass_on(signum: int, frame: object) -> None:
         asked.append(signum)
-        launcher.send_signal(signum)
+        launcher.send_signal(signal.SIGINT)  # (a second one: the processes stop at once, as a second Ctrl-C does)
 
-    previous = signal.signal(signal.SIGINT, pass_on)
+    previous = {stop: signal.signal(stop, pass_on) for stop in (signal.SIGINT, signal.SIGTERM)}
     try:
         code = launcher.wait()
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for stop, handler in previous.items():
+            signal.signal(stop, handler)
     if asked:  # the first process said how to continue (torchrun's own report of the signal follows it)
         raise Interrupted("")
     if code:
         raise TrainingStopped(f"a training process failed (torchrun exit code {code}; its error is above)")
+
+
+def this_job() -> list[str]:
+    """This job's command line for the processes: as typed (with --config-dir, --config-name and hydra.* overrides),
+    or, one job of a --multirun, its own overrides and the config it was composed from."""
+    hydra = HydraConfig.get()
+    if hydra.mode == RunMode.RUN:
+        return sys.argv[1:]
+    folders = [source.path for source in hydra.runtime.config_sources if source.provider == "command-line"]
+    where = [f"--config-dir={folder.removeprefix('file://')}" for folder in folders]
+    return [*where, f"--config-name={hydra.job.config_name}", *hydra.overrides.task]

@@ -29,6 +29,7 @@ from ..data.loading import (
     check_position,
     first_sample,
     per_device_batch_size,
+    targets_are_values,
 )
 from ..errors import ConfigError, Interrupted, said_once, unused_parameters
 from ..models.activation_checkpointing import check_activation_checkpointing, checkpoint_blocks
@@ -95,8 +96,7 @@ def train(cfg: DictConfig) -> None:
             print(f"check_only: the command passes its checks ({counted}); nothing was trained")
         return
     if strategy.name in LAUNCHED_PRESETS and processes > int(os.environ.get("WORLD_SIZE", 1)):
-        overrides = list(HydraConfig.get().overrides.task)
-        start_processes(processes, run_dir, cfg.run_id, overrides)  # trainer.devices=N typed without a launcher
+        start_processes(processes, run_dir, cfg.run_id)  # trainer.devices=N typed without a launcher
         return
 
     def process() -> None:  # a named function: notebook_launcher (ddp_spawn) needs one
@@ -162,7 +162,12 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     if devices in ("auto", -1):  # every visible GPU, as in Lightning (1 on CPU)
         devices = max(torch.cuda.device_count(), 1)
     if launched == 1 and preset in LAUNCHED_PRESETS and int(devices) > 1 and detect_launcher() is None:
-        launched = int(devices)  # trainer.devices=N without a launcher: train() starts them (launching.py)
+        if cfg.trainer.num_nodes > 1:
+            raise ConfigError(
+                f"trainer.num_nodes={cfg.trainer.num_nodes}: this command starts the processes of one machine; for "
+                "several, start torchrun on each (launch/torchrun_multinode.sh, docs/many-machines.md)"
+            )
+        launched = int(devices)  # trainer.devices=N without a launcher: train() starts them (engine/torchrun.py)
     processes = strategy.processes(launched, devices)
     check_async(cfg.checkpoint.get("async", False), preset, strategy.writes_checkpoint_parts)
     with torch.device("meta"):  # shapes and hooks only: the real net is built in each process
@@ -186,10 +191,10 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     if unsynchronised and (note := unsynchronised_note(net, replicas)) and is_first_process():
         print(note, file=sys.stderr)
     check_input(net, data)  # e.g. model=gpt with data that is not token ids, or uint8 images
+    check_monitor(cfg.checkpoint.monitor, targets_are_values(data))
     check_output(net, data, loss_fn, micro)  # what the loss can take, for the data's targets (`net` on meta: shapes)
     check_activation_checkpointing(net, cfg.activation_checkpointing)
     check_optimization(cfg, build(cfg.model.optimizer), build(cfg.scheduler))
-    check_monitor(cfg.checkpoint.monitor)
     for limit in ("limit_train_batches", "limit_val_batches", "limit_test_batches"):
         check_limit(limit, cfg.trainer[limit])
     if (limit := cfg.trainer.limit_train_batches) is not None:

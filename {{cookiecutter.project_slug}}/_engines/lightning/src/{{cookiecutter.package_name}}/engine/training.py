@@ -30,6 +30,7 @@ from ..data.loading import (
     check_position,
     first_sample,
     per_device_batch_size,
+    targets_are_values,
 )
 from ..errors import ConfigError, Interrupted, said_once, spawned_failure, unused_parameters
 from ..models.activation_checkpointing import check_activation_checkpointing
@@ -184,7 +185,7 @@ def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningD
             "data.shuffle=false"
         )
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # (the seed is in the config it logs)
-    check_monitor(cfg.checkpoint.monitor)
+    check_monitor(cfg.checkpoint.monitor)  # (the name; the targets' kind once the data is built)
 
     check_optimization(
         cfg, build(cfg.model.optimizer), build(cfg.scheduler)
@@ -291,6 +292,7 @@ def check_model_and_data(
         check_epoch_batches(trainer.limit_train_batches, batches, trainer.accumulate_grad_batches)
         check_validation_in_epoch(trainer, batches)
     check_input(model.net, datamodule.data)  # e.g. model=gpt with data that is not token ids, or uint8 images
+    check_monitor(cfg.checkpoint.monitor, targets_are_values(datamodule.data))
     with torch.device("meta"):  # what the loss can take, for the data's targets: a forward on shapes alone
         shapes_only = build(cfg.model.net)
     micro = per_device_batch_size(cfg.data.batch_size, data_parallel_size(trainer), trainer.accumulate_grad_batches)
