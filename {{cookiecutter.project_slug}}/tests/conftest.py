@@ -252,6 +252,11 @@ COMMAND_LINE_REFUSALS = [
     # Lightning's words named neither the setting nor what is valid
     (["trainer.devices=two"], "trainer.devices=two is not a device count; valid: 1, 2, ..., or auto (or -1)"),
     (["hydra/launcher=joblib"], "unknown hydra/launcher 'joblib'; valid: basic"),  # Hydra's: ten lines, exit 1
+    (  # regression targets log no accuracy: refused at the first validation, after an epoch of training
+        ["data=custom", "data.dataset._target_=custom_dataset.Values", "+data.dataset.size=96", "data.num_classes=1"]
+        + ["data.num_features=6", "data.batch_size=32", "checkpoint.monitor=val/acc"],
+        "checkpoint.monitor=val/acc, but the data's targets are values (a regression), whose validation logs val/loss",
+    ),
 ]
 COMMAND_LINE_REFUSAL_IDS = [
     "data-setting-nothing-takes",
@@ -287,6 +292,7 @@ COMMAND_LINE_REFUSAL_IDS = [
     "epoch-limit-of-no-batch",
     "devices-that-are-not-a-count",
     "hydra-group-choice",
+    "accuracy-monitor-of-a-regression",
 ]
 
 

@@ -12,6 +12,7 @@ from restarts import RESTARTABLE, STEPS, losses_by_step, run_in
 from wandb_records import offline_runs, sync_dry_run
 
 from {{ cookiecutter.package_name }}.engine.checkpoints import load_trained
+from {{ cookiecutter.package_name }}.engine.loop import Progress
 
 pytestmark = pytest.mark.slow
 
@@ -108,3 +109,17 @@ def test_ctrl_c_stops_the_processes_ddp_spawn_started_in_one_line(tmp_path, trai
         "SIGINT: the 2 processes stopped at once (ddp_spawn's processes save no checkpoint on a stop); continue from "
         "the last one with the same command plus run_id=run (or run_id=last)"
     )
+
+
+def test_where_the_loop_stood_is_read_from_older_checkpoints_and_keeps_its_best_by_metric():
+    """A checkpoint of before checkpoint.monitor (best_val_loss) keeps its best val/loss; Progress.best belongs to
+    the metric it was of: resumed with another checkpoint.monitor, validate() starts that metric's best afresh."""
+    older = Progress()
+    older.load_state_dict({"epoch": 1, "global_step": 8, "best_val_loss": 0.25, "loader": {}})
+    assert (older.epoch, older.best, older.monitor) == (1, 0.25, "val/loss") and "best_val_loss" not in vars(older)
+    fresh = Progress()
+    fresh.load_state_dict({"best_val_loss": float("inf")})
+    assert fresh.best is None
+    again = Progress()
+    again.load_state_dict(older.state_dict())
+    assert again.state_dict() == older.state_dict()
