@@ -78,11 +78,24 @@ def ctrl_c(processes: int = 1, announce: bool = True) -> Iterator[Interrupt]:
         interrupt.restore()
 
 
-def interrupted(step: int, checkpoint: Path | str) -> Interrupted:
-    return Interrupted(
-        f"interrupted after step {step}, saved in {checkpoint}: continue with the same command plus "
-        f"run_id={Path(checkpoint).resolve().parents[1].name} (or run_id=last)"
-    )
+def interrupted(step: int, checkpoint: Path | str, run_id: str) -> Interrupted:
+    return Interrupted(f"interrupted after step {step}, saved in {checkpoint}: {how_to_continue(run_id)}")
+
+
+def how_to_continue(run_id: str) -> str:
+    """The same command with its run id (the folder's name was a --multirun job's number, which started a new
+    sweep); run_id=last finds single runs only."""
+    if in_a_sweep():
+        return f"continue with the same command plus run_id={run_id} (each job of the sweep from its last checkpoint)"
+    return f"continue with the same command plus run_id={run_id} (or run_id=last)"
+
+
+def in_a_sweep() -> bool:
+    """Whether this training is one job of a --multirun."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def mark_finished(run_dir: Path, finished: bool) -> None:

@@ -12,6 +12,7 @@ from hydra.types import RunMode
 
 from ..errors import Interrupted, TrainingStopped
 from ..parallel.launcher import PACKAGE, die_with_parent
+from ..runtime.interrupt import how_to_continue
 from ..runtime.run_folder import HELD_BY_THE_COMMAND
 
 # The presets that run one process per device, started by a launcher (their config's header says which).
@@ -44,8 +45,8 @@ def start_processes(processes: int, run_dir: Path, run_id: str) -> None:
     finally:
         for stop, handler in previous.items():
             signal.signal(stop, handler)
-    if asked:  # the first process said how to continue (torchrun's own report of the signal follows it)
-        raise Interrupted("")
+    if asked:  # said again last, after torchrun's report of the signal (a second Ctrl-C: the only saying)
+        raise Interrupted(f"interrupted: {how_to_continue(run_id)}, from its last checkpoint")
     if code:
         raise TrainingStopped(f"a training process failed (torchrun exit code {code}; its error is above)")
 

@@ -297,7 +297,8 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
         checkpoints.finish()  # a checkpoint still being written (checkpoint.async=true): in place, `last` on it
         if stopped is not None:  # Ctrl-C: saved, stopped; say how to continue
             failed = False
-            raise interrupted(stopped, checkpoints.last) if accelerator.is_main_process else Interrupted("")
+            said = interrupted(stopped, checkpoints.last, cfg.run_id)
+            raise said if accelerator.is_main_process else Interrupted("")
         test_batches = batches(cfg.trainer.limit_test_batches, len(loaders["test"])) if "test" in loaders else 0
         if cfg.test_after_fit and test_batches:  # data=files: the test split is optional
             step, best = progress.global_step, checkpoints.folder / "best"

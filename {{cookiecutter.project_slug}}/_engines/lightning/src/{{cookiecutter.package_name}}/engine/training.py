@@ -138,7 +138,7 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
         if resume and resume.interrupted_at is not None:  # Ctrl-C: saved, stopped; say how to continue
             failed = False
             last = run_dir / "checkpoints" / LAST
-            raise interrupted(resume.interrupted_at, last) if trainer.is_global_zero else Interrupted("")
+            raise interrupted(resume.interrupted_at, last, cfg.run_id) if trainer.is_global_zero else Interrupted("")
         if preset() == "ddp_spawn" and (run_dir / "checkpoints" / LAST).is_file():  # (a folder: another preset's)
             restore_loop_counters(trainer, run_dir / "checkpoints" / LAST)
         if cfg.test_after_fit and "test" in datamodule.data.split_names:  # data=files: test is optional
