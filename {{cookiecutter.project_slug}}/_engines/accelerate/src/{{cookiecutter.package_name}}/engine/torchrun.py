@@ -47,6 +47,10 @@ def start_processes(processes: int, run_dir: Path, run_id: str) -> None:
             signal.signal(stop, handler)
     if asked:  # said again last, after torchrun's report of the signal (a second Ctrl-C: the only saying)
         raise Interrupted(f"interrupted: {how_to_continue(run_id)}, from its last checkpoint")
+    if code < 0:  # torchrun itself killed (its processes die with it)
+        raise TrainingStopped(
+            f"torchrun was stopped by signal {-code}: {how_to_continue(run_id)}, from its last checkpoint"
+        )
     if code:
         raise TrainingStopped(f"a training process failed (torchrun exit code {code}; its error is above)")
 

@@ -81,22 +81,25 @@ def train(cfg: DictConfig) -> None:
     configure_allocator()  # before anything initialises CUDA
     # A restart continues from the run's last checkpoint; checkpoints of another training are refused.
     cfg.ckpt_path, cfg.resume = starting_point(run_dir, cfg, run_dir / "checkpoints" / "last")
-    strategy, processes, recovery = check_config(cfg, launched=int(os.environ.get("WORLD_SIZE", 1)))
+    launched = int(os.environ.get("WORLD_SIZE", 1))
+    strategy, processes, recovery = check_config(cfg, launched)
+    starts_them = strategy.name in LAUNCHED_PRESETS and processes > launched  # trainer.devices=N without a launcher
     last = run_dir / "checkpoints" / "last"
     given = bool(cfg.ckpt_path)
     start = Path(cfg.ckpt_path) if given else last if cfg.resume and last.exists() else None
     strategy.check_resume(start, processes, given)
     if start:
         limits = cfg.trainer.max_epochs, cfg.trainer.max_steps
-        if (note := check_not_past_the_end(start, *trained_so_far(start), *limits, given)) and is_first_process():
+        note = check_not_past_the_end(start, *trained_so_far(start), *limits, given)
+        if note and is_first_process() and not starts_them:  # (the processes it starts say it)
             print(note)
     if cfg.check_only:
         counted = f"{processes} process{'es' if processes > 1 else ''}"
         if is_first_process():  # (every launched process checks)
             print(f"check_only: the command passes its checks ({counted}); nothing was trained")
         return
-    if strategy.name in LAUNCHED_PRESETS and processes > int(os.environ.get("WORLD_SIZE", 1)):
-        start_processes(processes, run_dir, cfg.run_id)  # trainer.devices=N typed without a launcher
+    if starts_them:
+        start_processes(processes, run_dir, cfg.run_id)  # under torchrun (engine/torchrun.py)
         return
 
     def process() -> None:  # a named function: notebook_launcher (ddp_spawn) needs one
