@@ -337,6 +337,8 @@ def test_a_typo_is_told_its_setting_and_a_finished_run_the_limit_that_ended_it(t
         check_overrides(["trainer.gradient_accumulation_steps=2"], "train")
     with pytest.raises(ConfigError, match="top-level resume_from_checkpoint; this project's name for it: ckpt_path"):
         check_overrides(["+resume_from_checkpoint=x"], "train")
+    with pytest.raises(ConfigError, match=r"^unknown setting model.net.batch_size \(to add a new key"):
+        check_overrides(["model.net.batch_size=4"], "train")  # a net of yours may take it: no other name told
     (tmp_path / "config.yaml").write_text("trainer:\n  max_epochs: 3\n  max_steps: 6\n")
     assert ending_limit(tmp_path) == "trainer.max_steps"
     (tmp_path / "config.yaml").write_text("trainer:\n  max_epochs: 3\n  max_steps: -1\n")

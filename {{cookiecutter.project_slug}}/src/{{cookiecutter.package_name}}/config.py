@@ -218,7 +218,7 @@ def check_setting(override: Override, keys: dict[str, Any], groups: set[str], re
             raise ConfigError(f"~{key}: there is no setting {key} to remove{hint}")
         if lightning_only := _lightning_only(key, keys):
             raise ConfigError(lightning_only)
-        hint = hint or ("" if _takes_arguments(key.rpartition(".")[0], keys) else _named_here(key))  # (a net's own)
+        hint = hint or ("" if key.startswith(("model.net.", "data.dataset.")) else _named_here(key))  # (yours: theirs)
         if _takes_arguments(key.rpartition(".")[0], keys) and not hint:  # (a typo: not a key to add)
             raise ConfigError(f"unknown setting {key} (to add a new key: +{key}=...)")
         raise ConfigError(f"unknown setting {key}{hint or _other_engines(key)}")
