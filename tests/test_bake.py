@@ -57,6 +57,8 @@ def expected_files(package: str, engine: str) -> set[str]:
         f"src/{package}/configs/model/classifier.yaml",
         f"src/{package}/configs/model/gpt.yaml",
         f"src/{package}/configs/scheduler/constant.yaml",
+        f"src/{package}/configs/oom/none.yaml",
+        f"src/{package}/configs/oom/toolkit.yaml",
         f"src/{package}/configs/scheduler/cosine.yaml",
         f"src/{package}/configs/search/default.yaml",
         f"src/{package}/configs/search/gpt.yaml",
@@ -189,8 +191,6 @@ def expected_files(package: str, engine: str) -> set[str]:
     if engine == "accelerate":
         return shared | {
             "launch/multi_process.yaml",
-            f"src/{package}/configs/oom/none.yaml",
-            f"src/{package}/configs/oom/toolkit.yaml",
             f"src/{package}/engine/evaluation.py",
             f"src/{package}/engine/loop.py",
             f"src/{package}/engine/oom/__init__.py",
@@ -211,14 +211,9 @@ def expected_files(package: str, engine: str) -> set[str]:
         }
     return shared | {
         f"src/{package}/engine/strategies/sharded_checkpoints.py",
-        f"src/{package}/configs/callbacks/batch_size_finder.yaml",
         f"src/{package}/configs/callbacks/checkpoint.yaml",
         f"src/{package}/configs/callbacks/default.yaml",
-        f"src/{package}/configs/callbacks/device_memory.yaml",
-        f"src/{package}/configs/callbacks/item_logger.yaml",
         f"src/{package}/configs/callbacks/none.yaml",
-        f"src/{package}/configs/callbacks/oom.yaml",
-        f"src/{package}/configs/callbacks/oom_recovery.yaml",
         f"src/{package}/configs/callbacks/progress_bar.yaml",
         f"src/{package}/engine/callbacks/__init__.py",
         f"src/{package}/engine/callbacks/batch_size_finder.py",
@@ -226,6 +221,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         f"src/{package}/engine/callbacks/epoch_metrics.py",
         f"src/{package}/engine/callbacks/item_logger.py",
         f"src/{package}/engine/callbacks/oom_recovery.py",
+        f"src/{package}/engine/callbacks/oom_toolkit.py",
         f"src/{package}/engine/callbacks/progress_bar.py",
         f"src/{package}/engine/datamodule.py",
         f"src/{package}/engine/lightning_private.py",

@@ -257,6 +257,45 @@ COMMAND_LINE_REFUSALS = [
         + ["data.num_features=6", "data.batch_size=32", "checkpoint.monitor=val/acc"],
         "checkpoint.monitor=val/acc, but the data's targets are values (a regression), whose validation logs val/loss",
     ),
+    # The OOM toolkit (configs/oom/, read by both engines): a value that would have failed mid-training, a preset that
+    # cannot run a part of it (a process out of memory would leave the others waiting)
+    (["oom=lots"], "unknown oom 'lots'; valid: none, toolkit"),
+    (  # (oom=none's recovery is null)
+        ["oom.recovery.policy=skip"],
+        "unknown setting oom.recovery.policy; oom.recovery is null (off) in this oom preset; the presets: none, toolkit",
+    ),
+    (["oom=toolkit", "oom.recovery.policy=halve"], "oom.recovery.policy=halve is unknown; valid: skip, split"),
+    (["oom.batch_size_finder.margin=1.5"], "oom.batch_size_finder.margin=1.5: give a fraction in [0, 1), e.g. 0.1"),
+    (
+        ["oom.find_batch_size=true", "oom.batch_size_finder.lr_scaling=cubic"],
+        "oom.batch_size_finder.lr_scaling=cubic is unknown; valid: none, linear, sqrt",
+    ),
+    (
+        ["oom=toolkit", "trainer.accumulate_grad_batches=2"],
+        "oom.recovery runs the backward itself: use trainer.accumulate_grad_batches=1, or turn it off with "
+        "oom.recovery=null",
+    ),
+    (
+        ["strategy=pipeline", "trainer.accelerator=cpu", "trainer.devices=2", "oom=toolkit"],
+        "oom.recovery works under strategy=single|ddp|ddp_spawn, not strategy=pipeline (its schedule already runs "
+        "each batch as strategy.microbatches micro-batches; raise that instead); turn it off with oom.recovery=null",
+    ),
+    (
+        ["strategy=model_parallel", "trainer.accelerator=cpu", "trainer.devices=2", "oom=toolkit"],
+        "oom.recovery works under strategy=single|ddp|ddp_spawn, not strategy=model_parallel (its forward is a",
+    ),
+    (
+        ["strategy=fsdp", "trainer.accelerator=cpu", "trainer.devices=2", "oom=toolkit"],
+        "oom.recovery works under strategy=single|ddp|ddp_spawn, not strategy=fsdp (each layer's forward gathers",
+    ),
+    (
+        ["strategy=dp", "trainer.accelerator=cpu", "oom=toolkit"],
+        "oom.recovery works under strategy=single|ddp|ddp_spawn, not strategy=dp (its replicas run in threads",
+    ),
+    (
+        ["strategy=pipeline", "trainer.accelerator=cpu", "trainer.devices=2", "oom.find_batch_size=true"],
+        "oom.find_batch_size works under strategy=single|ddp|ddp_spawn",  # (Accelerate: |dp, whose trials split)
+    ),
 ]
 COMMAND_LINE_REFUSAL_IDS = [
     "data-setting-nothing-takes",
@@ -293,6 +332,17 @@ COMMAND_LINE_REFUSAL_IDS = [
     "devices-that-are-not-a-count",
     "hydra-group-choice",
     "accuracy-monitor-of-a-regression",
+    "unknown-oom",
+    "a-setting-of-a-part-that-is-off",
+    "unknown-recovery-policy",
+    "finder-margin-not-a-fraction",
+    "unknown-lr-scaling",
+    "recovery-with-accumulation",
+    "recovery-under-pipeline",
+    "recovery-under-model-parallel",
+    "recovery-under-fsdp",
+    "recovery-under-dp",
+    "finder-under-pipeline",
 ]
 
 

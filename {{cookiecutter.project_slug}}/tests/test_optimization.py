@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from conftest import PARITY, QUICK, TOLERANCE, K, unsplit_net
-from engine_specific import DDP, OOM_RECOVERY, OOM_TOOLKIT, OPTIMIZATION_REFUSALS, best_step, launcher_of, optimizer_of
+from engine_specific import DDP, OPTIMIZATION_REFUSALS, best_step, launcher_of, optimizer_of
 from hydra import compose, initialize_config_dir
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
@@ -179,12 +179,12 @@ BAD_INPUT = [
         "data-parallel replicas, so a positive multiple of 6; nearest valid: 60 or 66",
     ),
     (
-        ["strategy=ddp_spawn", "trainer.devices=2", "trainer.accelerator=cpu", "model.net.norm=batch", OOM_TOOLKIT],
+        ["strategy=ddp_spawn", "trainer.devices=2", "trainer.accelerator=cpu", "model.net.norm=batch", "oom=toolkit"],
         "cannot run with BatchNorm synchronised over the processes",
     ),
     (  # one process, BatchNorm not synchronised: a split step would still normalise each micro-batch alone
-        ["strategy=single", "trainer.accelerator=cpu", "model.net.norm=batch", OOM_TOOLKIT],
-        f"{OOM_RECOVERY}.policy=split cannot keep the optimisation with BatchNorm",
+        ["strategy=single", "trainer.accelerator=cpu", "model.net.norm=batch", "oom=toolkit"],
+        "oom.recovery.policy=split cannot keep the optimisation with BatchNorm",
     ),
     (
         ["strategy=dp", "trainer.devices=2", "activation_checkpointing=full"],

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import pytest
 import torch
 from conftest import QUICK, TOLERANCE, Run, make_runner
-from engine_specific import FIND_BATCH_SIZE, MEMORY
 from layouts import LAYOUTS, PRECISIONS, REFUSED, Layout, command
 
 pytestmark = [pytest.mark.slow, pytest.mark.gpu]
@@ -96,7 +95,7 @@ def run_row(runner, layout: Layout, precision: str) -> Result:
     overrides, launcher = command(layout)
     start = time.perf_counter()
     exact = ["tf32=false"] if precision == "32-true" else []  # fp32 parity: no TF32 matmuls on the GPU
-    run = runner(*TABLE, *MEMORY, *overrides, f"trainer.precision={precision}", *exact, launcher=launcher)
+    run = runner(*TABLE, "oom.log_memory=true", *overrides, f"trainer.precision={precision}", *exact, launcher=launcher)
     return read(run, time.perf_counter() - start)
 
 
@@ -148,7 +147,8 @@ def test_the_batch_size_search_meets_a_real_cuda_out_of_memory(runner, table_row
     capped = ["model.net._target_=simulated_oom.MemoryCappedMLP", f"+model.net.cuda_mib={CAP_MIB}"]
     start = time.perf_counter()
     run = runner(
-        *QUICK, "strategy=single", "trainer.accelerator=gpu", "trainer.precision=32-true", *FIND_BATCH_SIZE, *capped,
+        *QUICK, "strategy=single", "trainer.accelerator=gpu", "trainer.precision=32-true", *capped,
+        "oom.log_memory=true", "oom.find_batch_size=true",
         "model.net.hidden=1024",  # ~0.5 GiB of weights, gradients and AdamW state: the rest fits ~3000 samples
         # Plain segments, which the allocator's memory cap is known to bound, not the default expandable ones.
         env=dict.fromkeys(("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"), "expandable_segments:False"),

@@ -44,7 +44,7 @@ from rich.table import Table
 
 from .config import register_resolvers, run_cli
 from .data.loading import Data
-from .engine.launching import batch_size_finder_overrides, train_command
+from .engine.launching import train_command
 from .errors import ConfigError, fail
 from .models.activation_checkpointing import MODES, check_activation_checkpointing
 from .parallel.pipelining import LOOPED, SCHEDULES, bubble_fraction, check_stages_per_process
@@ -222,7 +222,7 @@ def memory(cfg: DictConfig, overrides: list[str], run_dir: Path, console: Consol
         row = measure(times, 1, cfg.data.batch_size, None, cfg, parameters, peak, tokens)
         row = {"activation_checkpointing": mode, **{k: v for k, v in row.items() if k in MEMORY_COLUMNS}}
         if cfg.bench.find_batch:
-            finder = batch_size_finder_overrides(cfg.bench.max_batch_size)
+            finder = ["oom.find_batch_size=true", f"oom.batch_size_finder.max_batch_size={cfg.bench.max_batch_size}"]
             found = run_point(
                 cfg, "single", 1, cfg.data.batch_size, None, [*settings, *finder], run_dir, name=f"{mode}-find_batch",
                 steps=1, train_size=2 * max(cfg.bench.max_batch_size, cfg.data.batch_size),

@@ -49,7 +49,9 @@ def check_group_choices(overrides: list[str]) -> None:
             continue
         for value in _sweep_values(override, [choice]):
             if value not in choices:
-                raise ConfigError(f"unknown {group} {value!r}; valid: {', '.join(choices) or 'none'}")
+                toolkit = group == "callbacks" and value in OOM_TOOLKIT_PARTS
+                moved = "; the OOM toolkit is oom=toolkit (configs/oom/)" if toolkit else ""
+                raise ConfigError(f"unknown {group} {value!r}; valid: {', '.join(choices) or 'none'}{moved}")
 
 
 def hydra_group_options(group: str) -> list[str]:
@@ -173,9 +175,11 @@ def _compose(config_name: str, overrides: list[str], args: list[str], **kwargs: 
         raise ConfigError(f"{' '.join(args)}: {str(err).strip().splitlines()[0]}") from None
 
 
-# Each engine's config group for the same thing, by the other engine's name: `oom=toolkit` in a Lightning project
-# (callbacks=oom there) made a top-level key that nothing reads.
-OTHER_ENGINE_GROUPS = {"oom": "callbacks", "callbacks": "oom"}
+# The Lightning engine's group that the Accelerate engine has not, by the group that does its job there:
+# `+callbacks=...` in an Accelerate project made a top-level key that nothing reads.
+OTHER_ENGINE_GROUPS = {"callbacks": "oom"}
+# A Lightning user's guess that the OOM toolkit's parts are callback presets (`callbacks=oom`): where they are.
+OOM_TOOLKIT_PARTS = {"oom", "oom_recovery", "item_logger", "device_memory", "batch_size_finder", "memory"}
 
 
 # Arguments of Lightning's Trainer that the Accelerate engine's loop has no counterpart of, said so in that engine (a
@@ -219,6 +223,7 @@ def check_setting(override: Override, keys: dict[str, Any], groups: set[str], re
         if lightning_only := _lightning_only(key, keys):
             raise ConfigError(lightning_only)
         hint = hint or ("" if key.startswith(("model.net.", "data.dataset.")) else _named_here(key))  # (yours: theirs)
+        hint = hint or _off_in_this_preset(key, keys)
         if _takes_arguments(key.rpartition(".")[0], keys) and not hint:  # (a typo: not a key to add)
             raise ConfigError(f"unknown setting {key} (to add a new key: +{key}=...)")
         raise ConfigError(f"unknown setting {key}{hint or _other_engines(key)}")
@@ -260,7 +265,7 @@ READ = {"data", "trainer"}
 def _check_added(key: str, keys: dict[str, Any], read: str, node: bool) -> None:
     """Refuse `+KEY=...` that nothing would read: a top-level key or node, a checkpoint setting, a key the logger
     does not pass on to wandb, a callback that is not a node, unless an interpolation reads it (`+base=0.1
-    model.optimizer.lr=${base}`). Taken in, it was dropped without a word (`+oom=toolkit` in a Lightning project),
+    model.optimizer.lr=${base}`). Taken in, it was dropped without a word (`+callbacks=oom` in an Accelerate project),
     or a traceback once the run folder was made (`+logger.foo=1`). (Classes built from a node refuse an argument they
     do not take when built; the Accelerate loop refuses the trainer, model and oom settings it does not read.)"""
     parent, _, name = key.rpartition(".")
@@ -352,6 +357,18 @@ def _named_here(key: str) -> str:
     return f"; this project's name for it: {here}" if here and not here.startswith(key) else ""
 
 
+def _off_in_this_preset(key: str, keys: dict[str, Any]) -> str:
+    """ "; NODE is null (off) in this GROUP preset; ..." for a key under a node the chosen preset leaves null
+    (`oom.recovery.policy=skip` with oom=none); else ""."""
+    parts = key.split(".")
+    for end in range(len(parts) - 1, 0, -1):
+        node = ".".join(parts[:end])
+        if node in keys and keys[node] is None and (CONFIG_DIR / parts[0]).is_dir():
+            presets = sorted(path.stem for path in (CONFIG_DIR / parts[0]).glob("*.yaml"))
+            return f"; {node} is null (off) in this {parts[0]} preset; the presets: {', '.join(presets)}"
+    return ""
+
+
 def _other_engines(key: str) -> str:
     other = OTHER_ENGINE_GROUPS.get(key.partition(".")[0])
     if not other or not (CONFIG_DIR / other).is_dir():
@@ -361,10 +378,10 @@ def _other_engines(key: str) -> str:
 
 
 def _lightning_only(key: str, keys: dict[str, Any]) -> str:
-    """Why the Accelerate engine (the project with an `oom` group, OTHER_ENGINE_GROUPS) has no `key` that Lightning's
+    """Why the Accelerate engine (the project without a `callbacks` group) has no `key` that Lightning's
     Trainer takes; "" otherwise."""
     group, _, name = key.rpartition(".")
-    if group != "trainer" or name not in LIGHTNING_TRAINER_ONLY or not (CONFIG_DIR / "oom").is_dir():
+    if group != "trainer" or name not in LIGHTNING_TRAINER_ONLY or (CONFIG_DIR / "callbacks").is_dir():
         return ""
     reads = ", ".join(sorted(other.partition(".")[2] for other in keys if other.startswith("trainer.")))
     return f"trainer.{name} is a setting of Lightning's Trainer, not of this loop; it reads: {reads}"

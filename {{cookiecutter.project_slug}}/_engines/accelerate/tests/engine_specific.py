@@ -9,8 +9,6 @@ from torch import nn
 from {{ cookiecutter.package_name }}.runtime.optimization import grouped_optimizer
 
 QUIET = ["trainer.enable_progress_bar=false"]  # no progress bar in a test's log
-OOM_TOOLKIT = "oom=toolkit"
-OOM_RECOVERY = "oom.recovery"  # where the OOM recovery's settings are
 LAST = "checkpoints/last"
 SHARDED, MODEL = f"{LAST}/sharded", "model."  # where pipeline and model_parallel's parts are, and the net's entries
 DDP = ["strategy=ddp", "trainer.devices=2"]  # started with accelerate launch --num_processes 2
@@ -49,10 +47,6 @@ def reset_engine_state() -> None:
 
 # tests/old_layout_run: the links a run folder has that the template cannot ship (last -> its newest checkpoint)
 OLD_RUN_LINKS = {"checkpoints/last": "step-0000003"}
-
-# Each device's peak memory logged (the GPU table's last column), and the batch-size search (tests/layouts.py)
-MEMORY = ["oom.log_memory=true"]
-FIND_BATCH_SIZE = ["oom.log_memory=true", "oom.find_batch_size=true"]
 
 
 def kept_checkpoints(run_dir: Path) -> tuple[list[int], int | None]:

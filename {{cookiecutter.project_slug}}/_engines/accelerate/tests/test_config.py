@@ -30,7 +30,6 @@ def test_every_preset_is_documented_and_builds():
 # (overrides, the one error line); each refused before training (conftest's `refused` runs them)
 BAD_INPUT = [
     (["strategy=warp_drive"], "unknown strategy 'warp_drive'; valid: " + ", ".join(PRESETS)),
-    (["oom=lots"], "unknown oom 'lots'; valid: none, toolkit"),
     (["strategy=ddp"], "strategy=ddp needs 2+ processes but this is 1: give trainer.devices=N (this command starts"),
     (
         ["strategy=ddp_spawn", "trainer.devices=2", "data.batch_size=255"],
@@ -48,16 +47,6 @@ BAD_INPUT = [
     ),
     (["strategy=model_parallel"], "strategy=model_parallel (mode=tensor) needs 2+ processes"),
     (["strategy=model_parallel", "strategy.mode=pipes"], "strategy.mode='pipes' is unknown; valid: tensor, layers"),
-    (["strategy=pipeline", "oom.find_batch_size=true"], "oom.find_batch_size works with single, ddp"),
-    (
-        ["strategy=pipeline", "oom=toolkit"],
-        "oom.recovery works under strategy=single|ddp|ddp_spawn, not strategy=pipeline (its schedule already runs "
-        "each batch as strategy.microbatches micro-batches; raise that instead); turn it off with oom.recovery=null",
-    ),
-    (
-        ["strategy=model_parallel", "oom=toolkit"],
-        "oom.recovery works under strategy=single|ddp|ddp_spawn, not strategy=model_parallel (its forward is a",
-    ),
     (
         ["strategy=pipeline", *unsplit_net()],
         "strategy=pipeline needs to know how to split Sequential: add register_split(Sequential, Split(",
@@ -113,7 +102,6 @@ if not torch.cuda.is_available():  # what a machine without GPUs refuses
     ]
 BAD_INPUT_IDS = [
     "unknown-strategy",
-    "unknown-oom",
     "ddp-without-launcher",
     "indivisible-batch",
     "missing-checkpoint",
@@ -122,9 +110,6 @@ BAD_INPUT_IDS = [
     "pipeline-one-stage",
     "tensor-parallel-one-process",
     "unknown-mode",
-    "batch-search-on-pipeline",
-    "recovery-under-pipeline",
-    "recovery-under-model-parallel",
     "pipeline-without-split",
     "model-parallel-without-split",
     "pipeline-of-another-forward",

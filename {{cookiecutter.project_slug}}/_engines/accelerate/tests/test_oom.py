@@ -182,15 +182,19 @@ def test_one_rank_out_of_memory_makes_every_rank_shrink(train):
     """Rank 1 cannot take more than 40 samples; rank 0 could. Both must train with 90% of 40 (accelerate's own
     find_executable_batch_size would shrink rank 1 only, and the ranks would then disagree)."""
     one_rank_40 = ["+model.net.max_batch=40", "+model.net.oom_rank=1"]
-    run = train(*FINDER, "strategy=ddp", *one_rank_40, launcher=accelerate_launch())
+    sqrt = "oom.batch_size_finder.lr_scaling=sqrt"  # the learning rate scaled with the global batch's root
+    run = train(*FINDER, "strategy=ddp", *one_rank_40, sqrt, launcher=accelerate_launch())
     wandb = run.wandb
     assert wandb.metric("batch_size_finder/largest_fitting") == [40]
     assert wandb.metric("batch_size_finder/per_device_batch_size") == [36]
     assert wandb.metric("batch_size_finder/global_batch_size") == [72]
     assert "global batch 128 -> 72 (x0.562): this changes the optimisation" in run.output
     assert len(wandb.metric("train/loss")) == 8192 // 72, "an epoch of global batches of 72"
-    # The schedule spans those 113 steps (built for batches of 128, it would span 64): cosine.yaml's warmup of 10.
-    assert wandb.metric("train/lr") == pytest.approx([expected_cosine(step, 1e-3, 10, 113, 0.1) for step in range(113)])
+    # The schedule spans those 113 steps (built for batches of 128, it would span 64): cosine.yaml's warmup of 10,
+    # from the learning rate lr_scaling=sqrt scaled.
+    assert wandb.metric("batch_size_finder/lr_factor") == pytest.approx([(72 / 128) ** 0.5])
+    lr = 1e-3 * (72 / 128) ** 0.5
+    assert wandb.metric("train/lr") == pytest.approx([expected_cosine(step, lr, 10, 113, 0.1) for step in range(113)])
     # Per-rank memory each epoch, and how uneven it is.
     assert len(wandb.metric("memory/rank0/rss_mb")) == len(wandb.metric("memory/rank1/rss_mb")) == 1
     assert wandb.metric("memory/imbalance")[0] >= 1.0
@@ -208,12 +212,6 @@ def test_the_search_grows_a_batch_that_fits_as_lightnings_does(train):
     assert f"find_batch_size: global batch {int(largest * 0.9)}, found before the restart" in again.output
     assert again.wandb.metric("batch_size_finder/trials") == run.wandb.metric("batch_size_finder/trials"), "once"
     assert again.wandb.steps("train/loss") == [0, 1, 2]
-
-
-@pytest.mark.slow
-def test_presets_whose_forward_is_a_collective_refuse_the_search(train):
-    run = train(*FINDER, "strategy=pipeline", check=False)
-    run.assert_rejected("oom.find_batch_size works with single, ddp, ddp_spawn and dp, not strategy=pipeline")
 
 
 @pytest.mark.slow

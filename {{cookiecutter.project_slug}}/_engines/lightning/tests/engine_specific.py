@@ -6,8 +6,6 @@ from hydra.utils import instantiate
 from torch import nn
 
 QUIET = ["trainer.enable_progress_bar=false"]  # no progress bar in a test's log
-OOM_TOOLKIT = "callbacks=oom"
-OOM_RECOVERY = "callbacks.oom_recovery"  # where the OOM recovery's settings are
 LAST = "checkpoints/last.ckpt"
 SHARDED, MODEL = LAST, "state_dict.net."  # where pipeline and model_parallel's parts are, and the net's entries
 DDP = ["strategy=ddp", "trainer.devices=2"]  # Lightning starts the second process itself
@@ -53,10 +51,6 @@ def reset_engine_state() -> None:
 
 # tests/old_layout_run: the links a run folder has that the template cannot ship (its last checkpoint is a file)
 OLD_RUN_LINKS: dict[str, str] = {}
-
-# Each device's peak memory logged (the GPU table's last column), and the batch-size search (tests/layouts.py)
-MEMORY = ["callbacks=[default,device_memory]"]
-FIND_BATCH_SIZE = ["callbacks=[default,device_memory,batch_size_finder]"]
 
 
 def kept_checkpoints(run_dir: Path) -> tuple[list[int], int | None]:

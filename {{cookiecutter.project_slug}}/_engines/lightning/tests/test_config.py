@@ -113,23 +113,9 @@ BAD_INPUT = [
     ),
     ([*MODEL_PARALLEL, "strategy.mode=pipes"], "strategy.mode='pipes' is unknown; valid: tensor, layers"),
     (
-        ["strategy=pipeline", "trainer.accelerator=cpu", "callbacks=[default,batch_size_finder]"],
-        "BatchSizeFinder works under strategy=single|ddp|ddp_spawn, not strategy=pipeline",
-    ),
-    (
-        ["strategy=dp", "callbacks=[default,batch_size_finder]"],  # its trials would size the batch by GPU 0 alone
-        "BatchSizeFinder works under strategy=single|ddp|ddp_spawn, not strategy=dp; drop it with "
-        "~callbacks.batch_size_finder",
-    ),
-    (["strategy=dp", "callbacks=oom"], "OOMRecovery works under strategy=single|ddp|ddp_spawn, not strategy=dp"),
-    (
-        ["strategy=pipeline", "trainer.accelerator=cpu", "callbacks=oom"],
-        "OOMRecovery works under strategy=single|ddp|ddp_spawn, not strategy=pipeline (its schedule already runs "
-        "each batch as strategy.microbatches micro-batches; raise that instead); drop it with ~callbacks.oom_recovery",
-    ),
-    (
-        [*MODEL_PARALLEL, "trainer.devices=2", "callbacks=oom"],
-        "OOMRecovery works under strategy=single|ddp|ddp_spawn, not strategy=model_parallel (its forward is a",
+        ["strategy=dp", "oom.find_batch_size=true"],
+        "oom.find_batch_size works under strategy=single|ddp|ddp_spawn, not strategy=dp (its trials would run on the "
+        "first GPU alone and size the global batch by it); turn it off with oom.find_batch_size=false",
     ),
     (
         ["strategy=pipeline", "trainer.accelerator=cpu", *unsplit_net()],
@@ -138,10 +124,6 @@ BAD_INPUT = [
     (
         [*MODEL_PARALLEL, "trainer.devices=2", *unsplit_net()],
         "strategy=model_parallel needs to know how to split Sequential: add register_split(Sequential, Split(",
-    ),
-    (
-        ["callbacks=oom", "trainer.accumulate_grad_batches=2"],
-        "OOMRecovery runs the backward itself: use trainer.accumulate_grad_batches=1, or drop it with",
     ),
     (
         ["data.dataset._target_=nope.Nope"],
@@ -165,10 +147,6 @@ BAD_INPUT = [
     (
         ["strategy=fsdp", "trainer.accelerator=cpu", "trainer.devices=2", "strategy.replicas=3"],
         "strategy.replicas=3 must divide the 2 processes: HSDP shards the model within 2 / replicas processes",
-    ),
-    (
-        ["strategy=fsdp", "trainer.accelerator=cpu", "trainer.devices=2", "callbacks=oom"],
-        "OOMRecovery works under strategy=single|ddp|ddp_spawn, not strategy=fsdp (each layer's forward gathers",
     ),
     (
         [
@@ -212,7 +190,10 @@ BAD_INPUT = [
         "model.colour: OOMClassifier takes model.net, model.optimizer, model.no_decay_norms_and_biases and its own: "
         "oom_above,",
     ),
-    (["+oom=toolkit"], "+oom: no part of the training reads a top-level oom (oom is the other engine's config group;"),
+    (  # a Lightning user's guess: the OOM toolkit as callbacks
+        ["callbacks=[oom,batch_size_finder]"],
+        "unknown callbacks 'oom'; valid: checkpoint, default, none, progress_bar; the OOM toolkit is oom=toolkit",
+    ),
     (["+callbacks.stop=1"], "+callbacks.stop: a callback is a node that names its class: +callbacks.stop._target_="),
     (  # the Accelerate engine's data class: a traceback, and a run folder left behind
         ["data._target_={{ cookiecutter.package_name }}.data.loading.Data"],
@@ -252,14 +233,9 @@ BAD_INPUT_IDS = [
     "hidden-not-divisible",
     "gpt-heads-not-divisible",
     "unknown-mode",
-    "finder-under-pipeline",
     "finder-under-dp",
-    "recovery-under-dp",
-    "recovery-under-pipeline",
-    "recovery-under-model-parallel",
     "pipeline-without-split",
     "model-parallel-without-split",
-    "recovery-with-accumulation",
     "dataset-that-does-not-import",
     "validation-inside-an-optimizer-step",
     "pipeline-of-a-forward-that-is-not-its-chain",
@@ -267,7 +243,6 @@ BAD_INPUT_IDS = [
     "unknown-setting",
     "not-true-or-false",
     "fsdp-replicas-not-dividing",
-    "recovery-under-fsdp",
     "pipelines-not-dividing-the-processes",
     "interleaved-microbatches-in-unequal-rounds",
     "more-stages-than-blocks",
@@ -275,7 +250,7 @@ BAD_INPUT_IDS = [
     "module-that-does-not-import",
     "module-that-is-not-a-classifier",
     "module-argument-it-does-not-take",
-    "accelerate-oom-group",
+    "oom-toolkit-as-callbacks",
     "callback-that-is-not-a-node",
     "accelerate-data-class",
     "tensor-parallel-plan-that-changes-the-values",

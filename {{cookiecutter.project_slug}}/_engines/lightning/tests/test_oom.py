@@ -1,4 +1,4 @@
-"""The OOM toolkit (`callbacks=oom`) on CPU, with OOMs simulated deterministically (tests/oom_sim.py).
+"""The OOM toolkit (`oom=toolkit`) on CPU, with OOMs simulated deterministically (tests/oom_sim.py).
 
 Each training checks several things at once: they are the expensive part.
 """
@@ -13,7 +13,6 @@ import lightning as L
 import pytest
 import torch
 from conftest import QUICK, make_runner
-from hydra.utils import instantiate
 from oom_sim import OOMClassifier
 from simulated_oom import simulated_oom
 from test_config import compose_config
@@ -27,6 +26,7 @@ from {{ cookiecutter.package_name }}.engine.callbacks.oom_recovery import OOMRec
 from {{ cookiecutter.package_name }}.engine.checkpoints import ResumeCheckpoint
 from {{ cookiecutter.package_name }}.engine.datamodule import DataModule
 from {{ cookiecutter.package_name }}.engine.module import Classifier
+from {{ cookiecutter.package_name }}.engine.training import build_callbacks
 from {{ cookiecutter.package_name }}.errors import TrainingStopped, spawned_failure
 from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
 from {{ cookiecutter.package_name }}.runtime.memory import is_oom_error, rss_mb, search
@@ -79,14 +79,17 @@ def test_search_respects_the_maximum_and_reports_nothing_fits():
     assert search(lambda n: False, 64, maximum=100)[0] == 0
 
 
-def test_oom_preset_turns_on_the_toolkit_but_not_the_batch_growing_finder(tmp_path):
-    cfg = compose_config(tmp_path, "callbacks=oom", "~callbacks.item_logger")
-    assert set(cfg.callbacks) == {"checkpoint", "last_checkpoint", "progress_bar", "oom_recovery", "device_memory"}
-    callbacks = [instantiate(node) for node in cfg.callbacks.values()]
-    assert len(callbacks) == 5
-    alone = compose_config(tmp_path, "callbacks=[default,oom_recovery]")
-    assert set(alone.callbacks) == {"checkpoint", "last_checkpoint", "progress_bar", "oom_recovery"}
-    assert "batch_size_finder" in compose_config(tmp_path, "callbacks=[oom,batch_size_finder]").callbacks
+def test_the_toolkit_turns_on_its_parts_each_by_its_own_key_and_not_the_batch_growing_finder(tmp_path):
+    def added(*overrides: str) -> set[str]:
+        return {type(callback).__name__ for callback in build_callbacks(compose_config(tmp_path, *overrides))} - base
+
+    base = {type(callback).__name__ for callback in build_callbacks(compose_config(tmp_path))}
+    assert added("oom=toolkit") == {"OOMRecovery", "ItemMetricLogger", "DeviceMemoryMonitor"}
+    assert added("oom=toolkit", "oom.log_loss_mean=false", "oom.recovery=null") == {"DeviceMemoryMonitor"}
+    assert added("oom.find_batch_size=true") == {"BatchSizeFinder"}
+    [recovery] = [c for c in build_callbacks(compose_config(tmp_path, "oom=toolkit", "oom.recovery.policy=skip"))
+                  if isinstance(c, OOMRecovery)]  # fmt: skip
+    assert (recovery.policy, recovery.max_consecutive) == ("skip", 3)
 
 
 # --- in this process, one device: the recovery's memory of a split, backward OOMs, its failure count -----------
@@ -297,11 +300,12 @@ def test_split_survives_an_oom_with_the_losses_of_a_run_without(tmp_path, oom_en
     run = make_runner(tmp_path, oom_env)(
         *BASE,
         *LAYOUTS[layout],
-        "callbacks=[oom,batch_size_finder]",
+        "oom=toolkit",
+        "oom.find_batch_size=true",
         "+model.oom_batches=[2]",
         f"+model.oom_rank={replicas - 1}",
-        f"callbacks.batch_size_finder.max_batch_size={64 // replicas}",  # finds the configured batch again
-        "callbacks.batch_size_finder.margin=0",
+        f"oom.batch_size_finder.max_batch_size={64 // replicas}",  # finds the configured batch again
+        "oom.batch_size_finder.margin=0",
         timeout=240,
     )
     wandb = run.wandb
@@ -324,7 +328,7 @@ def test_split_survives_an_oom_with_the_losses_of_a_run_without(tmp_path, oom_en
 
 
 def oom_stop() -> OutOfMemoryStop:
-    stop = OutOfMemoryStop(3, 5, "skip", "callbacks.oom_recovery.policy")
+    stop = OutOfMemoryStop(3, 5, "skip", "oom.recovery.policy")
     stop.checkpoint = "outputs/default/1/checkpoints/oom-stop.ckpt"
     return stop
 
@@ -354,8 +358,9 @@ def test_finder_then_skip_then_a_clean_stop(tmp_path, oom_env, layout):
     run = make_runner(tmp_path, oom_env)(
         *BASE,
         *LAYOUTS.get(layout, [f"strategy={layout}", "trainer.devices=2"]),
-        "callbacks=[oom,batch_size_finder]",
-        "callbacks.oom_recovery.policy=skip",
+        "oom=toolkit",
+        "oom.find_batch_size=true",
+        "oom.recovery.policy=skip",
         f"+model.oom_above={threshold}",
         "+model.oom_batches=[1,3,4,5]",
         f"+model.oom_rank={replicas - 1}",
@@ -365,7 +370,7 @@ def test_finder_then_skip_then_a_clean_stop(tmp_path, oom_env, layout):
     assert run.returncode == 1 and "Traceback" not in run.output
     # One line, what to try, where the state is (every rank stops alike: ddp's other rank may say it too).
     stop = "error: 3 out-of-memory errors in a row at step 5 (policy skip): the step does not fit in memory; lower "
-    stop += "data.batch_size, or callbacks.oom_recovery.policy=split (the same batch in smaller micro-batches); "
+    stop += "data.batch_size, or oom.recovery.policy=split (the same batch in smaller micro-batches); "
     assert {line for line in run.output.splitlines() if line.startswith("error:")} == {
         stop + f"checkpoint saved to {run.run_dir / 'checkpoints' / 'oom-stop.ckpt'}"
     }
@@ -465,7 +470,7 @@ def test_the_finder_counts_the_gradients_lightning_holds_through_the_next_forwar
     The finder's trials run in that order, so it settles near 200 and the training runs. (Its trials freed the
     gradients after each step: it settled near 300 x 0.9, and the training's second step ran out of memory.)"""
     model = ["model.net._target_=simulated_oom.GradientsHeldMLP", "+model.net.budget=300"]
-    finder = ["callbacks=[default,batch_size_finder]", "trainer.accelerator=cpu", "trainer.max_steps=3"]
+    finder = ["oom.find_batch_size=true", "trainer.accelerator=cpu", "trainer.max_steps=3"]
     run = train(*QUICK, *finder, *model, "+model.net.gradient_units=100")
     [largest] = run.wandb.metric("batch_size_finder/largest_fitting")
     assert 190 <= largest <= 200, "the largest batch whose second step, gradients held, fits"

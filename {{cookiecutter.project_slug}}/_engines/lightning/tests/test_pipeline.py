@@ -165,9 +165,9 @@ def stage_names(stage: int, prefix: str) -> set[str]:
 
 @pytest.mark.slow
 def test_the_item_logger_logs_the_last_stages_loss_means(train, single_losses):
-    """callbacks=[default,item_logger]: train/loss_mean, the mean loss of the steps since the last log, is the last
+    """oom.log_loss_mean=true: train/loss_mean, the mean loss of the steps since the last log, is the last
     stage's (the other stages have no loss on the steps that are not logged: it was NaN)."""
-    overrides = ["strategy=pipeline", "trainer.devices=2", "callbacks=[default,item_logger]"]
+    overrides = ["strategy=pipeline", "trainer.devices=2", "oom.log_loss_mean=true"]
     run = train(*PARITY, *overrides, "trainer.log_every_n_steps=2")
     assert run.wandb.steps("train/loss_mean") == [1, 3, 5]
     expected = [(single_losses[step] + single_losses[step + 1]) / 2 for step in (0, 2, 4)]

@@ -2,15 +2,17 @@
 back, how much memory a process holds. The OOM callbacks (and any other training loop) build on it."""
 
 import gc
+import math
 import os
 import resource
 import sys
 import warnings
 from collections.abc import Callable, MutableMapping, Sequence
+from typing import Any
 
 import torch
 
-from ..errors import TrainingStopped
+from ..errors import ConfigError, TrainingStopped
 
 # Messages of allocators that do not raise torch.OutOfMemoryError (older torch, cuDNN, the CPU allocator).
 OOM_MESSAGES = (
@@ -55,6 +57,13 @@ RECOVERY_REFUSED = {
     "model_parallel": "its forward is a collective: a process out of memory mid-step would leave the others waiting",
     "pipeline": "its schedule already runs each batch as strategy.microbatches micro-batches; raise that instead",
 }
+
+
+# The presets the batch-size search refuses, and why (said in the one-line refusal of either engine).
+FINDER_REFUSED = dict.fromkeys(
+    ("fsdp", "model_parallel", "pipeline"),
+    "its forward is a collective, which a process out of memory would leave the others waiting in",
+)
 
 
 def why_recovery_refuses(preset: str) -> str:
@@ -180,6 +189,47 @@ def search(fits: Callable[[int], bool], start: int, maximum: int, tolerance: flo
         trials += 1
         low, high = (middle, high) if fits(middle) else (low, middle)
     return low, trials
+
+
+# How the batch-size finder scales the learning rate with the global batch (oom.batch_size_finder.lr_scaling): the
+# factor for a global batch `ratio` times the configured one.
+LR_SCALINGS: dict[str, Callable[[float], float]] = {"none": lambda ratio: 1.0, "linear": float, "sqrt": math.sqrt}
+
+
+def check_oom_settings(oom: Any) -> None:
+    """configs/oom/'s values, which both engines read, refused in one line before training (a wrong value would
+    surface as a traceback in the middle of a training, or, for a policy, at its first out-of-memory error)."""
+    recovery, finder = oom.recovery, oom.batch_size_finder
+    if recovery:
+        if unknown := sorted(set(recovery) - {"policy", "max_consecutive", "empty_cache_every_n_epochs"}):
+            raise ConfigError(
+                f"oom.recovery.{unknown[0]} is not a setting; valid: policy, max_consecutive, "
+                "empty_cache_every_n_epochs"
+            )
+        if recovery.get("policy", "split") not in ("skip", "split"):
+            raise ConfigError(f"oom.recovery.policy={recovery.policy} is unknown; valid: skip, split")
+        _at_least("oom.recovery.max_consecutive", recovery.get("max_consecutive", 3), 1)
+        _at_least("oom.recovery.empty_cache_every_n_epochs", recovery.get("empty_cache_every_n_epochs", 0), 0)
+    if unknown := sorted(set(finder) - {"max_batch_size", "margin", "tolerance", "steps_per_trial", "lr_scaling"}):
+        raise ConfigError(
+            f"oom.batch_size_finder.{unknown[0]} is not a setting; valid: max_batch_size, margin, "
+            "tolerance, steps_per_trial, lr_scaling"
+        )
+    _at_least("oom.batch_size_finder.max_batch_size", finder.max_batch_size, 1)
+    _at_least("oom.batch_size_finder.steps_per_trial", finder.steps_per_trial, 1)
+    if not 0 <= finder.margin < 1:
+        raise ConfigError(f"oom.batch_size_finder.margin={finder.margin}: give a fraction in [0, 1), e.g. 0.1")
+    if not 0 <= finder.tolerance < 1:
+        raise ConfigError(f"oom.batch_size_finder.tolerance={finder.tolerance}: give a fraction in [0, 1), e.g. 0.05")
+    if finder.lr_scaling not in LR_SCALINGS:
+        raise ConfigError(
+            f"oom.batch_size_finder.lr_scaling={finder.lr_scaling} is unknown; valid: {', '.join(LR_SCALINGS)}"
+        )
+
+
+def _at_least(key: str, value: Any, least: int) -> None:
+    if not (isinstance(value, int) and not isinstance(value, bool) and value >= least):
+        raise ConfigError(f"{key}={value}: give a whole number, {least} or more")
 
 
 def changed_batch_message(old_global: int, new_global: int, train_samples: int) -> str:

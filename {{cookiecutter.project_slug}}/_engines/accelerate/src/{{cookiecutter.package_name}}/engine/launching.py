@@ -34,11 +34,6 @@ def train_command(
     return [*launch, *target, *overrides]
 
 
-def batch_size_finder_overrides(max_batch_size: int) -> list[str]:
-    """The overrides that turn the batch-size finder on, searching up to `max_batch_size` per device."""
-    return ["oom.find_batch_size=true", f"oom.batch_size_finder.max_batch_size={max_batch_size}"]
-
-
 def trial_command(preset: str, processes: int) -> list[str]:
     """The command line that starts one search trial of `preset` over `processes` processes."""
     if preset not in LAUNCHED_PRESETS:

@@ -151,6 +151,8 @@ def fit(
         else:  # a whole epoch: validate (as Lightning does, not after stopping at max_steps mid-epoch)
             progress.epoch, progress.loader = progress.epoch + 1, {}
             validate(accelerator, cfg, strategy, model, loaders["val"], progress, epoch, checkpoints)
+            if recovery:
+                recovery.epoch_ended(epoch)
             continue
         progress.loader = loader.state_dict()
         checkpoints.save(progress.global_step)  # stopped at trainer.max_steps

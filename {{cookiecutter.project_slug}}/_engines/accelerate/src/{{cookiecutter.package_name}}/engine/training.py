@@ -48,7 +48,7 @@ from ..parallel.sharding import check_layer_devices
 from ..parallel.split import check_chain
 from ..runtime.async_saves import check_async
 from ..runtime.interrupt import ctrl_c, interrupted, mark_finished
-from ..runtime.memory import configure_allocator
+from ..runtime.memory import FINDER_REFUSED, check_oom_settings, configure_allocator
 from ..runtime.metrics import check_monitor
 from ..runtime.optimization import check_optimization, grouped_optimizer, respan
 from ..runtime.precision import resolve_precision, use_tensor_cores
@@ -151,11 +151,18 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
             f"{named or '|'.join(PRECISION)} and leave the launcher's at no"
         )
     strategy: Strategy = build(cfg.strategy)
+    check_oom_settings(cfg.oom)
     if cfg.oom.find_batch_size and not strategy.supports_batch_size_search:
-        raise ConfigError(f"oom.find_batch_size works with single, ddp, ddp_spawn and dp, not strategy={strategy.name}")
+        raise ConfigError(
+            f"oom.find_batch_size works under strategy=single|ddp|ddp_spawn|dp, not strategy={strategy.name} "
+            f"({FINDER_REFUSED[strategy.name]}); turn it off with oom.find_batch_size=false"
+        )
     recovery = OOMRecovery(strategy, **cfg.oom.recovery) if cfg.oom.recovery else None
     if recovery and cfg.trainer.accumulate_grad_batches != 1:
-        raise ConfigError("oom.recovery runs the backward itself: use trainer.accumulate_grad_batches=1")
+        raise ConfigError(
+            "oom.recovery runs the backward itself: use trainer.accumulate_grad_batches=1, or turn it off with "
+            "oom.recovery=null"
+        )
     # Under torchrun or SLURM: the launcher's layout, unless the command line gives one (checked against it).
     preset, overrides = HydraConfig.get().runtime.choices["strategy"], HydraConfig.get().overrides.task
     check_devices(cfg.trainer.accelerator, cfg.trainer.devices, preset)
@@ -182,7 +189,7 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     if recovery and recovery.policy == "split" and uses_batchnorm(net):
         raise ConfigError(micro_batch_split_problem("oom.recovery.policy"))
     if strategy.sync_batchnorm and cfg.oom.find_batch_size:
-        off = ", or leave it off (false)"
+        off = ", or turn it off with oom.find_batch_size=false"
         raise ConfigError(oom_handling_problem("oom.find_batch_size", splits_batches=False) + off)
     replicas = strategy.data_parallel(0, processes)[0]
     micro = per_device_batch_size(cfg.data.batch_size, replicas, accumulation(cfg))
@@ -273,7 +280,7 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
             accelerator.print(f"find_batch_size: global batch {data.batch_size}, found before the restart")
         elif cfg.oom.find_batch_size:
             finder = {**cfg.oom.batch_size_finder, "accumulation": accumulation(cfg)}
-            find_batch_size(accelerator, strategy, model, optimizer, data, replicas, loss_fn, **finder)
+            find_batch_size(accelerator, strategy, model, optimizer, data, replicas, loss_fn, **finder)  # lr scaled
             progress.found_batch_size = data.batch_size
             steps = training_steps(cfg, data, replicas, rank)  # of the batch found
             respan(scheduler, build(cfg.scheduler), steps)

@@ -28,11 +28,6 @@ def train_command(
     return ["python", *target, f"trainer.devices={devices}", *overrides]
 
 
-def batch_size_finder_overrides(max_batch_size: int) -> list[str]:
-    """The overrides that turn the batch-size finder on (its callback), searching up to `max_batch_size` per device."""
-    return ["callbacks=[default,batch_size_finder]", f"callbacks.batch_size_finder.max_batch_size={max_batch_size}"]
-
-
 def trial_command(preset: str, processes: int) -> list[str]:
     """The command line that starts one search trial of `preset` over `processes` processes."""
     return [sys.executable, "-m", TRAIN]  # Lightning starts the other processes of any preset itself

@@ -52,6 +52,7 @@ from ..runtime.resuming import check_not_past_the_end, check_same_mesh, starting
 from ..tracking.wandb_run import finish_wandb, is_first_process, write_atomically
 from .callbacks.batch_size_finder import BatchSizeFinder
 from .callbacks.epoch_metrics import EpochMetricsFile
+from .callbacks.oom_toolkit import oom_callbacks
 from .checkpoints import (
     LAST,
     AnyPresetCheckpointIO,
@@ -230,17 +231,19 @@ def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningD
 
 
 def build_callbacks(cfg: DictConfig) -> list[L.Callback]:
-    """configs/callbacks/ built, each told its config name, and the ones the run's settings add or leave out."""
+    """configs/callbacks/ and the OOM toolkit's (configs/oom/), each told its setting and how to turn it off, and the
+    ones the run's settings add or leave out."""
     callbacks = []
     for name, config in (cfg.callbacks or {}).items():
         callbacks.append(callback := build(config))
-        if callback is not None:
-            callback.config_name = name  # what a refusal tells to drop: ~callbacks.<name>
+        if callback is not None:  # what a refusal names, and tells to drop
+            callback.setting, callback.turn_off = f"callbacks.{name}", f"~callbacks.{name}"
+    callbacks += oom_callbacks(cfg.oom)
     for callback in callbacks if not cfg.logger else []:  # (Lightning finds out once fit has started)
         if isinstance(callback, (LearningRateMonitor, DeviceStatsMonitor)):
             raise ConfigError(
-                f"callbacks.{callback.config_name} ({type(callback).__name__}) logs to the logger, and logger=none "
-                f"gives none: give logger=wandb, or drop it with ~callbacks.{callback.config_name}"
+                f"{callback.setting} ({type(callback).__name__}) logs to the logger, and logger=none gives none: "
+                f"give logger=wandb, or drop it with {callback.turn_off}"
             )
     if not cfg.trainer.enable_progress_bar:  # one switch hides the bar, whichever bar callback is configured
         callbacks = [callback for callback in callbacks if not isinstance(callback, ProgressBar)]

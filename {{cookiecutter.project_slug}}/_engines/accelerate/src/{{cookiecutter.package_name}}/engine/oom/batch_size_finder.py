@@ -13,7 +13,8 @@ from torch.utils.data import DataLoader
 
 from ...data.loading import Data, batch_parts, global_batch_size, per_device_batch_size
 from ...runtime import memory
-from ...runtime.memory import changed_batch_message, is_oom_error
+from ...runtime.memory import LR_SCALINGS, changed_batch_message, is_oom_error
+from ...runtime.optimization import scale_lr
 from ..strategies import LossFn, Strategy
 
 
@@ -28,13 +29,16 @@ def find_batch_size(
     max_batch_size: int = 4096,
     margin: float = 0.1,
     tolerance: float = 0.05,
+    steps_per_trial: int = 2,
+    lr_scaling: str = "none",
     accumulation: int = 1,
 ) -> None:
     """Find the largest per-device batch whose training step (forward, backward AND the optimizer step, which
     allocates Adam's state) fits on every process, keep `margin` below it; data.batch_size (GLOBAL) becomes
     per-device x `accumulation` (micro-batches per optimizer step) x replicas. The same search as the Lightning
-    engine's BatchSizeFinder (memory.search: double until a size fails, then bisect), with the same metric names
-    (batch_size_finder/*).
+    engine's BatchSizeFinder (memory.search: double until a size fails, then bisect; `steps_per_trial` optimizer
+    steps per size), with the same metric names (batch_size_finder/*). lr_scaling "linear" or "sqrt" scales the
+    learning rate the schedule starts from with the global batch (the caller builds the schedule again).
 
     accelerate's find_executable_batch_size decides per process and only shrinks, so after an OOM on one rank
     the ranks train with different batches, or wait forever in the next collective. Here each trial runs
@@ -47,7 +51,7 @@ def find_batch_size(
     x, y = next(iter(DataLoader(train, batch_size=max_batch_size, collate_fn=data.collate_fn)))  # the largest trial's
     saved = cpu_copy((model.state_dict(), optimizer.state_dict(), torch.random.get_rng_state()))
 
-    def fits(size: int, steps: int = 1) -> bool:
+    def fits(size: int, steps: int = steps_per_trial) -> bool:
         step = partial(_trial_step, accelerator, strategy, model, optimizer, x[:size], y[:size], loss_fn)
         fitted = all(step() for _ in range(steps))  # no cache emptied between steps, as in training
         clear_device_cache(garbage_collection=True)  # outside the except block: the failed step's tensors are gone
@@ -55,7 +59,7 @@ def find_batch_size(
         return failures.item() == 0
 
     def fits_from_the_start(size: int) -> bool:
-        fitted = fits(size, steps=2)  # the first allocates the optimizer state, as training's first step does
+        fitted = fits(size, steps=max(2, steps_per_trial))  # the first allocates the optimizer state, as in training
         restore()
         return fitted
 
@@ -79,9 +83,12 @@ def find_batch_size(
     while per_device > 1 and not fits_from_the_start(per_device):
         per_device = max(1, int(per_device * (1 - max(margin, 0.05))))
     data.batch_size = global_batch_size(per_device, replicas, accumulation)
+    lr_factor = LR_SCALINGS[lr_scaling](data.batch_size / old_global)
+    scale_lr(optimizer, lr_factor)
     accelerator.print(
         f"find_batch_size: largest per-device batch that fits {largest}; using {per_device} per device after "
-        f"{trials} trials: {changed_batch_message(old_global, data.batch_size, len(train))}"
+        f"{trials} trials in {time.perf_counter() - start:.1f}s: "
+        f"{changed_batch_message(old_global, data.batch_size, len(train))} (lr x{lr_factor:.3g})"
     )
     found = {
         "batch_size_finder/largest_fitting": largest,
@@ -89,7 +96,7 @@ def find_batch_size(
         "batch_size_finder/global_batch_size": data.batch_size,
         "batch_size_finder/trials": trials,
         "batch_size_finder/seconds": time.perf_counter() - start,
-        "batch_size_finder/lr_factor": 1.0,  # the Lightning finder's lr_scaling=none
+        "batch_size_finder/lr_factor": lr_factor,
     }
     accelerator.log({**found, "trainer/global_step": 0})
 

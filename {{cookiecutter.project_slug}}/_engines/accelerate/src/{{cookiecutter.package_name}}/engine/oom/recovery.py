@@ -31,6 +31,7 @@ class OOMRecovery:
     state_dict) and a resumed run starts from it. (The idea of Composer's device_train_microbatch_size="auto", for
     data-parallel runs.) "skip" drops the batch (the optimizer step that follows changes nothing).
     max_consecutive: OOMs in a row, without a step that worked in between, before stopping.
+    empty_cache_every_n_epochs: 0 never (emptying the cache synchronises the device, so it is done at epoch ends only).
 
     Every micro-batch runs under no_sync (no collective that a failed process would leave the others waiting
     in); then one all-reduced flag tells every process whether any ran out of memory, so all decide together,
@@ -43,7 +44,9 @@ class OOMRecovery:
 
     supported_presets = ("single", "ddp", "ddp_spawn")
 
-    def __init__(self, strategy: Strategy, policy: str = "split", max_consecutive: int = 3) -> None:
+    def __init__(
+        self, strategy: Strategy, policy: str = "split", max_consecutive: int = 3, empty_cache_every_n_epochs: int = 0
+    ) -> None:
         if strategy.name not in self.supported_presets:
             raise ConfigError(
                 f"oom.recovery works under strategy={'|'.join(self.supported_presets)}, not strategy={strategy.name}"
@@ -52,8 +55,15 @@ class OOMRecovery:
         if policy not in ("skip", "split"):
             raise ConfigError(f"oom.recovery.policy={policy!r} is unknown; valid: skip, split")
         self.strategy, self.policy, self.max_consecutive = strategy, policy, max_consecutive
+        self.empty_cache_every_n_epochs = empty_cache_every_n_epochs
         self.events = self.consecutive = 0
         self.micro_batch_size = 0  # samples per micro-batch on each process, the last that fitted; 0: the whole batch
+
+    def epoch_ended(self, epoch: int) -> None:
+        """After epoch `epoch` (from 0): empty the allocator's cache every empty_cache_every_n_epochs epochs."""
+        every = self.empty_cache_every_n_epochs
+        if every and (epoch + 1) % every == 0:
+            clear_device_cache(garbage_collection=True)
 
     def state_dict(self) -> dict[str, int]:
         return {"micro_batch_size": self.micro_batch_size, "events": self.events}

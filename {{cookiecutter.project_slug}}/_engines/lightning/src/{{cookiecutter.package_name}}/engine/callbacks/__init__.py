@@ -1,2 +1,3 @@
-"""Callbacks, one per file, each usable on its own (configs/callbacks/<name>.yaml). The OOM toolkit's are all together
-with `callbacks=oom`; what counts as an out-of-memory error is decided in one place, memory.py, shared by any engine."""
+"""Callbacks, one per file. The OOM toolkit's (oom_recovery, item_logger, device_memory, batch_size_finder) are
+built from configs/oom/ by oom_toolkit.py; what counts as an out-of-memory error is decided in one place,
+runtime/memory.py, shared by both engines."""

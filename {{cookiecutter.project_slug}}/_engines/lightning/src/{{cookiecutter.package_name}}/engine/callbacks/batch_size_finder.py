@@ -18,7 +18,7 @@ from ...data.loading import batch_parts, global_batch_size, per_device_batch_siz
 from ...errors import ConfigError
 from ...parallel.batchnorm import oom_handling_problem
 from ...runtime import memory
-from ...runtime.memory import changed_batch_message, free_memory, is_oom_error
+from ...runtime.memory import FINDER_REFUSED, LR_SCALINGS, changed_batch_message, free_memory, is_oom_error
 from ...runtime.optimization import scale_lr
 from ..strategies import data_parallel_size
 
@@ -40,6 +40,11 @@ class BatchSizeFinder(L.Callback):
     """
 
     supported_presets = ("single", "ddp", "ddp_spawn")
+    refused_because = {
+        **FINDER_REFUSED,
+        "dp": "its trials would run on the first GPU alone and size the global batch by it",
+    }
+    setting, turn_off = "oom.find_batch_size", "oom.find_batch_size=false"  # what refusals name
 
     def __init__(
         self,
@@ -49,8 +54,8 @@ class BatchSizeFinder(L.Callback):
         steps_per_trial: int = 2,
         lr_scaling: str = "none",
     ) -> None:
-        if lr_scaling not in ("none", "linear", "sqrt"):
-            raise ValueError(f"lr_scaling={lr_scaling!r}; valid: none, linear, sqrt")
+        if lr_scaling not in LR_SCALINGS:
+            raise ValueError(f"lr_scaling={lr_scaling!r}; valid: {', '.join(LR_SCALINGS)}")
         if not 0 <= margin < 1:
             raise ValueError(f"margin={margin} must be in [0, 1)")
         self.max_batch_size, self.margin, self.tolerance = max_batch_size, margin, tolerance
@@ -67,8 +72,7 @@ class BatchSizeFinder(L.Callback):
         """Refuse, before training, a run this callback cannot serve (strategies.check_layout calls it)."""
         if synchronised_batchnorm:
             raise ConfigError(
-                oom_handling_problem("BatchSizeFinder", splits_batches=False)
-                + ", or drop it with ~callbacks.batch_size_finder"
+                oom_handling_problem(self.setting, splits_batches=False) + f", or turn it off with {self.turn_off}"
             )
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -116,10 +120,10 @@ class BatchSizeFinder(L.Callback):
         for logger in trainer.loggers:
             logger.log_metrics(found, step=trainer.global_step)
 
-    def _fits(self, trainer: L.Trainer, pl_module: L.LightningModule, dataset, size: int) -> bool:
+    def _fits(self, trainer: L.Trainer, pl_module: L.LightningModule, dataset, size: int, steps: int = 0) -> bool:
         oom = False
         try:
-            for _ in range(self.steps_per_trial):
+            for _ in range(steps or self.steps_per_trial):
                 batches = DataLoader(dataset, batch_size=size, collate_fn=trainer.datamodule.data.collate_fn)
                 _train_on(trainer, pl_module, next(iter(batches)))
         except Exception as error:
@@ -133,7 +137,7 @@ class BatchSizeFinder(L.Callback):
 
     def _fits_from_the_start(self, trainer: L.Trainer, pl_module: L.LightningModule, dataset, size: int, saved) -> bool:
         free_memory()
-        fits = self._fits(trainer, pl_module, dataset, size)
+        fits = self._fits(trainer, pl_module, dataset, size, max(2, self.steps_per_trial))  # the optimizer state too
         _restore(pl_module, trainer.optimizers, saved)
         free_memory()
         return fits
@@ -141,7 +145,7 @@ class BatchSizeFinder(L.Callback):
     def _scale_learning_rate(self, trainer: L.Trainer, ratio: float) -> float:
         """Scale the learning rate the schedule starts from; the module builds its schedule again after this
         callback (module.Classifier.on_fit_start), for the new steps per epoch and this learning rate."""
-        factor = {"none": 1.0, "linear": ratio, "sqrt": ratio**0.5}[self.lr_scaling]
+        factor = LR_SCALINGS[self.lr_scaling](ratio)
         for optimizer in trainer.optimizers:
             scale_lr(optimizer, factor)
         return factor

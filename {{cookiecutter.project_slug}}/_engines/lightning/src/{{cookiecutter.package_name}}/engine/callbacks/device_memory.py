@@ -16,6 +16,8 @@ class DeviceMemoryMonitor(L.Callback):
     groups of model_parallel mode=layers) since the last epoch end. Elsewhere: the process's resident memory
     (RSS). Logged as memory/rank<r>[/device<d>]/<figure> and memory/imbalance."""
 
+    setting, turn_off = "oom.log_memory", "oom.log_memory=false"  # what refusals name
+
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         strategy = trainer.strategy
         # dp and model_parallel mode=layers use several devices from one process; they list them.

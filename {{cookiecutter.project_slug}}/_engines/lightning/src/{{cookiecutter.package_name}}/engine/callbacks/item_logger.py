@@ -18,6 +18,8 @@ class ItemMetricLogger(L.Callback):
     training step returns (the loss included), averaged over the processes. Logs on the steps where
     Lightning writes train/loss (every trainer.log_every_n_steps optimizer steps), at its step numbers."""
 
+    setting, turn_off = "oom.log_loss_mean", "oom.log_loss_mean=false"  # what refusals name
+
     def __init__(self) -> None:
         self.sums: dict[str, torch.Tensor] = {}
         self.count = 0

@@ -52,6 +52,7 @@ class OOMRecovery(L.Callback):
 
     supported_presets = ("single", "ddp", "ddp_spawn")
     refused_because = RECOVERY_REFUSED  # said in the refusal of any other preset
+    setting, turn_off = "oom.recovery", "oom.recovery=null"  # what refusals name (build_callbacks: +callbacks.NAME's)
 
     def __init__(self, policy: str = "split", max_consecutive: int = 3, empty_cache_every_n_epochs: int = 0) -> None:
         if policy not in ("skip", "split"):
@@ -69,15 +70,15 @@ class OOMRecovery(L.Callback):
         """Refuse, before training, a run this callback cannot serve (strategies.check_layout calls it)."""
         if trainer.accumulate_grad_batches != 1:
             raise ConfigError(
-                "OOMRecovery runs the backward itself: use trainer.accumulate_grad_batches=1, or drop it with "
-                "~callbacks.oom_recovery"
+                f"{self.setting} runs the backward itself: use trainer.accumulate_grad_batches=1, or turn it off with "
+                + self.turn_off
             )
         if synchronised_batchnorm:
             raise ConfigError(
-                oom_handling_problem("OOMRecovery", splits_batches=True) + ", or drop it with ~callbacks.oom_recovery"
+                oom_handling_problem(self.setting, splits_batches=True) + f", or turn it off with {self.turn_off}"
             )
         if self.policy == "split" and uses_batchnorm(module):
-            raise ConfigError(micro_batch_split_problem("callbacks.oom_recovery.policy"))
+            raise ConfigError(micro_batch_split_problem(f"{self.setting}.policy"))
 
     def state_dict(self) -> dict[str, int]:
         return {"micro_batch_size": self.micro_batch_size, "events": self.events}
@@ -185,7 +186,7 @@ class OOMRecovery(L.Callback):
         folder = trainer.checkpoint_callback.dirpath if trainer.checkpoint_callback else trainer.default_root_dir
         path = Path(folder) / "oom-stop.ckpt"
         trainer.save_checkpoint(path)  # every rank calls it: it synchronises
-        stop = OutOfMemoryStop(self.consecutive, step, self.policy, "callbacks.oom_recovery.policy")
+        stop = OutOfMemoryStop(self.consecutive, step, self.policy, f"{self.setting}.policy")
         stop.checkpoint = path
         raise stop
 

@@ -71,9 +71,10 @@ def check_layout(
         if supported is not None and preset not in supported:
             reason = getattr(callback, "refused_because", {}).get(preset)
             raise ConfigError(
-                f"{type(callback).__name__} works under strategy={'|'.join(supported)}, not strategy={preset}"
+                f"{getattr(callback, 'setting', type(callback).__name__)} works under strategy={'|'.join(supported)}, "
+                f"not strategy={preset}"
                 + (f" ({reason})" if reason else "")
-                + f"; drop it with ~callbacks.{getattr(callback, 'config_name', type(callback).__name__)}"
+                + f"; turn it off with {getattr(callback, 'turn_off', 'trainer.callbacks')}"
             )
         if hasattr(callback, "check_compatible"):
             callback.check_compatible(trainer, module, synchronised_batchnorm)
