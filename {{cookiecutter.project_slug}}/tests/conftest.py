@@ -262,7 +262,8 @@ COMMAND_LINE_REFUSALS = [
     (["oom=lots"], "unknown oom 'lots'; valid: none, toolkit"),
     (  # (oom=none's recovery is null)
         ["oom.recovery.policy=skip"],
-        "unknown setting oom.recovery.policy; oom.recovery is null (off) in this oom preset; the presets: none, toolkit",
+        "unknown setting oom.recovery.policy; oom.recovery is null (off) in this oom preset; the presets: none, "
+        "toolkit",
     ),
     (["oom=toolkit", "oom.recovery.policy=halve"], "oom.recovery.policy=halve is unknown; valid: skip, split"),
     (["oom.batch_size_finder.margin=1.5"], "oom.batch_size_finder.margin=1.5: give a fraction in [0, 1), e.g. 0.1"),

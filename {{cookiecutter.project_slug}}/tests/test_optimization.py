@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from conftest import PARITY, QUICK, TOLERANCE, K, unsplit_net
-from engine_specific import DDP, OPTIMIZATION_REFUSALS, best_step, launcher_of, optimizer_of
+from engine_specific import DDP, OPTIMIZATION_REFUSALS, best_step, launcher_of, optimizer_of, step_checkpoint
 from hydra import compose, initialize_config_dir
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
@@ -433,12 +433,23 @@ def test_epochs_limited_to_some_batches_train_those_and_validate_after_them(trai
     validated; the first epoch trains the unlimited run's first batches (its losses). The best checkpoint is the one
     of the highest val/acc under checkpoint.monitor=val/acc (the first of equals)."""
     limited = ["trainer.max_steps=-1", "trainer.max_epochs=3", "trainer.limit_train_batches=2"]
-    run = train(*PARITY, *limited, "checkpoint.monitor=val/acc", "checkpoint.keep_last=3")
+    tests = ["test_after_fit=true", "trainer.limit_test_batches=2"]
+    run = train(*PARITY, *limited, "checkpoint.monitor=val/acc", "checkpoint.keep_last=3", *tests)
     assert run.wandb.steps("train/loss") == list(range(6))
     assert run.losses(2) == pytest.approx(single_losses[:2], abs=TOLERANCE)
-    assert run.wandb.steps("val/loss") == [1, 3, 5] and run.wandb.metric("epoch")[-1] == 2
+    assert run.wandb.steps("val/loss") == [1, 3, 5], "3 epochs, each validated"
     accuracies = run.wandb.metric("val/acc")
-    assert best_step(run.run_dir) == 2 * (1 + accuracies.index(max(accuracies))), accuracies
+    best = best_step(run.run_dir)
+    assert best == 2 * (1 + accuracies.index(max(accuracies))), accuracies
+    # Testing a checkpoint again (docs/outputs.md): started from it in a new folder, with the epochs it was trained
+    # for, the training has nothing left to train and tests its weights. (Lightning tested the best checkpoint of the
+    # run the given one came from: another checkpoint, or, deleted by keep_last since, a traceback.)
+    tested = {}
+    for step in (best, next(step for step in (2, 4, 6) if step != best)):
+        again = [f"ckpt_path={step_checkpoint(run.run_dir, step)}", f"trainer.max_epochs={step // 2}"]
+        tested[step] = train(*PARITY, *limited, *tests, *again).wandb.metric("test/loss")
+    assert len(tested[best]) == 1 and tested[best] == pytest.approx(run.wandb.metric("test/loss")), "as the run did"
+    assert len(set(map(tuple, tested.values()))) == 2, "each checkpoint's own weights"
 
 
 @pytest.mark.slow

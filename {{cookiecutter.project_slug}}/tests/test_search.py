@@ -21,11 +21,19 @@ from optuna.trial import TrialState
 from wandb_records import offline_runs
 
 from {{ cookiecutter.package_name }}.errors import ConfigError
-from {{ cookiecutter.package_name }}.search.__main__ import compose_training, hold_lock, make_pruner, requeue_interrupted
+from {{ cookiecutter.package_name }}.search.__main__ import (
+    baseline_values,
+    changed_definition,
+    compose_training,
+    hold_lock,
+    make_pruner,
+    requeue_interrupted,
+)
 from {{ cookiecutter.package_name }}.search.__main__ import main as search_main
 from {{ cookiecutter.package_name }}.search.report import parallel_coordinate
 from {{ cookiecutter.package_name }}.search.settings import Settings
 from {{ cookiecutter.package_name }}.search.slurm import gpus_per_trial
+from {{ cookiecutter.package_name }}.search.space import load_space
 from {{ cookiecutter.package_name }}.search.trials import (
     RUNNING,
     STOPPING,
@@ -66,7 +74,7 @@ class Search:
         return self.study.get_trials(states=states or None)
 
     def trial_dir(self, trial: optuna.trial.FrozenTrial) -> Path:
-        return self.dir / "trials" / str(trial.number)
+        return self.dir / "trials" / str(trial.user_attrs.get("continues", trial.number))
 
 
 @pytest.fixture
@@ -149,15 +157,21 @@ def test_random_then_tpe_find_a_config_at_least_as_good_as_the_default(search, d
 @pytest.mark.slow
 @pytest.mark.engine_neutral
 def test_grid_enumerates_its_grid_two_trials_at_a_time_one_wandb_run_each(search, train_env):
-    space = {**LR, "model.net.hidden": {"type": "categorical", "choices": [128]}}
-    result = search("search.sampler=grid", "search.n_jobs=2", "search.pruner=none", *TINY, space=space, study="grid")
+    """search.baseline=true: the config as it is (a key the space adds with +: its class's default) is a trial beside
+    the grid's points, each of which is still trained (it took one of their places; its +key crashed the search)."""
+    dropout = {"type": "categorical", "choices": [0.0]}  # (not in the config: ResidualMLP's default)
+    space = {**LR, "model.net.hidden": {"type": "categorical", "choices": [128]}, "+model.net.dropout": dropout}
+    grid = ["search.sampler=grid", "search.baseline=true", "search.n_jobs=2", "search.pruner=none"]
+    result = search(*grid, *TINY, space=space, study="grid")
     trials = result.trials()
     assert sorted((t.params["model.optimizer.lr"], t.params["model.net.hidden"]) for t in trials) == [
+        (1e-3, 128),  # the baseline: the config's learning rate
         (1.5e-3, 128),
         (2.5e-3, 128),
     ]
+    assert [t.user_attrs.get("baseline") for t in trials] == [True, None, None]
     assert all(trial.state == TrialState.COMPLETE for trial in trials)
-    first, second = sorted(trials, key=lambda t: t.datetime_start)
+    first, second, _ = sorted(trials, key=lambda t: t.datetime_start)
     assert second.datetime_start < first.datetime_complete, "the two trials ran at the same time"
 
     for trial in trials:  # one wandb run per trial, in the study's group, with the trial's parameters
@@ -200,11 +214,13 @@ def test_a_killed_search_continues_to_the_total_without_repeating_finished_trial
         time.sleep(0.2)
     assert not orphans, f"the killed search's trial trains on: {orphans}"
     result = search(*args)
-    assert "trial 1 was interrupted: marked failed, its parameters queued again" in result.output
+    assert f"trial 1 was interrupted: it continues from its last checkpoint in {trial}" in result.output
     complete, failed = result.trials(TrialState.COMPLETE), result.trials(TrialState.FAIL)
     assert [trial.number for trial in failed] == [1]
     assert [trial.number for trial in complete] == [0, 2]
     assert complete[1].params == failed[0].params, "the interrupted trial's parameters run again"
+    assert complete[1].user_attrs["log"] == f"{trial}/train.log", "in its folder, where its training continues"
+    assert not (tmp_path / "s" / "trials" / "2").exists()
     assert len(epochs(result.trial_dir(complete[0]))) == 2, "a finished trial is not trained again"
     assert "1 of 2 trials finished" in result.output
 
@@ -479,6 +495,42 @@ def search_command(tmp_path, monkeypatch, capsys):
 
 
 DROPOUT = {"type": "float", "low": 0.0, "high": 0.5}  # a setting the space adds to the net (+model.net.dropout)
+
+
+@pytest.mark.engine_neutral
+def test_the_baseline_starts_from_the_config_as_it_is_or_refuses_in_one_line(tmp_path):
+    """Its value for a +key is the class's default (it was None, and Optuna's traceback stopped the search after its
+    first trials); a value a categorical does not have, or a key of no default, is refused before the first trial."""
+    cfg, groups = compose_training([])
+
+    def baseline(space: dict) -> dict:
+        (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+        return baseline_values(load_space(tmp_path / "space.yaml", cfg, groups), cfg)
+
+    depth = {"type": "int", "low": 1, "high": 3}  # the config's 4 lies outside: the baseline is what it is
+    assert baseline({"+model.net.dropout": {"type": "float", "low": 0.0, "high": 0.3}, "model.net.depth": depth}) == {
+        "+model.net.dropout": 0.0,
+        "model.net.depth": 4,
+    }
+    assert baseline({"strategy": {"type": "categorical", "choices": ["single", "ddp"]}}) == {"strategy": "single"}
+    with pytest.raises(ConfigError, match=r"model.net.hidden is 128 in the training config, not one of the space's"):
+        baseline({"model.net.hidden": {"type": "categorical", "choices": [64, 256]}})
+    with pytest.raises(ConfigError, match=r"\+model.net.colour has no value to start from"):
+        baseline({"+model.net.colour": {"type": "float", "low": 0.0, "high": 1.0}})
+
+
+@pytest.mark.engine_neutral
+def test_a_study_is_continued_with_its_overrides_in_any_order_and_told_what_changed():
+    started = {"overrides": ["trainer.max_epochs=2", "data.train_size=1024"], "metric": "val/loss", "space": {"a": "x"}}
+    assert changed_definition(started, {**started, "overrides": ["data.train_size=1024", "trainer.max_epochs=2"]}) == ""
+    assert (
+        changed_definition(started, {**started, "metric": "val/los"}) == "another search.metric (val/loss, now val/los)"
+    )
+    assert changed_definition(started, {**started, "space": {"a": "y"}}) == (
+        "another search space: a was x, now y (the space file changed)"
+    )
+
+
 REFUSED_BATCH = "the training refuses the first trial's config: data.batch_size=64 is the global batch and must be"
 
 
@@ -528,6 +580,12 @@ def test_a_second_search_of_a_study_is_refused_while_the_first_holds_it(tmp_path
         (None, ["search.sampler=bayes"], "search.sampler='bayes' is unknown; valid: grid, random, tpe"),
         (None, ["search.n_trails=3"], "unknown setting search.n_trails; valid: search=<space>, search.space"),
         (None, ["search=nope"], "unknown search space 'nope'; valid: default, gpt, or a path to a .yaml file"),
+        (None, ["search=/nope/space.yaml"], "search=/nope/space.yaml: there is no such file"),
+        (  # (a categorical's value must be one of its choices: Optuna's traceback after the first trials)
+            {"model.net.hidden": {"type": "categorical", "choices": [64, 256]}},
+            ["search.baseline=true"],
+            "search.baseline=true: model.net.hidden is 128 in the training config, not one of the space's choices",
+        ),
         (None, ["strategy=ddpp"], "unknown strategy 'ddpp'; valid: ddp,"),
         (None, ["trainer.max_epoch=1"], "unknown setting trainer.max_epoch; did you mean trainer.max_epochs?"),
         ("model.optimizer.lr: {type: float, low: 1.0e-4\n", [], "is not valid YAML, line 2 column 1: expected ','"),

@@ -26,6 +26,7 @@ from .errors import (
     remove_if_empty,
     unresolved,
 )
+from .runtime.interrupt import how_to_continue
 from .runtime.run_folder import RunFolderInUse, only_training_in
 
 register_resolvers()
@@ -55,8 +56,7 @@ def run(cfg: DictConfig) -> None:
     except KeyboardInterrupt:  # Ctrl-C before the training answers it (starting: the data, wandb), or a second one
         fail(
             Interrupted(
-                f"interrupted, at once: continue with the same command plus run_id={cfg.run_id} (from its last "
-                "checkpoint, if it saved one)"
+                f"interrupted, at once: {how_to_continue(cfg.run_id)}, from its last checkpoint, if it saved one"
             )
         )
 

@@ -57,6 +57,11 @@ def kept_checkpoints(run_dir: Path) -> tuple[list[int], int | None]:
     return steps, int(best.readlink().name.removeprefix("step-")) if best.is_symlink() else None
 
 
+def step_checkpoint(run_dir: Path, step: int) -> Path:
+    """The run's checkpoint of optimizer step `step`."""
+    return run_dir / "checkpoints" / f"step-{step:07d}"
+
+
 def best_step(run_dir: Path) -> int | None:
     """The step of the checkpoint `best` points at, None without one."""
     return kept_checkpoints(run_dir)[1]

@@ -106,8 +106,8 @@ def test_ctrl_c_stops_the_processes_ddp_spawn_started_in_one_line(tmp_path, trai
     assert code == 130 and "Traceback" not in output, output[-3000:]
     assert "strategy=ddp_spawn: starting 2 processes" in output and "CUDAs" not in output  # (accelerate's words)
     assert output.strip().splitlines()[-1] == (
-        "SIGINT: the 2 processes stopped at once (ddp_spawn's processes save no checkpoint on a stop); continue from "
-        "the last one with the same command plus run_id=run (or run_id=last)"
+        "SIGINT: the 2 processes stopped at once (ddp_spawn's processes save no checkpoint on a stop); from the last "
+        "one, continue with the same command (its hydra.run.dir holds the checkpoints)"
     )
 
 

@@ -60,6 +60,11 @@ def kept_checkpoints(run_dir: Path) -> tuple[list[int], int | None]:
     return sorted(steps), None
 
 
+def step_checkpoint(run_dir: Path, step: int) -> Path:
+    """The run's checkpoint of optimizer step `step`."""
+    return run_dir / "checkpoints" / f"step{step:06d}.ckpt"
+
+
 def best_step(run_dir: Path) -> int | None:
     """The step of the run's best checkpoint (best-epochEE-stepN.ckpt), None without one."""
     best = [int(path.stem.rpartition("-step")[2]) for path in (run_dir / "checkpoints").glob("best-*.ckpt")]

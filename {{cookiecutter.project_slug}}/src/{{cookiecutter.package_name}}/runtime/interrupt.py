@@ -87,7 +87,17 @@ def how_to_continue(run_id: str) -> str:
     sweep); run_id=last finds single runs only."""
     if in_a_sweep():
         return f"continue with the same command plus run_id={run_id} (each job of the sweep from its last checkpoint)"
+    if run_folder_given():  # (a search's trial: the search continues it so)
+        return "continue with the same command (its hydra.run.dir holds the checkpoints)"
     return f"continue with the same command plus run_id={run_id} (or run_id=last)"
+
+
+def run_folder_given() -> bool:
+    """Whether the command line names the run folder (hydra.run.dir=...), which the same command then finds again."""
+    from hydra.core.hydra_config import HydraConfig
+
+    overrides = HydraConfig.get().overrides.hydra if HydraConfig.initialized() else []
+    return any(override.startswith("hydra.run.dir=") for override in overrides)
 
 
 def in_a_sweep() -> bool:

@@ -9,6 +9,7 @@ Everything lands in outputs/search/<study>/; trial n trains in trials/<n>/ (its 
 """
 
 import fcntl
+import inspect
 import json
 import logging
 import math
@@ -17,7 +18,7 @@ import re
 import shutil
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import fields
 from functools import partial
 from pathlib import Path
@@ -26,6 +27,7 @@ from typing import Any
 import optuna
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
+from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from optuna.trial import TrialState
@@ -37,7 +39,7 @@ from ..parallel.launcher import free_port
 from ..runtime.interrupt import FINISHED_FILE
 from ..tracking.epoch_metrics import read_epoch_metrics
 from .guard import GRACE_SECONDS
-from .report import summarize
+from .report import summarize, write_results
 from .settings import Settings, parse_command_line
 from .slurm import SlurmTrial, gpus_per_trial, slurm_executor
 from .space import Param, grid_space, hydra_value, load_space, space_path
@@ -82,6 +84,7 @@ def main() -> None:
         check_overrides(overrides, "train")  # nearest key to a typo, a value of the wrong type
         cfg, groups = compose_training(overrides)
         params = load_space(space_path(settings.space), cfg, groups)
+        baseline = baseline_values(params, cfg) if settings.baseline else None
         first_trial = check_trial_config(params, overrides)
         grid = grid_space(params) if settings.sampler == "grid" else None
         preset, processes = groups["strategy"], processes_per_trial(cfg.trainer.devices, groups["strategy"]) or 1
@@ -99,16 +102,17 @@ def main() -> None:
         lock = hold_lock(settings.study_dir)  # held until the search and every trial it started have ended
         if start is TrialProcess:
             start = partial(TrialProcess, inherit=(lock.fileno(),))
-        study = open_study(settings, params, overrides, grid, cfg)
+        study = open_study(settings, params, overrides, grid, cfg, baseline)
     except ConfigError as err:
         fail(err)
 
     requeue_interrupted(study, settings.study_dir / "trials", settings.metric)
-    total = min(settings.n_trials, math.prod(map(len, grid.values()))) if grid else settings.n_trials
+    total = trials_to_run(study, settings, grid)
     failures = FailureLimit(settings.max_failures)
 
     def objective(trial: optuna.Trial) -> float:
-        run_dir = settings.study_dir / "trials" / str(trial.number)
+        # An interrupted trial's parameters run again in its folder: its training continues from its checkpoint.
+        run_dir = settings.study_dir / "trials" / str(trial.user_attrs.get("continues", trial.number))
         trial_overrides = [
             f"experiment={hydra_value(study.study_name)}",  # the wandb group (a user's experiment=... wins)
             *overrides,
@@ -131,8 +135,9 @@ def main() -> None:
                 stop_all()
                 raise
 
-    signal.signal(signal.SIGTERM, stop_search)
-    signal.signal(signal.SIGINT, stop_search)
+    results = partial(write_results, study, settings, params, overrides, groups, processes)
+    signal.signal(signal.SIGTERM, partial(stop_search, results))
+    signal.signal(signal.SIGINT, partial(stop_search, results))
     for handler in logging.getLogger("optuna").handlers:
         handler.addFilter(without_failed_trials)
     print(f"study {study.study_name} in {settings.study_dir}: {finished(study)} of {total} trials finished", flush=True)
@@ -219,7 +224,12 @@ def hold_lock(study_dir: Path) -> Any:
 
 
 def open_study(
-    settings: Settings, params: list[Param], overrides: list[str], grid: dict | None, cfg: DictConfig
+    settings: Settings,
+    params: list[Param],
+    overrides: list[str],
+    grid: dict | None,
+    cfg: DictConfig,
+    baseline: dict[str, Any] | None,
 ) -> optuna.Study:
     """Create the study, or load it to continue. Journal storage: an append-only file that several threads
     (n_jobs) and processes can write under a file lock, where a crash loses at most the line being written;
@@ -255,15 +265,12 @@ def open_study(
             print(f"note: search.direction=minimize: the best trial is the lowest {settings.metric} (for accuracy: "
                   "search.direction=maximize)", file=sys.stderr)  # fmt: skip
         study.set_user_attr("definition", definition)
-        if settings.baseline:  # the current values of the searched keys, as trial 0
-            study.enqueue_trial({param.key: baseline_value(param, cfg) for param in params})
-    elif started != json.loads(json.dumps(definition)):
-        changed = [key for key in definition if started.get(key) != json.loads(json.dumps(definition[key]))]
-        then = f" ({' '.join(started['overrides']) or 'none'}, now {' '.join(overrides) or 'none'})"
+        if baseline is not None:  # the current values of the searched keys, as trial 0
+            study.enqueue_trial(baseline, user_attrs={"baseline": True})
+    elif changed := changed_definition(started, json.loads(json.dumps(definition))):
         raise ConfigError(
-            f"study {settings.study_name} in {study_dir} was started with other {', '.join(changed)}"
-            f"{then if changed == ['overrides'] else ''}; continue it with the same command, or start a new one with "
-            "search.study=<name>"
+            f"study {settings.study_name} in {study_dir} was started with {changed}; continue it with the command that "
+            "started it, or start a new one with search.study=<name>"
         )
     # Seeded by how many trials the study has: a re-run continues the sequence instead of drawing again the
     # parameters its first run drew.
@@ -272,10 +279,76 @@ def open_study(
     return study
 
 
-def baseline_value(param: Param, cfg: DictConfig) -> Any:
-    if param.key in cfg.hydra.runtime.choices:
-        return cfg.hydra.runtime.choices[param.key]
-    return OmegaConf.select(cfg, param.key)
+def changed_definition(started: dict[str, Any], now: dict[str, Any]) -> str:
+    """What differs between the study's definition when it started and now ("" for nothing): the training overrides
+    (in any order: Hydra applies config groups first, then keys), the metric, the space's keys and distributions."""
+    if sorted(started["overrides"]) != sorted(now["overrides"]):
+        then, here = (" ".join(definition["overrides"]) or "none" for definition in (started, now))
+        return f"other training overrides ({then}, now {here})"
+    if started["metric"] != now["metric"]:
+        return f"another search.metric ({started['metric']}, now {now['metric']})"
+    was, space = started["space"], now["space"]
+    for key in sorted(set(was) | set(space)):
+        if was.get(key) != space.get(key):
+            then, here = was.get(key, "not searched"), space.get(key, "not searched")
+            return f"another search space: {key} was {then}, now {here} (the space file changed)"
+    return ""
+
+
+def baseline_values(params: list[Param], cfg: DictConfig) -> dict[str, Any]:
+    """search.baseline=true: each searched key's value in the training config as it is (a `+KEY` the config does not
+    have: its class's default), which trial 0 trains with. Refused in one line where there is none, or where it is not
+    one of a categorical's choices (Optuna could not record that trial)."""
+    values = {}
+    for param in params:
+        key = param.key.lstrip("+")
+        if key in cfg.hydra.runtime.choices:  # a config group: its preset's name
+            value = cfg.hydra.runtime.choices[key]
+        elif (value := OmegaConf.select(cfg, key, default=NONE)) is NONE and (value := class_default(cfg, key)) is NONE:
+            raise ConfigError(
+                f"search.baseline=true: {param.key} has no value to start from (the training config has no {key}, nor "
+                f"its class a default for it); give {key} a value in the config, or leave search.baseline=false"
+            )
+        choices = getattr(param.distribution, "choices", None)
+        if choices is None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ConfigError(
+                f"search.baseline=true: {key} is {value} in the training config, not a number its trial could record; "
+                f"give {key} a number in the config, or leave search.baseline=false"
+            )
+        if choices is not None and value not in choices:
+            raise ConfigError(
+                f"search.baseline=true: {key} is {value} in the training config, not one of the space's choices "
+                f"{list(choices)}: add it to them, or leave search.baseline=false"
+            )
+        values[param.key] = value
+    return values
+
+
+NONE = object()  # no value in the config
+
+
+def class_default(cfg: DictConfig, key: str) -> Any:
+    """The default of argument `key`'s last part in the signature of the class its parent node builds (`_target_`)."""
+    parent, _, name = key.rpartition(".")
+    target = OmegaConf.select(cfg, f"{parent}._target_", default=None) if parent else None
+    if not isinstance(target, str):
+        return NONE
+    try:
+        argument = inspect.signature(get_object(target)).parameters.get(name)
+    except (ImportError, AttributeError, ValueError, TypeError):
+        return NONE
+    return NONE if argument is None or argument.default is inspect.Parameter.empty else argument.default
+
+
+def trials_to_run(study: optuna.Study, settings: Settings, grid: dict | None) -> int:
+    """search.n_trials; with a grid, at most its combinations (said), and a baseline trial on top of them."""
+    if not grid:
+        return settings.n_trials
+    combinations = math.prod(map(len, grid.values()))
+    if settings.n_trials > combinations:
+        print(f"search.n_trials={settings.n_trials}: the grid has {combinations} combinations, each tried once")
+    baseline = any(trial.user_attrs.get("baseline") for trial in study.trials)
+    return min(settings.n_trials, combinations) + baseline
 
 
 def make_sampler(settings: Settings, grid: dict | None, seed: int) -> optuna.samplers.BaseSampler:
@@ -298,9 +371,10 @@ def make_pruner(settings: Settings, cfg: DictConfig) -> optuna.pruners.BasePrune
 
 
 def requeue_interrupted(study: optuna.Study, trials_dir: Path, metric: str) -> None:
-    """Trials left running by a search that was killed. One whose training had finished (the search was killed
-    before it recorded the result) is recorded from its run folder: its last epoch's `metric`. The others are
-    failed now, and their parameters queued to run again. Also for a grid: Optuna's GridSampler counts a failed
+    """Trials left running by a search that was stopped or killed. One whose training had finished (the search was
+    killed before it recorded the result) is recorded from its run folder: its last epoch's `metric`. The others are
+    failed now (Optuna cannot take a trial up again), and their parameters queued to run again in the same run folder,
+    where the training continues from its last checkpoint. Also for a grid: Optuna's GridSampler counts a failed
     point as visited and would never train it again."""
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         run_dir = trials_dir / str(trial.number)
@@ -310,8 +384,11 @@ def requeue_interrupted(study: optuna.Study, trials_dir: Path, metric: str) -> N
             print(f"trial {trial.number} had finished: recorded from {run_dir} ({metric}={epochs[-1][metric]:.4g})")
             continue
         study.tell(trial.number, state=TrialState.FAIL)
-        study.enqueue_trial(trial.params)
-        print(f"trial {trial.number} was interrupted: marked failed, its parameters queued again")
+        folder = trial.user_attrs.get("continues", trial.number)
+        study.enqueue_trial(trial.params, user_attrs={**trial.user_attrs, "continues": folder})
+        print(
+            f"trial {trial.number} was interrupted: it continues from its last checkpoint in {trials_dir / str(folder)}"
+        )
 
 
 def finished(study: optuna.Study) -> int:
@@ -342,13 +419,16 @@ def without_failed_trials(record: logging.LogRecord) -> bool:
     return not (record.levelno == logging.WARNING and re.match(r"Trial \d+ failed", record.getMessage()))
 
 
-def stop_search(signum: int, frame: Any) -> None:
-    """Ctrl-C or SIGTERM: stop the running trials (each closes its wandb run) and exit at once. They stay
-    "running" in the study; the next search marks them failed and runs their parameters again."""
+def stop_search(results: Callable[[], Any], signum: int, frame: Any) -> None:
+    """Ctrl-C or SIGTERM: stop the running trials (each saves a checkpoint and closes its wandb run), write the table
+    of the trials so far, and exit at once. They stay "running" in the study; the same command continues them."""
     print(f"search stopped by {signal.Signals(signum).name}; stopping the running trials", flush=True)
     STOPPING.set()  # the trials' threads (search.n_jobs > 1) leave them running in the study: re-run next time
     try:
         stop_all()
+        results()  # trials.csv, best.yaml
+        print("the trials so far: trials.csv; continue with the same command (a stopped trial continues from its last "
+              "checkpoint)", flush=True)  # fmt: skip
     finally:  # (the trials' threads wait for ever now: nothing may unwind into Optuna's pool of them)
         os._exit(128 + signum)  # now: Optuna would otherwise start the next trial, or mark these ones failed
 

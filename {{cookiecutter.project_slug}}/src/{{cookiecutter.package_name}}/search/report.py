@@ -35,27 +35,38 @@ def summarize(
     groups: dict[str, str],
     processes: int,
 ) -> None:
-    study_dir = settings.study_dir
-    columns, rows = trial_table(study, params)
-    with open(study_dir / "trials.csv", "w", newline="") as file:
-        csv.writer(file).writerows([columns, *rows])
-    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    columns, rows, rerun = write_results(study, settings, params, overrides, groups, processes)
     counts = {
         state.name.lower(): len(study.get_trials(deepcopy=False, states=(state,))) for state in optuna.trial.TrialState
     }
     print(f"study {study.study_name}: " + ", ".join(f"{n} {state}" for state, n in counts.items() if n))
     plot = best = None
-    if complete:
+    if rerun:
         best = study.best_trial
-        rerun = write_best_config(
-            study_dir / "best.yaml", study, overrides, groups, typed_command(groups["strategy"], processes)
-        )
-        plot = save_plot(study, settings.metric, study_dir / "parallel_coordinate.png")
+        plot = save_plot(study, settings.metric, settings.study_dir / "parallel_coordinate.png")
         print(f"best: trial {best.number}, {settings.metric}={best.value:.6g}, {best.params}")
         print(f"re-run it: {rerun}")
-    print(f"trials: {study_dir / 'trials.csv'}")
+    print(f"trials: {settings.study_dir / 'trials.csv'}")
     if cfg.logger:
         log_summary_run(study, settings, cfg, columns, rows, best, plot)
+
+
+def write_results(
+    study: optuna.Study,
+    settings: Settings,
+    params: list[Param],
+    overrides: list[str],
+    groups: dict[str, str],
+    processes: int,
+) -> tuple[list[str], list[list[Any]], str | None]:
+    """trials.csv, and best.yaml once a trial has completed: the table, and the command that re-runs the best."""
+    columns, rows = trial_table(study, params)
+    with open(settings.study_dir / "trials.csv", "w", newline="") as file:
+        csv.writer(file).writerows([columns, *rows])
+    if not study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        return columns, rows, None
+    command = typed_command(groups["strategy"], processes)
+    return columns, rows, write_best_config(settings.study_dir / "best.yaml", study, overrides, groups, command)
 
 
 def trial_table(study: optuna.Study, params: list[Param]) -> tuple[list[str], list[list[Any]]]:

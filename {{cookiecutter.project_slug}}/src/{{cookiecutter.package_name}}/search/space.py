@@ -50,6 +50,8 @@ def space_path(space: str) -> Path:
     """configs/search/<space>.yaml, or the YAML file `space` names."""
     if space.endswith((".yaml", ".yml")) and Path(space).is_file():
         return Path(space)
+    if space.endswith((".yaml", ".yml")) and "/" in space:
+        raise ConfigError(f"search={space}: there is no such file")
     choices = sorted(path.stem for path in SPACES_DIR.glob("*.yaml"))
     if space not in choices:
         raise ConfigError(f"unknown search space {space!r}; valid: {', '.join(choices)}, or a path to a .yaml file")

@@ -154,7 +154,7 @@ class TrialProcess:
     def __init__(self, command: list[str], env: dict[str, str], log: Path, inherit: tuple[int, ...] = ()) -> None:
         """`inherit`: open files the training keeps while it runs (the study's lock)."""
         guarded = [sys.executable, "-m", GUARD, str(os.getpid()), *command]  # ends with the search, however it ends
-        with open(log, "w") as output:
+        with open(log, "a") as output:  # (a trial continued in its folder: after the log of its start)
             # Its own session: Ctrl-C in the terminal reaches the search only, which stops the trial itself.
             self.process = subprocess.Popen(
                 guarded,
@@ -196,18 +196,25 @@ def run_trial(
     process = start(command, env, log)
     with RUNNING_LOCK:
         RUNNING.add(process)
+    lines: list[dict[str, float]] = []  # the metrics file's, and the epochs reported to Optuna
     reported: list[dict[str, float]] = []
     try:
         while True:
             code = process.wait(POLL_SECONDS)
-            for epoch in read_epoch_metrics(metrics_file)[len(reported) :]:
+            for epoch in read_epoch_metrics(metrics_file)[len(lines) :]:
+                lines.append(epoch)
+                if any(earlier["epoch"] == epoch["epoch"] for earlier in reported):
+                    continue  # validated again by a trial continued from a checkpoint saved before its end
                 reported.append(epoch)
                 if metric not in epoch:
                     names = ", ".join(name for name in epoch if name not in ("epoch", "final"))
                     raise MetricMissing(f"search.metric={metric} is not reported; the first epoch reported {names}")
                 trial.report(epoch[metric], step=int(epoch["epoch"]) + 1)  # epochs trained: Hyperband's resource
                 if not epoch.get("final") and trial.should_prune():  # (at the final one, the result is there)
-                    raise optuna.TrialPruned(f"epoch {int(epoch['epoch'])}: {metric}={epoch[metric]:.4g}")
+                    pruned = f"epoch {int(epoch['epoch'])}: {metric}={epoch[metric]:.4g}"
+                    with open(log, "a") as output:  # before the training's own words about its Ctrl-C
+                        output.write(f"search: trial {trial.number} pruned after {pruned}; it stops here\n")
+                    raise optuna.TrialPruned(pruned)
             if code is not None:
                 break
     finally:

@@ -143,14 +143,23 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
         if preset() == "ddp_spawn" and (run_dir / "checkpoints" / LAST).is_file():  # (a folder: another preset's)
             restore_loop_counters(trainer, run_dir / "checkpoints" / LAST)
         if cfg.test_after_fit and "test" in datamodule.data.split_names:  # data=files: test is optional
-            best = trainer.checkpoint_callback and trainer.checkpoint_callback.best_model_path
-            trainer.test(model, datamodule=datamodule, ckpt_path=best or None)  # "best" warns: 2 ModelCheckpoints
+            best = best_of_this_run(trainer, run_dir)
+            trainer.test(model, datamodule=datamodule, ckpt_path=best)  # ("best" warns: there are 2 ModelCheckpoints)
         failed = False
         if trainer.is_global_zero:
             mark_finished(run_dir, True)  # run_id=last continues unfinished runs only
     finally:
         finish_wandb(failed)
     return {name: float(value) for name, value in trainer.callback_metrics.items()}
+
+
+def best_of_this_run(trainer: L.Trainer, run_dir: Path) -> str | None:
+    """The best checkpoint this run saved, which the test pass loads; None (the weights as they are) where it saved
+    none. (Lightning restores the best path of a checkpoint given as ckpt_path: another run's file, deleted since by
+    its keep_last, or another checkpoint than the one given.)"""
+    best = trainer.checkpoint_callback and trainer.checkpoint_callback.best_model_path
+    ours = best and Path(best).parent == run_dir / "checkpoints" and Path(best).exists()
+    return best if ours else None
 
 
 def without_gradient(model: L.LightningModule) -> list[str]:

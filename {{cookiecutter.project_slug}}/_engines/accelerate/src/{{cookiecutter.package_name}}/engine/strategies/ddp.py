@@ -24,6 +24,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from ...errors import ConfigError, Interrupted, spawned_failure
 from ...parallel.batchnorm import needs_sync, synchronise, synchronised_message
 from ...parallel.launcher import free_port
+from ...runtime.interrupt import how_to_continue
 from . import Strategy
 
 
@@ -96,8 +97,7 @@ class DDPSpawn(DDP):
             run_id = Path(HydraConfig.get().runtime.output_dir).name
             raise Interrupted(
                 f"{signal.Signals(err.sigval).name}: the {devices} processes stopped at once (ddp_spawn's processes "
-                f"save no checkpoint on a stop); continue from the last one with the same command plus run_id={run_id} "
-                "(or run_id=last)"
+                f"save no checkpoint on a stop); from the last one, {how_to_continue(run_id)}"
             ) from None
         except ChildFailedError as err:
             rank, failure = err.get_first_failure()
