@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 from optuna.trial import TrialState
 from wandb_records import offline_runs
 
+from {{ cookiecutter.package_name }}.config import check_overrides
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.search.__main__ import (
     baseline_values,
@@ -517,6 +518,16 @@ def test_the_baseline_starts_from_the_config_as_it_is_or_refuses_in_one_line(tmp
         baseline({"model.net.hidden": {"type": "categorical", "choices": [64, 256]}})
     with pytest.raises(ConfigError, match=r"\+model.net.colour has no value to start from"):
         baseline({"+model.net.colour": {"type": "float", "low": 0.0, "high": 1.0}})
+
+
+@pytest.mark.engine_neutral
+def test_the_best_configs_command_line_is_checked_as_the_trainings_is(tmp_path):
+    """`train --config-dir <study> --config-name best trainer.max_epoch=3`: Hydra's five lines and exit code 1; now the
+    training's one line, against best.yaml's config (which composes `train`)."""
+    (tmp_path / "best.yaml").write_text("defaults:\n- train\n- _self_\nexperiment: grid\n")
+    check_overrides(["--config-dir", str(tmp_path), "--config-name", "best", "trainer.max_epochs=3"], "train")
+    with pytest.raises(ConfigError, match="unknown setting trainer.max_epoch; did you mean trainer.max_epochs"):
+        check_overrides([f"--config-dir={tmp_path}", "--config-name=best", "trainer.max_epoch=3"], "train")
 
 
 @pytest.mark.engine_neutral

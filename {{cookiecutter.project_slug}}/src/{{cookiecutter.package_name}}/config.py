@@ -5,6 +5,7 @@ import difflib
 import inspect
 import os
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -127,8 +128,10 @@ def check_overrides(overrides: list[str], config_name: str) -> None:
     and only when a key is set: Hydra composes again to run.
     """
     args = [arg for arg in overrides if arg not in MULTIRUN]
-    if any(arg.startswith("-") for arg in args):  # --config-dir, --cfg, --help ...: Hydra's to check
+    args, config_dir, config_name = _primary_config(args, config_name)  # (best.yaml of a search: --config-dir ...)
+    if any(arg.startswith("-") for arg in args):  # --cfg, --help ...: Hydra's to check
         return
+    extra = [f"hydra.searchpath=[file://{CONFIG_DIR}]"] if config_dir != CONFIG_DIR else []  # (its `train`)
     try:
         parsed = OverridesParser.create().parse_overrides(args)
     except HydraException:
@@ -143,9 +146,9 @@ def check_overrides(overrides: list[str], config_name: str) -> None:
             raise ConfigError(f"+{group}: a preset of {group} is chosen already; choose another without +: {group}=...")
     if not settings:
         return
-    with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR), job_name=config_name):
+    with initialize_config_dir(version_base="1.3", config_dir=str(config_dir), job_name=config_name):
         presets = [_first_value(o) for o in parsed if o not in settings]
-        declared = _compose(config_name, [arg for arg in presets if arg], args, return_hydra_config=True)
+        declared = _compose(config_name, [*extra, *(arg for arg in presets if arg)], args, return_hydra_config=True)
         keys = {key: value for key, value in leaves(declared) if key != "hydra" and not key.startswith("hydra.")}
         added = [o.key_or_group for o in settings if _adds_strategy_setting(o)]
         if added:
@@ -156,7 +159,27 @@ def check_overrides(overrides: list[str], config_name: str) -> None:
         for override in settings:  # in order: a key added (+key) or removed (~key) earlier on the line counts
             check_setting(override, keys, groups, read)
         if any(o.type != OverrideType.CHANGE for o in settings):  # + and ~: what else Hydra would refuse
-            _compose(config_name, [arg for arg in map(_first_value, parsed) if arg], args)
+            _compose(config_name, [*extra, *(arg for arg in map(_first_value, parsed) if arg)], args)
+
+
+def _primary_config(args: list[str], config_name: str) -> tuple[list[str], Path, str]:
+    """The command line without Hydra's --config-dir/-cd and --config-name/-cn, the folder and name of the primary
+    config they give (a search's best.yaml, which composes `train`), else this package's and `config_name`."""
+    rest, given = [], {}
+    flags = {"--config-dir": "dir", "-cd": "dir", "--config-name": "name", "-cn": "name"}
+    pending = None
+    for arg in args:
+        flag, equals, value = arg.partition("=")
+        if pending:
+            given[pending], pending = arg, None
+        elif flag in flags and equals:
+            given[flags[flag]] = value
+        elif arg in flags:
+            pending = flags[arg]
+        else:
+            rest.append(arg)
+    folder = Path(given["dir"]).resolve() if "dir" in given else CONFIG_DIR
+    return rest, folder, given.get("name", config_name)
 
 
 def _compose(config_name: str, overrides: list[str], args: list[str], **kwargs: Any) -> DictConfig:
@@ -215,7 +238,9 @@ def check_setting(override: Override, keys: dict[str, Any], groups: set[str], re
     if kind in (OverrideType.ADD, OverrideType.FORCE_ADD) and key not in keys:
         _check_added(key, keys, read, isinstance(override.value(), dict))
     if kind in (OverrideType.CHANGE, OverrideType.DEL) and key not in keys:
-        others = [other for other in keys if not key.startswith(f"{other}.")]  # (`doctor` for doctor.foo: its node)
+        others = [  # (`doctor` for doctor.foo: its node; data.dataset._partial_ for data.dataset.root: Hydra's)
+            other for other in keys if not key.startswith(f"{other}.") and not other.rpartition(".")[2].startswith("_")
+        ]
         near = difflib.get_close_matches(key, others, n=1, cutoff=0.75)  # (0.6 offered `oom` for `foo`)
         hint = f"; did you mean {near[0]}?" if near else ""
         if kind == OverrideType.DEL:
@@ -273,8 +298,11 @@ def _check_added(key: str, keys: dict[str, Any], read: str, node: bool) -> None:
     if is_read(name, read):
         return
     if top not in keys:  # (+foo.bar=1 made a node foo that nothing reads)
+        preset = (
+            "" if "." in key or node else f" (a preset folder of yours is configs/{key}/<name>.yaml: +{key}=<name>)"
+        )
         raise ConfigError(
-            f"+{key}: no part of the training reads a top-level {top}{_named_here(key) or _other_engines(key)}"
+            f"+{key}: no part of the training reads a top-level {top}{_named_here(key) or _other_engines(key) or preset}"
         )
     if parent == "checkpoint":
         taken = ", ".join(sorted(str(other) for other in keys[parent]))
@@ -500,6 +528,7 @@ def run_cli(run: Callable[[], None], config_name: str = "train") -> None:
     """The command line: an unknown config group choice or setting, a value of the wrong type, or a multi-node
     launch without a run id, is refused in one line; run_id=last becomes the id of the run to continue; then Hydra
     runs `run`."""
+    notes_in_one_line()
     try:
         sys.argv[1:] = without_logger(sys.argv[1:])
         check_group_choices(sys.argv[1:])
@@ -511,6 +540,19 @@ def run_cli(run: Callable[[], None], config_name: str = "train") -> None:
     except ConfigError as err:
         fail(err)
     run()
+
+
+def notes_in_one_line() -> None:
+    """Show this project's own warnings (a preset that falls back to one device, say) as one `note:` line, as its other
+    notes are, not as Python's file, line and source line; other libraries' warnings as they are."""
+    package, shown = str(Path(__file__).parent), warnings.formatwarning
+
+    def note(message: Any, category: type[Warning], filename: str, lineno: int, line: str | None = None) -> str:
+        if str(filename).startswith(package):
+            return f"note: {message}\n"
+        return shown(message, category, filename, lineno, line)
+
+    warnings.formatwarning = note
 
 
 def check_seed_and_names(overrides: list[str]) -> None:

@@ -770,11 +770,12 @@ def per_device_batch_size(global_batch_size: int, replicas: int, accumulate: int
     if global_batch_size < 1 or global_batch_size % replicas:
         raise ConfigError(
             f"data.batch_size={global_batch_size} is the global batch and must be a positive multiple of the "
-            f"{replicas} data-parallel replicas; nearest valid: {nearest_multiples(global_batch_size, replicas)}"
+            f"{replicas} data-parallel replica{'s' if replicas > 1 else ''}; nearest valid: "
+            f"{nearest_multiples(global_batch_size, replicas)}"
         )
     return global_batch_size // parts
 
 
 def nearest_multiples(value: int, factor: int) -> str:
     below = max(factor, value // factor * factor)
-    return f"{below} or {below + factor}"
+    return str(factor) if value < factor else f"{below} or {below + factor}"

@@ -2,6 +2,7 @@
 coordinates plot, and a wandb summary run in the study's group with the same table and plot."""
 
 import csv
+import hashlib
 import warnings
 from dataclasses import asdict
 from pathlib import Path
@@ -131,6 +132,7 @@ def parallel_coordinate(study: optuna.Study, metric: str) -> matplotlib.figure.F
     changed on its figure: the lines' colours, and each axis named in full over two lines."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.filterwarnings("ignore", "Attempting to set identical")  # a parameter of one value: a flat axis
         axes = plot_parallel_coordinate(study, target_name=metric)
     figure = axes.figure
     for collection in (c for ax in figure.axes for c in ax.collections if c.get_array() is not None):
@@ -159,8 +161,12 @@ def log_summary_run(
     best: optuna.trial.FrozenTrial | None,
     plot: Path | None,
 ) -> None:
-    """One more wandb run in the study's group: the settings, the table of trials, the best trial, the plot."""
+    """One more wandb run in the study's group: the settings, the table of trials, the best trial, the plot. One run per
+    study (its id from the study's folder): a search continued later updates it instead of adding another."""
+    study_id = hashlib.sha1(str(settings.study_dir.resolve()).encode()).hexdigest()[:16]
     run = wandb.init(
+        id=f"search-{study_id}",
+        resume="allow",
         project=cfg.logger.project,
         entity=cfg.logger.entity,
         group=study.study_name,
@@ -179,4 +185,5 @@ def log_summary_run(
     offline = run.settings.mode == "offline"
     run.finish()
     if offline:
-        print(f"wandb: offline summary run saved; upload it with: wandb sync {run.settings.sync_dir}")
+        study_dir = settings.study_dir
+        print(f"wandb: offline runs saved; upload them with: wandb sync {study_dir}/trials/*/wandb {study_dir}/wandb")

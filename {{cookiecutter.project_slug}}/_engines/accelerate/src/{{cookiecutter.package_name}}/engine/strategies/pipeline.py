@@ -143,7 +143,7 @@ class PipelineParallel(Strategy):
             if accelerator.trackers:  # (logger=none: no wandb run)
                 tracker = accelerator.get_tracker("wandb", unwrap=True)  # (a resumed run may have had other stages)
                 tracker.config.update({"pipeline": summary}, allow_val_change=True)
-            print(f"pipeline: {summary} (bubble: pipelining.bubble_fraction)")
+            print(f"pipeline: {summary} (in wandb's config as pipeline.*)")
 
     def step_metrics(self) -> dict[str, float]:
         return {f"pipeline/idle_fraction/stage{rank}": idle for rank, idle in enumerate(self.idle)}

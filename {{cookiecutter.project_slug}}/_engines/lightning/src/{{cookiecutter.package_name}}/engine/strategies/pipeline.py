@@ -162,7 +162,7 @@ class PipelineStrategy(DDPStrategy):
         for logger in trainer.loggers:
             logger.log_hyperparams({"pipeline": summary})
         if self.is_global_zero:
-            print(f"pipeline: {summary} (bubble: pipelining.bubble_fraction)")
+            print(f"pipeline: {summary} (in wandb's config as pipeline.*)")
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         module = self.lightning_module
