@@ -257,6 +257,14 @@ COMMAND_LINE_REFUSALS = [
         + ["data.num_features=6", "data.batch_size=32", "checkpoint.monitor=val/acc"],
         "checkpoint.monitor=val/acc, but the data's targets are values (a regression), whose validation logs val/loss",
     ),
+    (  # (what the schedule cannot do, refused naming the setting given)
+        ["strategy=pipeline", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.accumulate_grad_batches=2"],
+        "strategy=pipeline does not take trainer.accumulate_grad_batches=2: its schedule already runs each batch as",
+    ),
+    (
+        ["strategy=pipeline", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.gradient_clip_val=1.0"],
+        "strategy=pipeline does not take trainer.gradient_clip_val=1.0: each stage holds part of the gradient",
+    ),
     # The OOM toolkit (configs/oom/, read by both engines): a value that would have failed mid-training, a preset that
     # cannot run a part of it (a process out of memory would leave the others waiting)
     (["oom=lots"], "unknown oom 'lots'; valid: none, toolkit"),
@@ -333,6 +341,8 @@ COMMAND_LINE_REFUSAL_IDS = [
     "devices-that-are-not-a-count",
     "hydra-group-choice",
     "accuracy-monitor-of-a-regression",
+    "pipeline-with-accumulation",
+    "pipeline-with-clipping",
     "unknown-oom",
     "a-setting-of-a-part-that-is-off",
     "unknown-recovery-policy",

@@ -88,6 +88,21 @@ def check_pipeline_settings(unknown: Collection[str]) -> None:
         )
 
 
+def check_pipeline_training(accumulate: int, clip: float | None) -> None:
+    """What the schedule cannot do, refused naming the setting given: accumulation (its micro-batches are the
+    accumulation) and gradient clipping (each stage holds part of the gradient, the norm is of the whole)."""
+    if accumulate != 1:
+        raise ConfigError(
+            f"strategy=pipeline does not take trainer.accumulate_grad_batches={accumulate}: its schedule already runs "
+            "each batch as strategy.microbatches micro-batches; raise that to save memory instead"
+        )
+    if clip:
+        raise ConfigError(
+            f"strategy=pipeline does not take trainer.gradient_clip_val={clip}: each stage holds part of the gradient "
+            "whose norm clipping needs; leave it null"
+        )
+
+
 def bubble_fraction(processes: int, microbatches: int, schedule: str = "1f1b", per_process: int = 1) -> float:
     """Share of each step a process idles while the pipeline fills and drains, in theory: (p - 1) / (m + p - 1) for
     p processes and m micro-batches; a looped schedule's V stages per process fill it V times faster,

@@ -23,6 +23,7 @@ from ...parallel.pipelining import (
     PipelineLayout,
     check_pipeline,
     check_pipeline_settings,
+    check_pipeline_training,
     check_schedule_compiles,
     check_stages_per_process,
     single_device_name,
@@ -81,11 +82,7 @@ class PipelineParallel(Strategy):
             "strategy=pipeline`",
         )
         self.layout = PipelineLayout.over(processes, replicas, schedule, per_process, tensor_parallel)
-        if cfg.trainer.accumulate_grad_batches != 1 or cfg.trainer.gradient_clip_val:
-            raise ConfigError(
-                "strategy=pipeline does not support trainer.accumulate_grad_batches or trainer.gradient_clip_val; "
-                "raise strategy.microbatches to save memory instead"
-            )
+        check_pipeline_training(cfg.trainer.accumulate_grad_batches, cfg.trainer.gradient_clip_val)
 
     def data_parallel(self, process_index: int, processes: int) -> tuple[int, int]:
         # Every stage of a pipeline reads its pipeline's slice of the batch.

@@ -29,6 +29,7 @@ from ...parallel.pipelining import (
     PipelineLayout,
     check_pipeline,
     check_pipeline_settings,
+    check_pipeline_training,
     check_schedule_compiles,
     check_stages_per_process,
     single_device_name,
@@ -122,11 +123,7 @@ class PipelineStrategy(DDPStrategy):
             self.per_process,
             self.tensor_parallel_size,
         )
-        if trainer.accumulate_grad_batches != 1 or trainer.gradient_clip_val:
-            raise ConfigError(
-                "strategy=pipeline does not support trainer.accumulate_grad_batches or trainer.gradient_clip_val; "
-                "raise strategy.microbatches to save memory instead"
-            )
+        check_pipeline_training(trainer.accumulate_grad_batches, trainer.gradient_clip_val)
         if trainer.precision == "16-mixed":  # one gradient scaler per stage would skip steps out of step
             raise ConfigError("strategy=pipeline supports trainer.precision=32-true or bf16-mixed, not 16-mixed")
 
