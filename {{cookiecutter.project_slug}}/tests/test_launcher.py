@@ -46,7 +46,7 @@ def test_a_launcher_gives_the_layout_when_the_command_line_does_not(launched_by,
 
 def test_a_layout_that_contradicts_the_launcher_is_refused_naming_both(launched_by):
     launched_by(TORCHRUN_2x2)
-    message = r"trainer.num_nodes=1 x trainer.devices=2 = 2 processes, but torchrun started 4 \(2 nodes x 2\)"
+    message = r"trainer.num_nodes=1 x trainer.devices=2 = 2 processes, but torchrun runs 4 \(2 nodes x 2\)"
     with pytest.raises(ConfigError, match=message):
         fit_layout_to_launcher("ddp", 1, 2, ["trainer.num_nodes=1"])
     launched_by({"ACCELERATE_MIXED_PRECISION": "no"})  # accelerate launch (torch's agent): named as the user typed

@@ -85,7 +85,7 @@ def fit_layout_to_launcher(
     if (nodes_given or devices_given) and int(num_nodes) * int(devices) != launcher.world_size:
         raise ConfigError(
             f"trainer.num_nodes={num_nodes} x trainer.devices={devices} = {int(num_nodes) * int(devices)} processes, "
-            f"but {launcher.name} started {launcher.world_size} ({launcher.num_nodes} nodes x {launcher.per_node}); "
+            f"but {launcher.name} runs {launcher.world_size} ({launcher.num_nodes} nodes x {launcher.per_node}); "
             "leave both out to use the launcher's layout"
         )
     return num_nodes, devices
