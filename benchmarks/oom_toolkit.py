@@ -39,9 +39,9 @@ def finder_cost(project: Path, package: str, layout: list[str], run_dir: Path) -
     env = dict(os.environ, PYTHONPATH=f"{project / 'src'}{os.pathsep}{project / 'tests'}", WANDB_MODE="disabled")
     command = [
         *(sys.executable, "-m", f"{package}.train", f"hydra.run.dir={run_dir}"),
-        *("callbacks=[default,batch_size_finder]", "~callbacks.progress_bar", "logger=none"),
+        *("oom.find_batch_size=true", "~callbacks.progress_bar", "logger=none"),
         *("trainer.accelerator=cpu", "trainer.max_steps=1", "trainer.limit_val_batches=0", "test_after_fit=false"),
-        *("trainer.enable_progress_bar=false", "model._target_=oom_sim.OOMClassifier", f"+model.oom_above={LIMIT}"),
+        *("trainer.enable_progress_bar=false", "+model._target_=oom_sim.OOMClassifier", f"+model.oom_above={LIMIT}"),
         *layout,
     ]
     start = time.perf_counter()

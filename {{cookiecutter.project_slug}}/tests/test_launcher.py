@@ -50,7 +50,7 @@ def test_a_layout_that_contradicts_the_launcher_is_refused_naming_both(launched_
     with pytest.raises(ConfigError, match=message):
         fit_layout_to_launcher("ddp", 1, 2, ["trainer.num_nodes=1"])
     launched_by({"ACCELERATE_MIXED_PRECISION": "no"})  # accelerate launch (torch's agent): named as the user typed
-    with pytest.raises(ConfigError, match="but accelerate launch started 4"):
+    with pytest.raises(ConfigError, match="but accelerate launch runs 4"):
         fit_layout_to_launcher("ddp", 1, 2, ["trainer.num_nodes=1"])
 
 

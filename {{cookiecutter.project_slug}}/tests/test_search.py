@@ -28,6 +28,7 @@ from {{ cookiecutter.package_name }}.search.__main__ import (
     compose_training,
     hold_lock,
     make_pruner,
+    queue_grid_points,
     requeue_interrupted,
 )
 from {{ cookiecutter.package_name }}.search.__main__ import main as search_main
@@ -346,23 +347,57 @@ class ScriptedTraining:
 
 
 @pytest.mark.engine_neutral
-def test_a_grid_continued_after_a_kill_trains_the_interrupted_point(tmp_path):
-    """A grid search killed during a trial: on restart the trial is marked failed and its point queued again. Optuna's
-    GridSampler counts a failed point as visited: without the queue the point was never trained and another point
-    ran twice. Real Optuna study, objective standing in for the trainings."""
-    grid = {"lr": [0.01, 0.001], "wd": [0.01, 1e-4]}
+def test_a_grid_continued_after_a_kill_trains_each_point_once(tmp_path):
+    """A grid search with a baseline, killed during a trial, continued (trials found running failed and queued again,
+    the grid's missing points queued): every point trains once, the baseline too. With Optuna's GridSampler a point
+    trained twice and another never (its point numbers changed with its seed, which changes with the trial count),
+    and a queued trial (the baseline, an interrupted one) stopped the search with KeyError 'grid_id'. A real Optuna
+    journal, reopened as a restarted search does; the objective stands in for the trainings."""
+    grid = {"lr": [0.01, 0.001, 0.003], "wd": [0.01, 1e-4]}
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(tmp_path / "journal.log")))
 
     def objective(trial: optuna.Trial) -> float:
         return trial.suggest_float("lr", 1e-4, 1) + trial.suggest_float("wd", 1e-5, 1)
 
-    study = optuna.create_study(sampler=optuna.samplers.GridSampler(grid, seed=0))
-    study.optimize(objective, n_trials=1)
-    killed = study.ask()  # the search was killed while this point trained
+    def search(study: optuna.Study, total: int) -> None:  # the search's loop, with its seed
+        while (left := total - len(study.get_trials(states=(TrialState.COMPLETE,)))) > 0:
+            queue_grid_points(study, grid, 0, left)
+            study.optimize(objective, n_trials=left)
+
+    study = optuna.create_study(study_name="s", storage=storage)
+    study.enqueue_trial({"lr": 0.5, "wd": 0.5}, user_attrs={"baseline": True})
+    search(study, 3)  # the baseline and two points, then a third started:
+    queue_grid_points(study, grid, 0, 1)
+    killed = study.ask()
     killed.suggest_float("lr", 1e-4, 1), killed.suggest_float("wd", 1e-5, 1)
-    requeue_interrupted(study, tmp_path, "val/loss")  # its run folder: no trace of a finished training
-    study.optimize(objective, n_trials=3)
-    trained = [(trial.params["lr"], trial.params["wd"]) for trial in study.get_trials(states=(TrialState.COMPLETE,))]
-    assert sorted(trained) == sorted((lr, wd) for lr in grid["lr"] for wd in grid["wd"]), "each point once"
+
+    restarted = optuna.load_study(study_name="s", storage=storage)
+    restarted.sampler = optuna.samplers.RandomSampler(seed=len(restarted.trials))  # as the search seeds it
+    requeue_interrupted(restarted, tmp_path, "val/loss")  # its run folder: no trace of a finished training
+    search(restarted, 1 + 6)
+    trained = [
+        (trial.params["lr"], trial.params["wd"]) for trial in restarted.get_trials(states=(TrialState.COMPLETE,))
+    ]
+    assert sorted(trained) == sorted([(0.5, 0.5), *((lr, wd) for lr in grid["lr"] for wd in grid["wd"])])
+    [interrupted] = restarted.get_trials(states=(TrialState.FAIL,))
+    [again] = [trial for trial in restarted.trials if trial.user_attrs.get("continues") == interrupted.number]
+    assert again.params == interrupted.params and again.state == TrialState.COMPLETE, "again, in its folder"
+
+
+@pytest.mark.engine_neutral
+def test_a_continued_trial_found_running_is_read_from_its_folder(tmp_path):
+    """A trial that continued an interrupted one trains in that one's folder: killed after its training finished, it
+    is recorded from there (it was looked for in a folder of its own number, and trained a third time)."""
+    study = optuna.create_study()
+    study.enqueue_trial({"lr": 0.1}, user_attrs={"continues": 7})
+    trial = study.ask()
+    trial.suggest_float("lr", 1e-4, 1)
+    folder = tmp_path / "trials" / "7"
+    folder.mkdir(parents=True)
+    append_epoch_metrics(folder / "epochs.jsonl", 0, {"val/loss": 0.6}, final=True)
+    (folder / "finished").touch()
+    requeue_interrupted(study, tmp_path / "trials", "val/loss")
+    assert study.trials[trial.number].state == TrialState.COMPLETE and study.trials[trial.number].value == 0.6
 
 
 @pytest.mark.engine_neutral

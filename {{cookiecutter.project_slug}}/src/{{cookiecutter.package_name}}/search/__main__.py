@@ -10,14 +10,17 @@ Everything lands in outputs/search/<study>/; trial n trains in trials/<n>/ (its 
 
 import fcntl
 import inspect
+import itertools
 import json
 import logging
 import math
 import os
+import random
 import re
 import shutil
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import fields
 from functools import partial
@@ -102,7 +105,7 @@ def main() -> None:
         lock = hold_lock(settings.study_dir)  # held until the search and every trial it started have ended
         if start is TrialProcess:
             start = partial(TrialProcess, inherit=(lock.fileno(),))
-        study = open_study(settings, params, overrides, grid, cfg, baseline)
+        study = open_study(settings, params, overrides, cfg, baseline)
     except ConfigError as err:
         fail(err)
 
@@ -112,7 +115,8 @@ def main() -> None:
 
     def objective(trial: optuna.Trial) -> float:
         # An interrupted trial's parameters run again in its folder: its training continues from its checkpoint.
-        run_dir = settings.study_dir / "trials" / str(trial.user_attrs.get("continues", trial.number))
+        folder = trial.user_attrs.get("continues", trial.number)
+        run_dir = settings.study_dir / "trials" / str(folder)
         trial_overrides = [
             f"experiment={hydra_value(study.study_name)}",  # the wandb group (a user's experiment=... wins)
             *overrides,
@@ -121,7 +125,7 @@ def main() -> None:
             f"epoch_metrics={hydra_value(str(run_dir / 'epochs.jsonl'))}",
         ]
         if cfg.logger:
-            trial_overrides.append(f"++logger.name={hydra_value(f'{study.study_name}-trial-{trial.number}')}")
+            trial_overrides.append(f"++logger.name={hydra_value(f'{study.study_name}-trial-{folder}')}")  # its run
         with slots.take() as devices:
             command = [*trial_command(preset, processes), *trial_overrides]
             env = {**devices, "MASTER_PORT": str(free_port())}
@@ -143,6 +147,8 @@ def main() -> None:
     print(f"study {study.study_name} in {settings.study_dir}: {finished(study)} of {total} trials finished", flush=True)
     try:
         while not failures.reached and (left := total - finished(study)) > 0:  # failed trials are replaced
+            if grid:
+                queue_grid_points(study, grid, settings.seed, left)
             jobs = min(settings.n_jobs, left)
             study.optimize(objective, n_trials=left, n_jobs=jobs, catch=(TrialFailed,), callbacks=[failures])
     except MetricMissing as err:
@@ -227,7 +233,6 @@ def open_study(
     settings: Settings,
     params: list[Param],
     overrides: list[str],
-    grid: dict | None,
     cfg: DictConfig,
     baseline: dict[str, Any] | None,
 ) -> optuna.Study:
@@ -274,7 +279,7 @@ def open_study(
         )
     # Seeded by how many trials the study has: a re-run continues the sequence instead of drawing again the
     # parameters its first run drew.
-    study.sampler = make_sampler(settings, grid, seed=settings.seed + len(study.trials))
+    study.sampler = make_sampler(settings, seed=settings.seed + len(study.trials))
     study.pruner = make_pruner(settings, cfg)
     return study
 
@@ -282,7 +287,12 @@ def open_study(
 def changed_definition(started: dict[str, Any], now: dict[str, Any]) -> str:
     """What differs between the study's definition when it started and now ("" for nothing): the training overrides
     (in any order: Hydra applies config groups first, then keys), the metric, the space's keys and distributions."""
-    if sorted(started["overrides"]) != sorted(now["overrides"]):
+
+    def same(then: list[str], here: list[str]) -> bool:  # (a key given twice, or ~key then +key: in order)
+        keys = [override.lstrip("+~").partition("=")[0] for override in then]
+        return sorted(then) == sorted(here) if len(set(keys)) == len(keys) else then == here
+
+    if not same(started["overrides"], now["overrides"]):
         then, here = (" ".join(definition["overrides"]) or "none" for definition in (started, now))
         return f"other training overrides ({then}, now {here})"
     if started["metric"] != now["metric"]:
@@ -341,20 +351,38 @@ def class_default(cfg: DictConfig, key: str) -> Any:
 
 
 def trials_to_run(study: optuna.Study, settings: Settings, grid: dict | None) -> int:
-    """search.n_trials; with a grid, at most its combinations (said), and a baseline trial on top of them."""
+    """search.n_trials (a baseline trial counts in them); with a grid, at most its combinations and the baseline
+    (said)."""
     if not grid:
         return settings.n_trials
     combinations = math.prod(map(len, grid.values()))
-    if settings.n_trials > combinations:
-        print(f"search.n_trials={settings.n_trials}: the grid has {combinations} combinations, each tried once")
     baseline = any(trial.user_attrs.get("baseline") for trial in study.trials)
-    return min(settings.n_trials, combinations) + baseline
+    if settings.n_trials > combinations + baseline:
+        extra = " and the baseline" if baseline else ""
+        print(
+            f"search.n_trials={settings.n_trials}: the grid has {combinations} combinations, each trained once{extra}"
+        )
+    return min(settings.n_trials, combinations + baseline)
 
 
-def make_sampler(settings: Settings, grid: dict | None, seed: int) -> optuna.samplers.BaseSampler:
-    if settings.sampler == "grid":
-        return optuna.samplers.GridSampler(grid, seed=seed)
-    if settings.sampler == "random":
+def queue_grid_points(study: optuna.Study, grid: dict[str, list[Any]], seed: int, count: int) -> None:
+    """Queue the grid's points that no trial has finished, is training or waits for, in the seed's order, until
+    `count` trials wait. By hand (Optuna's GridSampler maps shuffled point numbers that change with its seed, counts a
+    failed point as done, and fails on a queued trial: a continued search trained a point twice and another never)."""
+    keys = sorted(grid)
+    points = list(itertools.product(*(grid[key] for key in keys)))
+    random.Random(seed).shuffle(points)  # several trials at once, or fewer trials than points: spread out
+    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    taken = {tuple(trial.system_attrs["fixed_params"].get(key) for key in keys) for trial in waiting}
+    for trial in study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.RUNNING)):
+        taken.add(tuple(trial.params.get(key) for key in keys))
+    for point in [point for point in points if point not in taken][: max(0, count - len(waiting))]:
+        study.enqueue_trial(dict(zip(keys, point, strict=True)))
+
+
+def make_sampler(settings: Settings, seed: int) -> optuna.samplers.BaseSampler:
+    if settings.sampler in ("grid", "random"):  # (grid: every trial is a queued point, queue_grid_points)
+        return optuna.samplers.RandomSampler(seed=seed)
         return optuna.samplers.RandomSampler(seed=seed)
     # constant_liar: concurrent trials (n_jobs > 1) see each other as running and do not draw the same point.
     return optuna.samplers.TPESampler(
@@ -374,10 +402,9 @@ def requeue_interrupted(study: optuna.Study, trials_dir: Path, metric: str) -> N
     """Trials left running by a search that was stopped or killed. One whose training had finished (the search was
     killed before it recorded the result) is recorded from its run folder: its last epoch's `metric`. The others are
     failed now (Optuna cannot take a trial up again), and their parameters queued to run again in the same run folder,
-    where the training continues from its last checkpoint. Also for a grid: Optuna's GridSampler counts a failed
-    point as visited and would never train it again."""
+    where the training continues from its last checkpoint."""
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        run_dir = trials_dir / str(trial.number)
+        run_dir = trials_dir / str(trial.user_attrs.get("continues", trial.number))
         epochs = read_epoch_metrics(run_dir / "epochs.jsonl")
         if (run_dir / FINISHED_FILE).is_file() and epochs and metric in epochs[-1]:
             study.tell(trial.number, epochs[-1][metric])
@@ -419,6 +446,9 @@ def without_failed_trials(record: logging.LogRecord) -> bool:
     return not (record.levelno == logging.WARNING and re.match(r"Trial \d+ failed", record.getMessage()))
 
 
+RESULTS_SECONDS = 10  # how long a stopped search waits for its table of trials to be written
+
+
 def stop_search(results: Callable[[], Any], signum: int, frame: Any) -> None:
     """Ctrl-C or SIGTERM: stop the running trials (each saves a checkpoint and closes its wandb run), write the table
     of the trials so far, and exit at once. They stay "running" in the study; the same command continues them."""
@@ -426,7 +456,11 @@ def stop_search(results: Callable[[], Any], signum: int, frame: Any) -> None:
     STOPPING.set()  # the trials' threads (search.n_jobs > 1) leave them running in the study: re-run next time
     try:
         stop_all()
-        results()  # trials.csv, best.yaml
+        # In a thread: this handler may have interrupted the main thread inside the study's storage, which holds its
+        # lock (not reentrant) until the handler returns; then the table is not written rather than the search hung.
+        writer = threading.Thread(target=results, daemon=True)  # trials.csv, best.yaml
+        writer.start()
+        writer.join(RESULTS_SECONDS)
         print("the trials so far: trials.csv; continue with the same command (a stopped trial continues from its last "
               "checkpoint)", flush=True)  # fmt: skip
     finally:  # (the trials' threads wait for ever now: nothing may unwind into Optuna's pool of them)

@@ -23,7 +23,7 @@ def run_and_watch(command: list[str], env: dict[str, str], log: str, stop_file: 
     """On the node: train until the end, or until stop_file appears; the training's exit code."""
     rank = int(os.environ.get("SLURM_PROCID", 0))
     log_path = log if rank == 0 else f"{log}.rank{rank}"
-    with open(log_path, "w") as output:
+    with open(log_path, "a") as output:  # (a trial continued in its folder: after the log of its start)
         process = subprocess.Popen(command, env={**os.environ, **env}, cwd=cwd, stdout=output, stderr=subprocess.STDOUT)
         while process.poll() is None:
             if Path(stop_file).exists():
@@ -41,6 +41,7 @@ class SlurmTrial:
 
     def __init__(self, executor: submitit.Executor, command: list[str], env: dict[str, str], log: Path) -> None:
         self.stop_file = log.parent / "stop"
+        self.stop_file.unlink(missing_ok=True)  # left by the stop of this folder's earlier trial, continued now
         self.job = executor.submit(run_and_watch, command, env, str(log), str(self.stop_file), os.getcwd())
 
     def wait(self, seconds: float) -> int | None:
