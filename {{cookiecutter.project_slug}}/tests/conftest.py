@@ -270,8 +270,11 @@ COMMAND_LINE_REFUSALS = [
     (["oom=lots"], "unknown oom 'lots'; valid: none, toolkit"),
     (  # (oom=none's recovery is null)
         ["oom.recovery.policy=skip"],
-        "unknown setting oom.recovery.policy; oom.recovery is null (off) in this oom preset; the presets: none, "
-        "toolkit",
+        "unknown setting oom.recovery.policy; oom.recovery is null (off) here; the oom presets: none, toolkit",
+    ),
+    (  # (Hydra's five lines, exit code 1, told to add a +)
+        ["oom=toolkit", "oom.recovery=null", "oom.recovery.policy=skip"],
+        "unknown setting oom.recovery.policy; oom.recovery is null (off) here; the oom presets: none, toolkit",
     ),
     (["oom=toolkit", "oom.recovery.policy=halve"], "oom.recovery.policy=halve is unknown; valid: skip, split"),
     (["oom.batch_size_finder.margin=1.5"], "oom.batch_size_finder.margin=1.5: give a fraction in [0, 1), e.g. 0.1"),
@@ -345,6 +348,7 @@ COMMAND_LINE_REFUSAL_IDS = [
     "pipeline-with-clipping",
     "unknown-oom",
     "a-setting-of-a-part-that-is-off",
+    "a-setting-of-a-part-turned-off",
     "unknown-recovery-policy",
     "finder-margin-not-a-fraction",
     "unknown-lr-scaling",

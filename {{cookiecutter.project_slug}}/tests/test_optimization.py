@@ -3,7 +3,10 @@ train/lr), trainer.accumulate_grad_batches inside the global batch, and BatchNor
 
 import copy
 import math
+import os
 import shutil
+import signal
+import time
 from functools import partial
 
 import pytest
@@ -19,17 +22,18 @@ from torch.distributed.tensor.parallel import parallelize_module
 
 from {{ cookiecutter.package_name }} import config
 from {{ cookiecutter.package_name }}.config import CONFIG_DIR, check_group_choices, check_overrides, register_resolvers
-from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.errors import ConfigError, Interrupted
 from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
 from {{ cookiecutter.package_name }}.parallel.batchnorm import SynchronisedBatchNorm, accumulation_note, unsynchronised_note
 from {{ cookiecutter.package_name }}.parallel.sharding import clip_grad_norm_, clip_grad_value_
 from {{ cookiecutter.package_name }}.parallel.split import find_split
-from {{ cookiecutter.package_name }}.runtime.interrupt import ending_limit
+from {{ cookiecutter.package_name }}.runtime.interrupt import ending_limit, stops_at_once
 from {{ cookiecutter.package_name }}.runtime.optimization import (
     check_training_length,
     constant,
     cosine,
     grouped_optimizer,
+    respan,
 )
 
 
@@ -162,6 +166,31 @@ def test_a_warmup_longer_than_the_training_is_not_shortened(schedule):
         optimizer.step()
         steps.step()
     assert lrs == pytest.approx([expected_cosine(step, 1.0, 10, 2, 0.1) for step in range(2)]) == [0.1, 0.19]
+
+
+def test_a_schedule_made_shorter_than_its_warmup_by_the_batch_size_search_is_said(capsys):
+    """The batch-size search made 64 steps 8 (a batch 8 times larger): a warmup of 10 then spans them all, and the
+    learning rate never reached its peak, without a word."""
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    build = partial(cosine, warmup_steps=10, min_lr_ratio=0.1)
+    respan(build(optimizer, total_steps=64), build, 64)
+    assert "note:" not in capsys.readouterr().err
+    respan(build(optimizer, total_steps=64), build, 8)
+    assert "note: scheduler.warmup_steps=10 spans the whole training, now 8 optimizer steps" in capsys.readouterr().err
+
+
+def test_ctrl_c_during_the_batch_size_search_stops_at_once_in_one_line():
+    """Before the first step there is nothing to save: the search stops at once (exit 130), also where SIGINT was
+    ignored when the process started (a background job), which left the search and the training to run to the end."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with pytest.raises(Interrupted, match="interrupted during the batch-size search, before the first step"):
+            with stops_at_once("the batch-size search"):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(1)  # (the signal is handled between two bytecodes)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN, "the handler before is back"
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 # (overrides, the one error line); each refused before training (conftest's `refused` runs them)

@@ -9,6 +9,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import optuna
 import pytest
@@ -32,7 +33,7 @@ from {{ cookiecutter.package_name }}.search.__main__ import (
     requeue_interrupted,
 )
 from {{ cookiecutter.package_name }}.search.__main__ import main as search_main
-from {{ cookiecutter.package_name }}.search.report import parallel_coordinate
+from {{ cookiecutter.package_name }}.search.report import parallel_coordinate, trial_table
 from {{ cookiecutter.package_name }}.search.settings import Settings
 from {{ cookiecutter.package_name }}.search.slurm import gpus_per_trial
 from {{ cookiecutter.package_name }}.search.space import load_space
@@ -330,12 +331,13 @@ class ScriptedTraining:
 
     def __init__(self, losses: list[float], log: Path) -> None:
         self.losses, self.metrics_file, self.epoch = losses, log.parent / "epochs.jsonl", 0
+        self.epochs = list(range(len(losses)))  # the epoch each validation writes
 
     def wait(self, seconds: float) -> int | None:
         if self.epoch == len(self.losses):
             return 0
         final = self.epoch + 1 == len(self.losses)
-        append_epoch_metrics(self.metrics_file, self.epoch, {"val/loss": self.losses[self.epoch]}, final)
+        append_epoch_metrics(self.metrics_file, self.epochs[self.epoch], {"val/loss": self.losses[self.epoch]}, final)
         self.epoch += 1
         return None
 
@@ -344,6 +346,29 @@ class ScriptedTraining:
 
     def finish(self) -> None:
         pass
+
+
+@pytest.mark.engine_neutral
+def test_an_epoch_validated_twice_is_reported_once_and_the_trials_value_is_its_last(tmp_path):
+    """Epoch 0 in the file from the start of the trial this one continues, validated again after its restart; epoch 1
+    validated twice within the epoch (Lightning's val_check_interval): Optuna gets each epoch once, the trial the
+    last validation's value."""
+    folder = tmp_path / "trials" / "0"
+    folder.mkdir(parents=True)
+    append_epoch_metrics(folder / "epochs.jsonl", 0, {"val/loss": 0.9}, final=False)  # before the interruption
+    study = optuna.create_study()
+
+    def objective(trial: optuna.Trial) -> float:
+        def start(command: list[str], env: dict[str, str], log: Path) -> ScriptedTraining:
+            training = ScriptedTraining([0.8, 0.7, 0.6], log)
+            training.epochs = [0, 1, 1]  # epoch 0 again, then two validations in epoch 1
+            return training
+
+        return run_trial(trial, start, [], {}, folder, "val/loss")
+
+    study.optimize(objective, n_trials=1)
+    assert study.trials[0].intermediate_values == {1: 0.9, 2: 0.7}
+    assert study.trials[0].value == 0.6
 
 
 @pytest.mark.engine_neutral
@@ -382,6 +407,9 @@ def test_a_grid_continued_after_a_kill_trains_each_point_once(tmp_path):
     [interrupted] = restarted.get_trials(states=(TrialState.FAIL,))
     [again] = [trial for trial in restarted.trials if trial.user_attrs.get("continues") == interrupted.number]
     assert again.params == interrupted.params and again.state == TrialState.COMPLETE, "again, in its folder"
+    states = [row[1] for row in trial_table(restarted, [SimpleNamespace(key="lr"), SimpleNamespace(key="wd")])[1]]
+    assert states[0] == "complete (baseline)"  # trials.csv says what each was
+    assert states[interrupted.number] == f"interrupted, continued by trial {again.number}"
 
 
 @pytest.mark.engine_neutral

@@ -273,6 +273,10 @@ def check_setting(override: Override, keys: dict[str, Any], groups: set[str], re
     default = keys[key]
     if key == "logger._target_":  # another logger class: a key added to it after is not wandb's
         keys[key] = override.value()
+    if not override.is_sweep_override() and override.value() is None:  # a node set to null (oom.recovery=null):
+        for inner in [other for other in keys if other.startswith(f"{key}.")]:  # a key under it later on the line
+            del keys[inner]  # is one Hydra cannot set
+        keys[key] = None
     for value in _values(override):
         if key in TEXT_ALSO or not isinstance(value, str | list | dict) or "${" in str(value):
             continue
@@ -301,9 +305,8 @@ def _check_added(key: str, keys: dict[str, Any], read: str, node: bool) -> None:
         preset = (
             "" if "." in key or node else f" (a preset folder of yours is configs/{key}/<name>.yaml: +{key}=<name>)"
         )
-        raise ConfigError(
-            f"+{key}: no part of the training reads a top-level {top}{_named_here(key) or _other_engines(key) or preset}"
-        )
+        hint = _named_here(key) or _other_engines(key) or preset
+        raise ConfigError(f"+{key}: no part of the training reads a top-level {top}{hint}")
     if parent == "checkpoint":
         taken = ", ".join(sorted(str(other) for other in keys[parent]))
         raise ConfigError(f"+{key}: the training reads no {key}, only the settings it has: {taken}")
@@ -386,14 +389,14 @@ def _named_here(key: str) -> str:
 
 
 def _off_in_this_preset(key: str, keys: dict[str, Any]) -> str:
-    """ "; NODE is null (off) in this GROUP preset; ..." for a key under a node the chosen preset leaves null
-    (`oom.recovery.policy=skip` with oom=none); else ""."""
+    """ "; NODE is null (off) here; ..." for a key under a node the chosen preset, or the command line, leaves null
+    (`oom.recovery.policy=skip` with oom=none, or after oom.recovery=null); else ""."""
     parts = key.split(".")
     for end in range(len(parts) - 1, 0, -1):
         node = ".".join(parts[:end])
         if node in keys and keys[node] is None and (CONFIG_DIR / parts[0]).is_dir():
             presets = sorted(path.stem for path in (CONFIG_DIR / parts[0]).glob("*.yaml"))
-            return f"; {node} is null (off) in this {parts[0]} preset; the presets: {', '.join(presets)}"
+            return f"; {node} is null (off) here; the {parts[0]} presets: {', '.join(presets)}"
     return ""
 
 

@@ -208,6 +208,8 @@ def test_the_search_grows_a_batch_that_fits_as_lightnings_does(train):
     [largest] = run.wandb.metric("batch_size_finder/largest_fitting")
     assert 950 <= largest <= 1000
     assert run.wandb.metric("batch_size_finder/global_batch_size") == [int(largest * 0.9)]
+    # Stopped by trainer.max_steps inside its first epoch: its memory is logged there, as Lightning's end of epoch does
+    assert run.wandb.steps("memory/rank0/rss_mb") == [2] and run.wandb.metric("memory/imbalance") == [1.0]
     again = train(*FINDER, "strategy=single", "+model.net.max_batch=1000", "trainer.max_steps=3", run_dir=run.run_dir)
     assert f"find_batch_size: global batch {int(largest * 0.9)}, found before the restart" in again.output
     assert again.wandb.metric("batch_size_finder/trials") == run.wandb.metric("batch_size_finder/trials"), "once"

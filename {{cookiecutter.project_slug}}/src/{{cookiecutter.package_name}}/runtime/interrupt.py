@@ -82,6 +82,23 @@ def interrupted(step: int, checkpoint: Path | str, run_id: str) -> Interrupted:
     return Interrupted(f"interrupted after step {step}, saved in {checkpoint}: {how_to_continue(run_id)}")
 
 
+@contextmanager
+def stops_at_once(what: str) -> Iterator[None]:
+    """Ctrl-C while `what` runs before the first training step (the batch-size search): stop at once in one line
+    (exit 130), nothing being there to save; also where the process was started with SIGINT ignored (a background
+    job), as the training's Ctrl-C is answered there too."""
+    main = threading.current_thread() is threading.main_thread() and multiprocessing.parent_process() is None
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler) if main else None
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted during {what}, before the first step: nothing to continue; run the command "
+                          "again to start over") from None  # fmt: skip
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
+
+
 def how_to_continue(run_id: str) -> str:
     """The same command with its run id (the folder's name was a --multirun job's number, which started a new
     sweep); run_id=last finds single runs only."""

@@ -232,6 +232,12 @@ def _at_least(key: str, value: Any, least: int) -> None:
         raise ConfigError(f"{key}={value}: give a whole number, {least} or more")
 
 
+def with_margin(largest: int, maximum: int, margin: float) -> int:
+    """The per-device batch a search uses: `margin` below the largest that fitted (real batches and later steps vary),
+    or the search's cap itself where it fitted (nothing ran out of memory: no margin is needed)."""
+    return largest if largest == maximum else max(1, min(maximum, int(largest * (1 - margin))))
+
+
 def changed_batch_message(old_global: int, new_global: int, train_samples: int) -> str:
     """What a batch-size search did to the optimisation, for its log line."""
     message = f"global batch {old_global} -> {new_global} (x{new_global / old_global:.3g})"

@@ -3,7 +3,9 @@ of parameter that fused kernels keep apart) and the learning-rate schedules of c
 torch.optim.lr_scheduler and stepped once per optimizer step."""
 
 import math
+import os
 import re
+import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -180,6 +182,13 @@ def respan(scheduler: LRScheduler, build: SchedulerFactory, total_steps: int) ->
     for group in scheduler.optimizer.param_groups:
         group["lr"] = group["initial_lr"]  # where a new schedule starts from (LinearLR scales the current lr)
     scheduler.load_state_dict(build(scheduler.optimizer, total_steps=total_steps).state_dict())
+    warmup = getattr(build, "keywords", {}).get("warmup_steps", 0)
+    if warmup >= total_steps and int(os.environ.get("RANK", "0")) == 0:  # (a few steps of a big batch found)
+        print(
+            f"note: scheduler.warmup_steps={warmup} spans the whole training, now {total_steps} optimizer steps: the "
+            "learning rate never leaves its warmup; lower scheduler.warmup_steps",
+            file=sys.stderr,
+        )
 
 
 def check_training_length(max_epochs: Any, max_steps: Any, every_n_steps: Any) -> None:

@@ -73,10 +73,14 @@ def write_results(
 def trial_table(study: optuna.Study, params: list[Param]) -> tuple[list[str], list[list[Any]]]:
     keys = [param.key for param in params]
     columns = ["trial", "state", "value", *keys, "epochs", "seconds", "log"]
+    continued: dict[int, list[int]] = {}  # a trial folder: the trials that continued its training, in order
+    for trial in study.trials:
+        if "continues" in trial.user_attrs:
+            continued.setdefault(trial.user_attrs["continues"], []).append(trial.number)
     rows = [
         [
             trial.number,
-            trial.state.name.lower(),
+            trial_state(trial, continued),
             trial.value,
             *(trial.params.get(key) for key in keys),
             len(trial.intermediate_values),
@@ -86,6 +90,16 @@ def trial_table(study: optuna.Study, params: list[Param]) -> tuple[list[str], li
         for trial in study.trials
     ]
     return columns, rows
+
+
+def trial_state(trial: optuna.trial.FrozenTrial, continued: dict[int, list[int]]) -> str:
+    """Optuna's state, and what the search made of the trial: the baseline, or interrupted and continued by another
+    trial (failed for Optuna, which cannot take a trial up again)."""
+    state = trial.state.name.lower()
+    later = [n for n in continued.get(trial.user_attrs.get("continues", trial.number), []) if n > trial.number]
+    if trial.state == optuna.trial.TrialState.FAIL and later:
+        state = f"interrupted, continued by trial {later[0]}"
+    return f"{state} (baseline)" if trial.user_attrs.get("baseline") else state
 
 
 def write_best_config(

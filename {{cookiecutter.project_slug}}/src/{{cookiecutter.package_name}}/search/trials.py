@@ -196,19 +196,19 @@ def run_trial(
     process = start(command, env, log)
     with RUNNING_LOCK:
         RUNNING.add(process)
-    lines: list[dict[str, float]] = []  # the metrics file's, and the epochs reported to Optuna
-    reported: list[dict[str, float]] = []
+    reported: list[dict[str, float]] = []  # the metrics file's lines so far
+    epochs: set[int] = set()  # the epochs reported to Optuna
     try:
         while True:
             code = process.wait(POLL_SECONDS)
-            for epoch in read_epoch_metrics(metrics_file)[len(lines) :]:
-                lines.append(epoch)
-                if any(earlier["epoch"] == epoch["epoch"] for earlier in reported):
-                    continue  # validated again by a trial continued from a checkpoint saved before its end
+            for epoch in read_epoch_metrics(metrics_file)[len(reported) :]:
                 reported.append(epoch)
                 if metric not in epoch:
                     names = ", ".join(name for name in epoch if name not in ("epoch", "final"))
                     raise MetricMissing(f"search.metric={metric} is not reported; the first epoch reported {names}")
+                if int(epoch["epoch"]) in epochs:  # validated again in the epoch (Lightning's val_check_interval),
+                    continue  # or by a continued trial from a checkpoint of before its end: Optuna takes one per step
+                epochs.add(int(epoch["epoch"]))
                 trial.report(epoch[metric], step=int(epoch["epoch"]) + 1)  # epochs trained: Hyperband's resource
                 if not epoch.get("final") and trial.should_prune():  # (at the final one, the result is there)
                     pruned = f"epoch {int(epoch['epoch'])}: {metric}={epoch[metric]:.4g}"

@@ -154,6 +154,8 @@ def fit(
             if recovery:
                 recovery.epoch_ended(epoch)
             continue
+        if cfg.oom.log_memory:  # (as the epoch's end would have: a run stopped mid-epoch logs its memory too)
+            log_device_memory(accelerator, strategy, progress.global_step)
         progress.loader = loader.state_dict()
         checkpoints.save(progress.global_step)  # stopped at trainer.max_steps
     return None

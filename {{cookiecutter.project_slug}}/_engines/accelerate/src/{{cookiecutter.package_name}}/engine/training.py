@@ -47,7 +47,7 @@ from ..parallel.plan_values import check_plan_values
 from ..parallel.sharding import check_layer_devices
 from ..parallel.split import check_chain
 from ..runtime.async_saves import check_async
-from ..runtime.interrupt import ctrl_c, interrupted, mark_finished
+from ..runtime.interrupt import ctrl_c, interrupted, mark_finished, stops_at_once
 from ..runtime.memory import FINDER_REFUSED, check_oom_settings, configure_allocator
 from ..runtime.metrics import check_monitor
 from ..runtime.optimization import check_optimization, grouped_optimizer, respan
@@ -278,9 +278,11 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
         if cfg.oom.find_batch_size and progress.found_batch_size:  # searched before this run was restarted
             data.batch_size = progress.found_batch_size
             accelerator.print(f"find_batch_size: global batch {data.batch_size}, found before the restart")
+            steps = training_steps(cfg, data, replicas, rank)  # the progress bar's (the schedule is the checkpoint's)
         elif cfg.oom.find_batch_size:
             finder = {**cfg.oom.batch_size_finder, "accumulation": accumulation(cfg)}
-            find_batch_size(accelerator, strategy, model, optimizer, data, replicas, loss_fn, **finder)  # lr scaled
+            with stops_at_once("the batch-size search"):
+                find_batch_size(accelerator, strategy, model, optimizer, data, replicas, loss_fn, **finder)  # lr scaled
             progress.found_batch_size = data.batch_size
             steps = training_steps(cfg, data, replicas, rank)  # of the batch found
             respan(scheduler, build(cfg.scheduler), steps)

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 from ...data.loading import Data, batch_parts, global_batch_size, per_device_batch_size
 from ...runtime import memory
-from ...runtime.memory import LR_SCALINGS, changed_batch_message, is_oom_error
+from ...runtime.memory import LR_SCALINGS, changed_batch_message, is_oom_error, with_margin
 from ...runtime.optimization import scale_lr
 from ..strategies import LossFn, Strategy
 
@@ -75,7 +75,7 @@ def find_batch_size(
     restore()
     if largest == 0:
         raise RuntimeError("find_batch_size: not even a batch of 1 fits in memory")
-    per_device = max(1, min(maximum, int(largest * (1 - margin))))
+    per_device = with_margin(largest, maximum, margin)
     # The trials ran with the optimizer state their first step allocated; training starts without it and
     # allocates it after its first step's activations: another layout in the device's memory (measured on an H200:
     # 76-129 MiB reserved but unusable, more than the margin). The size is checked from that start, as training will

@@ -18,7 +18,8 @@ from ...data.loading import batch_parts, global_batch_size, per_device_batch_siz
 from ...errors import ConfigError
 from ...parallel.batchnorm import oom_handling_problem
 from ...runtime import memory
-from ...runtime.memory import FINDER_REFUSED, LR_SCALINGS, changed_batch_message, free_memory, is_oom_error
+from ...runtime.interrupt import stops_at_once
+from ...runtime.memory import FINDER_REFUSED, LR_SCALINGS, changed_batch_message, free_memory, is_oom_error, with_margin
 from ...runtime.optimization import scale_lr
 from ..strategies import data_parallel_size
 
@@ -90,17 +91,18 @@ class BatchSizeFinder(L.Callback):
         maximum = min(self.max_batch_size, len(dataset) // parts)
         fits = lambda size: self._fits(trainer, pl_module, dataset, size)  # noqa: E731
         first = per_device_batch_size(old_global, replicas, accumulation)
-        largest, trials = memory.search(fits, first, maximum, self.tolerance)  # by its module: the bench records it
-        _restore(pl_module, trainer.optimizers, saved)
-        if largest == 0:
-            raise RuntimeError("BatchSizeFinder: not even a batch of 1 fits in memory")
-        per_device = max(1, min(maximum, int(largest * (1 - self.margin))))
-        # The trials ran with the optimizer state their first step allocated; training starts without it and
-        # allocates it after its first step's activations: another layout in the device's memory (measured on an
-        # H200: 76-129 MiB reserved but unusable, more than the margin). The size is checked from that start, as
-        # training will run it, and shrinks until it fits.
-        while per_device > 1 and not self._fits_from_the_start(trainer, pl_module, dataset, per_device, saved):
-            per_device = max(1, int(per_device * (1 - max(self.margin, 0.05))))
+        with stops_at_once("the batch-size search"):
+            largest, trials = memory.search(fits, first, maximum, self.tolerance)  # by its module: the bench times it
+            _restore(pl_module, trainer.optimizers, saved)
+            if largest == 0:
+                raise RuntimeError("BatchSizeFinder: not even a batch of 1 fits in memory")
+            per_device = with_margin(largest, maximum, self.margin)
+            # The trials ran with the optimizer state their first step allocated; training starts without it and
+            # allocates it after its first step's activations: another layout in the device's memory (measured on
+            # an H200: 76-129 MiB reserved but unusable, more than the margin). The size is checked from that start,
+            # as training will run it, and shrinks until it fits.
+            while per_device > 1 and not self._fits_from_the_start(trainer, pl_module, dataset, per_device, saved):
+                per_device = max(1, int(per_device * (1 - max(self.margin, 0.05))))
         datamodule.batch_size = self.global_batch_size = global_batch_size(per_device, replicas, accumulation)
         lr_factor = self._scale_learning_rate(trainer, self.global_batch_size / old_global)
         found = {
