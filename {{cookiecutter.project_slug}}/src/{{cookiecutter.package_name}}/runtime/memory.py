@@ -207,7 +207,7 @@ def check_oom_settings(oom: Any) -> None:
                 "empty_cache_every_n_epochs"
             )
         if recovery.get("policy", "split") not in ("skip", "split"):
-            raise ConfigError(f"oom.recovery.policy={recovery.policy} is unknown; valid: skip, split")
+            raise ConfigError(f"oom.recovery.policy={_shown(recovery.policy)} is unknown; valid: skip, split")
         _at_least("oom.recovery.max_consecutive", recovery.get("max_consecutive", 3), 1)
         _at_least("oom.recovery.empty_cache_every_n_epochs", recovery.get("empty_cache_every_n_epochs", 0), 0)
     if unknown := sorted(set(finder) - {"max_batch_size", "margin", "tolerance", "steps_per_trial", "lr_scaling"}):
@@ -217,19 +217,26 @@ def check_oom_settings(oom: Any) -> None:
         )
     _at_least("oom.batch_size_finder.max_batch_size", finder.max_batch_size, 1)
     _at_least("oom.batch_size_finder.steps_per_trial", finder.steps_per_trial, 1)
-    if not 0 <= finder.margin < 1:
-        raise ConfigError(f"oom.batch_size_finder.margin={finder.margin}: give a fraction in [0, 1), e.g. 0.1")
-    if not 0 <= finder.tolerance < 1:
-        raise ConfigError(f"oom.batch_size_finder.tolerance={finder.tolerance}: give a fraction in [0, 1), e.g. 0.05")
+    for name, example in (("margin", 0.1), ("tolerance", 0.05)):
+        value = finder[name]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
+            raise ConfigError(
+                f"oom.batch_size_finder.{name}={_shown(value)}: give a fraction in [0, 1), e.g. {example}"
+            )
     if finder.lr_scaling not in LR_SCALINGS:
         raise ConfigError(
-            f"oom.batch_size_finder.lr_scaling={finder.lr_scaling} is unknown; valid: {', '.join(LR_SCALINGS)}"
+            f"oom.batch_size_finder.lr_scaling={_shown(finder.lr_scaling)} is unknown; valid: {', '.join(LR_SCALINGS)}"
         )
 
 
 def _at_least(key: str, value: Any, least: int) -> None:
     if not (isinstance(value, int) and not isinstance(value, bool) and value >= least):
-        raise ConfigError(f"{key}={value}: give a whole number, {least} or more")
+        raise ConfigError(f"{key}={_shown(value)}: give a whole number, {least} or more")
+
+
+def _shown(value: Any) -> str:
+    """A value as the command line writes it (null, not Python's None)."""
+    return "null" if value is None else str(value)
 
 
 def with_margin(largest: int, maximum: int, margin: float) -> int:
