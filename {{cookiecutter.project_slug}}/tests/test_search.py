@@ -36,7 +36,7 @@ from {{ cookiecutter.package_name }}.search.__main__ import main as search_main
 from {{ cookiecutter.package_name }}.search.report import parallel_coordinate, trial_table
 from {{ cookiecutter.package_name }}.search.settings import Settings
 from {{ cookiecutter.package_name }}.search.slurm import gpus_per_trial
-from {{ cookiecutter.package_name }}.search.space import load_space
+from {{ cookiecutter.package_name }}.search.space import default_grid, load_space
 from {{ cookiecutter.package_name }}.search.trials import (
     RUNNING,
     STOPPING,
@@ -373,8 +373,9 @@ def test_an_epoch_validated_twice_is_reported_once_and_the_trials_value_is_its_l
 
 @pytest.mark.engine_neutral
 def test_a_grid_continued_after_a_kill_trains_each_point_once(tmp_path):
-    """A grid search with a baseline, killed during a trial, continued (trials found running failed and queued again,
-    the grid's missing points queued): every point trains once, the baseline too. With Optuna's GridSampler a point
+    """A grid search with a baseline (whose values are a point's), killed during a trial, continued (trials found
+    running failed and queued again, the grid's missing points queued): every point trains once, the baseline too (it
+    took the point's place, and a random point off the grid was trained instead). With Optuna's GridSampler a point
     trained twice and another never (its point numbers changed with its seed, which changes with the trial count),
     and a queued trial (the baseline, an interrupted one) stopped the search with KeyError 'grid_id'. A real Optuna
     journal, reopened as a restarted search does; the objective stands in for the trainings."""
@@ -390,11 +391,10 @@ def test_a_grid_continued_after_a_kill_trains_each_point_once(tmp_path):
             study.optimize(objective, n_trials=left)
 
     study = optuna.create_study(study_name="s", storage=storage)
-    study.enqueue_trial({"lr": 0.5, "wd": 0.5}, user_attrs={"baseline": True})
-    search(study, 3)  # the baseline and two points, then a third started:
+    study.enqueue_trial({"lr": 0.01, "wd": 0.01}, user_attrs={"baseline": True})  # the config's: a point's values
+    search(study, 3)  # the baseline and two points, then a third started, stopped before it drew its parameters:
     queue_grid_points(study, grid, 0, 1)
     killed = study.ask()
-    killed.suggest_float("lr", 1e-4, 1), killed.suggest_float("wd", 1e-5, 1)
 
     restarted = optuna.load_study(study_name="s", storage=storage)
     restarted.sampler = optuna.samplers.RandomSampler(seed=len(restarted.trials))  # as the search seeds it
@@ -403,13 +403,18 @@ def test_a_grid_continued_after_a_kill_trains_each_point_once(tmp_path):
     trained = [
         (trial.params["lr"], trial.params["wd"]) for trial in restarted.get_trials(states=(TrialState.COMPLETE,))
     ]
-    assert sorted(trained) == sorted([(0.5, 0.5), *((lr, wd) for lr in grid["lr"] for wd in grid["wd"])])
+    assert sorted(trained) == sorted([(0.01, 0.01), *((lr, wd) for lr in grid["lr"] for wd in grid["wd"])])
     [interrupted] = restarted.get_trials(states=(TrialState.FAIL,))
     [again] = [trial for trial in restarted.trials if trial.user_attrs.get("continues") == interrupted.number]
-    assert again.params == interrupted.params and again.state == TrialState.COMPLETE, "again, in its folder"
+    assert again.params == interrupted.system_attrs["fixed_params"] and again.state == TrialState.COMPLETE
     states = [row[1] for row in trial_table(restarted, [SimpleNamespace(key="lr"), SimpleNamespace(key="wd")])[1]]
     assert states[0] == "complete (baseline)"  # trials.csv says what each was
     assert states[interrupted.number] == f"interrupted, continued by trial {again.number}"
+
+
+def test_a_stepped_range_is_its_own_grid_to_the_last_value():
+    """0.0 to 0.3 by 0.1: its last value was 0.30000000000000004, refused as outside [0.0, 0.3]."""
+    assert default_grid(optuna.distributions.FloatDistribution(0.0, 0.3, step=0.1)) == [0.0, 0.1, 0.2, 0.3]
 
 
 @pytest.mark.engine_neutral

@@ -128,7 +128,7 @@ def warmup(optimizer: torch.optim.Optimizer, warmup_steps: int) -> LinearLR:
 
 def constant(optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int = 0) -> LRScheduler:
     """scheduler=constant: model.optimizer.lr throughout, after an optional linear warmup."""
-    return warmup(optimizer, warmup_steps)
+    return spanning(warmup(optimizer, warmup_steps), total_steps)
 
 
 def cosine(
@@ -141,7 +141,16 @@ def cosine(
     decay = CosineToFloor(optimizer, T_max=max(1, total_steps - 1 - warmup_steps), min_lr_ratio=min_lr_ratio)
     # Always both parts, even a warmup of 0 steps or no decay left: the saved state then has one shape, and a
     # checkpoint resumes into a training of another length (which keeps the saved span).
-    return SequentialLR(optimizer, [warmup(optimizer, warmup_steps), decay], milestones=[warmup_steps])
+    return spanning(
+        SequentialLR(optimizer, [warmup(optimizer, warmup_steps), decay], milestones=[warmup_steps]), total_steps
+    )
+
+
+def spanning(scheduler: LRScheduler, total_steps: int) -> LRScheduler:
+    """The schedule, told the optimizer steps it was built for (respan says when a search made them fewer than its
+    warmup)."""
+    scheduler.total_steps = total_steps
+    return scheduler
 
 
 class CosineToFloor(CosineAnnealingLR):
@@ -181,11 +190,14 @@ def respan(scheduler: LRScheduler, build: SchedulerFactory, total_steps: int) ->
     by the new schedule's, so whatever holds it (Lightning's scheduler configs, accelerate's checkpoints) keeps it."""
     for group in scheduler.optimizer.param_groups:
         group["lr"] = group["initial_lr"]  # where a new schedule starts from (LinearLR scales the current lr)
+    before = getattr(scheduler, "total_steps", total_steps)  # (a schedule of yours: not told)
     scheduler.load_state_dict(build(scheduler.optimizer, total_steps=total_steps).state_dict())
+    scheduler.total_steps = total_steps
     warmup = getattr(build, "keywords", {}).get("warmup_steps", 0)
-    if warmup >= total_steps and int(os.environ.get("RANK", "0")) == 0:  # (a few steps of a big batch found)
+    if before != total_steps and warmup >= total_steps and int(os.environ.get("RANK", "0")) == 0:
         print(
-            f"note: scheduler.warmup_steps={warmup} spans the whole training, now {total_steps} optimizer steps: the "
+            f"note: scheduler.warmup_steps={warmup} spans the whole training, now {total_steps} optimizer steps (the "
+            f"batch-size search made them fewer than {before}): the "
             "learning rate never leaves its warmup; lower scheduler.warmup_steps",
             file=sys.stderr,
         )

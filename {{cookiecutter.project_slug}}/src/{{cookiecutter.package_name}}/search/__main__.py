@@ -149,6 +149,8 @@ def main() -> None:
         while not failures.reached and (left := total - finished(study)) > 0:  # failed trials are replaced
             if grid:
                 queue_grid_points(study, grid, settings.seed, left)
+                if not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+                    break  # every point trained (left over: failures the loop would replace)
             jobs = min(settings.n_jobs, left)
             study.optimize(objective, n_trials=left, n_jobs=jobs, catch=(TrialFailed,), callbacks=[failures])
     except MetricMissing as err:
@@ -368,16 +370,22 @@ def trials_to_run(study: optuna.Study, settings: Settings, grid: dict | None) ->
 def queue_grid_points(study: optuna.Study, grid: dict[str, list[Any]], seed: int, count: int) -> None:
     """Queue the grid's points that no trial has finished, is training or waits for, in the seed's order, until
     `count` trials wait. By hand (Optuna's GridSampler maps shuffled point numbers that change with its seed, counts a
-    failed point as done, and fails on a queued trial: a continued search trained a point twice and another never)."""
+    failed point as done, and fails on a queued trial: a continued search trained a point twice and another never).
+    The baseline is none of the grid's points, even where its values are one's."""
     keys = sorted(grid)
     points = list(itertools.product(*(grid[key] for key in keys)))
     random.Random(seed).shuffle(points)  # several trials at once, or fewer trials than points: spread out
-    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-    taken = {tuple(trial.system_attrs["fixed_params"].get(key) for key in keys) for trial in waiting}
-    for trial in study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.RUNNING)):
-        taken.add(tuple(trial.params.get(key) for key in keys))
-    for point in [point for point in points if point not in taken][: max(0, count - len(waiting))]:
+    active = study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.RUNNING, TrialState.WAITING))
+    taken = {grid_point(trial, keys) for trial in active if not trial.user_attrs.get("baseline")}
+    waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+    for point in [point for point in points if point not in taken][: max(0, count - waiting)]:
         study.enqueue_trial(dict(zip(keys, point, strict=True)))
+
+
+def grid_point(trial: optuna.trial.FrozenTrial, keys: list[str]) -> tuple:
+    """The values a trial was given (queued) or drew, of `keys`."""
+    given = {**trial.system_attrs.get("fixed_params", {}), **trial.params}
+    return tuple(given.get(key) for key in keys)
 
 
 def make_sampler(settings: Settings, seed: int) -> optuna.samplers.BaseSampler:
@@ -412,7 +420,8 @@ def requeue_interrupted(study: optuna.Study, trials_dir: Path, metric: str) -> N
             continue
         study.tell(trial.number, state=TrialState.FAIL)
         folder = trial.user_attrs.get("continues", trial.number)
-        study.enqueue_trial(trial.params, user_attrs={**trial.user_attrs, "continues": folder})
+        given = {**trial.system_attrs.get("fixed_params", {}), **trial.params}  # (stopped before it drew them all)
+        study.enqueue_trial(given, user_attrs={**trial.user_attrs, "continues": folder})
         print(
             f"trial {trial.number} was interrupted: it continues from its last checkpoint in {trials_dir / str(folder)}"
         )
@@ -461,7 +470,8 @@ def stop_search(results: Callable[[], Any], signum: int, frame: Any) -> None:
         writer = threading.Thread(target=results, daemon=True)  # trials.csv, best.yaml
         writer.start()
         writer.join(RESULTS_SECONDS)
-        print("the trials so far: trials.csv; continue with the same command (a stopped trial continues from its last "
+        table = "not written now (the study was busy)" if writer.is_alive() else "trials.csv"
+        print(f"the trials so far: {table}; continue with the same command (a stopped trial continues from its last "
               "checkpoint)", flush=True)  # fmt: skip
     finally:  # (the trials' threads wait for ever now: nothing may unwind into Optuna's pool of them)
         os._exit(128 + signum)  # now: Optuna would otherwise start the next trial, or mark these ones failed

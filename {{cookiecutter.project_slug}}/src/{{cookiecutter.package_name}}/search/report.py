@@ -37,10 +37,9 @@ def summarize(
     processes: int,
 ) -> None:
     columns, rows, rerun = write_results(study, settings, params, overrides, groups, processes)
-    counts = {
-        state.name.lower(): len(study.get_trials(deepcopy=False, states=(state,))) for state in optuna.trial.TrialState
-    }
-    print(f"study {study.study_name}: " + ", ".join(f"{n} {state}" for state, n in counts.items() if n))
+    states = [str(row[1]).removesuffix(" (baseline)").partition(",")[0] for row in rows]  # (interrupted, continued)
+    counts = {state: states.count(state) for state in dict.fromkeys(states)}
+    print(f"study {study.study_name}: " + ", ".join(f"{n} {state}" for state, n in counts.items()))
     plot = best = None
     if rerun:
         best = study.best_trial

@@ -119,7 +119,7 @@ def default_grid(distribution: optuna.distributions.BaseDistribution) -> list[An
     if step is None:
         return []
     count = math.floor((distribution.high - distribution.low) / step + 1e-9) + 1
-    return [distribution.low + i * step for i in range(count)]
+    return [round(distribution.low + i * step, 12) for i in range(count)]  # (0.1 x 3 is 0.30000000000000004)
 
 
 def check_key(key: str, cfg: DictConfig, groups: dict[str, str]) -> None:
