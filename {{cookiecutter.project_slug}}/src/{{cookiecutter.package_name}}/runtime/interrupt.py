@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, Interrupted
 from ..parallel.launcher import detect_launcher
+from .run_folder import HELD_BY_THE_COMMAND
 
 FINISHED_FILE = "finished"  # in a run folder whose training ended normally: run_id=last does not continue it
 
@@ -110,11 +111,14 @@ def how_to_continue(run_id: str) -> str:
 
 
 def run_folder_given() -> bool:
-    """Whether the command line names the run folder (hydra.run.dir=...), which the same command then finds again."""
+    """Whether the command line names the run folder (hydra.run.dir=...), which the same command then finds again.
+    (A process the command started itself, strategy=ddp trainer.devices=N, has the folder last on its line: the
+    command's, not the user's.)"""
     from hydra.core.hydra_config import HydraConfig
 
     overrides = HydraConfig.get().overrides.hydra if HydraConfig.initialized() else []
-    return any(override.startswith("hydra.run.dir=") for override in overrides)
+    given = [override for override in overrides if override.startswith("hydra.run.dir=")]
+    return len(given) > (1 if os.environ.get(HELD_BY_THE_COMMAND) else 0)
 
 
 def in_a_sweep() -> bool:
