@@ -265,6 +265,15 @@ COMMAND_LINE_REFUSALS = [
         ["strategy=pipeline", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.gradient_clip_val=1.0"],
         "strategy=pipeline does not take trainer.gradient_clip_val=1.0: each stage holds part of the gradient",
     ),
+    # lightning-hydra-template's habits: Lightning's Trainer took them and the project's own won, without a word
+    (["+trainer.strategy=ddp"], "trainer.strategy is not set through the trainer here: the preset is strategy=<name>"),
+    (["+trainer.logger=false"], "trainer.logger is not set through the trainer here: the logger is logger=wandb or"),
+    (["+trainer.callbacks=[]"], "trainer.callbacks is not set through the trainer here: "),
+    (  # (it trained one process, in one engine)
+        ["trainer.num_nodes=2"],
+        "strategy=single runs one device but trainer.devices=1 x trainer.num_nodes=2 asks for 2; use strategy=ddp for "
+        "several",
+    ),
     # The OOM toolkit (configs/oom/, read by both engines): a value that would have failed mid-training, a preset that
     # cannot run a part of it (a process out of memory would leave the others waiting)
     (["oom=lots"], "unknown oom 'lots'; valid: none, toolkit"),
@@ -344,6 +353,10 @@ COMMAND_LINE_REFUSAL_IDS = [
     "devices-that-are-not-a-count",
     "hydra-group-choice",
     "accuracy-monitor-of-a-regression",
+    "trainer-strategy",
+    "trainer-logger",
+    "trainer-callbacks",
+    "single-on-two-nodes",
     "pipeline-with-accumulation",
     "pipeline-with-clipping",
     "unknown-oom",

@@ -394,7 +394,7 @@ def test_a_grid_continued_after_a_kill_trains_each_point_once(tmp_path):
     study.enqueue_trial({"lr": 0.01, "wd": 0.01}, user_attrs={"baseline": True})  # the config's: a point's values
     search(study, 3)  # the baseline and two points, then a third started, stopped before it drew its parameters:
     queue_grid_points(study, grid, 0, 1)
-    killed = study.ask()
+    study.ask()  # (the search killed now)
 
     restarted = optuna.load_study(study_name="s", storage=storage)
     restarted.sampler = optuna.samplers.RandomSampler(seed=len(restarted.trials))  # as the search seeds it

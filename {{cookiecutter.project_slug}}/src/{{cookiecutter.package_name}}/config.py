@@ -205,6 +205,23 @@ OTHER_ENGINE_GROUPS = {"callbacks": "oom"}
 OOM_TOOLKIT_PARTS = {"oom", "oom_recovery", "item_logger", "device_memory", "batch_size_finder", "memory"}
 
 
+# Trainer arguments a lightning-hydra-template user gives (trainer.strategy=ddp, trainer.logger=false): the project
+# passes its own to the Trainer, from its config groups, so Lightning's Trainer took these and dropped them.
+CHOSEN_ELSEWHERE = {
+    "trainer.strategy": lambda: f"the preset is strategy=<name> ({', '.join(_choices('strategy'))})",
+    "trainer.logger": lambda: "the logger is logger=wandb or logger=none",
+    "trainer.callbacks": lambda: (
+        "callbacks are configs/callbacks/ (callbacks=..., +callbacks.NAME._target_=...)"
+        if (CONFIG_DIR / "callbacks").is_dir()
+        else "this loop has no callbacks; engine/loop.py is yours to change (the OOM toolkit: oom=toolkit)"
+    ),
+}
+
+
+def _choices(group: str) -> list[str]:
+    return sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml"))
+
+
 # Arguments of Lightning's Trainer that the Accelerate engine's loop has no counterpart of, said so in that engine (a
 # "did you mean" pointed trainer.min_steps at trainer.max_steps, another setting).
 LIGHTNING_TRAINER_ONLY = {
@@ -229,6 +246,8 @@ def check_setting(override: Override, keys: dict[str, Any], groups: set[str], re
     """One `key=value`, `+key=value` or `~key` against the config's `keys` (dotted key: default), which it updates;
     `read`: the interpolations (`${...}`) of the config and the command line."""
     key, kind = override.key_or_group, override.type
+    if key in CHOSEN_ELSEWHERE and kind != OverrideType.DEL:  # (Lightning's Trainer took them, and the project's won)
+        raise ConfigError(f"{key} is not set through the trainer here: {CHOSEN_ELSEWHERE[key]()}")
     if kind == OverrideType.ADD and key in keys:
         shown = override.get_value_element_as_str()
         raise ConfigError(f"+{key}: {key} exists; set it without +: {key}={shown} (or ++{key}={shown} to force)")
@@ -405,7 +424,10 @@ def _other_engines(key: str) -> str:
     if not other or not (CONFIG_DIR / other).is_dir():
         return ""
     choices = ", ".join(sorted(path.stem for path in (CONFIG_DIR / other).glob("*.yaml")))
-    return f" ({key.partition('.')[0]} is the other engine's config group; this project's is {other}: {choices})"
+    return (
+        f" ({key.partition('.')[0]} is the Lightning engine's config group; this loop has none: engine/loop.py is "
+        f"yours to change; its OOM toolkit is {other}: {choices})"
+    )
 
 
 def _lightning_only(key: str, keys: dict[str, Any]) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 
 from .config import register_resolvers, run_cli
@@ -35,6 +36,8 @@ register_resolvers()
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def run(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    if cfg.ckpt_path and HydraConfig.get().job.chdir:  # from where the command was typed, not the run folder
+        cfg.ckpt_path = to_absolute_path(str(cfg.ckpt_path))
     try:
         # check_only writes nothing: it may check a command for a folder in use (a launch script re-run on a node
         # that replaces a dead one, while the other nodes' processes hold the folder)

@@ -85,14 +85,14 @@ BAD_INPUT = [
     ),
     (  # Hydra adds it, and the loop ignored it: value clipping was silently norm clipping
         ["+trainer.gradient_clip_algorithm=value"],
-        "trainer.gradient_clip_algorithm is not a setting of this loop (Lightning's Trainer has more); it reads: "
-        "accelerator, devices,",
+        "trainer.gradient_clip_algorithm is a setting of Lightning's Trainer, not of this loop; it reads: "
+        "accelerator, accumulate_grad_batches,",
     ),
     (  # the Lightning engine's way to another loss: taken in, and the loop trained with its own
         ["+model._target_=my_module.SmoothedLoss"],
         "model._target_ is not a setting of this loop (a loss of yours: engine/loop.py); it reads: net,",
     ),
-    (["callbacks=oom"], "unknown setting callbacks (callbacks is the other engine's config group; this project's is"),
+    (["callbacks=oom"], "unknown setting callbacks (callbacks is the Lightning engine's config group; this loop has"),
     *COMMAND_LINE_REFUSALS,  # (conftest: the same in both engines)
 ]
 if not torch.cuda.is_available():  # what a machine without GPUs refuses

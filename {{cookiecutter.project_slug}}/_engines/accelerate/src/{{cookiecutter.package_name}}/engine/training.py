@@ -19,7 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from ..config import CONFIG_DIR, interpolations, is_read, leaves
+from ..config import CONFIG_DIR, LIGHTNING_TRAINER_ONLY, interpolations, is_read, leaves
 from ..config import build_object as build
 from ..data.loading import (
     batches_per_epoch,
@@ -125,6 +125,11 @@ def check_settings_read(cfg: DictConfig) -> None:
     read_elsewhere = interpolations([value for _, value in leaves(cfg)])  # `+model.width=8 ...=${model.width}`
     for node, settings in read.items():
         if unread := [key for key in sorted(set(cfg[node]) - set(settings)) if not is_read(key, read_elsewhere)]:
+            if node == "trainer" and unread[0] in LIGHTNING_TRAINER_ONLY:  # (as without the +: the same words)
+                raise ConfigError(
+                    f"trainer.{unread[0]} is a setting of Lightning's Trainer, not of this loop; it reads: "
+                    + ", ".join(sorted(settings))
+                )
             hint = elsewhere.get(node, elsewhere.get(f"{node}.{unread[0]}", ""))
             raise ConfigError(
                 f"{node}.{unread[0]} is not a setting of this loop{hint}; it reads: {', '.join(settings)}"
@@ -165,7 +170,7 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
         )
     # Under torchrun or SLURM: the launcher's layout, unless the command line gives one (checked against it).
     preset, overrides = HydraConfig.get().runtime.choices["strategy"], HydraConfig.get().overrides.task
-    check_devices(cfg.trainer.accelerator, cfg.trainer.devices, preset)
+    check_devices(cfg.trainer.accelerator, cfg.trainer.devices, preset, cfg.trainer.num_nodes)
     _, devices = fit_layout_to_launcher(preset, cfg.trainer.num_nodes, cfg.trainer.devices, overrides)
     warn_if_restarts_can_hang()
     die_with_launcher()  # an orphan of a dead torchrun agent trained on

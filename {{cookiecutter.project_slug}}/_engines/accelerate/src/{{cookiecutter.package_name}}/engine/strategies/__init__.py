@@ -28,7 +28,7 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda")  # gpu and cuda alike, as in Lightning
 
 
-def check_devices(accelerator: str, devices: Any, preset: str) -> None:
+def check_devices(accelerator: str, devices: Any, preset: str, num_nodes: int = 1) -> None:
     """trainer.accelerator and trainer.devices as Lightning's Trainer checks them, in one line each: accelerate
     itself would train on the CPU whatever the words (trainer.accelerator=gpuu, or gpu on a machine without one)."""
     if accelerator not in ACCELERATORS:
@@ -40,6 +40,12 @@ def check_devices(accelerator: str, devices: Any, preset: str) -> None:
             f"trainer.devices={devices} (this command starts them under torchrun; or `accelerate launch --config_file "
             f"launch/multi_process.yaml --num_processes {devices} -m {{ cookiecutter.package_name }}.train "
             "strategy=ddp`)"
+        )
+    if preset == "single" and num_nodes != 1:  # (as Lightning's words: it trained one process)
+        each = max(torch.cuda.device_count(), 1) if devices in ("auto", -1) else devices
+        raise ConfigError(
+            f"strategy=single runs one device but trainer.devices={each} x trainer.num_nodes={num_nodes} asks for "
+            f"{each * num_nodes}; use strategy=ddp for several"
         )
 
 
