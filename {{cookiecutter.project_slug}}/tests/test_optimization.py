@@ -174,6 +174,7 @@ def test_a_schedule_made_shorter_than_its_warmup_by_the_batch_size_search_is_sai
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     build = partial(cosine, warmup_steps=10, min_lr_ratio=0.1)
     respan(build(optimizer, total_steps=5), build, 5)  # short as configured (Lightning builds it again each fit)
+    respan(build(optimizer, total_steps=5), build, 8)  # a smaller batch found: more steps, not the search's doing
     assert "note:" not in capsys.readouterr().err
     respan(build(optimizer, total_steps=64), build, 8)
     said = "note: scheduler.warmup_steps=10 spans the whole training, now 8 optimizer steps (the batch-size search"

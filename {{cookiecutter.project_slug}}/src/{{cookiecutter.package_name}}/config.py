@@ -420,8 +420,9 @@ def _off_in_this_preset(key: str, keys: dict[str, Any]) -> str:
 
 
 def _other_engines(key: str) -> str:
-    other = OTHER_ENGINE_GROUPS.get(key.partition(".")[0])
-    if not other or not (CONFIG_DIR / other).is_dir():
+    group = key.partition(".")[0]
+    other = OTHER_ENGINE_GROUPS.get(group)
+    if not other or not (CONFIG_DIR / other).is_dir() or (CONFIG_DIR / group).is_dir():  # (this engine's own group)
         return ""
     choices = ", ".join(sorted(path.stem for path in (CONFIG_DIR / other).glob("*.yaml")))
     return (

@@ -194,7 +194,7 @@ def respan(scheduler: LRScheduler, build: SchedulerFactory, total_steps: int) ->
     scheduler.load_state_dict(build(scheduler.optimizer, total_steps=total_steps).state_dict())
     scheduler.total_steps = total_steps
     warmup = getattr(build, "keywords", {}).get("warmup_steps", 0)
-    if before != total_steps and warmup >= total_steps and int(os.environ.get("RANK", "0")) == 0:
+    if total_steps < before and warmup >= total_steps and int(os.environ.get("RANK", "0")) == 0:
         print(
             f"note: scheduler.warmup_steps={warmup} spans the whole training, now {total_steps} optimizer steps (the "
             f"batch-size search made them fewer than {before}): the "

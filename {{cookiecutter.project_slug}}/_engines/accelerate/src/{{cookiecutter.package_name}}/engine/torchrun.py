@@ -32,7 +32,10 @@ def start_processes(processes: int, run_dir: Path, run_id: str) -> None:
     # A session of its own: the terminal's Ctrl-C reaches this process alone, which passes it on once (torchrun given
     # a second one stopped the processes with SIGTERM before they saved). It dies with this process (kill -9).
     command = [*torchrun, "-m", f"{PACKAGE}.train", *this_job(), *here]
-    launcher = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=die_with_parent)
+    # From where the command was typed (hydra.job.chdir=true moved this process into the run folder): the command
+    # line's relative paths (ckpt_path=..., PYTHONPATH=src) mean there what they meant to this process.
+    cwd = HydraConfig.get().runtime.cwd
+    launcher = subprocess.Popen(command, env=env, cwd=cwd, start_new_session=True, preexec_fn=die_with_parent)
     asked: list[int] = []
 
     def pass_on(signum: int, frame: object) -> None:

@@ -74,7 +74,7 @@ def check_layout(
                 f"{getattr(callback, 'setting', type(callback).__name__)} works under strategy={'|'.join(supported)}, "
                 f"not strategy={preset}"
                 + (f" ({reason})" if reason else "")
-                + f"; turn it off with {getattr(callback, 'turn_off', 'trainer.callbacks')}"
+                + f"; turn it off with {getattr(callback, 'turn_off', '~callbacks.<its name>')}"
             )
         if hasattr(callback, "check_compatible"):
             callback.check_compatible(trainer, module, synchronised_batchnorm)
