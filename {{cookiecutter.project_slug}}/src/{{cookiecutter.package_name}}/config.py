@@ -43,7 +43,7 @@ def check_group_choices(overrides: list[str]) -> None:
         if has_value and (CONFIG_DIR / group).is_dir() and group not in training_groups():  # Hydra: 4 lines
             _check_other_group(group, choice, override.startswith("+"))
         if has_value and (CONFIG_DIR / group).is_dir():
-            choices = sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml"))
+            choices = _choices(group)
         elif has_value and group.startswith("hydra/"):  # Hydra's own groups (hydra/launcher=...), its plugins' too
             choices = hydra_group_options(group)
         else:
@@ -219,6 +219,7 @@ CHOSEN_ELSEWHERE = {
 
 
 def _choices(group: str) -> list[str]:
+    """The presets of a config group of this project: its folder's files."""
     return sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml"))
 
 
@@ -414,7 +415,7 @@ def _off_in_this_preset(key: str, keys: dict[str, Any]) -> str:
     for end in range(len(parts) - 1, 0, -1):
         node = ".".join(parts[:end])
         if node in keys and keys[node] is None and (CONFIG_DIR / parts[0]).is_dir():
-            presets = sorted(path.stem for path in (CONFIG_DIR / parts[0]).glob("*.yaml"))
+            presets = _choices(parts[0])
             return f"; {node} is null (off) here; the {parts[0]} presets: {', '.join(presets)}"
     return ""
 
@@ -424,7 +425,7 @@ def _other_engines(key: str) -> str:
     other = OTHER_ENGINE_GROUPS.get(group)
     if not other or not (CONFIG_DIR / other).is_dir() or (CONFIG_DIR / group).is_dir():  # (this engine's own group)
         return ""
-    choices = ", ".join(sorted(path.stem for path in (CONFIG_DIR / other).glob("*.yaml")))
+    choices = ", ".join(_choices(other))
     return (
         f" ({key.partition('.')[0]} is the Lightning engine's config group; this loop has none: engine/loop.py is "
         f"yours to change; its OOM toolkit is {other}: {choices})"
@@ -447,7 +448,7 @@ def _not_removable(key: str, groups: set[str]) -> str:
     callbacks = ", a callback (~callbacks.NAME)" if "callbacks" in groups else ""
     may = f"~ removes an argument of a class (e.g. ~model.optimizer.fused){callbacks} or the logger (~logger)"
     if (CONFIG_DIR / key).is_dir():
-        choices = ", ".join(sorted(path.stem for path in (CONFIG_DIR / key).glob("*.yaml")))
+        choices = ", ".join(_choices(key))
         return f"the training needs its {key} settings; choose a preset ({key}={choices}) or set its keys; {may}"
     return f"the training reads {key}; set it instead ({key}=...); {may}"
 

@@ -384,8 +384,12 @@ def queue_grid_points(study: optuna.Study, grid: dict[str, list[Any]], seed: int
 
 def grid_point(trial: optuna.trial.FrozenTrial, keys: list[str]) -> tuple:
     """The values a trial was given (queued) or drew, of `keys`."""
-    given = {**trial.system_attrs.get("fixed_params", {}), **trial.params}
-    return tuple(given.get(key) for key in keys)
+    return tuple(given_params(trial).get(key) for key in keys)
+
+
+def given_params(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    """The parameters a trial drew, and those it was queued with but had not drawn yet (stopped before)."""
+    return {**trial.system_attrs.get("fixed_params", {}), **trial.params}
 
 
 def make_sampler(settings: Settings, seed: int) -> optuna.samplers.BaseSampler:
@@ -420,8 +424,7 @@ def requeue_interrupted(study: optuna.Study, trials_dir: Path, metric: str) -> N
             continue
         study.tell(trial.number, state=TrialState.FAIL)
         folder = trial.user_attrs.get("continues", trial.number)
-        given = {**trial.system_attrs.get("fixed_params", {}), **trial.params}  # (stopped before it drew them all)
-        study.enqueue_trial(given, user_attrs={**trial.user_attrs, "continues": folder})
+        study.enqueue_trial(given_params(trial), user_attrs={**trial.user_attrs, "continues": folder})
         print(
             f"trial {trial.number} was interrupted: it continues from its last checkpoint in {trials_dir / str(folder)}"
         )
