@@ -286,7 +286,15 @@ COMMAND_LINE_REFUSALS = [
         "unknown setting oom.recovery.policy; oom.recovery is null (off) here; the oom presets: none, toolkit",
     ),
     (["oom=toolkit", "oom.recovery.policy=halve"], "oom.recovery.policy=halve is unknown; valid: skip, split"),
-    (["oom.batch_size_finder.margin=1.5"], "oom.batch_size_finder.margin=1.5: give a fraction in [0, 1), e.g. 0.1"),
+    (
+        ["oom.find_batch_size=true", "oom.batch_size_finder.margin=1.5"],
+        "oom.batch_size_finder.margin=1.5: give a fraction in [0, 1), e.g. 0.1",
+    ),
+    (  # (taken and never read: the run looked like it had used it)
+        ["oom=toolkit", "oom.batch_size_finder.max_batch_size=64"],
+        "oom.batch_size_finder.max_batch_size: only the batch-size search reads it, and it is off here; turn it on: "
+        "oom.find_batch_size=true",
+    ),
     (
         ["oom.find_batch_size=true", "oom.batch_size_finder.lr_scaling=cubic"],
         "oom.batch_size_finder.lr_scaling=cubic is unknown; valid: none, linear, sqrt",
@@ -364,6 +372,7 @@ COMMAND_LINE_REFUSAL_IDS = [
     "a-setting-of-a-part-turned-off",
     "unknown-recovery-policy",
     "finder-margin-not-a-fraction",
+    "finder-setting-with-the-finder-off",
     "unknown-lr-scaling",
     "recovery-with-accumulation",
     "recovery-under-pipeline",

@@ -158,6 +158,7 @@ def check_overrides(overrides: list[str], config_name: str) -> None:
         read = interpolations([*keys.values(), *given])
         for override in settings:  # in order: a key added (+key) or removed (~key) earlier on the line counts
             check_setting(override, keys, groups, read)
+        check_switched_on(settings, keys)
         if any(o.type != OverrideType.CHANGE for o in settings):  # + and ~: what else Hydra would refuse
             _compose(config_name, [*extra, *(arg for arg in map(_first_value, parsed) if arg)], args)
 
@@ -305,6 +306,26 @@ def check_setting(override: Override, keys: dict[str, Any], groups: set[str], re
             raise ConfigError(f"{key}={shown} is not true or false (the default is {str(default).lower()})")
         if isinstance(default, int | float):
             raise ConfigError(f"{key}={shown} is not a number (the default is {default})")
+
+
+# Settings read only while a switch is on: (their node, the switch, what they belong to).
+READ_ONLY_WITH = {"oom.batch_size_finder": ("oom.find_batch_size", "the batch-size search")}
+
+
+def check_switched_on(settings: list[Override], keys: dict[str, Any]) -> None:
+    """Refuse a setting of a part that stays off (`oom.batch_size_finder.max_batch_size=64` without
+    `oom.find_batch_size=true`): it was taken and never read, and the run looked like it had used it."""
+    for override in settings:
+        node = override.key_or_group.rpartition(".")[0]
+        if node not in READ_ONLY_WITH or override.type == OverrideType.DEL:
+            continue
+        switch, part = READ_ONLY_WITH[node]
+        given = [o for o in settings if o.key_or_group == switch]
+        values = _values(given[-1]) if given else [keys.get(switch)]
+        if True not in values:
+            raise ConfigError(
+                f"{override.key_or_group}: only {part} reads it, and it is off here; turn it on: {switch}=true"
+            )
 
 
 # Nodes whose keys the training reads itself (its data module, Lightning's Trainer): none may be removed with ~.
