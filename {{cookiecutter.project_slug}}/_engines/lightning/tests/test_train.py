@@ -47,6 +47,15 @@ def test_resume_continues_the_global_step(train):
     assert resumed.wandb.steps("train/loss") == [8, 9, 10, 11]
 
 
+
+def test_fast_dev_run_logs_nothing_as_lightning_says(train):
+    """Lightning's smoke test of one batch per split says it logs nothing; the project's wandb logger, set after the
+    Trainer was built, replaced its DummyLogger and logged a wandb run and a metrics file anyway."""
+    run = train(*QUICK, "+trainer.fast_dev_run=true")
+    assert "Running in `fast_dev_run` mode" in run.output and run.returncode == 0
+    assert not (run.run_dir / "wandb").exists() and not (run.run_dir / "metrics.jsonl").exists()
+
+
 # ddp_spawn: the crash happens in a process the command started itself.
 @pytest.mark.parametrize(
     "layout", [["strategy=single"], ["strategy=ddp_spawn", "trainer.devices=2"]], ids=["single", "spawn"]
