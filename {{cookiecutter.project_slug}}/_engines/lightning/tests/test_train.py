@@ -47,7 +47,6 @@ def test_resume_continues_the_global_step(train):
     assert resumed.wandb.steps("train/loss") == [8, 9, 10, 11]
 
 
-
 def test_fast_dev_run_logs_nothing_as_lightning_says(train):
     """Lightning's smoke test of one batch per split says it logs nothing; the project's wandb logger, set after the
     Trainer was built, replaced its DummyLogger and logged a wandb run and a metrics file anyway."""

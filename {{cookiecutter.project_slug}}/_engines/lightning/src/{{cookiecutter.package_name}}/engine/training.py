@@ -120,8 +120,8 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
         return {}
 
     prepare_run_folder(run_dir, cfg.ckpt_path, cfg.resume)
-    # After it: the logger continues the run's wandb run, which resume=false has just forgotten. fast_dev_run (Lightning's
-    # smoke test of a few batches) keeps the Trainer's DummyLogger: it logs nothing, as Lightning says it does.
+    # After it: the logger continues the run's wandb run, which resume=false has just forgotten. fast_dev_run
+    # (Lightning's smoke test of a few batches) keeps the Trainer's DummyLogger: it logs nothing, as Lightning says.
     if not trainer.fast_dev_run:
         trainer.loggers = [build(cfg.logger)] if cfg.logger else []
     failed = True
