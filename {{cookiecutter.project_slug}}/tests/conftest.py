@@ -290,6 +290,10 @@ COMMAND_LINE_REFUSALS = [
         ["oom.find_batch_size=true", "oom.batch_size_finder.margin=1.5"],
         "oom.batch_size_finder.margin=1.5: give a fraction in [0, 1), e.g. 0.1",
     ),
+    (  # (None < 1: a TypeError in the middle of the search)
+        ["oom.find_batch_size=true", "oom.batch_size_finder.margin=null"],
+        "oom.batch_size_finder.margin=null: give a fraction in [0, 1), e.g. 0.1",
+    ),
     (  # (taken and never read: the run looked like it had used it)
         ["oom=toolkit", "oom.batch_size_finder.max_batch_size=64"],
         "oom.batch_size_finder.max_batch_size: only the batch-size search reads it, and it is off here; turn it on: "
@@ -372,6 +376,7 @@ COMMAND_LINE_REFUSAL_IDS = [
     "a-setting-of-a-part-turned-off",
     "unknown-recovery-policy",
     "finder-margin-not-a-fraction",
+    "finder-margin-null",
     "finder-setting-with-the-finder-off",
     "unknown-lr-scaling",
     "recovery-with-accumulation",

@@ -475,9 +475,14 @@ def test_epochs_limited_to_some_batches_train_those_and_validate_after_them(trai
     # Testing a checkpoint again (docs/outputs.md): started from it in a new folder, with the epochs it was trained
     # for, the training has nothing left to train and tests its weights. (Lightning tested the best checkpoint of the
     # run the given one came from: another checkpoint, or, deleted by keep_last since, a traceback.)
+    # The second, as typed from the folder the command runs in, under hydra.job.chdir=true (the run starts in its own
+    # folder: the path is the command line's, not the run folder's).
     tested = {}
-    for step in (best, next(step for step in (2, 4, 6) if step != best)):
-        again = [f"ckpt_path={step_checkpoint(run.run_dir, step)}", f"trainer.max_epochs={step // 2}"]
+    other = next(step for step in (2, 4, 6) if step != best)
+    for step, chdir in ((best, []), (other, ["hydra.job.chdir=true"])):
+        checkpoint = step_checkpoint(run.run_dir, step)
+        checkpoint = checkpoint.relative_to(run.run_dir.parent) if chdir else checkpoint
+        again = [f"ckpt_path={checkpoint}", f"trainer.max_epochs={step // 2}", *chdir]
         tested[step] = train(*PARITY, *limited, *tests, *again).wandb.metric("test/loss")
     assert len(tested[best]) == 1 and tested[best] == pytest.approx(run.wandb.metric("test/loss")), "as the run did"
     assert len(set(map(tuple, tested.values()))) == 2, "each checkpoint's own weights"
