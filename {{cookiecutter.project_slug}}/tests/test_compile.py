@@ -11,6 +11,7 @@ pipeline) are the GPU check's rows (tests/test_presets.py); which modules are co
 import re
 
 import pytest
+from torch import nn
 from conftest import PARITY, K, make_runner
 from engine_specific import DDP, DDP_LAUNCH
 
@@ -55,3 +56,8 @@ def test_presets_that_split_the_net_compile_each_block():
     whole = ResidualMLP(in_features=8, num_classes=3, hidden=16, depth=2)
     compile_net(whole, per_block=False)
     assert [name for name, module in whole.named_modules() if module._compiled_call_impl is not None] == [""]
+    # A net without a Split (fsdp shards it as one unit): compiled whole. (fsdp compile=true refused it, naming
+    # "strategy=model_parallel or pipeline", after the processes had started.)
+    plain = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    compile_net(plain, per_block=True)
+    assert [name for name, module in plain.named_modules() if module._compiled_call_impl is not None] == [""]

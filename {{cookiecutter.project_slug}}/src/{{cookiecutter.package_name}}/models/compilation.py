@@ -4,7 +4,7 @@ In place (`nn.Module.compile`): the net keeps its class and its parameter names,
 compile on or off, and each preset wraps or shards the net as before. The compiler runs at the first step, on
 the net as the preset laid it out. Under ddp the net is compiled before DistributedDataParallel wraps it;
 torch.compile still sees DDP's buckets (its DDPOptimizer splits the graph at them), so gradients are all-reduced
-while the backward runs. Presets that split the model (model_parallel, pipeline) compile block by block after
+while the backward runs. Presets that split the model (fsdp, model_parallel, pipeline) compile block by block after
 sharding or cutting, as torchtitan does: the blocks share one code, compiled once, and the hooks that gather or
 move a block's shards stay outside the compiled code.
 
@@ -14,7 +14,7 @@ never wins back. Turn it on for real trainings on GPUs.
 
 from torch import nn
 
-from ..parallel.split import layers
+from ..parallel.split import has_split, layers
 
 DP_REFUSAL = (
     "strategy=dp does not support compile=true: nn.DataParallel copies the net into a thread per GPU at every "
@@ -23,11 +23,12 @@ DP_REFUSAL = (
 
 
 def compile_net(net: nn.Module, per_block: bool) -> None:
-    """Compile `net` in place, whole or (per_block) each block of its Split; a no-op the second time."""
+    """Compile `net` in place, whole or (per_block, where it has a Split) each block of its Split; a no-op the second
+    time. (fsdp shards a net without a Split as one unit, and compiles it whole.)"""
     if getattr(net, "_compiled", False):
         return
-    if per_block:  # (the presets that call for it have checked the split)
-        split_net, _, blocks, _ = layers(net, "model_parallel or pipeline")
+    if per_block and has_split(net):
+        split_net, _, blocks, _ = layers(net, "compile=true")
         modules = [split_net.get_submodule(name) for name in blocks]
     else:
         modules = [net]
