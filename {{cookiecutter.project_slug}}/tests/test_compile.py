@@ -11,9 +11,9 @@ pipeline) are the GPU check's rows (tests/test_presets.py); which modules are co
 import re
 
 import pytest
-from torch import nn
 from conftest import PARITY, K, make_runner
 from engine_specific import DDP, DDP_LAUNCH
+from torch import nn
 
 from {{ cookiecutter.package_name }}.models.compilation import compile_net
 from {{ cookiecutter.package_name }}.models.mlp import Block, ResidualMLP
