@@ -269,6 +269,16 @@ COMMAND_LINE_REFUSALS = [
     (["+trainer.strategy=ddp"], "trainer.strategy is not set through the trainer here: the preset is strategy=<name>"),
     (["+trainer.logger=false"], "trainer.logger is not set through the trainer here: the logger is logger=wandb or"),
     (["+trainer.callbacks=[]"], "trainer.callbacks is not set through the trainer here: "),
+    (  # (no launcher: Lightning trained one process, and logged nothing, as "not rank 0")
+        ["env:WORLD_SIZE=2", "env:RANK=1"],
+        "strategy=single runs one process, but WORLD_SIZE=2 RANK=1 is set and no launcher (torchrun, accelerate "
+        "launch, srun) started this one: unset WORLD_SIZE, RANK, or launch several processes with strategy=ddp",
+    ),
+    (  # (wandb's refusal: a traceback after the run folder was made)
+        ["env:WANDB_MODE=offlinee"],
+        "WANDB_MODE=offlinee is not a wandb mode; valid: online, offline, disabled (or leave it unset: online when "
+        "logged in, else offline)",
+    ),
     (  # (it trained one process, in one engine)
         ["trainer.num_nodes=2"],
         "strategy=single runs one device but trainer.devices=1 x trainer.num_nodes=2 asks for 2; use strategy=ddp for "
@@ -368,6 +378,8 @@ COMMAND_LINE_REFUSAL_IDS = [
     "trainer-strategy",
     "trainer-logger",
     "trainer-callbacks",
+    "stray-world-size-without-a-launcher",
+    "unknown-wandb-mode",
     "single-on-two-nodes",
     "pipeline-with-accumulation",
     "pipeline-with-clipping",

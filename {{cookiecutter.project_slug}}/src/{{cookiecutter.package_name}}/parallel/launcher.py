@@ -75,6 +75,17 @@ def fit_layout_to_launcher(
     if preset in SINGLE_MACHINE_PRESETS and (num_nodes > 1 or (launcher and launcher.world_size > 1)):
         where = f"under {launcher.name}" if launcher else f"on trainer.num_nodes={num_nodes}"
         raise ConfigError(f"{SINGLE_MACHINE_PRESETS[preset]}, so not {where}; use strategy=ddp")
+    stray = [
+        f"{name}={os.environ[name]}"
+        for name, alone in (("WORLD_SIZE", "1"), ("RANK", "0"))
+        if os.environ.get(name, alone) != alone
+    ]
+    if launcher is None and preset == "single" and stray:  # (Lightning's logging went quiet: "not rank 0")
+        raise ConfigError(
+            f"strategy=single runs one process, but {' '.join(stray)} is set and no launcher (torchrun, accelerate "
+            f"launch, srun) started this one: unset {', '.join(item.partition('=')[0] for item in stray)}, or launch "
+            "several processes with strategy=ddp"
+        )
     if launcher is None:
         return num_nodes, devices
     given = {override.lstrip("+").partition("=")[0] for override in overrides}

@@ -13,6 +13,8 @@ from urllib.parse import urlparse
 
 import wandb
 
+from ..errors import ConfigError
+
 
 def has_wandb_credentials() -> bool:
     """True if wandb could log in without asking: an API key in the environment or in ~/.netrc."""
@@ -25,9 +27,19 @@ def has_wandb_credentials() -> bool:
         return False
 
 
+WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")  # what wandb.init's settings take
+
+
 def wandb_mode() -> str:
-    """WANDB_MODE if set; else online with credentials, offline without (never a login prompt)."""
-    return os.environ.get("WANDB_MODE") or ("online" if has_wandb_credentials() else "offline")
+    """WANDB_MODE if set; else online with credentials, offline without (never a login prompt). A mode wandb
+    refuses is refused here in one line (wandb's refusal was a traceback once the run folder was made)."""
+    mode = os.environ.get("WANDB_MODE")
+    if mode and mode not in WANDB_MODES:
+        raise ConfigError(
+            f"WANDB_MODE={mode} is not a wandb mode; valid: online, offline, disabled (or leave it unset: online "
+            "when logged in, else offline)"
+        )
+    return mode or ("online" if has_wandb_credentials() else "offline")
 
 
 def finish_wandb(failed: bool) -> None:

@@ -53,7 +53,7 @@ from ..runtime.metrics import check_monitor
 from ..runtime.optimization import check_optimization, grouped_optimizer, respan
 from ..runtime.precision import resolve_precision, use_tensor_cores
 from ..runtime.resuming import afresh_message, check_not_past_the_end, resuming_message, starting_point
-from ..tracking.wandb_run import finish_wandb, forget_wandb_run, is_first_process, write_atomically
+from ..tracking.wandb_run import finish_wandb, forget_wandb_run, is_first_process, wandb_mode, write_atomically
 from .checkpoints import PROGRESS, Checkpoints, trained_so_far
 from .evaluation import batches, check_limit, evaluate, log, prefixed, show
 from .logger import ResumingWandBTracker
@@ -146,6 +146,8 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
             f"ckpt_path={cfg.ckpt_path} is not a checkpoint folder; give one, e.g. <run dir>/checkpoints/last"
         )
     check_settings_read(cfg)
+    if cfg.logger:
+        wandb_mode()  # a WANDB_MODE wandb would refuse, now
     cfg.trainer.precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # auto: bf16 on GPUs
     launched_with = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")  # accelerate launch --mixed_precision
     if launched_with != "no" and PRECISION.get(cfg.trainer.precision) != launched_with:  # (the Accelerator's wins)

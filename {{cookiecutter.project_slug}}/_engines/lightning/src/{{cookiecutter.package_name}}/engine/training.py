@@ -49,7 +49,7 @@ from ..runtime.metrics import check_monitor
 from ..runtime.optimization import check_optimization
 from ..runtime.precision import resolve_precision
 from ..runtime.resuming import check_not_past_the_end, check_same_mesh, starting_point
-from ..tracking.wandb_run import finish_wandb, is_first_process, write_atomically
+from ..tracking.wandb_run import finish_wandb, is_first_process, wandb_mode, write_atomically
 from .callbacks.batch_size_finder import BatchSizeFinder
 from .callbacks.epoch_metrics import EpochMetricsFile
 from .callbacks.oom_toolkit import oom_callbacks
@@ -198,6 +198,8 @@ def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningD
         )
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # (the seed is in the config it logs)
     check_monitor(cfg.checkpoint.monitor)  # (the name; the targets' kind once the data is built)
+    if cfg.logger:
+        wandb_mode()  # a WANDB_MODE wandb would refuse, now
 
     check_optimization(
         cfg, build(cfg.model.optimizer), build(cfg.scheduler)
