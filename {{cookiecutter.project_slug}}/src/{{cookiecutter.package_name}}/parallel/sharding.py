@@ -17,6 +17,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -25,7 +26,8 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map_only
+from torch.utils.data import default_collate
 from torch.utils.hooks import RemovableHandle
 
 from ..errors import ConfigError
@@ -513,14 +515,16 @@ class _Devices(TorchFunctionMode):
 MOVES = ("to", "cuda", "cpu", "type_as")
 
 
-def check_layer_devices(model: nn.Module, example: torch.Tensor | None, groups: int) -> None:
+def check_layer_devices(model: nn.Module, example: Any, groups: int) -> None:
     """Refuse, before training, a net whose forward would mix devices once its layer groups sit on `groups` devices
     (a skip connection from one group into another: on GPUs a RuntimeError at the first step, on [cpu,cpu] nothing).
-    Runs the net's forward on `example` (a sample or two) in eval mode without gradients, its tensors followed by
-    _Devices. A net on the meta device, or no example, is not checked."""
+    Runs the net's forward on `example` (a batch of one tensor, or one sample of a dict or tuple of them) in eval mode
+    without gradients, its tensors followed by _Devices. A net on the meta device, or no example, is not checked."""
     net, _ = find_split(model, "model_parallel")
-    if groups < 2 or not isinstance(example, torch.Tensor) or any(param.is_meta for param in net.parameters()):
+    if groups < 2 or example is None or any(param.is_meta for param in net.parameters()):
         return
+    if not isinstance(example, torch.Tensor):  # (a dict input went unchecked, and trained on [cpu,cpu])
+        example = default_collate([example])  # a batch of one, as the loader gives the net
     parts = layer_groups(model, groups)
     names = {module: name for name, module in net.named_modules()}
     devices = _Devices()
@@ -534,13 +538,15 @@ def check_layer_devices(model: nn.Module, example: torch.Tensor | None, groups: 
     for tensor in (*net.parameters(), *net.buffers()):  # outside the parts: on the first device, with the input
         if id(tensor) not in held:
             devices.place(tensor, 0)
-    devices.place(example, 0)
+    for tensor in tree_leaves(example):
+        if isinstance(tensor, torch.Tensor):
+            devices.place(tensor, 0)
 
     def moved_to(index: int, module: nn.Module):
         def hook(_: nn.Module, args: tuple) -> tuple:  # place_layer_groups's .to(device): a new tensor there
             devices.running.append(names[module])
-            moved = tuple(arg.view_as(arg) if isinstance(arg, torch.Tensor) else arg for arg in args)
-            for arg in moved:
+            moved = tree_map_only(torch.Tensor, lambda arg: arg.view_as(arg), args)
+            for arg in tree_leaves(moved):
                 if isinstance(arg, torch.Tensor):
                     devices.place(arg, index)
             return moved
@@ -585,7 +591,7 @@ def place_layer_groups(model: nn.Module, devices: Sequence[torch.device]) -> lis
 
 
 def _move_inputs_to(device: torch.device):
-    def hook(module: nn.Module, args: tuple) -> tuple:
-        return tuple(arg.to(device) if isinstance(arg, torch.Tensor) else arg for arg in args)
+    def hook(module: nn.Module, args: tuple) -> tuple:  # (tensors inside a dict or tuple argument too)
+        return tree_map_only(torch.Tensor, lambda arg: arg.to(device), args)
 
     return hook
