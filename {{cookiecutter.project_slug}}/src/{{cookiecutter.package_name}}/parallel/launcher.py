@@ -121,10 +121,12 @@ def die_with_launcher() -> None:
 
 
 def die_with_parent() -> None:
-    """In a process about to run another program (a subprocess's preexec_fn): SIGTERM it when the process that
-    started it dies (kill -9 of a command that started torchrun: torchrun and its workers trained on). Linux."""
+    """In a process about to run another program (a subprocess's preexec_fn): SIGKILL it when the process that
+    started it dies (kill -9 of a command that started torchrun: torchrun and its workers trained on), and with it
+    its workers (die_with_launcher), at once, as kill -9 of any training stops it. (SIGTERM let torchrun have its
+    workers save and stop, a checkpoint later.) Linux."""
     if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def warn_if_restarts_can_hang() -> None:
