@@ -123,8 +123,8 @@ def die_with_launcher() -> None:
 def die_with_parent() -> None:
     """In a process about to run another program (a subprocess's preexec_fn): SIGKILL it when the process that
     started it dies (kill -9 of a command that started torchrun: torchrun and its workers trained on), and with it
-    its workers (die_with_launcher), at once, as kill -9 of any training stops it. (SIGTERM let torchrun have its
-    workers save and stop, a checkpoint later.) Linux."""
+    its workers (die_with_launcher), at once, as kill -9 of any training stops it. (With SIGTERM torchrun passed it
+    on, and its processes trained on a step or more.) Linux."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
