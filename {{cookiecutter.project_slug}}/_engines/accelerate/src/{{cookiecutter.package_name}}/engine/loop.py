@@ -124,7 +124,10 @@ def fit(
             real_targets.reset()
             if since_log and loss is not None:
                 since_log.add(step_loss / accumulation(cfg))
-            if loss is not None and logged:
+            # One process asked to stop (Ctrl-C) logs the step it stops after, as Lightning does (several processes
+            # agree to stop at a logged step: stop_now).
+            stopping = accelerator.num_processes == 1 and interrupt.requested
+            if loss is not None and (logged or stopping):
                 # The only host sync of the step, and only on logging steps: the mean over the micro-batches and
                 # all processes is the global batch's loss (processes that share a batch hold the same loss).
                 loss = accelerator.reduce(step_loss / accumulation(cfg), "mean").item()
