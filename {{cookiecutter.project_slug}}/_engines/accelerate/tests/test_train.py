@@ -117,6 +117,7 @@ def test_resume_continues_where_the_run_stopped(train, preset):
     last = first.run_dir / "checkpoints" / "last"
     rest = train(*common, "trainer.max_steps=10", f"ckpt_path={last}", launcher=accelerate_launch())
     assert rest.wandb.steps("train/loss") == list(range(5, 10))
+    assert rest.wandb.config["trainer"]["devices"] == 2, "the launcher's processes, not the preset's default 1"
     assert " 5/10 [" in rest.output, "the progress bar starts where the run stopped"
     assert rest.losses(5) == pytest.approx(whole[5:], abs=1e-5)
     # Whatever the preset, the checkpoint reloads on one device for evaluation.

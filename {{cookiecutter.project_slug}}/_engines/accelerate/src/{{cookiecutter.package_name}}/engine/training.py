@@ -186,6 +186,7 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
             )
         launched = int(devices)  # trainer.devices=N without a launcher: train() starts them (engine/torchrun.py)
     processes = strategy.processes(launched, devices)
+    cfg.trainer.devices = int(devices)  # the count this machine runs (a launcher's, or auto's), as the config logs it
     check_async(cfg.checkpoint.get("async", False), preset, strategy.writes_checkpoint_parts)
     with torch.device("meta"):  # shapes and hooks only: the real net is built in each process
         net = build(cfg.model.net)
