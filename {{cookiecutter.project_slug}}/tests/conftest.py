@@ -269,6 +269,16 @@ COMMAND_LINE_REFUSALS = [
     (["+trainer.strategy=ddp"], "trainer.strategy is not set through the trainer here: the preset is strategy=<name>"),
     (["+trainer.logger=false"], "trainer.logger is not set through the trainer here: the logger is logger=wandb or"),
     (["+trainer.callbacks=[]"], "trainer.callbacks is not set through the trainer here: "),
+    (  # (argparse's habit: Hydra printed its usage, eight lines)
+        ["--max-epochs", "2"],
+        "--max-epochs is not an option of this command: its settings are key=value, e.g. trainer.max_epochs=... "
+        "(--help lists them)",
+    ),
+    (  # (it offered data.batch_size=0 or less)
+        ["data.train_size=0"],
+        "the training split has 0 samples, fewer than one global batch (data.batch_size=256): no step would train; "
+        "give more data",
+    ),
     (  # (no launcher: Lightning trained one process, and logged nothing, as "not rank 0")
         ["env:WORLD_SIZE=2", "env:RANK=1"],
         "strategy=single runs one process, but WORLD_SIZE=2 RANK=1 is set and no launcher (torchrun, accelerate "
@@ -378,6 +388,8 @@ COMMAND_LINE_REFUSAL_IDS = [
     "trainer-strategy",
     "trainer-logger",
     "trainer-callbacks",
+    "a-dashed-option",
+    "empty-training-split",
     "stray-world-size-without-a-launcher",
     "unknown-wandb-mode",
     "single-on-two-nodes",

@@ -683,6 +683,7 @@ def test_a_second_search_of_a_study_is_refused_while_the_first_holds_it(tmp_path
             "an argument of your own model: +model",
         ),
         ({"data.batch_size": {"type": "float", "low": 16, "high": 64}}, [], "a whole number (256 now): give type: int"),
+        ({"model.net.depth": {"type": "int", "low": 1.5, "high": 4}}, [], "low: 1.5 is not a whole number (type: int;"),
         ({"model.optimizer.lr": {"type": "categorical", "choices": 0.001}}, [], "choices: 0.001: give a non-empty"),
         *SEARCH_REFUSALS,
     ],

@@ -578,6 +578,7 @@ def run_cli(run: Callable[[], None], config_name: str = "train") -> None:
     runs `run`."""
     notes_in_one_line()
     try:
+        check_flags(sys.argv[1:], config_name)
         sys.argv[1:] = without_logger(sys.argv[1:])
         check_group_choices(sys.argv[1:])
         check_overrides(sys.argv[1:], config_name)
@@ -588,6 +589,29 @@ def run_cli(run: Callable[[], None], config_name: str = "train") -> None:
     except ConfigError as err:
         fail(err)
     run()
+
+
+# Hydra's own options (with their values where they take one); anything else with a dash is a habit of other tools.
+HYDRA_FLAGS = {
+    "-h", "--help", "--hydra-help", "--version", "-c", "--cfg", "--resolve", "-p", "--package", "-r", "--run",
+    "-m", "--multirun", "-sc", "--shell-completion", "-cp", "--config-path", "-cn", "--config-name", "-cd",
+    "--config-dir", "--experimental-rerun", "-i", "--info",
+}  # fmt: skip
+# Where a command's own settings live, for the hint (`--max-epochs 2`: trainer.max_epochs=2).
+SETTINGS_NODE = {"train": "trainer", "doctor": "doctor", "bench": "bench"}
+
+
+def check_flags(args: list[str], config_name: str) -> None:
+    """Refuse `--devices 2` (argparse's habit) in one line naming the key=value form; Hydra printed its usage, eight
+    lines ending in "unrecognized arguments"."""
+    for arg in args:
+        flag = arg.partition("=")[0]
+        if arg.startswith("-") and flag not in HYDRA_FLAGS and not arg.lstrip("-")[:1].isdigit():
+            name = flag.lstrip("-").replace("-", "_")
+            raise ConfigError(
+                f"{flag} is not an option of this command: its settings are key=value, e.g. "
+                f"{SETTINGS_NODE.get(config_name, config_name)}.{name}=... (--help lists them)"
+            )
 
 
 def notes_in_one_line() -> None:

@@ -123,9 +123,10 @@ class Data:
         if "train" in self.split_names and not self.streams:
             self.setup()
             if (samples := len(self.splits["train"])) < self.batch_size:
+                smaller = f"data.batch_size={samples} or less, or " if samples else ""  # (none: "=0 or less")
                 raise ConfigError(
                     f"the training split has {samples} samples, fewer than one global batch (data.batch_size="
-                    f"{self.batch_size}): no step would train; give data.batch_size={samples} or less, or more data"
+                    f"{self.batch_size}): no step would train; give {smaller}more data"
                 )
         if self.streams and replicas != processes:
             raise ConfigError(

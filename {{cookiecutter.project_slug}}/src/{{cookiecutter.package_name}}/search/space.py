@@ -96,6 +96,12 @@ def parse_param(key: str, spec: Any, cfg: DictConfig, groups: dict[str, str]) ->
         now = OmegaConf.select(cfg, key.lstrip("+"), default=None)
         if kind == "float" and isinstance(now, int) and not isinstance(now, bool):
             raise ValueError(f"the training takes a whole number ({now} now): give type: int")
+        if kind == "int":  # (int(1.5) drew from 1: silently another range)
+            given = {name: spec.get(name) for name in ("low", "high", "step")}
+            given |= {f"grid[{i}]": value for i, value in enumerate(spec.get("grid") or [])}
+            for name, value in given.items():
+                if isinstance(value, float) and not value.is_integer():
+                    raise ValueError(f"{name}: {value} is not a whole number (type: int; type: float for fractions)")
         low, high = (number(spec[bound]) for bound in ("low", "high"))
         log, step = bool(spec.get("log", False)), spec.get("step")
         if kind == "float":
