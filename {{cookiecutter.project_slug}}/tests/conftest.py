@@ -269,6 +269,11 @@ COMMAND_LINE_REFUSALS = [
     (["+trainer.strategy=ddp"], "trainer.strategy is not set through the trainer here: the preset is strategy=<name>"),
     (["+trainer.logger=false"], "trainer.logger is not set through the trainer here: the logger is logger=wandb or"),
     (["+trainer.callbacks=[]"], "trainer.callbacks is not set through the trainer here: "),
+    (  # (it said to add it with +, which was then refused)
+        ["strategy=fsdp", "trainer.accelerator=cpu", "trainer.devices=2", "strategy.tensor_parallel_size=2"],
+        "unknown setting strategy.tensor_parallel_size: the strategy preset has no tensor_parallel_size; its "
+        "settings: ",
+    ),
     (  # (argparse's habit: Hydra printed its usage, eight lines)
         ["--max-epochs", "2"],
         "--max-epochs is not an option of this command: its settings are key=value, e.g. trainer.max_epochs=... "
@@ -388,6 +393,7 @@ COMMAND_LINE_REFUSAL_IDS = [
     "trainer-strategy",
     "trainer-logger",
     "trainer-callbacks",
+    "a-setting-the-strategy-preset-lacks",
     "a-dashed-option",
     "empty-training-split",
     "stray-world-size-without-a-launcher",

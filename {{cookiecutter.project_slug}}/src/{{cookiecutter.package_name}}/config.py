@@ -270,6 +270,8 @@ def check_setting(override: Override, keys: dict[str, Any], groups: set[str], re
             raise ConfigError(lightning_only)
         hint = hint or ("" if key.startswith(("model.net.", "data.dataset.")) else _named_here(key))  # (yours: theirs)
         hint = hint or _off_in_this_preset(key, keys)
+        if key.startswith("strategy.") and not hint:  # (+strategy.KEY is refused too, unless DDP takes KEY)
+            _check_strategy_key(key, keys)
         if _takes_arguments(key.rpartition(".")[0], keys) and not hint:  # (a typo: not a key to add)
             raise ConfigError(f"unknown setting {key} (to add a new key: +{key}=...)")
         raise ConfigError(f"unknown setting {key}{hint or _other_engines(key)}")
@@ -531,6 +533,17 @@ def interpolations(settings: list[Any]) -> str:
 
 def _adds_strategy_setting(override: Override) -> bool:
     return override.type == OverrideType.ADD and override.key_or_group.startswith("strategy.")
+
+
+def _check_strategy_key(key: str, keys: dict[str, Any]) -> None:
+    """`strategy.KEY=...` of a key the preset lacks: its settings, not the `+strategy.KEY` hint, which
+    check_strategy_settings refuses but for the arguments DistributedDataParallel takes."""
+    name = key.split(".")[1]
+    if name in passed_on(OmegaConf.create({"_target_": keys.get("strategy._target_")})):
+        return
+    settings = sorted({other.split(".")[1] for other in keys if other.startswith("strategy.")} - {"_target_"})
+    valid = f"its settings: {', '.join(settings)}" if settings else "it has no settings"
+    raise ConfigError(f"unknown setting {key}: the strategy preset has no {name}; {valid}")
 
 
 def check_strategy_settings(preset: str, declared: Any, added: list[str]) -> None:
