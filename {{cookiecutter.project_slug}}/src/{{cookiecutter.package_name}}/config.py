@@ -310,24 +310,32 @@ def check_setting(override: Override, keys: dict[str, Any], groups: set[str], re
             raise ConfigError(f"{key}={shown} is not a number (the default is {default})")
 
 
-# Settings read only while a switch is on: (their node, the switch, what they belong to).
-READ_ONLY_WITH = {"oom.batch_size_finder": ("oom.find_batch_size", "the batch-size search")}
+# Settings read only while a switch has a value: setting (or node) -> (the switch, that value, what reads it).
+READ_ONLY_WITH = {
+    "oom.batch_size_finder": ("oom.find_batch_size", True, "only the batch-size search reads it"),
+    "strategy.devices": ("strategy.mode", "layers", "only strategy.mode=layers reads it"),
+    **{
+        f"strategy.{name}": ("strategy.mode", "tensor", "only strategy.mode=tensor reads it")
+        for name in ("tensor_parallel_size", "data_parallel_size", "replicas")
+    },
+}
 
 
 def check_switched_on(settings: list[Override], keys: dict[str, Any]) -> None:
     """Refuse a setting of a part that stays off (`oom.batch_size_finder.max_batch_size=64` without
-    `oom.find_batch_size=true`): it was taken and never read, and the run looked like it had used it."""
+    `oom.find_batch_size=true`, `strategy.tensor_parallel_size=4` with `strategy.mode=layers`): it was taken and
+    never read, and the run looked like it had used it. (A preset without the switch: not this table's.)"""
     for override in settings:
-        node = override.key_or_group.rpartition(".")[0]
-        if node not in READ_ONLY_WITH or override.type == OverrideType.DEL:
+        key = override.key_or_group
+        owner = next((name for name in READ_ONLY_WITH if key == name or key.startswith(f"{name}.")), None)
+        if owner is None or override.type == OverrideType.DEL or READ_ONLY_WITH[owner][0] not in keys:
             continue
-        switch, part = READ_ONLY_WITH[node]
+        switch, on, reads = READ_ONLY_WITH[owner]
         given = [o for o in settings if o.key_or_group == switch]
-        values = _values(given[-1]) if given else [keys.get(switch)]
-        if True not in values:
-            raise ConfigError(
-                f"{override.key_or_group}: only {part} reads it, and it is off here; turn it on: {switch}=true"
-            )
+        values = _values(given[-1]) if given else [keys[switch]]
+        if on not in values:
+            shown, now = (str(value).lower() if isinstance(value, bool) else value for value in (on, values[-1]))
+            raise ConfigError(f"{key}: {reads}, and {switch} is {now} here; turn it on: {switch}={shown}")
 
 
 # Nodes whose keys the training reads itself (its data module, Lightning's Trainer): none may be removed with ~.
