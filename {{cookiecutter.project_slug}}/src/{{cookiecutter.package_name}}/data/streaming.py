@@ -13,7 +13,7 @@ counts equal, where WebDataset's split by node deals whole shards (the template 
 measures both, and their speed).
 
 What streaming changes: each replica reads its own chunks, so the samples of a global batch depend on the number
-of replicas (the loss-parity guarantee of data.Data does not hold across layouts), and a resumed run needs the
+of replicas (the loss-parity guarantee of data.loading.Data does not hold across layouts), and a resumed run needs the
 same number of processes and loader workers to continue exactly. Validation and test are read in order, each
 sample once over the replicas, so their metrics stay exact.
 """
@@ -92,7 +92,7 @@ def flat(sample: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch
 
 class StreamingLoader(StreamingDataLoader):
     """litdata's loader of one data-parallel replica's share of the training stream, with what the engines ask of
-    a training loader (data.ResumableLoader has the same): whole optimizer steps per epoch, `batches_done`,
+    a training loader (data.loading.ResumableLoader has the same): whole optimizer steps per epoch, `batches_done`,
     `global_batch_size`, and a state that starts a fresh epoch from {"epoch", "samples_done": 0} or continues
     from a saved one, which holds litdata's own position under "stream"."""
 

@@ -1,7 +1,7 @@
 """The default data: a synthetic, learnable classification task, generated in-process from the seed.
 
 Samples are Gaussian vectors; labels are the argmax of a fixed random "teacher" network. Every process and
-every run sees the same data without a download. A map-style Dataset of one split, as data.Data expects.
+every run sees the same data without a download. A map-style Dataset of one split, as data.loading.Data expects.
 """
 
 import functools
@@ -40,7 +40,7 @@ class SyntheticData(TensorDataset):
 
 
 def data_settings(batch_size: int = 256, shuffle: bool = True, seed: int = 0, num_workers: int = 0, **task) -> dict:
-    """data.Data's settings for this task, as configs/data/synthetic.yaml gives them, for code that builds the
+    """data.loading.Data's settings for this task, as configs/data/synthetic.yaml gives them, for code that builds the
     data without Hydra (tests, benchmarks): Data(**data_settings(batch_size=64, train_size=512))."""
     return {
         "dataset": functools.partial(SyntheticData, seed=seed, **task),

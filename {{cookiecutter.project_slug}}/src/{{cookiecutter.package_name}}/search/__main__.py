@@ -395,7 +395,6 @@ def given_params(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
 def make_sampler(settings: Settings, seed: int) -> optuna.samplers.BaseSampler:
     if settings.sampler in ("grid", "random"):  # (grid: every trial is a queued point, queue_grid_points)
         return optuna.samplers.RandomSampler(seed=seed)
-        return optuna.samplers.RandomSampler(seed=seed)
     # constant_liar: concurrent trials (n_jobs > 1) see each other as running and do not draw the same point.
     return optuna.samplers.TPESampler(
         seed=seed, n_startup_trials=settings.startup_trials, constant_liar=settings.n_jobs > 1

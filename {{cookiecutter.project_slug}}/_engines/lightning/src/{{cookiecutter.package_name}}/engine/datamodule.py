@@ -1,4 +1,4 @@
-"""The data as a LightningDataModule: data.Data (any dataset), laid out by the Trainer's strategy."""
+"""The data as a LightningDataModule: data.loading.Data (any dataset), laid out by the Trainer's strategy."""
 
 from typing import Any
 
@@ -11,7 +11,7 @@ from .strategies import data_parallel_rank, data_parallel_size
 
 
 class DataModule(L.LightningDataModule):
-    """Takes data.Data's settings (configs/data/*.yaml). The loaders always carry their own seeded sampler over
+    """Takes data.loading.Data's settings (configs/data/*.yaml). The loaders always carry their own seeded sampler over
     the data-parallel replicas: Lightning would insert its own under DDP, which always shuffles the training
     split and shards over all processes, not over the data-parallel replicas."""
 

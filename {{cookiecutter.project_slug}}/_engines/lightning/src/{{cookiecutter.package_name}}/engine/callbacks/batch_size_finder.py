@@ -29,7 +29,7 @@ class BatchSizeFinder(L.Callback):
     at most the training split (one step per epoch). Opt-in: it changes the optimisation, and says by how much.
 
     Refused (before training) under dp, whose trials would run on the first GPU alone and size the global
-    batch by it, and under model_parallel and pipeline, whose forward is itself a collective.
+    batch by it, and under fsdp, model_parallel and pipeline, whose forward is itself a collective.
 
     The per-device batch (one micro-batch) changes, so the GLOBAL batch becomes per-device x
     trainer.accumulate_grad_batches x data-parallel replicas (logged as batch_size_finder/global_batch_size).

@@ -124,7 +124,7 @@ class DataParallelStrategy(ParallelStrategy):
     """nn.DataParallel over trainer.devices GPUs; with fewer than 2 GPUs it runs on one device."""
 
     strategy_name = "dp"
-    # One process reads the whole global batch; nn.DataParallel scatters it (see data.py).
+    # One process reads the whole global batch; nn.DataParallel scatters it (see data/loading.py).
     data_parallel_size = 1
     data_parallel_rank = 0
     is_distributed = False
