@@ -138,7 +138,8 @@ class GPT(nn.Module):
 
 
 # Megatron's transformer split: q, k, v colwise (each rank computes its own heads' attention, no communication),
-# the output projection rowwise (partial sums all-reduced); the MLP as in Megatron-LM (fc_in colwise, fc_out rowwise). Two all-reduces per block.
+# the output projection rowwise (partial sums all-reduced); the MLP alike (fc_in colwise, fc_out rowwise). Two
+# all-reduces per block.
 # The embedding and the head stay whole on every tensor-parallel rank (small here; a large vocabulary would
 # shard them too), so a tied pair stays one plain parameter.
 register_split(

@@ -64,8 +64,8 @@ class ResumeCheckpoint(ModelCheckpoint):
     link before making the new one, and the old checkpoint before both.)
 
     Lightning saves model, optimizer, LR schedulers, gradient scaler, loop counters (global step, epoch, batch in
-    the epoch), the stateful callbacks and the training loader's position (data.loading.ResumableLoader). It does not save
-    random number generators: this adds every rank's.
+    the epoch), the stateful callbacks and the training loader's position (data.loading.ResumableLoader). It does
+    not save random number generators: this adds every rank's.
     """
 
     def __init__(self, dirpath: str, every_n_steps: int, keep_last: int = 1) -> None:
