@@ -319,16 +319,6 @@ COMMAND_LINE_REFUSALS = [
         ["oom.find_batch_size=true", "oom.batch_size_finder.margin=null"],
         "oom.batch_size_finder.margin=null: give a fraction in [0, 1), e.g. 0.1",
     ),
-    (  # (taken and never read: the run looked like it had used it)
-        ["oom=toolkit", "oom.batch_size_finder.max_batch_size=64"],
-        "oom.batch_size_finder.max_batch_size: only the batch-size search reads it, and oom.find_batch_size is false "
-        "here; turn it on: oom.find_batch_size=true",
-    ),
-    (  # (model_parallel's other mode's settings were taken and never read)
-        ["strategy=model_parallel", "strategy.mode=layers", "strategy.tensor_parallel_size=4"],
-        "strategy.tensor_parallel_size: only strategy.mode=tensor reads it, and strategy.mode is layers here; turn "
-        "it on: strategy.mode=tensor",
-    ),
     (
         ["oom.find_batch_size=true", "oom.batch_size_finder.lr_scaling=cubic"],
         "oom.batch_size_finder.lr_scaling=cubic is unknown; valid: none, linear, sqrt",
@@ -412,8 +402,6 @@ COMMAND_LINE_REFUSAL_IDS = [
     "unknown-recovery-policy",
     "finder-margin-not-a-fraction",
     "finder-margin-null",
-    "finder-setting-with-the-finder-off",
-    "tensor-setting-in-layers-mode",
     "unknown-lr-scaling",
     "recovery-with-accumulation",
     "recovery-under-pipeline",

@@ -61,3 +61,8 @@ def test_presets_that_split_the_net_compile_each_block():
     plain = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
     compile_net(plain, per_block=True)
     assert [name for name, module in plain.named_modules() if module._compiled_call_impl is not None] == [""]
+    # A net of yours wrapping one with a Split: its blocks, as every preset finds them
+    wrapper = nn.Sequential(ResidualMLP(in_features=8, num_classes=3, hidden=16, depth=2))
+    compile_net(wrapper, per_block=True)
+    compiled = [name for name, module in wrapper.named_modules() if module._compiled_call_impl is not None]
+    assert compiled == ["0.blocks.0", "0.blocks.1"]

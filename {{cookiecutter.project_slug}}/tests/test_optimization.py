@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import time
+import warnings
 from functools import partial
 
 import pytest
@@ -353,6 +354,24 @@ def test_what_the_checks_take_as_lightning_does():
         check_training_length(*ends)
     check_overrides(["data.num_workers=auto", "~logger.group"], "train")
     check_overrides(["model=causal_lm", "~model.net.config.intermediate_size"], "train")
+
+
+def test_a_setting_of_a_part_that_is_off_is_noted():
+    """Taken without a word and never read (the run looked like it had used it): a note. Not a refusal: a search
+    whose space turns the finder on and off gives every trial the setting; the bench turns the finder on itself."""
+    finder_off = (
+        r"^oom.batch_size_finder.max_batch_size is not read: only the batch-size search reads it, and "
+        r"oom.find_batch_size is false here \(oom.find_batch_size=true turns it on\)$"
+    )
+    with pytest.warns(UserWarning, match=finder_off):
+        check_overrides(["oom=toolkit", "oom.batch_size_finder.max_batch_size=64"], "train")
+    with pytest.warns(UserWarning, match="only strategy.mode=tensor reads it, and strategy.mode is layers here"):
+        check_overrides(["strategy=model_parallel", "strategy.mode=layers", "strategy.tensor_parallel_size=4"], "train")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_overrides(["oom.find_batch_size=true", "oom.batch_size_finder.max_batch_size=64"], "train")
+        check_overrides(["oom.find_batch_size=true,false", "oom.batch_size_finder.max_batch_size=64"], "train")
+        check_overrides(["oom.batch_size_finder.margin=0.5"], "bench")
 
 
 def test_a_typo_is_told_its_setting_and_a_finished_run_the_limit_that_ended_it(tmp_path):

@@ -158,7 +158,8 @@ def check_overrides(overrides: list[str], config_name: str) -> None:
         read = interpolations([*keys.values(), *given])
         for override in settings:  # in order: a key added (+key) or removed (~key) earlier on the line counts
             check_setting(override, keys, groups, read)
-        check_switched_on(settings, keys)
+        if config_name == "train":  # (the bench turns the finder on itself in its finder points)
+            note_switched_off(settings, keys)
         if any(o.type != OverrideType.CHANGE for o in settings):  # + and ~: what else Hydra would refuse
             _compose(config_name, [*extra, *(arg for arg in map(_first_value, parsed) if arg)], args)
 
@@ -321,10 +322,11 @@ READ_ONLY_WITH = {
 }
 
 
-def check_switched_on(settings: list[Override], keys: dict[str, Any]) -> None:
-    """Refuse a setting of a part that stays off (`oom.batch_size_finder.max_batch_size=64` without
-    `oom.find_batch_size=true`, `strategy.tensor_parallel_size=4` with `strategy.mode=layers`): it was taken and
-    never read, and the run looked like it had used it. (A preset without the switch: not this table's.)"""
+def note_switched_off(settings: list[Override], keys: dict[str, Any]) -> None:
+    """Say (a note) that a setting belongs to a part that stays off (`oom.batch_size_finder.max_batch_size=64`
+    without `oom.find_batch_size=true`, `strategy.tensor_parallel_size=4` with `strategy.mode=layers`): it was taken
+    without a word and never read. A note, not a refusal: a search whose space turns the switch on and off gives every
+    trial the setting. (A preset without the switch: not this table's.)"""
     for override in settings:
         key = override.key_or_group
         owner = next((name for name in READ_ONLY_WITH if key == name or key.startswith(f"{name}.")), None)
@@ -335,7 +337,8 @@ def check_switched_on(settings: list[Override], keys: dict[str, Any]) -> None:
         values = _values(given[-1]) if given else [keys[switch]]
         if on not in values:
             shown, now = (str(value).lower() if isinstance(value, bool) else value for value in (on, values[-1]))
-            raise ConfigError(f"{key}: {reads}, and {switch} is {now} here; turn it on: {switch}={shown}")
+            message = f"{key} is not read: {reads}, and {switch} is {now} here ({switch}={shown} turns it on)"
+            warnings.warn(message, stacklevel=1)  # (from this file: a `note:` line, notes_in_one_line)
 
 
 # Nodes whose keys the training reads itself (its data module, Lightning's Trainer): none may be removed with ~.
@@ -627,12 +630,20 @@ def check_flags(args: list[str], config_name: str) -> None:
     lines ending in "unrecognized arguments"."""
     for arg in args:
         flag = arg.partition("=")[0]
-        if arg.startswith("-") and flag not in HYDRA_FLAGS and not arg.lstrip("-")[:1].isdigit():
+        if arg.startswith("-") and not _hydra_flag(flag) and not arg.lstrip("-")[:1].isdigit():
             name = flag.lstrip("-").replace("-", "_")
             raise ConfigError(
                 f"{flag} is not an option of this command: its settings are key=value, e.g. "
                 f"{SETTINGS_NODE.get(config_name, config_name)}.{name}=... (--help lists them)"
             )
+
+
+def _hydra_flag(flag: str) -> bool:
+    """One of Hydra's options as argparse takes them: a long one abbreviated (--multi), a short one with its value
+    attached (-cjob)."""
+    if flag.startswith("--"):
+        return any(known.startswith(flag) for known in HYDRA_FLAGS if known.startswith("--"))
+    return any(flag.startswith(known) for known in HYDRA_FLAGS if not known.startswith("--"))
 
 
 def notes_in_one_line() -> None:

@@ -716,6 +716,15 @@ def first_sample(data: Data) -> Any:
         return x
 
 
+def first_input(data: Data) -> Any:
+    """The net's input for the training split's first item, a batch of one as the loader makes it (data.collate_fn,
+    else torch's default collate); None where first_sample has none."""
+    if first_sample(data) is None:
+        return None
+    item = data.first_item("train")
+    return (collated(data.collate_fn, item) if data.collate_fn is not None else default_collate([item]))[0]
+
+
 # The batch arithmetic, in one place (the data, every strategy, the batch-size finders and the OOM recovery use it):
 #   global batch (data.batch_size) = micro-batch x micro-batches accumulated per step x data-parallel replicas
 

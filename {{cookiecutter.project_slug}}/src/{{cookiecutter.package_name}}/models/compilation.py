@@ -14,7 +14,7 @@ never wins back. Turn it on for real trainings on GPUs.
 
 from torch import nn
 
-from ..parallel.split import has_split, layers
+from ..parallel.split import layers, split_net
 
 DP_REFUSAL = (
     "strategy=dp does not support compile=true: nn.DataParallel copies the net into a thread per GPU at every "
@@ -27,9 +27,9 @@ def compile_net(net: nn.Module, per_block: bool) -> None:
     time. (fsdp shards a net without a Split as one unit, and compiles it whole.)"""
     if getattr(net, "_compiled", False):
         return
-    if per_block and has_split(net):
-        split_net, _, blocks, _ = layers(net, "compile=true")
-        modules = [split_net.get_submodule(name) for name in blocks]
+    if per_block and split_net(net) is not None:  # (the Split may be a submodule's: a wrapper of yours)
+        inner, _, blocks, _ = layers(net, "compile=true")
+        modules = [inner.get_submodule(name) for name in blocks]
     else:
         modules = [net]
     for module in modules:

@@ -27,7 +27,6 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves, tree_map_only
-from torch.utils.data import default_collate
 from torch.utils.hooks import RemovableHandle
 
 from ..errors import ConfigError
@@ -518,13 +517,12 @@ MOVES = ("to", "cuda", "cpu", "type_as")
 def check_layer_devices(model: nn.Module, example: Any, groups: int) -> None:
     """Refuse, before training, a net whose forward would mix devices once its layer groups sit on `groups` devices
     (a skip connection from one group into another: on GPUs a RuntimeError at the first step, on [cpu,cpu] nothing).
-    Runs the net's forward on `example` (a batch of one tensor, or one sample of a dict or tuple of them) in eval mode
-    without gradients, its tensors followed by _Devices. A net on the meta device, or no example, is not checked."""
+    Runs the net's forward on `example` (a batch of one, as the loader gives it: a tensor, or a dict or tuple of them;
+    data.loading.first_input) in eval mode without gradients, its tensors followed by _Devices. A net on the meta
+    device, or no example, is not checked."""
     net, _ = find_split(model, "model_parallel")
     if groups < 2 or example is None or any(param.is_meta for param in net.parameters()):
         return
-    if not isinstance(example, torch.Tensor):  # (a dict input went unchecked, and trained on [cpu,cpu])
-        example = default_collate([example])  # a batch of one, as the loader gives the net
     parts = layer_groups(model, groups)
     names = {module: name for name, module in net.named_modules()}
     devices = _Devices()

@@ -27,6 +27,7 @@ from ..data.loading import (
     check_input,
     check_output,
     check_position,
+    first_input,
     first_sample,
     per_device_batch_size,
     targets_are_values,
@@ -224,7 +225,7 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     if strategy.name == "pipeline":  # the stages run the Split's chain, not the model's forward: the same model?
         check_chain(build(cfg.model.net), first_sample(data))  # compares values: a real net (`net` is on meta)
     if strategy.name == "model_parallel" and cfg.strategy.mode == "layers":  # a skip connection across the devices?
-        check_layer_devices(build(cfg.model.net), first_sample(data), len(strategy.layer_devices))
+        check_layer_devices(build(cfg.model.net), first_input(data), len(strategy.layer_devices))
     if strategy.name == "model_parallel" and cfg.strategy.mode == "tensor":  # a plan that changes what it computes?
         check_plan_values(lambda: build(cfg.model.net), first_sample(data), tensor_parallel)
     return strategy, processes, recovery

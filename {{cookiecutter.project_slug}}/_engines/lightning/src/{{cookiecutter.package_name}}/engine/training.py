@@ -28,6 +28,7 @@ from ..data.loading import (
     check_input,
     check_output,
     check_position,
+    first_input,
     first_sample,
     per_device_batch_size,
     targets_are_values,
@@ -316,7 +317,7 @@ def check_model_and_data(
     if preset() == "pipeline":  # the stages run the Split's chain, not the model's forward: the same model?
         check_chain(model.net, first_sample(datamodule.data))
     if preset() == "model_parallel" and cfg.strategy.mode == "layers":  # a skip connection across the devices?
-        check_layer_devices(model.net, first_sample(datamodule.data), len(trainer.strategy.devices))
+        check_layer_devices(model.net, first_input(datamodule.data), len(trainer.strategy.devices))
     if preset() == "model_parallel" and cfg.strategy.mode == "tensor":  # a plan that changes what the net computes?
         check_plan_values(lambda: build(cfg.model.net), first_sample(datamodule.data), tensor_parallel)
 
