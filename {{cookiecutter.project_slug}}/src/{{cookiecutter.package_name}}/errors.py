@@ -41,7 +41,13 @@ class TrainingStopped(RuntimeError):
 
 
 class Interrupted(TrainingStopped):
-    """Ctrl-C: the training saved a checkpoint at a step's end and stopped; the message says how to continue."""
+    """Ctrl-C: the training saved a checkpoint at a step's end and stopped; the message says how to continue.
+    `code`: the exit code; 0 for the other processes Lightning started itself, whose launcher takes any other code of
+    one of them for a crash and kills the first process before it has said how to continue (seen under load)."""
+
+    def __init__(self, message: str = "", code: int = EXIT_INTERRUPTED) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def spawned_failure(rank: int, traceback: str, config_errors: tuple[type, ...] = ()) -> Exception:
@@ -144,7 +150,7 @@ def fail(error: Exception, run_dir: Path | None = None) -> None:
         if first_to_say(message):
             print(message, file=sys.stderr)
     if isinstance(error, Interrupted):  # the first process says how to continue; the others stop quietly
-        sys.exit(EXIT_INTERRUPTED)
+        sys.exit(error.code)
     if isinstance(error, ProcessCrashed | TrainingStopped):
         sys.exit(EXIT_STOPPED)
     if run_dir is not None:

@@ -33,11 +33,11 @@ from ..data.loading import (
     per_device_batch_size,
     targets_are_values,
 )
-from ..errors import ConfigError, Interrupted, said_once, spawned_failure, unused_parameters
+from ..errors import EXIT_INTERRUPTED, ConfigError, Interrupted, said_once, spawned_failure, unused_parameters
 from ..models.activation_checkpointing import check_activation_checkpointing
 from ..models.float8 import check_float8, check_float8_layers
 from ..parallel.batchnorm import accumulation_note, needs_sync, synchronised_message, unsynchronised_note
-from ..parallel.launcher import die_with_launcher, fit_layout_to_launcher, warn_if_restarts_can_hang
+from ..parallel.launcher import detect_launcher, die_with_launcher, fit_layout_to_launcher, warn_if_restarts_can_hang
 from ..parallel.plan_values import check_plan_values
 from ..parallel.sharding import check_layer_devices
 from ..parallel.split import check_chain
@@ -142,7 +142,9 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
         if resume and resume.interrupted_at is not None:  # Ctrl-C: saved, stopped; say how to continue
             failed = False
             last = run_dir / "checkpoints" / LAST
-            raise interrupted(resume.interrupted_at, last, cfg.run_id) if trainer.is_global_zero else Interrupted("")
+            if not trainer.is_global_zero:  # (Lightning's own processes: 0, see Interrupted)
+                raise Interrupted("", code=EXIT_INTERRUPTED if detect_launcher() else 0)
+            raise interrupted(resume.interrupted_at, last, cfg.run_id)
         if preset() == "ddp_spawn" and (run_dir / "checkpoints" / LAST).is_file():  # (a folder: another preset's)
             restore_loop_counters(trainer, run_dir / "checkpoints" / LAST)
         if cfg.test_after_fit and "test" in datamodule.data.split_names:  # data=files: test is optional
