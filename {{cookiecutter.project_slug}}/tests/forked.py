@@ -38,9 +38,10 @@ from pathlib import Path
 
 SOCKET_VARIABLE = "FORKED_ZYGOTE"  # where a training's own launches find the zygote that forked it
 # Read by torch or its libraries when they load: a fork inherits its zygote's, so a run that sets them gets a new
-# interpreter (OMP_NUM_THREADS, which torchrun sets for its workers, is applied with torch.set_num_threads).
+# interpreter (OMP_NUM_THREADS, which torchrun sets for its workers, is applied with torch.set_num_threads; TORCH_LOGS,
+# which the compile tests set, by torch's own reading of it, as on import).
 READ_ON_IMPORT = ("TORCH_", "PYTORCH_", "OMP_", "MKL_", "CUDA_")
-APPLIED_AFTER_FORK = ("OMP_NUM_THREADS",)
+APPLIED_AFTER_FORK = ("OMP_NUM_THREADS", "TORCH_LOGS")
 # Read when used, not on import: torchrun's (TORCH_NCCL_ it sets for its workers; the rendezvous store's switch).
 READ_AT_RUN_TIME = ("TORCH_NCCL_", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
 MESSAGE = 1 << 20  # the largest request (its environment) or reply, in bytes
@@ -367,6 +368,8 @@ def _run_as_main(request: dict, fds: list[int], path: str, stand_in: str) -> Non
             atexit.unregister(media.MEDIA_TMP.cleanup)
         if "OMP_NUM_THREADS" in os.environ and "torch" in sys.modules:
             sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        if "TORCH_LOGS" in os.environ and "torch" in sys.modules:
+            sys.modules["torch"]._logging._internal._init_logs()  # what importing torch does with it
         sys.argv = [request["module"], *request["args"]]
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
         code = 0

@@ -54,9 +54,8 @@ def test_the_converted_model_keeps_its_checkpoint_keys_and_computes_the_same_los
     assert converted.state_dict().keys() == plain.state_dict().keys(), "a checkpoint loads with float8 on or off"
     tokens = torch.randint(0, 4096, (2, 32))
     losses = []
-    for net in (plain, converted):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = F.cross_entropy(net(tokens[:, :-1]).flatten(0, 1).float(), tokens[:, 1:].flatten())
+    for net in (plain, converted):  # in float32: Float8Linear casts its input the same way (bf16's backward on the
+        loss = F.cross_entropy(net(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())  # CPU: 25 s, CI time)
         loss.backward()
         losses.append(loss.item())
     assert losses[1] == pytest.approx(losses[0], rel=0.01), "float8 rounds; it does not change the model"

@@ -69,17 +69,6 @@ def test_a_failing_run_still_closes_its_wandb_run(train, layout):
         assert "ProcessRaisedException" not in run.output
 
 
-def test_ddp_spawn_logs_its_test_after_the_last_step_as_single_does(train):
-    """ddp_spawn fits in processes of its own, whose step count the command's trainer never saw: the test pass was
-    logged at step 0. It is logged after the training's last step, as under single."""
-    sizes = ["data.train_size=256", "data.val_size=64", "data.test_size=64", "data.batch_size=64"]
-    run = train(
-        *QUICK, *sizes, "strategy=ddp_spawn", "trainer.devices=2", "trainer.accelerator=cpu", "test_after_fit=true"
-    )
-    assert run.wandb.steps("train/loss") == [0, 1, 2, 3] and run.wandb.steps("test/loss") == [4]
-    assert run.wandb.metric("epoch")[-1] == 1, "the test's epoch, after the one epoch trained, as under single"
-
-
 def test_the_schedule_spans_the_steps_limit_train_batches_lets_run(train):
     """trainer.limit_train_batches=4 of an epoch of 10 batches: the cosine schedule spans the 4 optimizer steps that
     run, not the 10 of a whole epoch (it ended far above its floor)."""
