@@ -104,6 +104,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         f"src/{package}/parallel/layout.py",
         f"src/{package}/parallel/pipelining.py",
         f"src/{package}/parallel/plan_values.py",
+        f"src/{package}/parallel/presets.py",
         f"src/{package}/parallel/sharding.py",
         f"src/{package}/parallel/split.py",
         f"src/{package}/runtime/__init__.py",

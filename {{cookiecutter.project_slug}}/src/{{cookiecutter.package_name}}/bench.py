@@ -48,6 +48,7 @@ from .engine.launching import train_command
 from .errors import ConfigError, fail
 from .models.activation_checkpointing import MODES, check_activation_checkpointing
 from .parallel.pipelining import LOOPED, SCHEDULES, bubble_fraction, check_stages_per_process
+from .parallel.presets import built_in_preset
 from .parallel.split import layers
 from .runtime.precision import resolve_precision
 from .tools.estimate import count_parameters, example_input, tokens_per_sample, training_split
@@ -84,13 +85,14 @@ def scaling(cfg: DictConfig, overrides: list[str], run_dir: Path, console: Conso
     devices = cfg.bench.devices
     counts = [] if devices is None else number_list("bench.devices", devices, "process counts", "[1,2,4]", True, 1)
     counts = counts or default_counts()  # null or []: 1, 2, 4, ... up to the GPUs here
-    preset = HydraConfig.get().runtime.choices["strategy"]
+    choice = HydraConfig.get().runtime.choices["strategy"]
+    preset = built_in_preset(choice, cfg.strategy)  # a preset file of yours: the built-in one it is
     weak = preset in DATA_PARALLEL
     split = training_split(cfg)  # built once: a dataset of yours may read files for minutes
     check_one_epoch(cfg, {n: cfg.data.batch_size * (n if weak else 1) for n in counts}, split)
     net, parameters, tokens, peak = model_figures(cfg, split)
     console.print(
-        f"bench scaling: strategy={preset}, {'weak' if weak else 'strong'} scaling "
+        f"bench scaling: strategy={choice}, {'weak' if weak else 'strong'} scaling "
         + (f"(global batch = N x {cfg.data.batch_size})" if weak else f"(global batch {cfg.data.batch_size})")
     )
     rows: list[dict[str, Any]] = []
@@ -100,7 +102,8 @@ def scaling(cfg: DictConfig, overrides: list[str], run_dir: Path, console: Conso
             console.print(f"  {n} processes: {left_out(cfg, net, n, schedules)}")
         for schedule in schedules:
             batch = cfg.data.batch_size * (n if weak else 1)
-            times = run_point(cfg, "single" if n == 1 else preset, n, batch, schedule, overrides, run_dir)
+            point = ("single", None) if n == 1 else (choice, preset)
+            times = run_point(cfg, point[0], n, batch, schedule, overrides, run_dir, kind=point[1])
             rows.append(measure(times, n, batch, schedule, cfg, parameters, peak, tokens))
             tokens_per_s = f", {rows[-1]['tokens_per_s']:.0f} tokens/s" if tokens > 1 else ""
             console.print(
@@ -248,9 +251,11 @@ def run_point(
     name: str | None = None,
     steps: int | None = None,
     train_size: int | None = None,
+    kind: str | None = None,
 ) -> dict[str, Any]:
     """Train `preset` on n processes for warm-up + timed steps (or `steps`); what the clock on rank 0 recorded.
-    `train_size`: the training split's samples (default: the point's steps, all in one epoch)."""
+    `train_size`: the training split's samples (default: the point's steps, all in one epoch); `kind`: the built-in
+    preset a preset file of yours is."""
     name = name or f"{n}" + (f"-{schedule}" if schedule else "")
     point_dir, times_file = run_dir / "points" / name, run_dir / "points" / f"{name}.json"
     steps = steps or cfg.bench.warmup_steps + cfg.bench.steps
@@ -265,7 +270,7 @@ def run_point(
     ]
     if "train_size" in cfg.data:  # all steps in one epoch: no validation pause among the timed steps
         settings.append(f"data.train_size={train_size or batch * (steps + 1)}")
-    command = train_command(preset, n, 1, settings, module="tools.steptimes")
+    command = train_command(preset, n, 1, settings, module="tools.steptimes", kind=kind)
     if command[:2] == ["accelerate", "launch"]:  # this interpreter's, whatever is on PATH
         command = [sys.executable, "-m", "accelerate.commands.launch", *command[2:]]
     else:

@@ -39,6 +39,7 @@ from ..config import CONFIG_DIR, check_group_choices, check_overrides, register_
 from ..engine.launching import processes_per_trial, slurm_tasks, trial_command
 from ..errors import ConfigError, fail
 from ..parallel.launcher import free_port
+from ..parallel.presets import built_in_preset
 from ..runtime.interrupt import FINISHED_FILE
 from ..tracking.epoch_metrics import read_epoch_metrics
 from .guard import GRACE_SECONDS
@@ -90,7 +91,8 @@ def main() -> None:
         baseline = baseline_values(params, cfg) if settings.baseline else None
         first_trial = check_trial_config(params, overrides)
         grid = grid_space(params) if settings.sampler == "grid" else None
-        preset, processes = groups["strategy"], processes_per_trial(cfg.trainer.devices, groups["strategy"]) or 1
+        preset = built_in_preset(groups["strategy"], cfg.strategy)  # a preset file of yours: the built-in one it is
+        processes = processes_per_trial(cfg.trainer.devices, preset) or 1
         trial_command(preset, processes)  # refuses a launched preset without its launcher config
         if sweep_file:
             write_wandb_sweep(Path(sweep_file), settings, params, overrides, preset, processes)

@@ -19,10 +19,16 @@ DP_GATHERS_OUTPUTS = True  # strategy=dp: the replicas' outputs are gathered on 
 
 
 def train_command(
-    preset: str, devices: int, nodes: int = 1, overrides: Sequence[str] = (), module: str = "train"
+    preset: str,
+    devices: int,
+    nodes: int = 1,
+    overrides: Sequence[str] = (),
+    module: str = "train",
+    kind: str | None = None,
 ) -> list[str]:
-    """`python -m <pkg>.<module> strategy=<preset> ...` with the launcher the preset needs; `devices` per node."""
-    target = module_command(module, preset)
+    """`python -m <pkg>.<module> strategy=<preset> ...` with the launcher the preset needs; `devices` per node.
+    `kind`: the built-in preset a preset file of yours is (parallel/presets.py), whose launcher it takes."""
+    target, preset = module_command(module, preset), kind or preset
     if nodes > 1:
         torchrun = multi_node_torchrun(nodes, devices)
         return [*torchrun, *target, *overrides]

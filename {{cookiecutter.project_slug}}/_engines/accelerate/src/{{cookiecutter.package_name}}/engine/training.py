@@ -45,6 +45,7 @@ from ..parallel.batchnorm import (
 )
 from ..parallel.launcher import detect_launcher, die_with_launcher, fit_layout_to_launcher, warn_if_restarts_can_hang
 from ..parallel.plan_values import check_plan_values
+from ..parallel.presets import built_in_preset
 from ..parallel.sharding import check_layer_devices
 from ..parallel.split import check_chain
 from ..runtime.async_saves import check_async
@@ -158,6 +159,7 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
             f"{cfg.trainer.precision}, which this project reads, in both engines: give trainer.precision="
             f"{named or '|'.join(PRECISION)} and leave the launcher's at no"
         )
+    preset = built_in_preset(HydraConfig.get().runtime.choices["strategy"], cfg.strategy)  # (a file of yours: its kind)
     strategy: Strategy = build(cfg.strategy)
     check_oom_settings(cfg.oom)
     if cfg.oom.find_batch_size and not strategy.supports_batch_size_search:
@@ -172,7 +174,7 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
             "oom.recovery=null"
         )
     # Under torchrun or SLURM: the launcher's layout, unless the command line gives one (checked against it).
-    preset, overrides = HydraConfig.get().runtime.choices["strategy"], HydraConfig.get().overrides.task
+    overrides = HydraConfig.get().overrides.task
     check_devices(cfg.trainer.accelerator, cfg.trainer.devices, preset, cfg.trainer.num_nodes)
     _, devices = fit_layout_to_launcher(preset, cfg.trainer.num_nodes, cfg.trainer.devices, overrides)
     warn_if_restarts_can_hang()
@@ -366,7 +368,7 @@ def start_wandb(accelerator: Accelerator, cfg: DictConfig, strategy: Strategy, r
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", processes))
     config["run"] = {
         "engine": "accelerate",
-        "strategy_preset": HydraConfig.get().runtime.choices["strategy"],
+        "strategy_preset": HydraConfig.get().runtime.choices["strategy"],  # as given: a preset of yours by its name
         "world_size": processes,
         "devices": per_node,
         "num_nodes": processes // per_node,

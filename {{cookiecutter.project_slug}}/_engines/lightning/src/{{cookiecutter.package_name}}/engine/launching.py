@@ -16,10 +16,16 @@ DP_GATHERS_OUTPUTS = False  # strategy=dp: the loss is computed on each replica,
 
 
 def train_command(
-    preset: str, devices: int, nodes: int = 1, overrides: Sequence[str] = (), module: str = "train"
+    preset: str,
+    devices: int,
+    nodes: int = 1,
+    overrides: Sequence[str] = (),
+    module: str = "train",
+    kind: str | None = None,
 ) -> list[str]:
-    """`python -m <pkg>.<module> strategy=<preset> ...` with the launcher the preset needs; `devices` per node."""
-    target = module_command(module, preset)
+    """`python -m <pkg>.<module> strategy=<preset> ...` with the launcher the preset needs; `devices` per node.
+    `kind`: the built-in preset a preset file of yours is (parallel/presets.py), whose launcher it takes."""
+    target, preset = module_command(module, preset), kind or preset
     if nodes > 1:
         torchrun = multi_node_torchrun(nodes, devices)
         return [*torchrun, *target, f"trainer.devices={devices}", f"trainer.num_nodes={nodes}", *overrides]

@@ -39,6 +39,7 @@ from ..models.float8 import check_float8, check_float8_layers
 from ..parallel.batchnorm import accumulation_note, needs_sync, synchronised_message, unsynchronised_note
 from ..parallel.launcher import detect_launcher, die_with_launcher, fit_layout_to_launcher, warn_if_restarts_can_hang
 from ..parallel.plan_values import check_plan_values
+from ..parallel.presets import built_in_preset
 from ..parallel.sharding import check_layer_devices
 from ..parallel.split import check_chain
 from ..runtime.async_saves import check_async
@@ -112,7 +113,7 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
             rank_zero_info(note)
     tensor_parallel = getattr(trainer.strategy, "tensor_parallel_size", 1)  # another one than the checkpoint's?
     given = bool(cfg.ckpt_path)
-    check_same_mesh(Path(start) if start else None, data_parallel_size(trainer), tensor_parallel, preset(), given)
+    check_same_mesh(Path(start) if start else None, data_parallel_size(trainer), tensor_parallel, preset(cfg), given)
     if synchronised_batchnorm(cfg, model, trainer):
         rank_zero_info(synchronised_message(trainer.world_size))  # converted when fit starts (BatchNormSync)
     if cfg.check_only:
@@ -135,7 +136,7 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
         try:
             trainer.fit(model, datamodule=datamodule, ckpt_path=start)
         except (RuntimeError, ProcessRaisedException) as err:  # DDP's, for a parameter a step did not use: in one line
-            if refusal := unused_parameters(str(err), preset(), unused=without_gradient(model)):
+            if refusal := unused_parameters(str(err), preset(cfg), unused=without_gradient(model)):
                 raise said_once(refusal, trainer.is_global_zero) from err
             raise
         resume = next((callback for callback in trainer.callbacks if isinstance(callback, ResumeCheckpoint)), None)
@@ -145,7 +146,7 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
             if not trainer.is_global_zero:  # (Lightning's own processes: 0, see Interrupted)
                 raise Interrupted("", code=EXIT_INTERRUPTED if detect_launcher() else 0)
             raise interrupted(resume.interrupted_at, last, cfg.run_id)
-        if preset() == "ddp_spawn" and (run_dir / "checkpoints" / LAST).is_file():  # (a folder: another preset's)
+        if preset(cfg) == "ddp_spawn" and (run_dir / "checkpoints" / LAST).is_file():  # (a folder: another preset's)
             restore_loop_counters(trainer, run_dir / "checkpoints" / LAST)
         if cfg.test_after_fit and "test" in datamodule.data.split_names:  # data=files: test is optional
             best = best_of_this_run(trainer, run_dir)
@@ -216,7 +217,7 @@ def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningD
     callbacks = build_callbacks(cfg)
     # Under torchrun or SLURM the launcher's layout, unless the command line gave one (checked against it).
     num_nodes, devices = fit_layout_to_launcher(
-        preset(), cfg.trainer.num_nodes, cfg.trainer.devices, HydraConfig.get().overrides.task
+        preset(cfg), cfg.trainer.num_nodes, cfg.trainer.devices, HydraConfig.get().overrides.task
     )
     warn_if_restarts_can_hang()
     die_with_launcher()  # an orphan of a dead torchrun agent trained on
@@ -289,19 +290,19 @@ def check_model_and_data(
     """Everything that can refuse the built trainer, model and data together, and the notes about them."""
     if (note := accumulation_note(model.net, cfg.trainer.accumulate_grad_batches)) and is_first_process():
         print(note, file=sys.stderr)
-    unsynchronised = preset() in ("ddp", "ddp_spawn") and not cfg.trainer.sync_batchnorm
+    unsynchronised = preset(cfg) in ("ddp", "ddp_spawn") and not cfg.trainer.sync_batchnorm
     if unsynchronised and (note := unsynchronised_note(model.net, data_parallel_size(trainer))) and is_first_process():
         print(note, file=sys.stderr)
     check_activation_checkpointing(model.net, cfg.activation_checkpointing)
     tensor_parallel = getattr(trainer.strategy, "tensor_parallel_size", 1)
-    check_float8(cfg.float8, preset(), cfg.trainer.accelerator, tensor_parallel)
+    check_float8(cfg.float8, preset(cfg), cfg.trainer.accelerator, tensor_parallel)
     writer = getattr(trainer.strategy, "checkpoint_writer", None)  # the presets whose processes each write a part
-    check_async(cfg.checkpoint.get("async", False), preset(), writer is not None)
+    check_async(cfg.checkpoint.get("async", False), preset(cfg), writer is not None)
     if writer is not None:
         writer.background = cfg.checkpoint.get("async", False)
     check_float8_layers(model.net, cfg.float8)
     synchronised = synchronised_batchnorm(cfg, model, trainer)
-    check_layout(preset(), trainer, cfg.data.batch_size, model, synchronised)  # now, not inside a worker process
+    check_layout(preset(cfg), trainer, cfg.data.batch_size, model, synchronised)  # now, not inside a worker process
     datamodule.data.check_replicas(data_parallel_size(trainer), trainer.world_size)
     if isinstance(trainer.val_check_interval, int) or trainer.limit_train_batches != 1.0:  # (a loader's length)
         loader = datamodule.data.loader(
@@ -316,11 +317,11 @@ def check_model_and_data(
         shapes_only = build(cfg.model.net)
     micro = per_device_batch_size(cfg.data.batch_size, data_parallel_size(trainer), trainer.accumulate_grad_batches)
     check_output(shapes_only, datamodule.data, model.loss, micro)  # the module's loss (of yours, if you change it)
-    if preset() == "pipeline":  # the stages run the Split's chain, not the model's forward: the same model?
+    if preset(cfg) == "pipeline":  # the stages run the Split's chain, not the model's forward: the same model?
         check_chain(model.net, first_sample(datamodule.data))
-    if preset() == "model_parallel" and cfg.strategy.mode == "layers":  # a skip connection across the devices?
+    if preset(cfg) == "model_parallel" and cfg.strategy.mode == "layers":  # a skip connection across the devices?
         check_layer_devices(model.net, first_input(datamodule.data), len(trainer.strategy.devices))
-    if preset() == "model_parallel" and cfg.strategy.mode == "tensor":  # a plan that changes what the net computes?
+    if preset(cfg) == "model_parallel" and cfg.strategy.mode == "tensor":  # a plan that changes what the net computes?
         check_plan_values(lambda: build(cfg.model.net), first_sample(datamodule.data), tensor_parallel)
 
 
@@ -349,7 +350,7 @@ def has_checkpoint_io(strategy: Any) -> bool:
 
 def synchronised_batchnorm(cfg: DictConfig, model: L.LightningModule, trainer: L.Trainer) -> bool:
     """Whether this run's BatchNorm layers are synchronised over its data-parallel processes."""
-    data_parallel = preset() in ("ddp", "ddp_spawn")  # model_parallel and pipeline check BatchNorm themselves
+    data_parallel = preset(cfg) in ("ddp", "ddp_spawn")  # model_parallel and pipeline check BatchNorm themselves
     return data_parallel and cfg.trainer.sync_batchnorm and needs_sync(model, trainer.world_size)
 
 
@@ -358,7 +359,7 @@ def run_summary(cfg: DictConfig, trainer: L.Trainer) -> dict[str, Any]:
     summary = OmegaConf.to_container(cfg, resolve=True)
     summary["run"] = {
         "engine": "lightning",
-        "strategy_preset": preset(),
+        "strategy_preset": HydraConfig.get().runtime.choices["strategy"],  # as given: a preset of yours by its name
         "world_size": trainer.world_size,
         "devices": trainer.num_devices,
         "num_nodes": trainer.num_nodes,
@@ -371,6 +372,7 @@ def run_summary(cfg: DictConfig, trainer: L.Trainer) -> dict[str, Any]:
     return summary
 
 
-def preset() -> str:
-    """The strategy preset this run was composed with (the file name under configs/strategy/)."""
-    return HydraConfig.get().runtime.choices["strategy"]
+def preset(cfg: DictConfig) -> str:
+    """The built-in strategy preset this run is: the one it was composed with (strategy=NAME), or for a preset file of
+    yours the built-in one with the same strategy class (parallel/presets.py)."""
+    return built_in_preset(HydraConfig.get().runtime.choices["strategy"], cfg.strategy)
