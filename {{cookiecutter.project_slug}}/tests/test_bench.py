@@ -161,6 +161,12 @@ def test_an_unknown_benchmark_or_mode_is_refused_in_one_line(tmp_path, monkeypat
     monkeypatch.setattr(sys, "argv", ["bench", "--help"])
     main()  # the usage, exit 0 (it was the refusal above, exit 2)
     assert "usage: python -m" in capsys.readouterr().out
+    # argparse's habit: the hint names the bench's own key, or the trainer's (it named bench.max_epochs)
+    for flag, key in [("--steps", "bench.steps"), ("--max-epochs", "trainer.max_epochs"), ("--seed", "seed")]:
+        monkeypatch.setattr(sys, "argv", ["bench", "scaling", flag, "2"])
+        with pytest.raises(SystemExit) as exit_:
+            main()
+        assert exit_.value.code == 2 and f"e.g. {key}=... (--help lists them)" in capsys.readouterr().err
     with pytest.raises(
         ConfigError,
         match=r"bench.activation_checkpointing=\['none', 'partial'\] must list modes among none, full, selective",

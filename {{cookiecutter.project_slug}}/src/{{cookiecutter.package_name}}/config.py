@@ -621,8 +621,22 @@ HYDRA_FLAGS = {
     "-m", "--multirun", "-sc", "--shell-completion", "-cp", "--config-path", "-cn", "--config-name", "-cd",
     "--config-dir", "--experimental-rerun", "-i", "--info",
 }  # fmt: skip
-# Where a command's own settings live, for the hint (`--max-epochs 2`: trainer.max_epochs=2).
+# Where a command's own settings live, for the hint (`--max-epochs 2`: trainer.max_epochs=2; the bench's
+# `--steps 5`: bench.steps=5, its `--max-epochs 2`: trainer.max_epochs=2, the trainings it runs).
 SETTINGS_NODE = {"train": "trainer", "doctor": "doctor", "bench": "bench"}
+
+
+def _flag_key(name: str, config_name: str) -> str:
+    """The key a `--name` most likely meant: the command's own setting, a top-level one (seed), the trainer's, else
+    one of the command's own."""
+    node = SETTINGS_NODE.get(config_name, config_name)
+    if name in OmegaConf.load(CONFIG_DIR / f"{config_name}.yaml").get(node, {}):
+        return f"{node}.{name}"
+    if name in OmegaConf.load(CONFIG_DIR / "train.yaml"):
+        return name
+    if name in OmegaConf.load(CONFIG_DIR / "trainer" / "default.yaml"):
+        return f"trainer.{name}"
+    return f"{node}.{name}"
 
 
 def check_flags(args: list[str], config_name: str) -> None:
@@ -634,7 +648,7 @@ def check_flags(args: list[str], config_name: str) -> None:
             name = flag.lstrip("-").replace("-", "_")
             raise ConfigError(
                 f"{flag} is not an option of this command: its settings are key=value, e.g. "
-                f"{SETTINGS_NODE.get(config_name, config_name)}.{name}=... (--help lists them)"
+                f"{_flag_key(name, config_name)}=... (--help lists them)"
             )
 
 
