@@ -235,9 +235,11 @@ class TestRecommendation:
         pcie_only: bool | None = False,
         batch: int = 256,
         overrides: tuple[str, ...] = ("seed=1",),
+        own: tuple[str, str] | None = None,
     ) -> dict:
         plan = OmegaConf.create({"min_speedup": 1.2, "max_nodes": 4})
-        return recommend(default_model(), usable, per_node, plan, batch, self.pipe, speed, pcie_only, list(overrides))
+        model = default_model()
+        return recommend(model, usable, per_node, plan, batch, self.pipe, speed, pcie_only, list(overrides), own)
 
     def test_one_device(self):
         advice = self.advise(usable=1e12, per_node=1)
@@ -251,6 +253,15 @@ class TestRecommendation:
         advice = self.advise(usable=1e12, per_node=2, batch=255, overrides=mine)
         assert advice["command"] == f"python -m {PACKAGE}.train strategy=single seed=1"
         assert "data.batch_size=255 (the global batch) divides over none of the other device counts" in advice["why"]
+
+    def test_a_preset_file_of_yours_is_recommended_by_its_name_with_its_settings(self):
+        """strategy=my_ddp (ddp.yaml copied): where the doctor recommends ddp, the command keeps the user's preset
+        and its strategy.X settings (it named ddp and dropped them)."""
+        mine = ("strategy=my_ddp", "strategy.timeout.minutes=5", "seed=1")
+        advice = self.advise(usable=1e12, per_node=4, overrides=mine, own=("my_ddp", "ddp"))
+        words = advice["command"].split()
+        assert advice["preset"] == "ddp" and "strategy=my_ddp" in words and "strategy=ddp" not in words
+        assert "strategy.timeout.minutes=5" in words and words[-1] == "seed=1"
 
     def test_ddp_when_it_is_faster(self):
         advice = self.advise(usable=1e12, per_node=4)

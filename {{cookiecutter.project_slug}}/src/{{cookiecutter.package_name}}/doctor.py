@@ -27,6 +27,7 @@ from rich.table import Table
 from .config import CONFIG_DIR, register_resolvers, run_cli
 from .engine.launching import train_command
 from .errors import UNRESOLVED, ConfigError, fail, unresolved
+from .parallel.presets import built_in_preset
 from .parallel.split import split_blocks
 from .runtime import hardware
 from .runtime.precision import resolve_precision, use_tensor_cores
@@ -96,7 +97,9 @@ def diagnose(cfg: DictConfig, overrides: list[str]) -> dict[str, Any]:
     pcie_only = None if elsewhere or not pairs else not any(p["nvlinks"] or p["nvswitch_links"] for p in pairs)
     speed = Speed(step, busbw, unpriced(step, busbw, elsewhere, per_node, memory_gb))
     usable = USABLE * memory_gb * GB
-    advice = recommend(facts, usable, per_node, plan, batch, pipe, speed, pcie_only, overrides)
+    given = next((o.partition("=")[2] for o in overrides if o.startswith("strategy=")), None)
+    own = (given, built_in_preset(given, cfg.strategy)) if given else None  # a preset file of yours: what it is
+    advice = recommend(facts, usable, per_node, plan, batch, pipe, speed, pcie_only, overrides, own)
     return {
         "environment": env,
         "topology": topology,
@@ -203,13 +206,15 @@ def recommend(
     speed: Speed,
     pcie_only: bool | None,
     overrides: list[str],
+    own: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
     """The decision tree: one device if it fits and ddp would not be much faster; ddp if a replica fits on each
     device; else split the model over the fewest devices that hold it (model_parallel, or pipeline where GPUs
     talk over PCIe only), on one node if possible, else over nodes.
 
     `usable`: bytes per device a plan may fill; `pipe`: the pipeline's microbatches and schedule; `pcie_only`:
-    whether the GPUs are linked by PCIe only (None: not known)."""
+    whether the GPUs are linked by PCIe only (None: not known); `own`: the preset the command line gave and the
+    built-in one it is (a preset file of yours is recommended by its name where its built-in one is)."""
 
     def need(preset: str, n: int, tensor: int | None = None, pipelines: int = 1) -> float | None:
         micro, schedule = pipe.microbatches, pipe.schedule
@@ -230,12 +235,12 @@ def recommend(
     ) -> dict[str, Any]:
         # The user's own settings, but not those of the layout the recommendation replaces (strategy=ddp twice);
         # the preset's own settings (strategy.X) where it recommends the preset the command line gave
-        mine = next((o.partition("=")[2] for o in overrides if o.startswith("strategy=")), None)
-        replaced = LAYOUT_SETTINGS if preset != mine else tuple(o for o in LAYOUT_SETTINGS if o != "strategy.")
+        mine = own is not None and own[1] == preset
+        replaced = LAYOUT_SETTINGS if not mine else tuple(o for o in LAYOUT_SETTINGS if o != "strategy.")
         kept = [o for o in overrides if not o.lstrip("+~").startswith(replaced)]
         if facts.unused and preset in ("ddp", "ddp_spawn"):  # DDP stops at the first step otherwise
             extra = (*extra, "strategy.find_unused_parameters=true")
-        command = train_command(preset, devices, nodes, [*extra, *kept])
+        command = train_command(own[0] if own and mine else preset, devices, nodes, [*extra, *kept], kind=preset)
         return {
             "preset": preset,
             "devices_per_node": devices,
