@@ -241,6 +241,9 @@ COMMAND_LINE_REFUSALS = [
     # a traceback (torch's manual_seed, numpy's seed) after the run folder was made; a run folder outside outputs/
     (["seed=1.5"], "seed=1.5 must be a whole number from 0 to 4294967295 (the default is 42)"),
     (["run_id=../escape"], "run_id=../escape must name one folder (outputs/<experiment>/<run_id>): no / or .."),
+    # quoted empty: the run wrote into outputs/<experiment>/ itself; null: a run folder named None
+    (["run_id=''"], "run_id='' must name one folder (outputs/<experiment>/<run_id>): no / or .., not empty or null"),
+    (["run_id=null"], "run_id=null must name one folder (outputs/<experiment>/<run_id>): no / or .., not empty or"),
     # a float batch reached the DataLoader (a traceback); a list, the optimizer ("'<=' not supported ...")
     (["data.batch_size=12.0"], "data.batch_size=12.0 must be a whole number of samples (the global batch)"),
     (["model.optimizer.lr=[1,2]"], "model.optimizer.lr=[1,2] is not a number (the default is 0.001)"),
@@ -378,6 +381,8 @@ COMMAND_LINE_REFUSAL_IDS = [
     "add-a-key-to-no-logger",
     "seed-not-whole",
     "run-id-outside-the-outputs",
+    "run-id-quoted-empty",
+    "run-id-null",
     "batch-size-not-whole",
     "lr-a-list",
     "epoch-limit-inside-an-optimizer-step",

@@ -161,6 +161,13 @@ def test_an_unknown_benchmark_or_mode_is_refused_in_one_line(tmp_path, monkeypat
     monkeypatch.setattr(sys, "argv", ["bench", "--help"])
     main()  # the usage, exit 0 (it was the refusal above, exit 2)
     assert "usage: python -m" in capsys.readouterr().out
+    # strategy=single's points of 2 processes trained one, and the bench printed an efficiency of them
+    run_dir = tmp_path / "single"
+    monkeypatch.setattr(sys, "argv", ["bench", "scaling", "strategy=single", "bench.devices=[1,2]", f"hydra.run.dir={run_dir}"])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert exit_.value.code == 2 and "strategy=single trains one: give strategy=ddp" in capsys.readouterr().err
+    assert not run_dir.exists()
     # argparse's habit: the hint names the bench's own key, or the trainer's (it named bench.max_epochs)
     for flag, key in [("--steps", "bench.steps"), ("--max-epochs", "trainer.max_epochs"), ("--seed", "seed")]:
         monkeypatch.setattr(sys, "argv", ["bench", "scaling", flag, "2"])
@@ -183,6 +190,7 @@ BAD_SETTINGS = [  # each was a traceback (or, bench.devices=[1.5], a point of 1.
     ("scaling", "bench.devices=[1.5]", "bench.devices=[1.5] must list process counts >= 1"),
     ("scaling", "bench.steps=2.5", "bench.steps=2.5 must be a whole number >= 2"),  # failed in the first point
     ("scaling", "bench.peak_tflops=abc", "bench.peak_tflops=abc must be a number > 0"),
+    ("memory", "bench=null", "bench=null: bench is a group of settings; give them one by one, e.g. bench.steps=20"),
     (
         "memory",
         "bench.activation_checkpointing=full",

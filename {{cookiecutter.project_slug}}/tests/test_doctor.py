@@ -151,6 +151,8 @@ def test_doctor_plans_several_nodes(tmp_path, train_env):
         # was seconds of measuring, then a StatisticsError's traceback (here refused though nothing is measured)
         ("doctor.allreduce.iterations=0", "doctor.allreduce.iterations=0 must be a whole number >= 1"),
         ("doctor.min_speedup=-3", "doctor.min_speedup=-3 must be a number >= 1"),  # was taken silently
+        # an AttributeError's traceback, and an empty run folder
+        ("doctor.allreduce=null", "doctor.allreduce=null: doctor.allreduce is a group of settings; give them one by"),
     ],
 )
 def test_doctor_rejects_a_nonsense_device_plan(tmp_path, train_env, setting, message):

@@ -658,6 +658,10 @@ def test_a_second_search_of_a_study_is_refused_while_the_first_holds_it(tmp_path
         ({"model.optimizer.lr": {"type": "float", "low": 0.1, "high": 1}}, ["search.sampler=grid"], "`grid: [...]`"),
         (None, ["search.sampler=bayes"], "search.sampler='bayes' is unknown; valid: grid, random, tpe"),
         (None, ["search.n_trails=3"], "unknown setting search.n_trails; valid: search=<space>, search.space"),
+        # Optuna's ValueError after the study was written (the corrected command then met the written study)
+        (None, ["search.seed=-1"], "search.seed must be a whole number from 0 to 4294967295, not -1"),
+        (None, ["search.startup_trials=-1"], "search.startup_trials must be at least 0, not -1"),
+        (None, ["search.study=a/b"], "search.study=a/b must name one folder"),  # (each trial refused it, then)
         (None, ["search=nope"], "unknown search space 'nope'; valid: default, gpt, or a path to a .yaml file"),
         (None, ["search=/nope/space.yaml"], "search=/nope/space.yaml: there is no such file"),
         (  # (a categorical's value must be one of its choices: Optuna's traceback after the first trials)

@@ -52,7 +52,7 @@ from .parallel.presets import built_in_preset
 from .parallel.split import layers
 from .runtime.precision import resolve_precision
 from .tools.estimate import count_parameters, example_input, tokens_per_sample, training_split
-from .tools.settings import number, number_list, shown, whole_number
+from .tools.settings import number, number_list, settings_group, shown, whole_number
 from .tools.steptimes import ENV, STEPS_ENV, WARMUP_ENV, progress_file
 from .tracking.wandb_run import finish_wandb, wandb_mode
 
@@ -87,6 +87,11 @@ def scaling(cfg: DictConfig, overrides: list[str], run_dir: Path, console: Conso
     counts = counts or default_counts()  # null or []: 1, 2, 4, ... up to the GPUs here
     choice = HydraConfig.get().runtime.choices["strategy"]
     preset = built_in_preset(choice, cfg.strategy)  # a preset file of yours: the built-in one it is
+    if preset == "single" and max(counts) > 1:  # (its points of N processes trained one: a made-up efficiency)
+        raise ConfigError(
+            f"bench scaling measures a preset over several processes; strategy={choice} trains one: give "
+            "strategy=ddp (or ddp_spawn, dp, fsdp, model_parallel, pipeline), or bench.devices=[1]"
+        )
     weak = preset in DATA_PARALLEL
     split = training_split(cfg)  # built once: a dataset of yours may read files for minutes
     check_one_epoch(cfg, {n: cfg.data.batch_size * (n if weak else 1) for n in counts}, split)
@@ -168,6 +173,7 @@ def default_counts() -> list[int]:
 def check_settings(cfg: DictConfig) -> None:
     """Refuse, in one line, a bench.* setting both benchmarks read that cannot work (tools.settings says which values
     are valid); each benchmark checks its own too, all before any point runs or anything is written."""
+    settings_group("bench", cfg.bench, "bench.steps=20")
     whole_number("bench.warmup_steps", cfg.bench.warmup_steps, 1, "steps not timed, before the timed ones")
     whole_number("bench.steps", cfg.bench.steps, 2, "timed steps per point")
     if cfg.bench.timeout_s is not None:  # null: no limit

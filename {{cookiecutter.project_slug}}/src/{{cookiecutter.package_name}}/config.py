@@ -681,8 +681,21 @@ def check_seed_and_names(overrides: list[str]) -> None:
         for given in _sweep_values(override, [value]) if key in ("seed", "run_id", "experiment") else []:
             if key == "seed" and not (given.isdigit() and int(given) < 2**32):
                 raise ConfigError(f"seed={given} must be a whole number from 0 to {2**32 - 1} (the default is 42)")
-            if key != "seed" and ("/" in given or given in ("", ".", "..")):
-                raise ConfigError(f"{key}={given} must name one folder (outputs/<experiment>/<run_id>): no / or ..")
+            if key != "seed" and ("/" in given or given in ("", ".", "..") or _parsed(override) in (None, "")):
+                raise ConfigError(
+                    f"{key}={given} must name one folder (outputs/<experiment>/<run_id>): no / or .., not empty or "
+                    "null (leave it out for the default)"
+                )
+
+
+def _parsed(override: str) -> Any:
+    """The value Hydra makes of `key=value` (`''`: the empty text, `null`: None); the text where Hydra cannot parse
+    it (it then refuses the line itself) or for a sweep."""
+    try:
+        parsed = OverridesParser.create().parse_override(override)
+    except HydraException:
+        return override.partition("=")[2]
+    return override.partition("=")[2] if parsed.is_sweep_override() else parsed.value()
 
 
 def check_output_folder(overrides: list[str]) -> None:

@@ -42,7 +42,7 @@ from .tools.estimate import (
     mesh,
     model_facts,
 )
-from .tools.settings import number, number_list, whole_number
+from .tools.settings import number, number_list, settings_group, whole_number
 
 register_resolvers()
 
@@ -129,6 +129,8 @@ def diagnose(cfg: DictConfig, overrides: list[str]) -> dict[str, Any]:
 
 def check_plan(plan: DictConfig) -> None:
     """Refuse, in one line, a doctor.* setting that cannot work (tools.settings says which values are valid)."""
+    settings_group("doctor", plan, "doctor.devices=2")
+    settings_group("doctor.allreduce", plan.allreduce, "doctor.allreduce.sizes_mb=[] (no measurement)")
     if plan.devices is not None:  # (null's default: any text passes the command line's type check)
         whole_number("doctor.devices", plan.devices, 1, "devices per node")
     if plan.device_memory_gb is not None:

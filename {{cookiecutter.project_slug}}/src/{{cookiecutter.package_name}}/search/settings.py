@@ -58,6 +58,15 @@ class Settings:
         for name in ("n_trials", "n_jobs", "max_failures"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"search.{name} must be at least 1, not {getattr(self, name)}")
+        if self.startup_trials < 0:  # (Optuna's ValueError, after the study was written)
+            raise ConfigError(f"search.startup_trials must be at least 0, not {self.startup_trials}")
+        if not 0 <= self.seed < 2**32:  # (numpy's, through Optuna's sampler)
+            raise ConfigError(f"search.seed must be a whole number from 0 to {2**32 - 1}, not {self.seed}")
+        if self.study is not None and ("/" in self.study or self.study in ("", ".", "..")):
+            raise ConfigError(
+                f"search.study={self.study} must name one folder (outputs/search/<study>, the trials' experiment): "
+                "no / or .., not empty"
+            )
         if self.slurm_gpus_per_trial is not None and self.slurm_gpus_per_trial < 0:
             raise ConfigError(f"search.slurm_gpus_per_trial must be at least 0, not {self.slurm_gpus_per_trial}")
         if not self.metric.startswith("val/"):

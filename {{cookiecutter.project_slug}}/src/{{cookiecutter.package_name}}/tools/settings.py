@@ -9,7 +9,7 @@ setting whose default is null, takes any value there, and is checked here. A bar
 import math
 from typing import Any
 
-from omegaconf import ListConfig
+from omegaconf import DictConfig, ListConfig
 
 from ..errors import ConfigError
 
@@ -23,6 +23,13 @@ def shown(value: Any) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     return str(value)
+
+
+def settings_group(name: str, node: Any, example: str) -> None:
+    """Refuse `doctor=null` or `doctor.allreduce=5`: one value given to a group of settings (an AttributeError's
+    traceback when it was read)."""
+    if not isinstance(node, DictConfig):
+        raise ConfigError(f"{name}={shown(node)}: {name} is a group of settings; give them one by one, e.g. {example}")
 
 
 def is_number(value: Any) -> bool:
