@@ -163,7 +163,9 @@ def test_an_unknown_benchmark_or_mode_is_refused_in_one_line(tmp_path, monkeypat
     assert "usage: python -m" in capsys.readouterr().out
     # strategy=single's points of 2 processes trained one, and the bench printed an efficiency of them
     run_dir = tmp_path / "single"
-    monkeypatch.setattr(sys, "argv", ["bench", "scaling", "strategy=single", "bench.devices=[1,2]", f"hydra.run.dir={run_dir}"])
+    monkeypatch.setattr(
+        sys, "argv", ["bench", "scaling", "strategy=single", "bench.devices=[1,2]", f"hydra.run.dir={run_dir}"]
+    )
     with pytest.raises(SystemExit) as exit_:
         main()
     assert exit_.value.code == 2 and "strategy=single trains one: give strategy=ddp" in capsys.readouterr().err
