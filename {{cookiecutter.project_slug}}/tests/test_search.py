@@ -662,6 +662,7 @@ def test_a_second_search_of_a_study_is_refused_while_the_first_holds_it(tmp_path
         (None, ["search.seed=-1"], "search.seed must be a whole number from 0 to 4294967295, not -1"),
         (None, ["search.startup_trials=-1"], "search.startup_trials must be at least 0, not -1"),
         (None, ["search.study=a/b"], "search.study=a/b must name one folder"),  # (each trial refused it, then)
+        (None, ["search.dir=/proc/x"], "search.dir=/proc/x cannot be made (No such file or directory)"),
         (None, ["search=nope"], "unknown search space 'nope'; valid: default, gpt, or a path to a .yaml file"),
         (None, ["search=/nope/space.yaml"], "search=/nope/space.yaml: there is no such file"),
         (  # (a categorical's value must be one of its choices: Optuna's traceback after the first trials)
@@ -689,6 +690,10 @@ def test_a_second_search_of_a_study_is_refused_while_the_first_holds_it(tmp_path
         ({"data.batch_size": {"type": "float", "low": 16, "high": 64}}, [], "a whole number (256 now): give type: int"),
         ({"model.net.depth": {"type": "int", "low": 1.5, "high": 4}}, [], "low: 1.5 is not a whole number (type: int;"),
         ({"model.optimizer.lr": {"type": "categorical", "choices": 0.001}}, [], "choices: 0.001: give a non-empty"),
+        # a quoted "no" was a log scale; a step of 0 a step of 1; a grid of one number Python's "not iterable"
+        ({"model.optimizer.lr": {"type": "float", "low": 0.1, "high": 1, "log": "no"}}, [], "log: 'no' must be true"),
+        ({"model.net.hidden": {"type": "int", "low": 16, "high": 32, "step": 0}}, [], "step: 0 must be a number > 0"),
+        ({"model.optimizer.lr": {"type": "float", "low": 0.001, "high": 1, "grid": 0.01}}, [], "give a list of values"),
         *SEARCH_REFUSALS,
     ],
 )
@@ -770,6 +775,8 @@ def test_export_wandb_sweep(search_command, tmp_path):
     assert sweep["command"] == [*launcher, "experiment=s", "strategy=ddp", "trainer.devices=2", "${args_no_hyphens}"]
     code, output = search_command("--export-wandb-sweep", str(tmp_path / "no-such-folder" / "sweep.yaml"))
     assert code == 2 and "there is no folder" in output and "Traceback" not in output, output[-2000:]
+    code, output = search_command("--export-wandb-sweep", str(tmp_path))  # (IsADirectoryError's traceback)
+    assert code == 2 and f"{tmp_path} is a folder: give a file name" in output and "Traceback" not in output
 
 
 def test_the_language_models_space_fits_it_and_only_it(search_command, tmp_path):

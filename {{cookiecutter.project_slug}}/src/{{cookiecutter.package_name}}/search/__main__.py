@@ -103,7 +103,11 @@ def main() -> None:
             others = other_trial_configs(params, overrides)
             check_some_trial(first_trial, others, preset, processes, slots.first)
         new_dir = not settings.study_dir.exists()
-        settings.study_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            settings.study_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:  # (a traceback: search.dir=/proc/x, a read-only folder)
+            raise ConfigError(f"search.dir={settings.study_dir} cannot be made ({err.strerror}): give a folder "
+                              "that can be written") from None  # fmt: skip
         lock = hold_lock(settings.study_dir)  # held until the search and every trial it started have ended
         if start is TrialProcess:
             start = partial(TrialProcess, inherit=(lock.fileno(),))
@@ -259,8 +263,9 @@ def open_study(
         raise ConfigError(f"study {settings.study_name}: {err}") from None
     stored = study.direction.name.lower()  # Optuna takes a study again without a word about another direction
     if stored != settings.direction:
+        metric = (study.user_attrs.get("definition") or {}).get("metric", settings.metric)  # (its own, not this one's)
         raise ConfigError(
-            f"study {settings.study_name} in {study_dir} was started to {stored} {settings.metric}; continue it with "
+            f"study {settings.study_name} in {study_dir} was started to {stored} {metric}; continue it with "
             f"search.direction={stored}, or start a new one with search.study=<name>"
         )
     definition = {

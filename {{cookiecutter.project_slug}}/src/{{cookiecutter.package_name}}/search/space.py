@@ -103,12 +103,18 @@ def parse_param(key: str, spec: Any, cfg: DictConfig, groups: dict[str, str]) ->
                 if isinstance(value, float) and not value.is_integer():
                     raise ValueError(f"{name}: {value} is not a whole number (type: int; type: float for fractions)")
         low, high = (number(spec[bound]) for bound in ("low", "high"))
-        log, step = bool(spec.get("log", False)), spec.get("step")
+        log, step, grid = spec.get("log", False), spec.get("step"), spec.get("grid")
+        if not isinstance(log, bool):  # ("no" in quotes is text, which bool() took for true)
+            raise ValueError(f"log: {log!r} must be true or false")
+        if step is not None and not (isinstance(step, int | float) and not isinstance(step, bool) and step > 0):
+            raise ValueError(f"step: {step!r} must be a number > 0 (or leave it out)")  # (0 became a step of 1)
+        if grid is not None and not isinstance(grid, list):  # ("'float' object is not iterable")
+            raise ValueError(f"grid: {grid!r}: give a list of values, e.g. [{grid!r}]")
         if kind == "float":
             distribution = optuna.distributions.FloatDistribution(low, high, log=log, step=step and float(step))
         else:
             distribution = optuna.distributions.IntDistribution(low, high, log=log, step=int(step or 1))
-        grid = [number(value) for value in spec.get("grid") or default_grid(distribution)]
+        grid = [number(value) for value in grid or default_grid(distribution)]
         outside = [value for value in grid if not low <= value <= high]
         if outside:
             raise ValueError(f"grid values {outside} lie outside [{low}, {high}]")

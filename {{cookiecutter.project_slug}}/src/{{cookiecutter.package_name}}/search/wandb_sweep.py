@@ -20,6 +20,8 @@ def write_wandb_sweep(
 ) -> None:
     if not path.parent.is_dir():
         raise ConfigError(f"--export-wandb-sweep {path}: there is no folder {path.parent} to write it in")
+    if path.is_dir():  # (IsADirectoryError's traceback)
+        raise ConfigError(f"--export-wandb-sweep {path} is a folder: give a file name, e.g. {path / 'sweep.yaml'}")
     command = typed_command(preset, processes)
     if command[0] == "python":
         command[0] = "${interpreter}"  # the agent's Python
