@@ -277,6 +277,7 @@ COMMAND_LINE_REFUSALS = [
         "unknown setting strategy.tensor_parallel_size: the strategy preset has no tensor_parallel_size; its "
         "settings: ",
     ),
+    (["ddp"], "ddp is not a setting: this command takes key=value, e.g. strategy=ddp"),  # (Hydra's 4 lines, exit 1)
     (  # (argparse's habit: Hydra printed its usage, eight lines)
         ["--max-epochs", "2"],
         "--max-epochs is not an option of this command: its settings are key=value, e.g. trainer.max_epochs=... "
@@ -394,6 +395,7 @@ COMMAND_LINE_REFUSAL_IDS = [
     "trainer-logger",
     "trainer-callbacks",
     "a-setting-the-strategy-preset-lacks",
+    "a-bare-word",
     "a-dashed-option",
     "empty-training-split",
     "stray-world-size-without-a-launcher",

@@ -639,10 +639,23 @@ def _flag_key(name: str, config_name: str) -> str:
     return f"{node}.{name}"
 
 
+# Hydra's options that take the next argument as their value (`--config-name best`, `--cfg job`).
+HYDRA_VALUED = {"-c", "--cfg", "-p", "--package", "-cp", "--config-path", "-cn", "--config-name", "-cd",
+                "--config-dir", "--experimental-rerun", "-i", "--info", "-sc", "--shell-completion"}  # fmt: skip
+
+
 def check_flags(args: list[str], config_name: str) -> None:
     """Refuse `--devices 2` (argparse's habit) in one line naming the key=value form; Hydra printed its usage, eight
-    lines ending in "unrecognized arguments"."""
+    lines ending in "unrecognized arguments". A bare word (`ddp`; the bench's `scaling memory`) too: Hydra's was four
+    lines ("missing EQUAL"), exit 1."""
+    previous = ""
     for arg in args:
+        if "=" not in arg and not arg.startswith(("-", "~", "+")) and previous not in HYDRA_VALUED:  # (~key: removal)
+            group = next((name for name in sorted(training_groups()) if arg in _choices(name)), None)
+            raise ConfigError(
+                f"{arg} is not a setting: this command takes key=value" + (f", e.g. {group}={arg}" if group else "")
+            )
+        previous = arg
         flag = arg.partition("=")[0]
         if arg.startswith("-") and not _hydra_flag(flag) and not arg.lstrip("-")[:1].isdigit():
             name = flag.lstrip("-").replace("-", "_")
