@@ -706,6 +706,16 @@ def test_bad_input_is_refused_before_the_first_trial(search_command, tmp_path, s
     assert not (tmp_path / "s").exists()
 
 
+def test_check_only_checks_the_search_and_starts_no_trial(search_command, tmp_path):
+    """check_only=true reached every trial, which trained nothing, and the search stopped on "trained to its end
+    without a validation"."""
+    code, output = search_command("check_only=true", "trainer.accelerator=cpu")
+    assert code == 0 and "check_only: the search passes its checks" in output, output[-3000:]
+    assert not (tmp_path / "s").exists(), "no study, no trial"
+    code, output = search_command("check_only=true", "search.seed=-1")  # its checks: still refused
+    assert code == 2 and "search.seed must be" in output
+
+
 def test_a_study_continued_in_another_direction_or_folder_is_refused(search_command, tmp_path):
     """search.direction=maximize on a study started to minimize: Optuna took it again without a word, and the study
     went on minimizing (its best the lowest accuracy). A study in the folder of another (search.dir): its trials

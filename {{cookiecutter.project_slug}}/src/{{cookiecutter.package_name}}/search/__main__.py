@@ -102,6 +102,11 @@ def main() -> None:
         if settings.backend == "local":  # (a SLURM trial runs on a node whose devices the search does not see)
             others = other_trial_configs(params, overrides)
             check_some_trial(first_trial, others, preset, processes, slots.first)
+        if cfg.check_only:  # (passed on to the trials, it trained none of them: "trained to its end without a
+            # validation")
+            print("check_only: the search passes its checks (its settings, the space, the trials' configs); no trial "
+                  "was started")  # fmt: skip
+            return
         new_dir = not settings.study_dir.exists()
         try:
             settings.study_dir.mkdir(parents=True, exist_ok=True)
