@@ -278,6 +278,10 @@ COMMAND_LINE_REFUSALS = [
         "settings: ",
     ),
     (["ddp"], "ddp is not a setting: this command takes key=value, e.g. strategy=ddp"),  # (Hydra's 4 lines, exit 1)
+    (  # (Hydra's multi-line instantiation error in the training, exit 1)
+        ["model.optimizer=0.1"],
+        "model.optimizer=0.1: model.optimizer is a group of settings (lr, weight_decay",
+    ),
     (  # (argparse's habit: Hydra printed its usage, eight lines)
         ["--max-epochs", "2"],
         "--max-epochs is not an option of this command: its settings are key=value, e.g. trainer.max_epochs=... "
@@ -396,6 +400,7 @@ COMMAND_LINE_REFUSAL_IDS = [
     "trainer-callbacks",
     "a-setting-the-strategy-preset-lacks",
     "a-bare-word",
+    "a-value-for-a-group-of-settings",
     "a-dashed-option",
     "empty-training-split",
     "stray-world-size-without-a-launcher",

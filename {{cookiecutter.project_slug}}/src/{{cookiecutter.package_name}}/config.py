@@ -302,6 +302,13 @@ def check_setting(override: Override, keys: dict[str, Any], groups: set[str], re
             del keys[inner]  # is one Hydra cannot set
         keys[key] = None
     for value in _values(override):
+        if isinstance(default, dict) and value is not None and not isinstance(value, dict) and "${" not in str(value):
+            names = [name for name in default if not name.startswith("_")][:3]  # (Hydra: a multi-line instantiation
+            example = f", e.g. {key}.{names[0]}=..." if names else ""  # error in the training, exit 1)
+            raise ConfigError(
+                f"{key}={override.get_value_element_as_str()}: {key} is a group of settings ({', '.join(names)}"
+                f"{', ...' if len(default) > len(names) else ''}); set them one by one{example}"
+            )
         if key in TEXT_ALSO or not isinstance(value, str | list | dict) or "${" in str(value):
             continue
         shown = value if isinstance(value, str) else override.get_value_element_as_str()
