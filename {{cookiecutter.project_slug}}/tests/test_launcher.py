@@ -115,3 +115,35 @@ def test_the_torchrun_script_refuses_a_head_torchrun_would_wait_on_for_ever(tmp_
     done = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stderr.startswith(error) and len(done.stderr.splitlines()) == 1, done.stderr
     assert not (tmp_path / "outputs").exists()
+
+
+def test_a_preset_file_is_the_built_in_preset_whose_strategy_class_it_keeps():
+    """A preset file of yours is the built-in preset with its strategy class: as written in the built-in file, by
+    another path to the same class, or a subclass of it; ddp_spawn's kind by its start method (Lightning). A class
+    no preset has keeps its own name (the built-in checks skip it, as before)."""
+    from omegaconf import OmegaConf
+
+    from {{ cookiecutter.package_name }}.parallel.presets import BUILT_IN, STRATEGY_CONFIGS, built_in_classes, built_in_preset
+
+    assert sorted(built_in_classes().values()) == sorted(BUILT_IN), "each built-in preset its own strategy class"
+    for name in BUILT_IN:
+        strategy = OmegaConf.load(STRATEGY_CONFIGS / f"{name}.yaml").strategy
+        assert built_in_preset(f"my_{name}", strategy) == name, name
+    ddp = OmegaConf.load(STRATEGY_CONFIGS / "ddp.yaml").strategy
+    ddp_class = next(found for (found, _), name in built_in_classes().items() if name == "ddp")  # (imported)
+    by_its_module = {**ddp, "_target_": f"{ddp_class.__module__}.{ddp_class.__qualname__}"}
+    assert built_in_preset("ddp4", by_its_module) == "ddp"
+    subclass = type("MyDDP", (ddp_class,), {})
+    globals()["MyDDP"] = subclass  # importable as test_launcher.MyDDP
+    assert built_in_preset("ddp4", {**ddp, "_target_": f"{__name__}.MyDDP"}) == "ddp"
+    assert built_in_preset("mine", {"_target_": "my.OwnStrategy"}) == "mine"
+
+
+def test_hydras_options_keep_their_values_and_a_bare_word_is_refused():
+    """A bare word is refused (`train ddp`: Hydra's four lines), but not the value of a Hydra option, abbreviated
+    as argparse takes it too (`--config-n best`)."""
+    from {{ cookiecutter.package_name }}.config import check_flags
+
+    check_flags(["--config-n", "train", "--cfg", "job", "-cn", "train", "--info", "defaults", "seed=1"], "train")
+    with pytest.raises(ConfigError, match="ddp is not a setting: this command takes key=value, e.g. strategy=ddp"):
+        check_flags(["seed=1", "ddp"], "train")

@@ -657,7 +657,7 @@ def check_flags(args: list[str], config_name: str) -> None:
     lines ("missing EQUAL"), exit 1."""
     previous = ""
     for arg in args:
-        if "=" not in arg and not arg.startswith(("-", "~", "+")) and previous not in HYDRA_VALUED:  # (~key: removal)
+        if "=" not in arg and not arg.startswith(("-", "~", "+")) and not _takes_value(previous):  # (~key: removal)
             group = next((name for name in sorted(training_groups()) if arg in _choices(name)), None)
             raise ConfigError(
                 f"{arg} is not a setting: this command takes key=value" + (f", e.g. {group}={arg}" if group else "")
@@ -670,6 +670,13 @@ def check_flags(args: list[str], config_name: str) -> None:
                 f"{flag} is not an option of this command: its settings are key=value, e.g. "
                 f"{_flag_key(name, config_name)}=... (--help lists them)"
             )
+
+
+def _takes_value(flag: str) -> bool:
+    """One of Hydra's options that takes the next argument as its value, abbreviated too (--config-n best)."""
+    if flag.startswith("--") and len(flag) > 2:
+        return any(known.startswith(flag) for known in HYDRA_VALUED if known.startswith("--"))
+    return flag in HYDRA_VALUED
 
 
 def _hydra_flag(flag: str) -> bool:

@@ -1,44 +1,49 @@
 """Which built-in strategy preset (configs/strategy/<name>.yaml) a run's strategy is. How a preset's processes are
 started, which checks and OOM tools apply and how it resumes are keyed on that name; a preset file of yours (ddp.yaml
-copied as ddp4.yaml with other settings) is the built-in preset whose strategy class it keeps."""
+copied as ddp4.yaml with other settings, or naming a subclass of its strategy) is the built-in preset whose strategy
+class it keeps."""
 
 import functools
 from pathlib import Path
 from typing import Any
 
+from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
-
-from ..errors import ConfigError
 
 BUILT_IN = ("single", "ddp", "ddp_spawn", "dp", "fsdp", "model_parallel", "pipeline")
 STRATEGY_CONFIGS = Path(__file__).parents[1] / "configs" / "strategy"
+SPAWNED = ("spawn", "fork", "forkserver")  # Lightning's start methods of ddp_spawn's kind (its default: popen)
 
 
-def strategy_class(strategy: Any) -> tuple[str, str | None]:
-    """What tells the presets apart: the strategy's class (`_target_`, or a name: Lightning's `auto` for single) and
-    its start method (Lightning's ddp_spawn is its DDPStrategy with start_method=spawn)."""
-    if isinstance(strategy, DictConfig | dict):
-        return str(strategy.get("_target_")), strategy.get("start_method")
-    return str(strategy), None
+def strategy_class(strategy: Any) -> tuple[Any, bool]:
+    """What tells the presets apart: the strategy's class (a name such as Lightning's `auto` for single, or the text
+    of a `_target_` that cannot be imported) and whether it spawns its processes (Lightning's ddp_spawn is its
+    DDPStrategy with start_method=spawn)."""
+    if not isinstance(strategy, DictConfig | dict):
+        return str(strategy), False
+    target = str(strategy.get("_target_"))
+    try:
+        found: Any = get_class(target)  # (lightning.pytorch.strategies.DDPStrategy or its module's path: one class)
+    except Exception:  # noqa: BLE001  (Hydra's words for it come when the training builds it)
+        found = target
+    return found, strategy.get("start_method") in SPAWNED
 
 
 @functools.cache
-def built_in_classes() -> dict[tuple[str, str | None], str]:
+def built_in_classes() -> dict[tuple[Any, bool], str]:
     return {strategy_class(OmegaConf.load(STRATEGY_CONFIGS / f"{name}.yaml").strategy): name for name in BUILT_IN}
 
 
 def built_in_preset(choice: str, strategy: Any) -> str:
-    """`choice` (strategy=NAME) if it is a built-in preset, else the built-in preset with the same strategy class;
-    a class none of them has is refused in one line (the template would not know how to launch or resume it)."""
+    """`choice` (strategy=NAME) if it is a built-in preset, else the built-in preset with the same strategy class, or
+    the nearest one it derives from; a class of its own derives from none: `choice` (the built-in checks skip it)."""
     if choice in BUILT_IN:
         return choice
-    found = built_in_classes().get(strategy_class(strategy))
-    if found is None:
-        target, start = strategy_class(strategy)
-        given = target + (f" with start_method={start}" if start else "")
-        raise ConfigError(
-            f"strategy={choice}: its strategy ({given}) is none of the built-in presets' ({', '.join(BUILT_IN)}), "
-            f"whose launch, checks and resumption this project knows: copy one of configs/strategy/ and keep its "
-            f"_target_"
-        )
-    return found
+    found, spawned = strategy_class(strategy)
+    if (found, spawned) in built_in_classes():
+        return built_in_classes()[found, spawned]
+    if isinstance(found, type):  # a subclass of a preset's class: the nearest base
+        for base in found.__mro__[1:]:
+            if (base, spawned) in built_in_classes():
+                return built_in_classes()[base, spawned]
+    return choice

@@ -150,7 +150,7 @@ def main() -> None:
                 stop_all()
                 raise
 
-    results = partial(write_results, study, settings, params, overrides, groups, processes)
+    results = partial(write_results, study, settings, params, overrides, groups, processes, preset)
     signal.signal(signal.SIGTERM, partial(stop_search, results))
     signal.signal(signal.SIGINT, partial(stop_search, results))
     for handler in logging.getLogger("optuna").handlers:

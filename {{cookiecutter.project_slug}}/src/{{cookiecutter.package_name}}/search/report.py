@@ -22,6 +22,7 @@ from optuna.visualization.matplotlib import plot_parallel_coordinate  # noqa: E4
 
 from ..config import CONFIG_DIR  # noqa: E402
 from ..engine.launching import typed_command  # noqa: E402
+from ..parallel.presets import built_in_preset  # noqa: E402
 from ..tracking.wandb_run import wandb_mode  # noqa: E402
 from .settings import Settings  # noqa: E402
 from .space import Param  # noqa: E402
@@ -36,7 +37,8 @@ def summarize(
     groups: dict[str, str],
     processes: int,
 ) -> None:
-    columns, rows, rerun = write_results(study, settings, params, overrides, groups, processes)
+    preset = built_in_preset(groups["strategy"], cfg.strategy)
+    columns, rows, rerun = write_results(study, settings, params, overrides, groups, processes, preset)
     states = [str(row[1]).removesuffix(" (baseline)").partition(",")[0] for row in rows]  # (interrupted, continued)
     counts = {state: states.count(state) for state in dict.fromkeys(states)}
     print(f"study {study.study_name}: " + ", ".join(f"{n} {state}" for state, n in counts.items()))
@@ -58,14 +60,16 @@ def write_results(
     overrides: list[str],
     groups: dict[str, str],
     processes: int,
+    preset: str,
 ) -> tuple[list[str], list[list[Any]], str | None]:
-    """trials.csv, and best.yaml once a trial has completed: the table, and the command that re-runs the best."""
+    """trials.csv, and best.yaml once a trial has completed: the table, and the command that re-runs the best
+    (`preset`: the built-in one the trials' is, whose launcher it names)."""
     columns, rows = trial_table(study, params)
     with open(settings.study_dir / "trials.csv", "w", newline="") as file:
         csv.writer(file).writerows([columns, *rows])
     if not study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
         return columns, rows, None
-    command = typed_command(groups["strategy"], processes)
+    command = typed_command(preset, processes)
     return columns, rows, write_best_config(settings.study_dir / "best.yaml", study, overrides, groups, command)
 
 

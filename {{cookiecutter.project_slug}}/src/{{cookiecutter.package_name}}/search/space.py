@@ -103,7 +103,7 @@ def parse_param(key: str, spec: Any, cfg: DictConfig, groups: dict[str, str]) ->
                 if isinstance(value, float) and not value.is_integer():
                     raise ValueError(f"{name}: {value} is not a whole number (type: int; type: float for fractions)")
         low, high = (number(spec[bound]) for bound in ("low", "high"))
-        log, step, grid = spec.get("log", False), spec.get("step"), spec.get("grid")
+        log, step, grid = spec.get("log") or False, spec.get("step"), spec.get("grid")  # (null: not given)
         if not isinstance(log, bool):  # ("no" in quotes is text, which bool() took for true)
             raise ValueError(f"log: {log!r} must be true or false")
         if step is not None and not (isinstance(step, int | float) and not isinstance(step, bool) and step > 0):
