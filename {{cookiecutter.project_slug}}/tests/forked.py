@@ -8,10 +8,12 @@ environment, working directory, argv, stdin/stdout/stderr and exit code; killabl
 `python -m` does (`runpy`, the module as `__main__`, exit handlers at the end). Only the imports are shared.
 
 The processes a training starts itself are forked too: its `sys.executable` (what Lightning starts its other
-processes with) and `PYTHON_EXEC` (what torchrun and `accelerate launch` start their workers with) name a small
-stand-in (`<zygote folder>/python`, this file's `client`) that asks the same zygote for `python [-u] -m <module>
-...`, hands it its stdin, stdout and stderr, forwards the signals it gets, and exits as the fork exits. Anything
-else (`-c`, a script, an environment that changes what torch reads on import) runs the real interpreter.
+processes with), `PYTHON_EXEC` (what torchrun and `accelerate launch` start their workers with) and multiprocessing's
+executable (its spawn start method: Lightning's ddp_spawn) name a small stand-in (`<zygote folder>/python`, this
+file's `client`) that asks the same zygote for `python [-u] [-B] -m <module> ...` or multiprocessing's spawned
+child (`-c "...spawn_main(...)"`, with the descriptors its parent passed it at the same numbers: the pipe the
+process object comes through, the tensors' shared memory), hands it its stdin, stdout and stderr, forwards the signals it gets, and exits as the fork exits. Anything else (another
+`-c`, a script, an environment that changes what torch reads on import) runs the real interpreter.
 
 Used only where forking is safe: on Linux without CUDA (GPU machines start a new interpreter as before);
 `STARTS_NEW_INTERPRETER=1` turns it off everywhere, to compare or to debug.
@@ -22,7 +24,9 @@ import contextlib
 import importlib
 import json
 import logging
+import multiprocessing.spawn
 import os
+import re
 import runpy
 import selectors
 import shutil
@@ -33,6 +37,7 @@ import sys
 import tempfile
 import threading
 import traceback
+import types
 import weakref
 from pathlib import Path
 
@@ -45,6 +50,10 @@ APPLIED_AFTER_FORK = ("OMP_NUM_THREADS", "TORCH_LOGS")
 # Read when used, not on import: torchrun's (TORCH_NCCL_ it sets for its workers; the rendezvous store's switch).
 READ_AT_RUN_TIME = ("TORCH_NCCL_", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
 MESSAGE = 1 << 20  # the largest request (its environment) or reply, in bytes
+# multiprocessing's spawned child (the code of multiprocessing.spawn.get_command_line)
+SPAWNED_CHILD = re.compile(r"from multiprocessing\.spawn import spawn_main; spawn_main\(tracker_fd=\d+, pipe_handle=\d+\)$")
+PASSED_FDS = 200  # the most descriptors a spawned child is passed (SCM_RIGHTS takes 253 a message)
+FLAGS = {"-u": ("PYTHONUNBUFFERED", "1"), "-B": ("PYTHONDONTWRITEBYTECODE", "1")}  # the stand-in's, as the environment
 # Modules that must be the child of the process that starts them, which a fork of the zygote is not: the search's
 # trial guard learns of its search's death through PR_SET_PDEATHSIG (search/guard.py). A real interpreter (0.1 s).
 NEEDS_ITS_PARENT = (".search.guard",)
@@ -279,8 +288,8 @@ def serve(preload: str, folder: str) -> None:
 def _start(
     selector: selectors.BaseSelector, conn: socket.socket, path: str, stand_in: str, before_imports: dict[str, str]
 ) -> None:
-    message, fds, _, _ = socket.recv_fds(conn, MESSAGE, 3)
-    if not message or len(fds) != 3:
+    message, fds, _, _ = socket.recv_fds(conn, MESSAGE, 3 + PASSED_FDS)
+    if not message or len(fds) != 3 + len(json.loads(message).get("fd_numbers", [])):
         selector.unregister(conn)
         conn.close()
         for fd in fds:
@@ -344,9 +353,11 @@ def _run_as_main(request: dict, fds: list[int], path: str, stand_in: str) -> Non
     code = 1
     try:
         old = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
-        for target, fd in enumerate(fds):
+        targets = [0, 1, 2, *request.get("fd_numbers", [])]  # (a spawned child's at the numbers it was given)
+        fds = [os.dup(fd) if fd in targets else fd for fd in fds]  # none overwritten before it is placed
+        for target, fd in zip(targets, fds, strict=True):
             os.dup2(fd, target)
-        for fd in set(fds) - {0, 1, 2}:
+        for fd in set(fds) - set(targets):
             os.close(fd)
         sys.stdin = sys.__stdin__ = open(0, closefd=False)  # noqa: SIM115 - the process's streams, open until exit
         sys.stdout = sys.__stdout__ = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
@@ -360,6 +371,8 @@ def _run_as_main(request: dict, fds: list[int], path: str, stand_in: str) -> Non
         os.environ.update(request["env"])
         os.environ.update({SOCKET_VARIABLE: path, "PYTHON_EXEC": stand_in})  # PYTHON_EXEC: torchrun's workers
         sys.executable = stand_in  # Lightning starts its other processes with sys.executable
+        multiprocessing.spawn.set_executable(stand_in)  # (read once, on import: the zygote's)
+        sys.dont_write_bytecode = bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))  # (-B)
         # What the zygote's imports made and their exit handlers remove is the zygote's, shared by its children:
         # temporary folders (wandb's media folder, names unique within), removed when the zygote ends
         for finalizer in list(weakref.finalize._registry):
@@ -370,8 +383,13 @@ def _run_as_main(request: dict, fds: list[int], path: str, stand_in: str) -> Non
             sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
         if "TORCH_LOGS" in os.environ and "torch" in sys.modules:
             sys.modules["torch"]._logging._internal._init_logs()  # what importing torch does with it
-        sys.argv = [request["module"], *request["args"]]
-        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        if "code" in request:  # `python -c CODE args`: CODE in a __main__ of its own, as the interpreter runs it
+            sys.argv = ["-c", *request["args"]]
+            sys.modules["__main__"] = main = types.ModuleType("__main__")
+            exec(compile(request["code"], "<string>", "exec"), main.__dict__)
+        else:
+            sys.argv = [request["module"], *request["args"]]
+            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as stop:
         code = _exit_code(stop.code)
@@ -402,14 +420,21 @@ def client(python: str, argv: list[str]) -> None:
     """The stand-in for `python` in a forked training's launches: `[-u] -m module args` is forked by the zygote in
     SOCKET_VARIABLE, anything else runs `python` itself."""
     env, rest = dict(os.environ), argv
-    while rest[:1] == ["-u"]:
-        env["PYTHONUNBUFFERED"] = "1"
+    while rest[:1] and rest[0] in FLAGS:
+        name, value = FLAGS[rest[0]]
+        env[name] = value
         rest = rest[1:]
-    answer = {"refused": "not `python -m <module>`, or a module that needs its parent"}
-    if len(rest) >= 2 and rest[0] == "-m" and env.get(SOCKET_VARIABLE) and not rest[1].endswith(NEEDS_ITS_PARENT):
-        request = {"module": rest[1], "args": rest[2:], "env": env, "cwd": os.getcwd()}
+    answer = {"refused": "not `python -m <module>` nor a spawned child, or a module that needs its parent"}
+    request, fds = None, [0, 1, 2]
+    if len(rest) >= 2 and rest[0] == "-m" and not rest[1].endswith(NEEDS_ITS_PARENT):
+        request = {"module": rest[1], "args": rest[2:]}
+    elif len(rest) >= 2 and rest[0] == "-c" and SPAWNED_CHILD.match(rest[1]):
+        numbers = _passed_fds()  # what multiprocessing passed: its pipe, and each tensor's memory, at these numbers
+        if len(numbers) <= PASSED_FDS:
+            request, fds = {"code": rest[1], "args": rest[2:], "fd_numbers": numbers}, [*fds, *numbers]
+    if request and env.get(SOCKET_VARIABLE):
         try:
-            conn, answer = _ask(env[SOCKET_VARIABLE], request, [0, 1, 2])
+            conn, answer = _ask(env[SOCKET_VARIABLE], {**request, "env": env, "cwd": os.getcwd()}, fds)
         except OSError as err:
             answer = {"refused": str(err)}
     if "pid" not in answer:
@@ -427,6 +452,20 @@ def client(python: str, argv: list[str]) -> None:
             signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     os._exit(code & 0xFF)
+
+
+def _passed_fds() -> list[int]:
+    """The descriptors this process was started with, past stdin, stdout and stderr."""
+    listed = [int(name) for name in os.listdir("/proc/self/fd")]  # (with the one that read the folder, closed now)
+    return [fd for fd in listed if fd > 2 and _is_open(fd)]
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
 
 
 def _forward(pid: int, signum: int) -> None:
