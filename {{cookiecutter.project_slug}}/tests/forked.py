@@ -51,7 +51,9 @@ APPLIED_AFTER_FORK = ("OMP_NUM_THREADS", "TORCH_LOGS")
 READ_AT_RUN_TIME = ("TORCH_NCCL_", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
 MESSAGE = 1 << 20  # the largest request (its environment) or reply, in bytes
 # multiprocessing's spawned child (the code of multiprocessing.spawn.get_command_line)
-SPAWNED_CHILD = re.compile(r"from multiprocessing\.spawn import spawn_main; spawn_main\(tracker_fd=\d+, pipe_handle=\d+\)$")
+SPAWNED_CHILD = re.compile(
+    r"from multiprocessing\.spawn import spawn_main; spawn_main\(tracker_fd=\d+, pipe_handle=\d+\)$"
+)
 PASSED_FDS = 200  # the most descriptors a spawned child is passed (SCM_RIGHTS takes 253 a message)
 FLAGS = {"-u": ("PYTHONUNBUFFERED", "1"), "-B": ("PYTHONDONTWRITEBYTECODE", "1")}  # the stand-in's, as the environment
 # Modules that must be the child of the process that starts them, which a fork of the zygote is not: the search's
