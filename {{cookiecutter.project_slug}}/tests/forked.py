@@ -12,8 +12,9 @@ processes with), `PYTHON_EXEC` (what torchrun and `accelerate launch` start thei
 executable (its spawn start method: Lightning's ddp_spawn) name a small stand-in (`<zygote folder>/python`, this
 file's `client`) that asks the same zygote for `python [-u] [-B] -m <module> ...` or multiprocessing's spawned
 child (`-c "...spawn_main(...)"`, with the descriptors its parent passed it at the same numbers: the pipe the
-process object comes through, the tensors' shared memory), hands it its stdin, stdout and stderr, forwards the signals it gets, and exits as the fork exits. Anything else (another
-`-c`, a script, an environment that changes what torch reads on import) runs the real interpreter.
+process object comes through, the tensors' shared memory), hands it its stdin, stdout and stderr, forwards the
+signals it gets, and exits as the fork exits. Anything else (another `-c`, a script, an environment that changes
+what torch reads on import) runs the real interpreter.
 
 Used only where forking is safe: on Linux without CUDA (GPU machines start a new interpreter as before);
 `STARTS_NEW_INTERPRETER=1` turns it off everywhere, to compare or to debug.
