@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from engine_specific import MAIN_PORTS, QUIET
-from forked import ForkedCommand, NotForked, can_fork, kill_with_descendants
+from forked import ForkedCommand, NotForked, can_fork, kill_with_descendants, start_module
 from omegaconf import OmegaConf
 from slurm_jobs import node_to_myself, slurm_missing
 from torch.distributed.checkpoint import FileSystemReader
@@ -454,16 +454,22 @@ def refused(request, tmp_path_factory, train_env) -> list[Run]:
 
 
 def refuse_all(base_dir: Path, env: dict[str, str], cases: list[list[str]]) -> list[Run]:
-    """Each case (a list of overrides) given to the training command, all in ONE process (tests/refusals.py),
-    for input the training must refuse before it starts; a Run per case, each with its own run folder."""
+    """Each case (a list of overrides) given to the training command, all in ONE process (tests/refusals.py, forked
+    as a training is: CI time), for input the training must refuse before it starts; a Run per case, each with its
+    own run folder."""
     run_dirs = [base_dir / f"case{index}" for index in range(len(cases))]
     argvs = [[f"hydra.run.dir={run_dir}", *case] for run_dir, case in zip(run_dirs, cases, strict=True)]
     (base_dir / "cases.json").write_text(json.dumps(argvs))
-    driver = [sys.executable, str(Path(__file__).with_name("refusals.py")), str(base_dir / "cases.json")]
-    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
-    proc = subprocess.run(driver, env=env, cwd=base_dir, **pipes)
-    parts = proc.stdout.split("=== case ")[1:]
-    assert len(parts) == len(cases), proc.stdout[-4000:]
+    log = base_dir / "refusals.log"
+    driver = start_module("refusals", [str(base_dir / "cases.json")], env, base_dir, log, preload=f"{PACKAGE}.train")
+    try:
+        driver.wait(timeout=600)
+    except subprocess.TimeoutExpired:
+        kill_with_descendants(driver)
+        raise
+    output = log.read_text(errors="replace")
+    parts = output.split("=== case ")[1:]
+    assert len(parts) == len(cases), output[-4000:]
     runs = []
     for part, run_dir in zip(parts, run_dirs, strict=True):
         body = part.split("\n", 1)[1]  # after the "=== case N" line

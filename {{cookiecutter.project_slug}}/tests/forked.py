@@ -176,7 +176,7 @@ def start_module(
     with contextlib.suppress(NotForked):
         if can_fork(env):
             return ForkedCommand(module, args, env, cwd, output, preload, errors)
-    with output.open("w") as out, (errors or output).open("a") as err:
+    with output.open("w") as out, errors.open("w") if errors else contextlib.nullcontext(subprocess.STDOUT) as err:
         return subprocess.Popen([sys.executable, "-m", module, *args], env=env, cwd=cwd, stdout=out, stderr=err)
 
 

@@ -1,4 +1,4 @@
-"""Runs the training command once per case, all in this one process: `python refusals.py CASES.json`, where
+"""Runs the training command once per case, all in this one process: `python -m refusals CASES.json`, where
 CASES.json is a list of argument lists (`env:NAME=VALUE` items set the environment of that case). Input the
 training must refuse is refused before any training, so one start-up of torch serves every case (a process per
 case costs seconds of CI time each). Each case's output follows a `=== case N` line and ends with a `=== exit CODE`
