@@ -50,6 +50,7 @@ READ_ON_IMPORT = ("TORCH_", "PYTORCH_", "OMP_", "MKL_", "CUDA_")
 APPLIED_AFTER_FORK = ("OMP_NUM_THREADS", "TORCH_LOGS")
 # Read when used, not on import: torchrun's (TORCH_NCCL_ it sets for its workers; the rendezvous store's switch).
 READ_AT_RUN_TIME = ("TORCH_NCCL_", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
+IMPORT_OUTPUT = "imports.log"  # in the zygote's folder
 MESSAGE = 1 << 20  # the largest request (its environment) or reply, in bytes
 # multiprocessing's spawned child (the code of multiprocessing.spawn.get_command_line)
 SPAWNED_CHILD = re.compile(
@@ -180,6 +181,15 @@ def start_module(
         return subprocess.Popen([sys.executable, "-m", module, *args], env=env, cwd=cwd, stdout=out, stderr=err)
 
 
+def import_output(preload: str, env: dict[str, str]) -> str:
+    """What importing `preload` printed in the zygote (a warning on import, say), which a new interpreter prints before
+    anything else and a fork does not print again: the start of each forked command's console. "" where commands
+    with environment `env` start new interpreters."""
+    if not can_fork(env):
+        return ""
+    return Path(os.path.dirname(_zygote(preload, env)), IMPORT_OUTPUT).read_text(errors="replace")
+
+
 def python_on_path(env: dict[str, str], preload: str) -> dict[str, str]:
     """`env` in which a shell's `python` is the stand-in of the zygote that imported `preload` (it forks `python -m
     <module> ...`, runs anything else itself): for commands a test runs as a user types them. `env` as it is where a
@@ -237,10 +247,18 @@ def serve(preload: str, folder: str) -> None:
     child's pid, then with its exit code once it ends. A request whose caller goes away (killed) kills its child;
     the zygote ends when the test process that started it does (its stdin closes)."""
     before_imports = dict(os.environ)  # what the request's environment is compared with (some imports add to it)
-    importlib.import_module(preload)
-    for module in IMPORTED_WHEN_RUN:
-        with contextlib.suppress(ImportError):  # another wandb version: each training imports what it needs
-            importlib.import_module(module)
+    ready = os.dup(1)  # the pipe its test process reads "ready" from
+    with open(os.path.join(folder, IMPORT_OUTPUT), "w") as log:  # what the imports print (a warning), for import_output
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        importlib.import_module(preload)
+        for module in IMPORTED_WHEN_RUN:
+            with contextlib.suppress(ImportError):  # another wandb version: each training imports what it needs
+                importlib.import_module(module)
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os.dup2(ready, 1)
+    os.close(ready)
     sys.modules.pop(preload, None)  # each child runs its module as __main__ alone, as `python -m` does
     path = os.path.join(folder, "socket")
     stand_in = os.path.join(folder, "python")

@@ -1,14 +1,16 @@
 """A training's console holds what the user needs: no warning and no tip, from the template or the libraries below it,
 in the default training (with its test after fit), a resumed run, ddp (started as the README says), ddp_spawn (the
 GPT, with its test after fit, which is logged after the last step), pipeline and a torchrun launch. wandb speaks
-(WANDB_SILENT unset) and each run starts a new interpreter, as a user's does (a forked one would not repeat a warning
-its parent gave once)."""
+(WANDB_SILENT unset). The default training starts a new interpreter, as a user's does; the others are forks of the
+tests' helper that has imported the training (tests/forked.py: CI time), whose console is what that helper printed
+while importing (a fork does not print a warning on import again) and what the fork prints after."""
 
 import re
 
 import pytest
-from conftest import QUICK
+from conftest import PACKAGE, QUICK
 from engine_specific import DDP, launcher_of
+from forked import import_output
 from layouts import torchrun
 
 pytestmark = pytest.mark.slow
@@ -17,7 +19,8 @@ pytestmark = pytest.mark.slow
 # WARNING, a tip, a deprecation.
 WARNING_LINE = re.compile(r"\.py:\d+: \w*Warning\b|^\s*warnings\.warn\(|\bWARNING\b|\bTip:|[Dd]eprecat", re.MULTILINE)
 SMALL = ["data.train_size=512", "data.val_size=256", "data.test_size=256", "trainer.accelerator=cpu"]
-AS_A_USER = {"WANDB_SILENT": None, "STARTS_NEW_INTERPRETER": "1"}
+AS_A_USER = {"WANDB_SILENT": None}
+NEW_INTERPRETER = {**AS_A_USER, "STARTS_NEW_INTERPRETER": "1"}
 SPAWN = ["strategy=ddp_spawn", "trainer.devices=2", "trainer.limit_train_batches=3"]  # one epoch of 3 steps
 
 
@@ -26,14 +29,16 @@ def assert_quiet(output: str) -> None:
     assert not lines, "\n".join(lines)
 
 
-def test_the_default_training_and_its_resumption_print_no_warning(train, tmp_path):
+def test_the_default_training_and_its_resumption_print_no_warning(train, tmp_path, train_env):
     run_dir = tmp_path / "default"
-    first = train(*SMALL, "trainer.max_epochs=1", run_dir=run_dir, env=AS_A_USER)  # tested after fit, as by default
+    first = train(
+        *SMALL, "trainer.max_epochs=1", run_dir=run_dir, env=NEW_INTERPRETER
+    )  # tested after fit, as by default
     assert "test/acc" in first.output
     assert_quiet(first.output)
     resumed = train(*SMALL, "trainer.max_epochs=2", run_dir=run_dir, env=AS_A_USER)  # its checkpoints are there
     assert "resuming from" in resumed.output
-    assert_quiet(resumed.output)
+    assert_quiet(import_output(f"{PACKAGE}.train", train_env) + resumed.output)
 
 
 @pytest.mark.parametrize(
@@ -46,9 +51,9 @@ def test_the_default_training_and_its_resumption_print_no_warning(train, tmp_pat
     ],
     ids=lambda value: value if isinstance(value, str) else "",
 )
-def test_multi_process_trainings_print_no_warning(train, name, overrides, launcher):
+def test_multi_process_trainings_print_no_warning(train, train_env, name, overrides, launcher):
     run = train(*SMALL, *QUICK, "trainer.max_steps=3", *overrides, launcher=launcher, env=AS_A_USER)
-    assert_quiet(run.output)
+    assert_quiet(import_output(f"{PACKAGE}.train", train_env) + run.output)
     if overrides[: len(SPAWN)] == SPAWN:  # (one ddp_spawn training for both checks: CI time)
         # ddp_spawn fits in processes of its own, whose step count the command's process never saw: Lightning's test
         # pass was logged at step 0. It is logged after the training's last step, in the epoch after it, as single's.
