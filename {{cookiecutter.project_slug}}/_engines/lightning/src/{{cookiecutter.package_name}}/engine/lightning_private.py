@@ -103,6 +103,12 @@ def wandb_started(logger: WandbLogger) -> bool:
     return logger._experiment is not None
 
 
+def wandb_attached(logger: WandbLogger) -> bool:
+    """Whether this is a process ddp_spawn started, whose logger came pickled with the wandb run its command's
+    process started (Lightning's WandbLogger attaches to it on first use)."""
+    return getattr(logger, "_attach_id", None) is not None
+
+
 def drop_anonymous(logger: WandbLogger) -> None:
     """Lightning passes anonymous=None to wandb.init when it is not given, which this wandb warns about (the setting
     has no effect): not passed at all."""

@@ -10,7 +10,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from ..tracking.metrics_file import MetricsFile
 from ..tracking.wandb_files import logged_steps, not_logged_yet
 from ..tracking.wandb_run import keep_wandb_run_id, resumed_wandb_run
-from .lightning_private import drop_anonymous, wandb_run_id, wandb_started
+from .lightning_private import drop_anonymous, wandb_attached, wandb_run_id, wandb_started
 
 
 class ResumingWandbLogger(WandbLogger):
@@ -39,7 +39,9 @@ class ResumingWandbLogger(WandbLogger):
 
     @property
     def experiment(self) -> Any:
-        starting = not wandb_started(self) and rank_zero_only.rank == 0
+        # (a process ddp_spawn started continues its command's start: that read the run files, and the rows the
+        # fit's processes logged may still be on their way to the run file when the test's processes start)
+        starting = not wandb_started(self) and not wandb_attached(self) and rank_zero_only.rank == 0
         if starting:  # before this start writes its own run file
             self.logged = logged_steps(self.run_dir, wandb_run_id(self))
         experiment = super().experiment  # started on first use, on rank 0 only
