@@ -56,6 +56,9 @@ MESSAGE = 1 << 20  # the largest request (its environment) or reply, in bytes
 SPAWNED_CHILD = re.compile(
     r"from multiprocessing\.spawn import spawn_main; spawn_main\(tracker_fd=\d+, pipe_handle=\d+\)$"
 )
+# Off unless FORK_SPAWNED=1: two of three clean-clone CI runs with it on failed a test (a ddp_spawn parity check, two
+# Ctrl-C checks) that passed alone; not understood yet (tests/README.md, the twenty-sixth session)
+FORK_SPAWNED = "FORK_SPAWNED"
 PASSED_FDS = 200  # the most descriptors a spawned child is passed (SCM_RIGHTS takes 253 a message)
 FLAGS = {"-u": ("PYTHONUNBUFFERED", "1"), "-B": ("PYTHONDONTWRITEBYTECODE", "1")}  # the stand-in's, as the environment
 # Modules that must be the child of the process that starts them, which a fork of the zygote is not: the search's
@@ -392,7 +395,8 @@ def _run_as_main(request: dict, fds: list[int], path: str, stand_in: str) -> Non
         os.environ.update(request["env"])
         os.environ.update({SOCKET_VARIABLE: path, "PYTHON_EXEC": stand_in})  # PYTHON_EXEC: torchrun's workers
         sys.executable = stand_in  # Lightning starts its other processes with sys.executable
-        multiprocessing.spawn.set_executable(stand_in)  # (read once, on import: the zygote's)
+        if os.environ.get(FORK_SPAWNED) == "1":  # (read once, on import: the zygote's)
+            multiprocessing.spawn.set_executable(stand_in)
         sys.dont_write_bytecode = bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))  # (-B)
         # What the zygote's imports made and their exit handlers remove is the zygote's, shared by its children:
         # temporary folders (wandb's media folder, names unique within), removed when the zygote ends
@@ -449,7 +453,7 @@ def client(python: str, argv: list[str]) -> None:
     request, fds = None, [0, 1, 2]
     if len(rest) >= 2 and rest[0] == "-m" and not rest[1].endswith(NEEDS_ITS_PARENT):
         request = {"module": rest[1], "args": rest[2:]}
-    elif len(rest) >= 2 and rest[0] == "-c" and SPAWNED_CHILD.match(rest[1]):
+    elif len(rest) >= 2 and rest[0] == "-c" and SPAWNED_CHILD.match(rest[1]) and env.get(FORK_SPAWNED) == "1":
         numbers = _passed_fds()  # what multiprocessing passed: its pipe, and each tensor's memory, at these numbers
         if len(numbers) <= PASSED_FDS:
             request, fds = {"code": rest[1], "args": rest[2:], "fd_numbers": numbers}, [*fds, *numbers]
