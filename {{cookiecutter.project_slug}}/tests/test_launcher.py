@@ -147,3 +147,24 @@ def test_hydras_options_keep_their_values_and_a_bare_word_is_refused():
     check_flags(["--config-n", "train", "--cfg", "job", "-cn", "train", "--info", "defaults", "seed=1"], "train")
     with pytest.raises(ConfigError, match="ddp is not a setting: this command takes key=value, e.g. strategy=ddp"):
         check_flags(["seed=1", "ddp"], "train")
+
+
+def test_hydras_mode_probe_is_skipped_only_where_its_answer_is_known(monkeypatch):
+    """Hydra composes the whole config once only to read hydra.mode, before composing it to run: skipped (CI time,
+    every process's start) where the answer is known, None, as each command's own config leaves it unset."""
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.hydra import Hydra
+
+    from {{ cookiecutter.package_name }}.config import CONFIG_DIR, register_resolvers, skip_the_hydra_mode_probe
+
+    register_resolvers()
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
+        for command in ("train", "doctor", "bench"):
+            assert compose(command, return_hydra_config=True).hydra.mode is None, command
+    probe = Hydra.get_mode
+    monkeypatch.setattr(Hydra, "get_mode", probe)
+    for args in (["hydra.mode=MULTIRUN"], ["--config-dir", "runs/x", "--config-n", "best"], ["-cn", "best"]):
+        skip_the_hydra_mode_probe(args)
+        assert Hydra.get_mode is probe, args  # Hydra's own probe: the answer may be another
+    skip_the_hydra_mode_probe(["seed=1", "--multirun"])
+    assert Hydra.get_mode is not probe and Hydra.get_mode(None, "train", ["seed=1"]) is None
