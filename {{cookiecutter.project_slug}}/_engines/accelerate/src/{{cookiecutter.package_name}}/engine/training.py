@@ -97,8 +97,9 @@ def train(cfg: DictConfig) -> None:
             print(note)
     if cfg.check_only:
         counted = f"{processes} process{'es' if processes > 1 else ''}"
+        chosen = HydraConfig.get().runtime.choices["strategy"]  # (a preset of yours by its name)
         if is_first_process():  # (every launched process checks)
-            print(f"check_only: the command passes its checks ({counted}); nothing was trained")
+            print(f"check_only: the command passes its checks (strategy={chosen}, {counted}); nothing was trained")
         return
     if starts_them:
         start_processes(processes, run_dir, cfg.run_id)  # under torchrun (engine/torchrun.py)

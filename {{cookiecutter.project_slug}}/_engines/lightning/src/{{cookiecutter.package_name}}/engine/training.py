@@ -118,7 +118,8 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
         rank_zero_info(synchronised_message(trainer.world_size))  # converted when fit starts (BatchNormSync)
     if cfg.check_only:
         counted = f"{trainer.world_size} process{'es' if trainer.world_size > 1 else ''}"
-        print(f"check_only: the command passes its checks ({counted}); nothing was trained")
+        chosen = HydraConfig.get().runtime.choices["strategy"]  # (a preset of yours by its name)
+        print(f"check_only: the command passes its checks (strategy={chosen}, {counted}); nothing was trained")
         return {}
 
     prepare_run_folder(run_dir, cfg.ckpt_path, cfg.resume)
