@@ -47,6 +47,14 @@ def short_run(project, tmp_path, k: int, *overrides: str):
     return wandb
 
 
+def failures(output: str) -> str:
+    """pytest's account of the failed tests (its FAILURES section, the end of each one's), which the lines of skipped
+    tests and durations after it pushed out of the end of the output."""
+    section = output.partition("= FAILURES =")[2].partition("short test summary info")[0]
+    failed = re.split(r"\n_{3,} (?=\S+ _{3,}\n)", section)[1:]
+    return "".join(f"\n{'_' * 20} {text[-4000:]}" for text in failed)
+
+
 def passed_count(output: str) -> int:
     """Tests pytest reports as passed; 0 when it ran none (which must fail, not pass silently)."""
     summary = output.strip().splitlines()[-1]
@@ -112,7 +120,7 @@ def test_generated_project_passes_its_own_test_suite(bake, engine, tmp_path):
         output = stopped.stdout or b""  # bytes: what the suite printed before it was stopped
         pytest.fail(f"the baked suite ran past 40 minutes; its last lines:\n{output[-6000:].decode(errors='replace')}")
     print(result.stdout[-4000:])  # the baked suite's slowest tests, for the CI log
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert result.returncode == 0, failures(result.stdout) + result.stdout[-3000:] + result.stderr[-3000:]
     assert passed_count(result.stdout) >= 20
     assert "needs litdata" not in result.stdout, "the Makefile installs litdata: data=streaming's tests must run"
     assert "wandb's sweep schema is in" not in result.stdout, "the Makefile installs it in SWEEPS_SITE: it must run"

@@ -69,8 +69,21 @@ class InterruptedOnce(ResidualMLP):
                 for pid in child_processes() if self.with_children else []:
                     os.kill(pid, self.signal)
                 os.kill(parent_of(os.getppid()) if self.to_command else os.getpid(), self.signal)
+                if self.to_command:  # passed on by the command, then torchrun's agent: under load, later than the
+                    reached(signal.getsignal(self.signal))  # training's last logged step, which then ended it
             self.calls += 1
         return super().forward(x)
+
+
+def reached(handler: object) -> None:
+    """Wait (at most a minute) until the training's Ctrl-C handler (runtime/interrupt.py) has been asked to stop, as
+    a terminal's Ctrl-C would have asked it at once (Python runs a signal's handler in the main thread between two
+    instructions: this one, sleeping)."""
+    interrupt = getattr(handler, "__self__", None)
+    for _ in range(6000):
+        if getattr(interrupt, "requested", True):
+            return
+        time.sleep(0.01)
 
 
 def parent_of(pid: int) -> int:
