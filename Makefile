@@ -16,8 +16,9 @@ ENGINE ?= lightning
 TORCH ?= torch==2.13.0
 UV := $(abspath $(VENV))/bin/uv
 # pip's folders of local wheels (pip.conf's find-links, PIP_FIND_LINKS) passed on to uv; bytecode compiled as pip
-# does (tests start interpreters with -B, which would compile every module they import each time)
-UV_OPTIONS := --compile-bytecode $(foreach folder,$(sort $(shell $(BASE_PYTHON) -m pip config get global.find-links \
+# does (tests start interpreters with -B, which would compile every module they import each time). `=`: pip's
+# configuration is read when installing only, not by every make command
+UV_OPTIONS = --compile-bytecode $(foreach folder,$(sort $(shell $(BASE_PYTHON) -m pip config get global.find-links \
   2>/dev/null) $(PIP_FIND_LINKS)),--find-links $(folder))
 
 .PHONY: install packages demo test check bench gpu-check
