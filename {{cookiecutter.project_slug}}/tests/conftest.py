@@ -84,6 +84,12 @@ def train_env(tmp_path_factory) -> dict[str, str]:
         WANDB_CONFIG_DIR=str(home / "config"),
         WANDB_DATA_DIR=str(home / "data"),
         WANDB_SILENT="true",
+        # wandb's own records of the machine, its system metrics and the installed packages, which no test reads:
+        # 0.2-0.3 s of CPU less per training (measured, wandb 0.31; CI time)
+        WANDB__SAVE_REQUIREMENTS="false",
+        WANDB__DISABLE_STATS="true",
+        WANDB__DISABLE_META="true",
+        WANDB__DISABLE_MACHINE_INFO="true",
         PYTHONUNBUFFERED="1",
     )
     env.pop("WANDB_API_KEY", None)

@@ -1,5 +1,6 @@
 """Layouts given by a launcher (torchrun, SLURM), checked against the command line before training."""
 
+import contextlib
 import subprocess
 from pathlib import Path
 
@@ -168,3 +169,41 @@ def test_hydras_mode_probe_is_skipped_only_where_its_answer_is_known(monkeypatch
         assert Hydra.get_mode is probe, args  # Hydra's own probe: the answer may be another
     skip_the_hydra_mode_probe(["seed=1", "--multirun"])
     assert Hydra.get_mode is not probe and Hydra.get_mode(None, "train", ["seed=1"]) is None
+
+
+def test_the_command_lines_settings_are_checked_in_hydras_own_compose(monkeypatch, capsys):
+    """A command line of plain `key=value` settings is checked on the config Hydra composes to run the command, before
+    it applies them (CI time, every process's start: one compose instead of two); a refusal ends the command there,
+    in one line, exit 2. Settings that add or remove keys, sweeps and another config are checked at once."""
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    from {{ cookiecutter.package_name }}.config import (
+        CONFIG_DIR,
+        check_overrides,
+        checked_when_hydra_composes,
+        register_resolvers,
+    )
+
+    register_resolvers()
+    apply, load = ConfigLoaderImpl._apply_overrides_to_config, ConfigLoaderImpl.load_configuration
+    composes = []
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration", lambda *a, **k: composes.append(1) or load(*a, **k))
+    other_config = ["--config-dir", str(CONFIG_DIR), "seed=1"]
+    for args in (["+trainer.foo=1"], ["~model.net.norm"], ["seed=1,2", "-m"], other_config):
+        with contextlib.suppress(ConfigError):
+            assert check_overrides(args, "train", defer=True) is None, args
+        assert composes, f"{args}: checked at once, on a compose of its own"
+        composes.clear()
+    good = check_overrides(["model=gpt", "model.net.depth=1"], "train", defer=True)
+    bad = check_overrides(["model=gpt", "model.net.depthz=1"], "train", defer=True)
+    assert good and bad and not composes, "plain settings: no compose before Hydra's"
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR), job_name="train"):
+        with checked_when_hydra_composes(good):
+            assert compose("train", ["model=gpt", "model.net.depth=1"]).model.net.depth == 1
+        assert len(composes) == 1 and ConfigLoaderImpl._apply_overrides_to_config is apply
+        with pytest.raises(SystemExit) as refused, checked_when_hydra_composes(bad):
+            compose("train", ["model=gpt", "model.net.depthz=1"])
+    assert refused.value.code == 2 and ConfigLoaderImpl._apply_overrides_to_config is apply
+    said = capsys.readouterr().err.strip()
+    assert said.startswith("error: unknown setting model.net.depthz; did you mean model.net.depth?"), said

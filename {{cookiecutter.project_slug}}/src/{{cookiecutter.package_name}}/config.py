@@ -1,6 +1,7 @@
 """Hydra glue shared by every command: the config folder, the command-line pre-checks, the resolvers the YAML
 files use and building objects from configs with one-line errors."""
 
+import contextlib
 import difflib
 import inspect
 import os
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra import compose, initialize_config_dir
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.hydra import Hydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, Override, OverrideType
@@ -117,26 +119,28 @@ TEXT_ALSO = {"trainer.devices", "data.num_workers"}  # a number, or auto
 MULTIRUN = ("-m", "--multirun")
 
 
-def check_overrides(overrides: list[str], config_name: str) -> None:
+def check_overrides(overrides: list[str], config_name: str, defer: bool = False) -> Callable[[DictConfig], None] | None:
     """Refuse, before Hydra makes a run folder, a `key=value` whose key the config lacks (naming the nearest key)
     or whose value is not a number or true/false where the default is one (`model.optimizer.lr=abc`, `=[1,2]`);
     a `+key=...` of a key that is there, a `~key` of one that is not, or of settings the training reads. Each value
     of a --multirun sweep too (`trainer.max_epoch=1,2`: Hydra left a multirun folder behind).
 
     Hydra checks keys too, but after several lines of its own, with no suggestion; it does not check types at all
-    (the YAML files are untyped), so `lr=abc` reached the optimizer after a wandb run was created. One compose of
-    the config with the command line's presets (~0.1 s; a second with all of it where a key is added or removed),
-    and only when a key is set: Hydra composes again to run.
+    (the YAML files are untyped), so `lr=abc` reached the optimizer after a wandb run was created. It needs the
+    config with the command line's presets but not its settings: one compose (~0.1 s of CPU; a second with all of
+    it where a key is added or removed), only when a key is set. `defer`: where every setting is a plain
+    `key=value` of the command's own config, return the check instead, for the config Hydra composes to run
+    (checked_when_hydra_composes: that compose, not one more).
     """
     args = [arg for arg in overrides if arg not in MULTIRUN]
     args, config_dir, config_name = _primary_config(args, config_name)  # (best.yaml of a search: --config-dir ...)
     if any(arg.startswith("-") for arg in args):  # --cfg, --help ...: Hydra's to check
-        return
+        return None
     extra = [f"hydra.searchpath=[file://{CONFIG_DIR}]"] if config_dir != CONFIG_DIR else []  # (its `train`)
     try:
         parsed = OverridesParser.create().parse_overrides(args)
     except HydraException:
-        return  # Hydra reports a line it cannot parse in one line of its own
+        return None  # Hydra reports a line it cannot parse in one line of its own
     settings = [o for o in parsed if _is_key(o) and not o.key_or_group.startswith("hydra")]
     groups = training_groups()
     for override in parsed:
@@ -146,10 +150,10 @@ def check_overrides(overrides: list[str], config_name: str) -> None:
         if not _is_key(override) and override.type == OverrideType.ADD and group in groups and not override.package:
             raise ConfigError(f"+{group}: a preset of {group} is chosen already; choose another without +: {group}=...")
     if not settings:
-        return
-    with initialize_config_dir(version_base="1.3", config_dir=str(config_dir), job_name=config_name):
-        presets = [_first_value(o) for o in parsed if o not in settings]
-        declared = _compose(config_name, [*extra, *(arg for arg in presets if arg)], args, return_hydra_config=True)
+        return None
+
+    def check(declared: DictConfig) -> None:
+        """The settings against `declared`, the config with the presets (and Hydra's node)."""
         keys = {key: value for key, value in leaves(declared) if key != "hydra" and not key.startswith("hydra.")}
         added = [o.key_or_group for o in settings if _adds_strategy_setting(o)]
         if added:
@@ -161,8 +165,42 @@ def check_overrides(overrides: list[str], config_name: str) -> None:
             check_setting(override, keys, groups, read)
         if config_name == "train":  # (the bench turns the finder on itself in its finder points)
             note_switched_off(settings, keys)
+
+    plain = all(o.type == OverrideType.CHANGE and not o.is_sweep_override() for o in settings)
+    if defer and plain and config_dir == CONFIG_DIR and len(args) == len(overrides):  # (len: no --multirun)
+        return check
+    with initialize_config_dir(version_base="1.3", config_dir=str(config_dir), job_name=config_name):
+        presets = [_first_value(o) for o in parsed if o not in settings]
+        check(_compose(config_name, [*extra, *(arg for arg in presets if arg)], args, return_hydra_config=True))
         if any(o.type != OverrideType.CHANGE for o in settings):  # + and ~: what else Hydra would refuse
             _compose(config_name, [*extra, *(arg for arg in map(_first_value, parsed) if arg)], args)
+    return None
+
+
+@contextlib.contextmanager
+def checked_when_hydra_composes(check: Callable[[DictConfig], None] | None) -> Iterator[None]:
+    """Within it, Hydra's compose of the config to run the command calls `check` (check_overrides') on the config
+    before it applies the command line's settings (their defaults, each preset's keys): what the check would have
+    composed itself. A refusal ends the command there, before Hydra makes the run folder. Hydra has no hook at that
+    point: its loader's method that applies the settings is wrapped, for one compose."""
+    if check is None:
+        yield
+        return
+    apply = ConfigLoaderImpl._apply_overrides_to_config
+
+    def checked_then_applied(overrides: list[Override], cfg: DictConfig) -> None:
+        ConfigLoaderImpl._apply_overrides_to_config = staticmethod(apply)
+        try:
+            check(cfg)
+        except ConfigError as err:
+            fail(err)
+        apply(overrides, cfg)
+
+    ConfigLoaderImpl._apply_overrides_to_config = staticmethod(checked_then_applied)
+    try:
+        yield
+    finally:
+        ConfigLoaderImpl._apply_overrides_to_config = staticmethod(apply)
 
 
 def _primary_config(args: list[str], config_name: str) -> tuple[list[str], Path, str]:
@@ -613,7 +651,7 @@ def run_cli(run: Callable[[], None], config_name: str = "train") -> None:
         check_flags(sys.argv[1:], config_name)
         sys.argv[1:] = without_logger(sys.argv[1:])
         check_group_choices(sys.argv[1:])
-        check_overrides(sys.argv[1:], config_name)
+        deferred = check_overrides(sys.argv[1:], config_name, defer=True)
         check_run_id(sys.argv[1:])
         check_output_folder(sys.argv[1:])
         check_seed_and_names(sys.argv[1:])
@@ -621,7 +659,8 @@ def run_cli(run: Callable[[], None], config_name: str = "train") -> None:
     except ConfigError as err:
         fail(err)
     skip_the_hydra_mode_probe(sys.argv[1:])
-    run()
+    with checked_when_hydra_composes(deferred):
+        run()
 
 
 # Hydra's options that name another config (a search's best.yaml: --config-dir ... --config-name best), the long
