@@ -22,6 +22,7 @@ Used only where forking is safe: on Linux without CUDA (GPU machines start a new
 
 import atexit
 import contextlib
+import gc
 import importlib
 import json
 import logging
@@ -264,6 +265,10 @@ def serve(preload: str, folder: str) -> None:
     os.dup2(ready, 1)
     os.close(ready)
     sys.modules.pop(preload, None)  # each child runs its module as __main__ alone, as `python -m` does
+    # What the imports made lives as long as the process: out of the garbage collector's sight (Python's advice for a
+    # process that forks without exec). A child's full collection then walks what the child made only: measured, 0.23
+    # s of CPU to ~0 with torch, Lightning and wandb imported; the OOM tools collect after every batch size they try.
+    gc.freeze()
     path = os.path.join(folder, "socket")
     stand_in = os.path.join(folder, "python")
     client_command = f'"{sys.executable}" -S "{Path(__file__).resolve()}" client "{sys.executable}"'
