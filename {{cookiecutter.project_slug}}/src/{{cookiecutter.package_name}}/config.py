@@ -167,7 +167,7 @@ def check_overrides(overrides: list[str], config_name: str, defer: bool = False)
             note_switched_off(settings, keys)
 
     plain = all(o.type == OverrideType.CHANGE and not o.is_sweep_override() for o in settings)
-    if defer and plain and config_dir == CONFIG_DIR and len(args) == len(overrides):  # (len: no --multirun)
+    if defer and plain and config_dir == CONFIG_DIR and len(args) == len(overrides):  # (no -m, no --config-name)
         return check
     with initialize_config_dir(version_base="1.3", config_dir=str(config_dir), job_name=config_name):
         presets = [_first_value(o) for o in parsed if o not in settings]
