@@ -185,9 +185,10 @@ COMMAND_LINE_REFUSALS = [
     ),
     (["search=gpt"], "search=gpt: the search presets are for `python -m {{ cookiecutter.package_name }}.search`, not"),
     (["foo=1"], "unknown setting foo"),  # not a far-fetched `did you mean oom?`
-    # taken in, nothing read them: a top-level key, or one the training's checkpoint settings do not have
+    # taken in, nothing read them: a top-level key, or one the checkpoint or oom settings (read by name) do not have
     (["+foo=1"], "+foo: no part of the training reads a top-level foo"),
     (["+checkpoint.every=3"], "+checkpoint.every: the training reads no checkpoint.every, only the settings it has: "),
+    (["+oom.foo=1"], "+oom.foo: the training reads no oom.foo, only the settings it has: batch_size_finder, find_bat"),
     (["+foo.bar=1"], "+foo.bar: no part of the training reads a top-level foo"),  # (a node foo)
     # a traceback once the run folder was made: wandb.init's TypeError, the schedule's at its build
     (["+logger.tag=a"], "+logger.tag: wandb.init takes no tag; did you mean logger.tags? it takes "),
@@ -370,6 +371,7 @@ COMMAND_LINE_REFUSAL_IDS = [
     "unknown-setting-like-none",
     "add-a-top-level-key",
     "add-a-checkpoint-setting",
+    "add-an-oom-setting",
     "add-a-top-level-node",
     "add-a-key-wandb-does-not-take",
     "add-a-key-the-schedule-does-not-take",

@@ -170,6 +170,12 @@ def test_an_unknown_benchmark_or_mode_is_refused_in_one_line(tmp_path, monkeypat
         main()
     assert exit_.value.code == 2 and "strategy=single trains one: give strategy=ddp" in capsys.readouterr().err
     assert not run_dir.exists()
+    monkeypatch.setattr(sys, "argv", ["bench", "memory", "+bench.step=2", f"hydra.run.dir={run_dir}"])  # (read by name)
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert exit_.value.code == 2 and "error: +bench.step: the bench reads no bench.step, only the settings it has: " \
+        "activation_checkpointing, devices, find_batch," in capsys.readouterr().err  # fmt: skip
+    assert not run_dir.exists()
     # argparse's habit: the hint names the bench's own key, or the trainer's (it named bench.max_epochs)
     for flag, key in [("--steps", "bench.steps"), ("--max-epochs", "trainer.max_epochs"), ("--seed", "seed")]:
         monkeypatch.setattr(sys, "argv", ["bench", "scaling", flag, "2"])

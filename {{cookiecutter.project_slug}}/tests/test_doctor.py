@@ -4,6 +4,7 @@ parts in-process: the sizes at each precision, the decision tree, and NVML's ans
 import dataclasses
 import functools
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -16,9 +17,10 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from {{ cookiecutter.package_name }}.config import CONFIG_DIR, register_resolvers
+from {{ cookiecutter.package_name }}.config import CONFIG_DIR, check_overrides, register_resolvers
 from {{ cookiecutter.package_name }}.doctor import Speed, recommend, step_seconds, unpriced
 from {{ cookiecutter.package_name }}.engine.launching import DP_GATHERS_OUTPUTS, train_command
+from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.runtime import hardware
 from {{ cookiecutter.package_name }}.runtime.precision import resolve_precision
 from {{ cookiecutter.package_name }}.tools.estimate import FP32, ModelFacts, dp_memory, memory_per_device, model_facts
@@ -162,6 +164,16 @@ def test_doctor_rejects_a_nonsense_device_plan(tmp_path, train_env, setting, mes
     assert f"error: {message}" in output and "Traceback" not in output
     assert len(output.strip().splitlines()) == 1, output  # the refusal, nothing else
     assert not run_dir.exists()
+
+
+def test_a_key_added_to_the_doctors_settings_is_refused():
+    """The doctor reads its settings by name: `+doctor.foo=1` planned without a word (the command line's check, in
+    the process: the table above starts a doctor per row)."""
+    taken = "only the settings it has: allreduce, device_counts, device_memory_gb, devices, max_nodes, min_speedup"
+    with pytest.raises(ConfigError, match=re.escape(f"+doctor.foo: the doctor reads no doctor.foo, {taken}")):
+        check_overrides(["+doctor.foo=1"], "doctor")
+    with pytest.raises(ConfigError, match=re.escape("+doctor.allreduce.size: the doctor reads no doctor.allreduce.")):
+        check_overrides(["+doctor.allreduce.size=1"], "doctor")
 
 
 def test_activations_are_sized_at_the_precision_training_uses():

@@ -3,6 +3,7 @@ the trials' run folders and their offline wandb files."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -34,7 +35,7 @@ from {{ cookiecutter.package_name }}.search.__main__ import (
 )
 from {{ cookiecutter.package_name }}.search.__main__ import main as search_main
 from {{ cookiecutter.package_name }}.search.report import parallel_coordinate, trial_table
-from {{ cookiecutter.package_name }}.search.settings import Settings
+from {{ cookiecutter.package_name }}.search.settings import Settings, parse_command_line
 from {{ cookiecutter.package_name }}.search.slurm import gpus_per_trial
 from {{ cookiecutter.package_name }}.search.space import default_grid, load_space
 from {{ cookiecutter.package_name }}.search.trials import (
@@ -608,6 +609,22 @@ def test_a_study_is_continued_with_its_overrides_in_any_order_and_told_what_chan
     assert changed_definition(started, {**started, "space": {"a": "y"}}) == (
         "another search space: a was x, now y (the space file changed)"
     )
+
+
+@pytest.mark.engine_neutral
+def test_a_search_setting_with_a_plus_or_tilde_is_the_searchs_to_refuse():
+    """`+search.n_trials=3` went to the training's check as a training key: "no part of the training reads a top-level
+    search" (a user adding the +, as Hydra asks for a key that is not there, was told the search has no settings)."""
+    settings, overrides, _ = parse_command_line(["search.n_trials=3", "seed=1"])
+    assert settings.n_trials == 3 and overrides == ["seed=1"]
+    for arg, message in [
+        ("+search.n_trials=3", "+search.n_trials: the search has every setting already, to be set without + or ~: "
+         "search.n_trials=..."),
+        ("~search", "~search: the search has every setting already, to be set without + or ~: search=..."),
+        ("+search.n_trails=3", "unknown setting +search.n_trails; valid: search=<space>, search.space"),
+    ]:  # fmt: skip
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            parse_command_line([arg, "seed=1"])
 
 
 REFUSED_BATCH = "the training refuses the first trial's config: data.batch_size=64 is the global batch and must be"

@@ -390,13 +390,22 @@ def note_switched_off(settings: list[Override], keys: dict[str, Any]) -> None:
 # Nodes whose keys the training reads itself (its data module, Lightning's Trainer): none may be removed with ~.
 READ = {"data", "trainer"}
 
+# Nodes whose settings the project's code reads by name (no class takes the node's keys): node -> the command that
+# reads it. A key added to one is read by nothing (+oom.foo, +doctor.foo trained or planned without a word).
+READ_BY_NAME = {
+    **dict.fromkeys(("checkpoint", "oom", "oom.recovery", "oom.batch_size_finder"), "the training"),
+    **dict.fromkeys(("doctor", "doctor.allreduce"), "the doctor"),
+    "bench": "the bench",
+}
+
 
 def _check_added(key: str, keys: dict[str, Any], read: str, node: bool) -> None:
-    """Refuse `+KEY=...` that nothing would read: a top-level key or node, a checkpoint setting, a key the logger
-    does not pass on to wandb, a callback that is not a node, unless an interpolation reads it (`+base=0.1
-    model.optimizer.lr=${base}`). Taken in, it was dropped without a word (`+callbacks=oom` in an Accelerate project),
-    or a traceback once the run folder was made (`+logger.foo=1`). (Classes built from a node refuse an argument they
-    do not take when built; the Accelerate loop refuses the trainer, model and oom settings it does not read.)"""
+    """Refuse `+KEY=...` that nothing would read: a top-level key or node, a key of a node read by name (checkpoint,
+    oom, doctor, bench), a key the logger does not pass on to wandb, a callback that is not a node, unless an
+    interpolation reads it (`+base=0.1 model.optimizer.lr=${base}`). Taken in, it was dropped without a word
+    (`+callbacks=oom` in an Accelerate project), or a traceback once the run folder was made (`+logger.foo=1`).
+    (Classes built from a node refuse an argument they do not take when built; the Accelerate loop refuses the trainer
+    and model settings it does not read.)"""
     parent, _, name = key.rpartition(".")
     top = key.partition(".")[0]
     if is_read(name, read):
@@ -407,9 +416,9 @@ def _check_added(key: str, keys: dict[str, Any], read: str, node: bool) -> None:
         )
         hint = _named_here(key) or _other_engines(key) or preset
         raise ConfigError(f"+{key}: no part of the training reads a top-level {top}{hint}")
-    if parent == "checkpoint":
+    if parent in READ_BY_NAME and isinstance(keys.get(parent), dict):  # (oom.recovery=null: +oom.recovery.KEY is on)
         taken = ", ".join(sorted(str(other) for other in keys[parent]))
-        raise ConfigError(f"+{key}: the training reads no {key}, only the settings it has: {taken}")
+        raise ConfigError(f"+{key}: {READ_BY_NAME[parent]} reads no {key}, only the settings it has: {taken}")
     if parent == "logger" and (taken := _logger_arguments(keys)) and name not in taken:
         near = difflib.get_close_matches(name, taken, n=1, cutoff=0.75)
         hint = f"did you mean logger.{near[0]}? " if near else ""

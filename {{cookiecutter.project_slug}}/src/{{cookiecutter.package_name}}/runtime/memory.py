@@ -196,9 +196,15 @@ def search(fits: Callable[[int], bool], start: int, maximum: int, tolerance: flo
 LR_SCALINGS: dict[str, Callable[[float], float]] = {"none": lambda ratio: 1.0, "linear": float, "sqrt": math.sqrt}
 
 
+# configs/oom/'s settings (each preset has every one).
+OOM_SETTINGS = ("recovery", "find_batch_size", "batch_size_finder", "log_memory", "log_loss_mean")
+
+
 def check_oom_settings(oom: Any) -> None:
     """configs/oom/'s values, which both engines read, refused in one line before training (a wrong value would
     surface as a traceback in the middle of a training, or, for a policy, at its first out-of-memory error)."""
+    if unknown := sorted(set(oom) - set(OOM_SETTINGS)):  # (a key added to configs/oom/: read by nothing)
+        raise ConfigError(f"oom.{unknown[0]} is not a setting; valid: {', '.join(OOM_SETTINGS)}")
     recovery, finder = oom.recovery, oom.batch_size_finder
     if recovery:
         if unknown := sorted(set(recovery) - {"policy", "max_consecutive", "empty_cache_every_n_epochs"}):

@@ -88,7 +88,7 @@ def parse_command_line(args: list[str]) -> tuple[Settings, list[str], str | None
             export = arg.partition("=")[2]
         else:
             rest.append(arg)
-    mine = [arg for arg in rest if arg.startswith(("search=", "search."))]
+    mine = [arg for arg in rest if arg.lstrip("+~").partition("=")[0].partition(".")[0] == "search"]
     overrides = [arg for arg in rest if arg not in mine]
     return parse_settings(mine), overrides, export
 
@@ -99,11 +99,14 @@ def parse_settings(args: list[str]) -> Settings:
     values = {}
     for arg in args:
         key, _, value = arg.partition("=")
-        name = "space" if key == "search" else key.removeprefix("search.")
+        name = "space" if key.lstrip("+~") == "search" else key.lstrip("+~").removeprefix("search.")
         if name not in names:
             raise ConfigError(
                 f"unknown setting {key}; valid: search=<space>, {', '.join('search.' + n for n in names)}"
             )
+        if key != key.lstrip("+~"):  # (the training's check said no part of the training reads a search)
+            shown = "search" if name == "space" else f"search.{name}"
+            raise ConfigError(f"{key}: the search has every setting already, to be set without + or ~: {shown}=...")
         values[name] = yaml.safe_load(value) if value else None
     try:
         settings = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Settings), values))

@@ -116,12 +116,11 @@ MODEL_SETTINGS = ("net", "optimizer", "no_decay_norms_and_biases")
 
 
 def check_settings_read(cfg: DictConfig) -> None:
-    """Refuse a trainer, model or oom setting this loop does not read (Hydra takes `+trainer.KEY=...`, and the loop
+    """Refuse a trainer or model setting this loop does not read (Hydra takes `+trainer.KEY=...`, and the loop
     ignored it: Lightning's value clipping was silently norm clipping; `+model._target_=...`, the Lightning engine's
-    way to another loss, trained with this one)."""
+    way to another loss, trained with this one). (The oom settings: check_oom_settings, as in Lightning.)"""
     read = {
         "trainer": list(OmegaConf.load(CONFIG_DIR / "trainer" / "default.yaml")),
-        "oom": list(OmegaConf.load(CONFIG_DIR / "oom" / "toolkit.yaml")),
         "model": list(MODEL_SETTINGS),
     }
     elsewhere = {"trainer": " (Lightning's Trainer has more)", "model._target_": " (a loss of yours: engine/loop.py)"}
