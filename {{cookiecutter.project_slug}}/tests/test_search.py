@@ -30,12 +30,13 @@ from {{ cookiecutter.package_name }}.search.__main__ import (
     compose_training,
     hold_lock,
     make_pruner,
+    open_study,
     queue_grid_points,
     requeue_interrupted,
 )
 from {{ cookiecutter.package_name }}.search.__main__ import main as search_main
 from {{ cookiecutter.package_name }}.search.report import parallel_coordinate, trial_table
-from {{ cookiecutter.package_name }}.search.settings import Settings, parse_command_line
+from {{ cookiecutter.package_name }}.search.settings import Settings, parse_command_line, parse_settings
 from {{ cookiecutter.package_name }}.search.slurm import gpus_per_trial
 from {{ cookiecutter.package_name }}.search.space import default_grid, load_space
 from {{ cookiecutter.package_name }}.search.trials import (
@@ -590,6 +591,23 @@ def test_the_baseline_starts_from_the_config_as_it_is_or_refuses_in_one_line(tmp
 
 
 @pytest.mark.engine_neutral
+def test_a_study_continued_with_search_baseline_gets_its_baseline_trial_once(tmp_path):
+    """A study started without a baseline and continued with search.baseline=true took it without a word."""
+    cfg, groups = compose_training([])
+    lr = {"model.optimizer.lr": {"type": "float", "low": 0.1, "high": 1}}
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(lr))
+    params = load_space(tmp_path / "space.yaml", cfg, groups)
+    settings = parse_settings([f"search.dir={tmp_path / 's'}", "search.study=s"])
+    settings.study_dir.mkdir()
+    open_study(settings, params, [], cfg, None)
+    for _ in range(2):  # (continued again: still one)
+        study = open_study(settings, params, [], cfg, baseline_values(params, cfg))
+    queued = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    assert [trial.user_attrs for trial in queued] == [{"baseline": True}]
+    assert queued[0].system_attrs["fixed_params"] == {"model.optimizer.lr": 1e-3}  # the config's
+
+
+@pytest.mark.engine_neutral
 def test_the_best_configs_command_line_is_checked_as_the_trainings_is(tmp_path):
     """`train --config-dir <study> --config-name best trainer.max_epoch=3`: Hydra's five lines and exit code 1; now the
     training's one line, against best.yaml's config (which composes `train`)."""
@@ -707,6 +725,8 @@ def test_a_second_search_of_a_study_is_refused_while_the_first_holds_it(tmp_path
         ({"data.batch_size": {"type": "float", "low": 16, "high": 64}}, [], "a whole number (256 now): give type: int"),
         ({"model.net.depth": {"type": "int", "low": 1.5, "high": 4}}, [], "low: 1.5 is not a whole number (type: int;"),
         ({"model.optimizer.lr": {"type": "categorical", "choices": 0.001}}, [], "choices: 0.001: give a non-empty"),
+        # every trial given it failed, and the search went on (the first trial's, at 64, passed the checks)
+        ({"model.net.hidden": {"type": "categorical", "choices": [64, "abc"]}}, [], "the choice abc is not a"),
         # a quoted "no" was a log scale; a step of 0 a step of 1; a grid of one number Python's "not iterable"
         ({"model.optimizer.lr": {"type": "float", "low": 0.1, "high": 1, "log": "no"}}, [], "log: 'no' must be true"),
         ({"model.net.hidden": {"type": "int", "low": 16, "high": 32, "step": 0}}, [], "step: 0 must be a number > 0"),
@@ -731,6 +751,15 @@ def test_check_only_checks_the_search_and_starts_no_trial(search_command, tmp_pa
     assert not (tmp_path / "s").exists(), "no study, no trial"
     code, output = search_command("check_only=true", "search.seed=-1")  # its checks: still refused
     assert code == 2 and "search.seed must be" in output
+    # a study to continue, on other terms: refused as the search itself refuses it (check_only passed it)
+    (tmp_path / "s").mkdir()
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(tmp_path / "s" / "journal.log"))
+    )
+    optuna.create_study(study_name="s", storage=storage, direction="minimize")
+    code, output = search_command("check_only=true", "search.direction=maximize", "search.metric=val/acc")
+    assert code == 2 and "was started to minimize val/acc; continue it with search.direction=minimize" in output
+    assert len(optuna.load_study(study_name="s", storage=storage).user_attrs) == 0, "nothing written"
 
 
 def test_a_study_continued_in_another_direction_or_folder_is_refused(search_command, tmp_path):

@@ -348,13 +348,21 @@ def check_setting(override: Override, keys: dict[str, Any], groups: set[str], re
                 f"{key}={override.get_value_element_as_str()}: {key} is a group of settings ({', '.join(names)}"
                 f"{', ...' if len(default) > len(names) else ''}); set them one by one{example}"
             )
-        if key in TEXT_ALSO or not isinstance(value, str | list | dict) or "${" in str(value):
-            continue
-        shown = value if isinstance(value, str) else override.get_value_element_as_str()
-        if isinstance(default, bool):
-            raise ConfigError(f"{key}={shown} is not true or false (the default is {str(default).lower()})")
-        if isinstance(default, int | float):
-            raise ConfigError(f"{key}={shown} is not a number (the default is {default})")
+        if wrong := wrong_type(key, default, value):
+            shown = value if isinstance(value, str) else override.get_value_element_as_str()
+            raise ConfigError(f"{key}={shown} {wrong}")
+
+
+def wrong_type(key: str, default: Any, value: Any) -> str:
+    """Why `value` cannot replace `key`'s `default` (text or a list where the default is a number or true/false: the
+    YAML files are untyped, so nothing else checks it), or ''."""
+    if key in TEXT_ALSO or not isinstance(value, str | list | dict) or "${" in str(value):
+        return ""
+    if isinstance(default, bool):
+        return f"is not true or false (the default is {str(default).lower()})"
+    if isinstance(default, int | float):
+        return f"is not a number (the default is {default})"
+    return ""
 
 
 # Settings read only while a switch has a value: setting (or node) -> (the switch, that value, what reads it).

@@ -104,8 +104,12 @@ def main() -> None:
             check_some_trial(first_trial, others, preset, processes, slots.first)
         if cfg.check_only:  # (passed on to the trials, it trained none of them: "trained to its end without a
             # validation")
-            print("check_only: the search passes its checks (its settings, the space, the trials' configs); no trial "
-                  "was started")  # fmt: skip
+            if (settings.study_dir / "journal.log").exists():  # a study to continue: on the same terms
+                check_stored_study(
+                    study_storage(settings.study_dir), settings, study_definition(settings, params, overrides)
+                )
+            print("check_only: the search passes its checks (its settings, the space, the trials' configs, the study "
+                  "it continues); no trial was started")  # fmt: skip
             return
         new_dir = not settings.study_dir.exists()
         try:
@@ -252,50 +256,66 @@ def open_study(
     """Create the study, or load it to continue. Journal storage: an append-only file that several threads
     (n_jobs) and processes can write under a file lock, where a crash loses at most the line being written;
     SQLite would need SQLAlchemy and fails with "database is locked" under concurrent writers on a shared disk."""
-    study_dir = settings.study_dir
-    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(study_dir / "journal.log")))
-    others = sorted(set(optuna.get_all_study_names(storage)) - {settings.study_name})
-    if others:  # its trial folders would be taken for this study's: the other study's checkpoints, continued
-        raise ConfigError(
-            f"search.dir={study_dir} holds study {others[0]}: give each study its own folder (the default, "
-            f"outputs/search/<study>), or continue that one with search.study={others[0]}"
-        )
+    storage = study_storage(settings.study_dir)
+    definition = study_definition(settings, params, overrides)
+    check_stored_study(storage, settings, definition)
     try:
         study = optuna.create_study(
             study_name=settings.study_name, storage=storage, direction=settings.direction, load_if_exists=True
         )
     except ValueError as err:
         raise ConfigError(f"study {settings.study_name}: {err}") from None
-    stored = study.direction.name.lower()  # Optuna takes a study again without a word about another direction
-    if stored != settings.direction:
-        metric = (study.user_attrs.get("definition") or {}).get("metric", settings.metric)  # (its own, not this one's)
-        raise ConfigError(
-            f"study {settings.study_name} in {study_dir} was started to {stored} {metric}; continue it with "
-            f"search.direction={stored}, or start a new one with search.study=<name>"
-        )
-    definition = {
-        "space": {param.key: repr(param.distribution) for param in params},
-        "overrides": overrides,
-        "metric": settings.metric,
-    }
-    started = study.user_attrs.get("definition")
-    if started is None:
+    if study.user_attrs.get("definition") is None:
         if settings.direction == "minimize" and "acc" in settings.metric.rsplit("/", 1)[-1]:
             print(f"note: search.direction=minimize: the best trial is the lowest {settings.metric} (for accuracy: "
                   "search.direction=maximize)", file=sys.stderr)  # fmt: skip
         study.set_user_attr("definition", definition)
-        if baseline is not None:  # the current values of the searched keys, as trial 0
-            study.enqueue_trial(baseline, user_attrs={"baseline": True})
-    elif changed := changed_definition(started, json.loads(json.dumps(definition))):
-        raise ConfigError(
-            f"study {settings.study_name} in {study_dir} was started with {changed}; continue it with the command that "
-            "started it, or start a new one with search.study=<name>"
-        )
+    # the current values of the searched keys, as a trial of their own (a study continued with search.baseline=true
+    # that had none: it was taken without a word)
+    if baseline is not None and not any(trial.user_attrs.get("baseline") for trial in study.get_trials(deepcopy=False)):
+        study.enqueue_trial(baseline, user_attrs={"baseline": True})
     # Seeded by how many trials the study has: a re-run continues the sequence instead of drawing again the
     # parameters its first run drew.
     study.sampler = make_sampler(settings, seed=settings.seed + len(study.trials))
     study.pruner = make_pruner(settings, cfg)
     return study
+
+
+def study_storage(study_dir: Path) -> optuna.storages.JournalStorage:
+    return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(study_dir / "journal.log")))
+
+
+def study_definition(settings: Settings, params: list[Param], overrides: list[str]) -> dict[str, Any]:
+    """What a study is continued with only if it is the same: its space, training overrides and metric."""
+    space = {param.key: repr(param.distribution) for param in params}
+    return json.loads(json.dumps({"space": space, "overrides": overrides, "metric": settings.metric}))
+
+
+def check_stored_study(storage: optuna.storages.BaseStorage, settings: Settings, definition: dict[str, Any]) -> None:
+    """Refuse to continue what the study's folder holds on other terms: another study, another direction (Optuna
+    takes a study again without a word about it), another definition. Writes nothing (check_only runs it too)."""
+    names = optuna.get_all_study_names(storage)
+    others = sorted(set(names) - {settings.study_name})
+    if others:  # its trial folders would be taken for this study's: the other study's checkpoints, continued
+        raise ConfigError(
+            f"search.dir={settings.study_dir} holds study {others[0]}: give each study its own folder (the default, "
+            f"outputs/search/<study>), or continue that one with search.study={others[0]}"
+        )
+    if settings.study_name not in names:
+        return
+    study = optuna.load_study(study_name=settings.study_name, storage=storage)
+    started, stored = study.user_attrs.get("definition"), study.direction.name.lower()
+    if stored != settings.direction:
+        metric = (started or {}).get("metric", settings.metric)  # (its own, not this one's)
+        raise ConfigError(
+            f"study {settings.study_name} in {settings.study_dir} was started to {stored} {metric}; continue it "
+            f"with search.direction={stored}, or start a new one with search.study=<name>"
+        )
+    if started is not None and (changed := changed_definition(started, definition)):
+        raise ConfigError(
+            f"study {settings.study_name} in {settings.study_dir} was started with {changed}; continue it with the "
+            "command that started it, or start a new one with search.study=<name>"
+        )
 
 
 def changed_definition(started: dict[str, Any], now: dict[str, Any]) -> str:

@@ -18,7 +18,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ..config import CONFIG_DIR
+from ..config import CONFIG_DIR, wrong_type
 from ..errors import ConfigError
 
 SPACES_DIR = CONFIG_DIR / "search"
@@ -91,6 +91,10 @@ def parse_param(key: str, spec: Any, cfg: DictConfig, groups: dict[str, str]) ->
                 raise ValueError(f"choices: {choices!r}: give a non-empty list of choices, e.g. [0.001, 0.01]")
             if key in groups:
                 check_searched_choices(key, choices)
+            now = OmegaConf.select(cfg, key.lstrip("+"), default=None)
+            for choice in choices:  # (each trial given `abc` failed, and the search went on)
+                if wrong := wrong_type(key, now, choice):
+                    raise ValueError(f"the choice {choice} {wrong}")
             return Param(key, optuna.distributions.CategoricalDistribution(choices), choices)
         number = float if kind == "float" else int
         now = OmegaConf.select(cfg, key.lstrip("+"), default=None)
