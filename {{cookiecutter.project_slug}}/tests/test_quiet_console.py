@@ -1,9 +1,10 @@
 """A training's console holds what the user needs: no warning and no tip, from the template or the libraries below it,
-in the default training (with its test after fit), a resumed run, ddp (started as the README says), ddp_spawn (the
-GPT, with its test after fit, which is logged after the last step), pipeline and a torchrun launch. wandb speaks
-(WANDB_SILENT unset). The default training starts a new interpreter, as a user's does; the others are forks of the
-tests' helper that has imported the training (tests/forked.py: CI time), whose console is what that helper printed
-while importing (a fork does not print a warning on import again) and what the fork prints after."""
+in the default training (with its test after fit), a resumed run, one started from its checkpoint, ddp (started as
+the README says), ddp_spawn (the GPT, with its test after fit, which is logged after the last step), pipeline and a
+torchrun launch. wandb speaks (WANDB_SILENT unset). The default training starts a new interpreter, as a user's does;
+the others are forks of the tests' helper that has imported the training (tests/forked.py: CI time), whose console is
+what that helper printed while importing (a fork does not print a warning on import again) and what the fork prints
+after."""
 
 import re
 
@@ -15,9 +16,9 @@ from layouts import torchrun
 
 pytestmark = pytest.mark.slow
 
-# A warning from Python's warnings (file.py:12: SomeWarning: ..., and the source line after it), a logger's or wandb's
-# WARNING, a tip, a deprecation.
-WARNING_LINE = re.compile(r"\.py:\d+: \w*Warning\b|^\s*warnings\.warn\(|\bWARNING\b|\bTip:|[Dd]eprecat", re.MULTILINE)
+# A warning from Python's warnings (file.py:12: SomeWarning: ..., and the source line after it; Lightning's have no
+# category: file.py:12: ...), a logger's or wandb's WARNING, a tip, a deprecation.
+WARNING_LINE = re.compile(r"\.py:\d+: |^\s*warnings\.warn\(|\bWARNING\b|\bTip:|[Dd]eprecat", re.MULTILINE)
 SMALL = ["data.train_size=512", "data.val_size=256", "data.test_size=256", "trainer.accelerator=cpu"]
 AS_A_USER = {"WANDB_SILENT": None}
 NEW_INTERPRETER = {**AS_A_USER, "STARTS_NEW_INTERPRETER": "1"}
@@ -39,6 +40,11 @@ def test_the_default_training_and_its_resumption_print_no_warning(train, tmp_pat
     resumed = train(*SMALL, "trainer.max_epochs=2", run_dir=run_dir, env=AS_A_USER)  # its checkpoints are there
     assert "resuming from" in resumed.output
     assert_quiet(import_output(f"{PACKAGE}.train", train_env) + resumed.output)
+    # started from that checkpoint in a run folder of its own (Lightning: "The dirpath has changed ...")
+    last = next((run_dir / "checkpoints").glob("last*"))
+    started = train(*SMALL, "trainer.max_epochs=3", f"ckpt_path={last}", "test_after_fit=false", env=AS_A_USER)
+    assert f"starting from {last.resolve()} (ckpt_path)" in started.output
+    assert_quiet(import_output(f"{PACKAGE}.train", train_env) + started.output)
 
 
 @pytest.mark.parametrize(

@@ -58,6 +58,11 @@ def resuming_message(last: Path) -> str:
     return f"resuming from {last.resolve()}{hint}"
 
 
+def starting_from_message(checkpoint: Path) -> str:
+    """What a training says when it starts from `ckpt_path` (both engines; Accelerate said nothing)."""
+    return f"starting from {checkpoint.resolve()} (ckpt_path)"
+
+
 def afresh_message(run_dir: Path) -> str:
     """What resume=false says when it overwrites an earlier training in `run_dir` (both engines)."""
     return f"resume=false: starting afresh, removing the earlier training's checkpoints in {run_dir}"

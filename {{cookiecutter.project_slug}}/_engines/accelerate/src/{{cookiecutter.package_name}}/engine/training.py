@@ -54,7 +54,13 @@ from ..runtime.memory import FINDER_REFUSED, check_oom_settings, configure_alloc
 from ..runtime.metrics import check_monitor
 from ..runtime.optimization import check_optimization, grouped_optimizer, respan
 from ..runtime.precision import resolve_precision, use_tensor_cores
-from ..runtime.resuming import afresh_message, check_not_past_the_end, resuming_message, starting_point
+from ..runtime.resuming import (
+    afresh_message,
+    check_not_past_the_end,
+    resuming_message,
+    starting_from_message,
+    starting_point,
+)
 from ..tracking.wandb_run import finish_wandb, forget_wandb_run, is_first_process, wandb_mode, write_atomically
 from .checkpoints import PROGRESS, Checkpoints, trained_so_far
 from .evaluation import batches, check_limit, evaluate, log, prefixed, show
@@ -277,6 +283,8 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
         checkpoints.load(start)
         if not (cfg.oom.find_batch_size and progress.found_batch_size):  # (a batch found is continued with)
             check_position(progress.loader, data.batch_size)  # before wandb starts: mid-epoch, a whole step ahead?
+        if cfg.ckpt_path:  # (after its refusals: one line alone)
+            accelerator.print(starting_from_message(start))
     if recovery:  # the micro-batch size that fitted before a restart, agreed by all processes
         recovery.load_state_dict(progress.oom_recovery, accelerator)
 

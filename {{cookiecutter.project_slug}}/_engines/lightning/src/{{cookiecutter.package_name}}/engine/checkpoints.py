@@ -18,7 +18,13 @@ from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpo
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from ..runtime.interrupt import Interrupt
-from ..runtime.resuming import afresh_message, check_keep_last, load_saved_config, resuming_message
+from ..runtime.resuming import (
+    afresh_message,
+    check_keep_last,
+    load_saved_config,
+    resuming_message,
+    starting_from_message,
+)
 from ..tracking.wandb_run import forget_wandb_run, is_first_process
 from .lightning_private import (
     batches_that_stepped,
@@ -290,7 +296,10 @@ def prepare_run_folder(run_dir: Path, ckpt_path: str | None, resume: bool) -> No
         rank_zero_info(f"removing {stale.name}, Lightning's SLURM checkpoint (the run resumes from its own)")
         stale.unlink()
     last = run_dir / "checkpoints" / LAST
-    if ckpt_path or not last.exists():
+    if ckpt_path:
+        rank_zero_info(starting_from_message(Path(ckpt_path)))
+        return
+    if not last.exists():
         return
     if resume:
         rank_zero_info(resuming_message(last))

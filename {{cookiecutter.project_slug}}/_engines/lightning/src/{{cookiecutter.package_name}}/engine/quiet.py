@@ -12,6 +12,12 @@ HARMLESS_WARNINGS = [  # (message regex, the module that warns)
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", r"lightning\.pytorch\.utilities\._pytree"),
     # A run that continues in its own folder (restart, run_id=...) finds its checkpoints there: by design.
     (r"Checkpoint directory .* exists and is not empty\.", r"lightning\.pytorch\.callbacks\.model_checkpoint"),
+    # A training started from another run's checkpoint (ckpt_path=) keeps its own checkpoints and its own best in its
+    # own folder: by design.
+    (r"The dirpath has changed from", r"lightning\.pytorch\.callbacks\.model_checkpoint"),
+    # Epochs shorter than trainer.log_every_n_steps: the interval counts the run's optimizer steps, over epochs, so
+    # train/* is still logged every N steps (as in the Accelerate engine, which says nothing).
+    (r"The number of training batches \(\d+\) is smaller than the logging interval", r"lightning\.pytorch\.loops"),
     # strategy=pipeline steps its optimizer by hand (manual optimization); its checkpoint at step N holds the state
     # after N steps, as every other preset's does (which is what resuming needs), not the "pre-optimization" state
     # Lightning's 20-line warning, with example code, offers to save.
