@@ -204,6 +204,11 @@ BAD_INPUT = [
         + ["model.net._target_=own_models.NormalizedHidden"],
         "the tensor-parallel plan of NormalizedHidden changes what it computes: over 2 ranks, its output on one sample",
     ),
+    (  # each stage's blocks sharded by the same plan: it trained, with other losses than one device's
+        ["strategy=pipeline", "trainer.accelerator=cpu", "trainer.devices=4", "strategy.tensor_parallel_size=2"]
+        + ["model.net._target_=own_models.NormalizedHidden"],
+        "the tensor-parallel plan of NormalizedHidden changes what it computes: over 2 ranks, its output on one sample",
+    ),
     (  # an AttributeError at the first checkpoint (its SequentialSampler has no epoch)
         ["+trainer.overfit_batches=2"],
         "trainer.overfit_batches replaces the training's sampler (the global batch over the processes, resumable",
@@ -254,6 +259,7 @@ BAD_INPUT_IDS = [
     "callback-that-is-not-a-node",
     "accelerate-data-class",
     "tensor-parallel-plan-that-changes-the-values",
+    "the-same-plan-in-pipeline-stages",
     "overfit-batches",
     "validation-past-the-epoch",
     "learning-rate-monitor-without-logger",

@@ -227,14 +227,14 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     if (limit := cfg.trainer.limit_train_batches) is not None:
         whole = len(data.loader("train", replicas, accumulate=accumulation(cfg)))  # (whole optimizer steps)
         check_epoch_batches(limit, batches_per_epoch(whole, limit), accumulation(cfg))
-    tensor_parallel = strategy.sizes[1] if strategy.name == "model_parallel" else 1
+    tensor_parallel = strategy.mesh(processes)[1]
     check_float8(cfg.float8, strategy.name, cfg.trainer.accelerator, tensor_parallel)
     check_float8_layers(net, cfg.float8)
     if strategy.name == "pipeline":  # the stages run the Split's chain, not the model's forward: the same model?
         check_chain(build(cfg.model.net), first_sample(data))  # compares values: a real net (`net` is on meta)
     if strategy.name == "model_parallel" and cfg.strategy.mode == "layers":  # a skip connection across the devices?
         check_layer_devices(build(cfg.model.net), first_input(data), len(strategy.layer_devices))
-    if strategy.name == "model_parallel" and cfg.strategy.mode == "tensor":  # a plan that changes what it computes?
+    if tensor_parallel > 1:  # (model_parallel, pipeline) a plan that changes what the net computes?
         check_plan_values(lambda: build(cfg.model.net), first_sample(data), tensor_parallel)
     return strategy, processes, recovery
 

@@ -322,7 +322,7 @@ def check_model_and_data(
         check_chain(model.net, first_sample(datamodule.data))
     if preset(cfg) == "model_parallel" and cfg.strategy.mode == "layers":  # a skip connection across the devices?
         check_layer_devices(model.net, first_input(datamodule.data), len(trainer.strategy.devices))
-    if preset(cfg) == "model_parallel" and cfg.strategy.mode == "tensor":  # a plan that changes what the net computes?
+    if tensor_parallel > 1:  # (model_parallel, pipeline) a plan that changes what the net computes?
         check_plan_values(lambda: build(cfg.model.net), first_sample(datamodule.data), tensor_parallel)
 
 

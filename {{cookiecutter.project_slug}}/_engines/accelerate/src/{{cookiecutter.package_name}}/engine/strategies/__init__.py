@@ -88,7 +88,8 @@ class Strategy:
         return Layout(replicas=processes)
 
     def mesh(self, processes: int) -> tuple[int, int]:
-        """(data-parallel, tensor-parallel) sizes over `processes`: no tensor parallelism but model_parallel's."""
+        """(data-parallel, tensor-parallel) sizes over `processes`: no tensor parallelism but model_parallel's and
+        pipeline's."""
         return self.data_parallel(0, processes)[0], 1
 
     def check_layout(self, processes: int, net: nn.Module, cfg: DictConfig) -> None:
