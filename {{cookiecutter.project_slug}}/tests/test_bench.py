@@ -28,7 +28,8 @@ from {{ cookiecutter.package_name }}.bench import (
     pipeline_schedules,
     scaling,
 )
-from {{ cookiecutter.package_name }}.config import CONFIG_DIR, register_resolvers
+from {{ cookiecutter.package_name }}.config import CONFIG_DIR
+from {{ cookiecutter.package_name }}.config.objects import register_resolvers
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
 from {{ cookiecutter.package_name }}.runtime import hardware

@@ -17,7 +17,9 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from {{ cookiecutter.package_name }}.config import CONFIG_DIR, check_overrides, register_resolvers
+from {{ cookiecutter.package_name }}.config import CONFIG_DIR
+from {{ cookiecutter.package_name }}.config.objects import register_resolvers
+from {{ cookiecutter.package_name }}.config.overrides import check_overrides
 from {{ cookiecutter.package_name }}.doctor import Speed, recommend, step_seconds, unpriced
 from {{ cookiecutter.package_name }}.engine.launching import DP_GATHERS_OUTPUTS, train_command
 from {{ cookiecutter.package_name }}.errors import ConfigError

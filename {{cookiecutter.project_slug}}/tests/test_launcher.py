@@ -143,7 +143,7 @@ def test_a_preset_file_is_the_built_in_preset_whose_strategy_class_it_keeps():
 def test_hydras_options_keep_their_values_and_a_bare_word_is_refused():
     """A bare word is refused (`train ddp`: Hydra's four lines), but not the value of a Hydra option, abbreviated
     as argparse takes it too (`--config-n best`)."""
-    from {{ cookiecutter.package_name }}.config import check_flags
+    from {{ cookiecutter.package_name }}.config.command_line import check_flags
 
     check_flags(["--config-n", "train", "--cfg", "job", "-cn", "train", "--info", "defaults", "seed=1"], "train")
     with pytest.raises(ConfigError, match="ddp is not a setting: this command takes key=value, e.g. strategy=ddp"):
@@ -156,7 +156,9 @@ def test_hydras_mode_probe_is_skipped_only_where_its_answer_is_known(monkeypatch
     from hydra import compose, initialize_config_dir
     from hydra._internal.hydra import Hydra
 
-    from {{ cookiecutter.package_name }}.config import CONFIG_DIR, register_resolvers, skip_the_hydra_mode_probe
+    from {{ cookiecutter.package_name }}.config import CONFIG_DIR
+    from {{ cookiecutter.package_name }}.config.command_line import skip_the_hydra_mode_probe
+    from {{ cookiecutter.package_name }}.config.objects import register_resolvers
 
     register_resolvers()
     with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
@@ -178,12 +180,9 @@ def test_the_command_lines_settings_are_checked_in_hydras_own_compose(monkeypatc
     from hydra import compose, initialize_config_dir
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
-    from {{ cookiecutter.package_name }}.config import (
-        CONFIG_DIR,
-        check_overrides,
-        checked_when_hydra_composes,
-        register_resolvers,
-    )
+    from {{ cookiecutter.package_name }}.config import CONFIG_DIR
+    from {{ cookiecutter.package_name }}.config.objects import register_resolvers
+    from {{ cookiecutter.package_name }}.config.overrides import check_overrides, checked_when_hydra_composes
 
     register_resolvers()
     apply, load = ConfigLoaderImpl._apply_overrides_to_config, ConfigLoaderImpl.load_configuration

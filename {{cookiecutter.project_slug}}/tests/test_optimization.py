@@ -21,8 +21,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
 
-from {{ cookiecutter.package_name }} import config
-from {{ cookiecutter.package_name }}.config import CONFIG_DIR, check_group_choices, check_overrides, register_resolvers
+from {{ cookiecutter.package_name }}.config import CONFIG_DIR
+from {{ cookiecutter.package_name }}.config.groups import check_group_choices
+from {{ cookiecutter.package_name }}.config.objects import register_resolvers
+from {{ cookiecutter.package_name }}.config.overrides import check_overrides
 from {{ cookiecutter.package_name }}.errors import ConfigError, Interrupted
 from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
 from {{ cookiecutter.package_name }}.parallel.batchnorm import SynchronisedBatchNorm, accumulation_note, unsynchronised_note
@@ -404,7 +406,10 @@ def test_a_folder_of_presets_of_your_own_is_added_with_a_plus(tmp_path, monkeypa
     for group in ("recipe", "experiment"):
         (configs / group).mkdir()
         (configs / group / "quick.yaml").write_text("# @package _global_\ntrainer:\n  max_epochs: 3\n")
-    monkeypatch.setattr(config, "CONFIG_DIR", configs)
+    from {{ cookiecutter.package_name }}.config import groups, overrides, settings  # (each took the folder on import)
+
+    for module in (groups, overrides, settings):
+        monkeypatch.setattr(module, "CONFIG_DIR", configs)
     check_group_choices(["+recipe=quick"])
     check_overrides(["+recipe=quick", "trainer.max_epochs=2"], "train")
     with pytest.raises(ConfigError, match=r"configs/recipe/ is not in the training's defaults .* \+recipe=quick$"):

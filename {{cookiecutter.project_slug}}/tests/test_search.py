@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from optuna.trial import TrialState
 from wandb_records import offline_runs
 
-from {{ cookiecutter.package_name }}.config import check_overrides
+from {{ cookiecutter.package_name }}.config.overrides import check_overrides
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.search.__main__ import (
     baseline_values,

@@ -42,7 +42,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from .config import register_resolvers, run_cli
+from .config.command_line import run_cli
+from .config.objects import register_resolvers
 from .data.loading import Data
 from .engine.launching import train_command
 from .errors import ConfigError, fail

@@ -24,7 +24,9 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from .config import CONFIG_DIR, register_resolvers, run_cli
+from .config import CONFIG_DIR
+from .config.command_line import run_cli
+from .config.objects import register_resolvers
 from .engine.launching import train_command
 from .errors import UNRESOLVED, ConfigError, fail, unresolved
 from .parallel.presets import built_in_preset

@@ -15,7 +15,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 
-from .config import register_resolvers, run_cli
+from .config.command_line import run_cli
+from .config.objects import register_resolvers
 from .engine.training import train
 from .errors import (
     UNRESOLVED,

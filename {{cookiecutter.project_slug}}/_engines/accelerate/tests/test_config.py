@@ -8,7 +8,8 @@ from conftest import COMMAND_LINE_REFUSAL_IDS, COMMAND_LINE_REFUSALS, refuse_all
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from {{ cookiecutter.package_name }}.config import CONFIG_DIR, register_resolvers
+from {{ cookiecutter.package_name }}.config import CONFIG_DIR
+from {{ cookiecutter.package_name }}.config.objects import register_resolvers
 from {{ cookiecutter.package_name }}.engine.training import check_settings_read
 from {{ cookiecutter.package_name }}.errors import ConfigError
 

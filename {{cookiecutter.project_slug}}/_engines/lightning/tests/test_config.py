@@ -10,7 +10,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import OmegaConf, open_dict
 
-from {{ cookiecutter.package_name }}.config import CONFIG_DIR, check_overrides, check_strategy_settings, register_resolvers
+from {{ cookiecutter.package_name }}.config import CONFIG_DIR
+from {{ cookiecutter.package_name }}.config.objects import register_resolvers
+from {{ cookiecutter.package_name }}.config.overrides import check_overrides
+from {{ cookiecutter.package_name }}.config.settings import check_strategy_settings
 from {{ cookiecutter.package_name }}.engine.training import check_checkpoint_path
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP

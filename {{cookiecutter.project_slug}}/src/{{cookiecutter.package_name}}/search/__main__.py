@@ -35,7 +35,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from optuna.trial import TrialState
 
-from ..config import CONFIG_DIR, check_group_choices, check_overrides, register_resolvers, without_logger
+from ..config import CONFIG_DIR
+from ..config.groups import check_group_choices, without_logger
+from ..config.objects import register_resolvers
+from ..config.overrides import check_overrides
 from ..engine.launching import processes_per_trial, slurm_tasks, trial_command
 from ..errors import ConfigError, fail
 from ..parallel.launcher import free_port

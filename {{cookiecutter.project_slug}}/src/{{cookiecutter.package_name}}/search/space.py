@@ -18,7 +18,8 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ..config import CONFIG_DIR, wrong_type
+from ..config import CONFIG_DIR
+from ..config.settings import wrong_type
 from ..errors import ConfigError
 
 SPACES_DIR = CONFIG_DIR / "search"

@@ -20,7 +20,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch import nn
 
-from ..config import build_object
+from ..config.objects import build_object
 from ..data.loading import Data, first_sample, not_logits
 from ..engine.launching import DP_GATHERS_OUTPUTS
 from ..errors import ConfigError

@@ -1,8 +1,8 @@
 """Checks of the doctor's and the bench's own settings (doctor.*, bench.*), made before anything is measured or
 written: a bad value is a ConfigError, one line that names the setting, the value as given and what is valid.
 
-The command line's type check (config.check_overrides) knows a setting's type from its default only: a list, or a
-setting whose default is null, takes any value there, and is checked here. A bare number where a list is wanted
+The command line's type check (config/settings.py) knows a setting's type from its default only: a list, or a setting
+whose default is null, takes any value there, and is checked here. A bare number where a list is wanted
 (`bench.devices=2`) is refused with the list to give instead (`[2]`): no setting of the template takes one as a list.
 """
 

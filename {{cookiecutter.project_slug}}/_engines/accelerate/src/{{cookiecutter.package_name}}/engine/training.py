@@ -19,8 +19,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from ..config import CONFIG_DIR, LIGHTNING_TRAINER_ONLY, interpolations, is_read, leaves
-from ..config import build_object as build
+from ..config import CONFIG_DIR
+from ..config.objects import build_object as build
+from ..config.settings import LIGHTNING_TRAINER_ONLY, interpolations, is_read, leaves
 from ..data.loading import (
     batches_per_epoch,
     check_epoch_batches,

@@ -11,7 +11,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from torch import nn
 
-from ..config import build_object
+from ..config.objects import build_object
 from ..data.loading import batches_per_epoch
 from ..errors import ConfigError, located
 from ..models.activation_checkpointing import checkpoint_blocks

@@ -21,7 +21,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 from torch.multiprocessing.spawn import ProcessRaisedException
 
-from ..config import build_object
+from ..config.objects import build_object
 from ..data.loading import (
     batches_per_epoch,
     check_epoch_batches,

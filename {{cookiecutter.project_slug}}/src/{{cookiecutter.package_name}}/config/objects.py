@@ -1,0 +1,67 @@
+"""The resolvers the YAML files use, and objects built from config nodes with a one-line error naming what the class
+takes."""
+
+import difflib
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from hydra.errors import InstantiationException
+from hydra.utils import get_object, instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from ..data.files import resolve as data_files
+from ..data.streaming_shapes import streamed_shapes
+from ..errors import ConfigError, not_importable
+from ..parallel.launcher import default_run_id
+from ..runtime.metrics import best_mode
+from ..tracking.wandb_run import wandb_mode
+
+
+def register_resolvers() -> None:
+    resolvers = {
+        "default_run_id": default_run_id,
+        "wandb_mode": wandb_mode,
+        "data_files": data_files,
+        "data_streaming": streamed_shapes,
+        "best_mode": best_mode,
+    }
+    for name, resolver in resolvers.items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, resolver)
+
+
+def build_object(node: DictConfig, *, bad_arguments: tuple[type[Exception], ...] = (), **kwargs: Any) -> Any:
+    """hydra.utils.instantiate, with a bad argument (ValueError, TypeError or one of `bad_arguments`), a target
+    that does not import, or a package it asks for that is not installed (ImportError: e.g. Lightning's
+    trainer.accelerator=tpu without torch_xla) reported as a ConfigError instead of a traceback."""
+    try:
+        return instantiate(node, **kwargs)
+    except InstantiationException as err:
+        cause = err.__cause__
+        if isinstance(cause, ConfigError):  # the object's own refusal says what is valid
+            raise cause from err
+        if (unimportable := not_importable(err)) is not None:  # e.g. data.dataset._target_=my_pkg.Typo
+            raise unimportable from err
+        if isinstance(cause, (ValueError, TypeError, ImportError, *bad_arguments)):
+            raise ConfigError(f"{node.get('_target_', 'config')}: {cause}{_arguments_taken(node, cause)}") from err
+        raise
+
+
+def named_arguments(function: Callable[..., Any]) -> list[str]:
+    """The arguments `function` takes by name (not *args, **kwargs)."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [name for name, p in inspect.signature(function).parameters.items() if p.kind in kinds]
+
+
+def _arguments_taken(node: DictConfig, cause: Exception) -> str:
+    """For "got an unexpected keyword argument 'X'": the arguments the class takes, and the nearest to X."""
+    unexpected = str(cause).partition("unexpected keyword argument ")[2].strip("'\"")
+    try:
+        names = named_arguments(get_object(node._target_))
+    except (AttributeError, TypeError, ValueError, ImportError):
+        return ""
+    if not unexpected or not names:
+        return ""
+    near = difflib.get_close_matches(unexpected, names, n=1, cutoff=0.75)
+    return f"; it takes {', '.join(names)}" + (f" (did you mean {near[0]}?)" if near else "")
