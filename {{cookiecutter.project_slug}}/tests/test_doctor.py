@@ -178,6 +178,13 @@ def test_a_key_added_to_the_doctors_settings_is_refused():
         check_overrides(["+doctor.allreduce.size=1"], "doctor")
 
 
+def test_a_net_with_nothing_to_train_is_refused_before_anything_is_measured():
+    """A net without trainable parameters (a frozen one, nn.Identity): the doctor's timed step was a traceback, an
+    empty run folder left behind."""
+    with pytest.raises(ConfigError, match=r"model.net Identity has no trainable parameters \(none, or every one"):
+        model_facts(config("model.net._target_=torch.nn.Identity"), 8, [], "32-true")
+
+
 def test_activations_are_sized_at_the_precision_training_uses():
     """bf16-mixed saves activations and outputs in 16 bits: half of 32-true's; weights, gradients and optimizer
     state stay fp32. The step is timed under the same autocast."""

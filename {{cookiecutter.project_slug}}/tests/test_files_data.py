@@ -383,6 +383,15 @@ def test_data_a_training_cannot_use_is_refused_before_it_starts(tmp_path):
     one_per_process = Data(partial(tensors, lengths, y[:3]), splits=["train", "val"])
     pooled = lambda: nn.Sequential(nn.Linear(12, CLASSES), MeanOverPositions())  # noqa: E731
     check_output(on_meta(pooled), one_per_process, cross_entropy, micro_batch_size=1)  # collate stacks one sample
+    # BatchNorm trained on one sample per micro-batch, a net with nothing to train: tracebacks at the first step
+    normed = lambda: nn.Sequential(nn.Linear(12, 8), nn.BatchNorm1d(8), nn.Linear(8, CLASSES))  # noqa: E731
+    plain = Data(partial(tensors, x, y), splits=["train", "val"])
+    check_output(on_meta(normed), plain, cross_entropy, micro_batch_size=2)
+    with pytest.raises(ConfigError, match=r"has BatchNorm, which trains on more than one value per channel, and each"):
+        check_output(on_meta(normed), plain, cross_entropy, micro_batch_size=1)
+    frozen = on_meta(net).requires_grad_(False)
+    with pytest.raises(ConfigError, match=r"model.net Linear has no trainable parameters \(none, or every one frozen"):
+        check_output(frozen, plain, cross_entropy)
     for x_, y_, refusal in refusals:
         data = Data(partial(tensors, x_, y_), splits=["train", "val"])
         if refusal is None:
@@ -393,6 +402,10 @@ def test_data_a_training_cannot_use_is_refused_before_it_starts(tmp_path):
         assert refusal in str(refused.value)
     refusals = [  # (the data, the line); check_input: the net's own weights, each split
         (Data(partial(tensors, x.double(), y)), "x is float64, but the model's weights are float32: return x as"),
+        # float16 in an fp32 training (no autocast), x as lists, text targets: tracebacks at the first step
+        (Data(partial(tensors, x.half(), y)), "x is float16, but the model's weights are float32: return x as float32"),
+        (Data(partial(tensors, x.tolist(), y)), "x is a Python list, which torch's default collate turns into a list"),
+        (Data(partial(tensors, list(x), ["cat"] * 8)), "y is text ('cat'), but the training takes class ids 0 to"),
         (Data(partial(tensors, x, y), splits=["train"]), "data.splits=['train'] has no val: the training needs train "
                                                           "and val (test is optional: data.splits=[train,val])"),
         (Data(lambda split: TensorDataset(x[: 8 * (split != "val")], y[: 8 * (split != "val")])),

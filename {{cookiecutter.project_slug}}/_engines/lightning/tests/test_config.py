@@ -216,6 +216,7 @@ BAD_INPUT = [
         ["+trainer.overfit_batches=2"],
         "trainer.overfit_batches replaces the training's sampler (the global batch over the processes, resumable",
     ),
+    (["trainer.val_check_interval=0"], "trainer.val_check_interval=0 must be a number of training batches (1 or mo"),
     (  # Lightning's ValueError once fit had started: a traceback, and a run folder with a wandb run in it
         ["trainer.val_check_interval=1000"],
         "trainer.val_check_interval=1000 is past the end of an epoch of 32 training batches: give 1 to 32, or "
@@ -264,6 +265,7 @@ BAD_INPUT_IDS = [
     "tensor-parallel-plan-that-changes-the-values",
     "the-same-plan-in-pipeline-stages",
     "overfit-batches",
+    "validation-every-0-batches",
     "validation-past-the-epoch",
     "learning-rate-monitor-without-logger",
     *COMMAND_LINE_REFUSAL_IDS,

@@ -22,6 +22,7 @@ from torch.utils._pytree import tree_map
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, TensorDataset, default_collate
 
 from ..errors import ConfigError, located, said_once
+from ..runtime.optimization import check_trainable
 from ..tracking.wandb_run import is_first_process
 from . import IGNORED, batches_per_epoch
 
@@ -409,8 +410,10 @@ def check_input(net: nn.Module, data: Data) -> None:
     Every submodule with a `check_input(x)` method (gpt.py's token embedding, the MLP's sample size) sees each
     split's first sample, as a batch of one; a net of yours can do the same. A net without an nn.Embedding to read
     token ids takes floating-point samples: integer ones (images stored as uint8) would fail in its first layer, and
-    float64 ones (numpy's default) too, which autocast does not cast (float16 and bfloat16 ones it does); NaN or
-    infinite values made every loss NaN. A training needs the train and val splits, each with samples."""
+    floats of another precision than its weights' too (float64, numpy's default; float16 in an fp32 training, where no
+    autocast casts them); NaN or infinite values made every loss NaN. x as a Python list (torch's collate makes it a
+    list of tensors) and text targets failed at the first step. A training needs the train and val splits, each with
+    samples."""
     if missing := [split for split in ("train", "val") if split not in data.split_names]:
         raise ConfigError(
             f"data.splits={list(data.split_names)} has no {' and '.join(missing)}: the training needs train and val "
@@ -433,13 +436,23 @@ def check_input(net: nn.Module, data: Data) -> None:
                 f"data.dataset {type(dataset).__name__}: an item is {type(sample).__name__}, but the training takes "
                 "(x, y) pairs: return x, y from __getitem__ (x may be a dict or tuple of tensors)"
             )
+        source = data.source(split)
+        if isinstance(sample[1], str | bytes):  # (the metrics' count of targets: an AttributeError's traceback)
+            raise ConfigError(
+                f"{source}: y is text ({sample[1]!r}), but the training takes class ids 0 to classes - 1 (map each "
+                "name to its id) or float values"
+            )
+        if isinstance(sample[0], list) and data.collate_fn is None and not any(map(is_array, sample[0])):
+            raise ConfigError(
+                f"{source}: x is a Python list, which torch's default collate turns into a list of one tensor per "
+                "position: return x as a tensor or numpy array (torch.tensor(x)), or give data.collate_fn"
+            )
         try:
             x = torch.as_tensor(sample[0])[None]
         except (TypeError, ValueError, RuntimeError):  # not an array (e.g. a dict): the net reads it its own way
             continue
         for check in checks:
             check(x)
-        source = data.source(split)
         if not (reads_ids or x.is_floating_point()):
             stored = dataset.tensors[0].dtype if isinstance(dataset, TensorDataset) else x.dtype  # (files: as saved)
             raise ConfigError(
@@ -447,11 +460,12 @@ def check_input(net: nn.Module, data: Data) -> None:
                 "store x as float32 (images scaled to [0, 1], e.g. x.astype(numpy.float32) / 255), or, for token ids, "
                 "train a model that embeds them (model=gpt, or a net of yours with an nn.Embedding)"
             )
-        if x.dtype == torch.float64 and weights not in (None, torch.float64):  # a dtype error at the first step
+        other_float = x.dtype in (torch.float64, torch.float16, torch.bfloat16) and weights not in (None, x.dtype)
+        if other_float:  # a dtype error at the first step
+            wanted = str(weights).removeprefix("torch.")
             raise ConfigError(
-                f"{source}: x is {str(x.dtype).removeprefix('torch.')}, but the model's weights are "
-                f"{str(weights).removeprefix('torch.')}: return x as {str(weights).removeprefix('torch.')} from "
-                "__getitem__ (e.g. x.float())"
+                f"{source}: x is {str(x.dtype).removeprefix('torch.')}, but the model's weights are {wanted}: return "
+                f"x as {wanted} from __getitem__, or store it so (e.g. x.float(), x.astype(numpy.{wanted}))"
             )
         check_finite(source, 0, sample)
 
@@ -474,6 +488,10 @@ LABELS_READ = 64  # the training split's first samples the checks read: finite, 
 LOSS_SHAPE_ERRORS = ("batch_size", "size of tensor", "must match", "same size", "shape")
 
 
+def is_array(value: Any) -> bool:
+    return isinstance(value, torch.Tensor | np.ndarray | Mapping)
+
+
 def check_output(
     net: nn.Module,
     data: Data,
@@ -487,7 +505,9 @@ def check_output(
     or the first training samples (LABELS_READ) hold NaN or infinite values or, without data.collate_fn, differ in
     shape (unless each process's micro-batch, `micro_batch_size`, is one sample). `net` is on the meta device: the
     forward and the loss run on shapes alone (no memory, no compute), on the training split's first sample; what the
-    meta device cannot run (shapes that depend on values) is left to the training."""
+    meta device cannot run (shapes that depend on values) is left to the training. Also a net with nothing to train
+    (a traceback at the first backward), and BatchNorm under micro-batches of one sample (one at the first step)."""
+    check_trainable(net)
     data.setup()
     dataset = data.splits.get("train")
     if dataset is None or isinstance(dataset, IterableDataset):
@@ -519,6 +539,8 @@ def check_output(
             ) from None
     finally:
         net.train(training)
+    if logits is not None and micro_batch_size == 1:
+        check_single_sample_training(net, x)
     samples = [dataset[index] for index in range(1, min(len(dataset), LABELS_READ))]
     for index, sample in enumerate(samples, start=1):
         check_finite(data.source("train"), index, sample)
@@ -556,6 +578,26 @@ def check_output(
             f"gives {logits.shape[-1]} classes (0 to {logits.shape[-1] - 1}): set data.num_classes (or the model's "
             "size) to the largest target + 1"
         )
+
+
+def check_single_sample_training(net: nn.Module, x: torch.Tensor) -> None:
+    """A training forward of a batch of one sample on the meta device: BatchNorm refuses one value per channel."""
+    training = net.training
+    try:
+        with torch.no_grad():
+            net.train()(x.to("meta"))
+    except ValueError as error:
+        if "more than 1 value per channel" not in str(error):
+            return
+        raise ConfigError(
+            f"model.net {type(net).__name__} has BatchNorm, which trains on more than one value per channel, and each "
+            "process's micro-batch is one sample here (data.batch_size / processes / trainer.accumulate_grad_batches):"
+            " give a larger data.batch_size, or fewer processes or accumulation steps"
+        ) from None
+    except Exception:  # noqa: BLE001 (what the meta device cannot run: the training runs it)
+        return
+    finally:
+        net.train(training)
 
 
 def check_structured_output(

@@ -21,6 +21,15 @@ OptimizerFactory = Callable[..., torch.optim.Optimizer]
 SchedulerFactory = Callable[..., LRScheduler]  # configs/scheduler/: (optimizer, total_steps=...) -> the schedule
 
 
+def check_trainable(net: nn.Module) -> None:
+    """Refuse a net with nothing to train (a traceback at the first backward; the doctor's, at its timed step)."""
+    if not any(param.requires_grad for param in net.parameters()):
+        raise ConfigError(
+            f"model.net {type(net).__name__} has no trainable parameters (none, or every one frozen with "
+            "requires_grad=False): the optimizer would have nothing to train"
+        )
+
+
 def check_optimization(cfg: DictConfig, optimizer: OptimizerFactory, schedule: SchedulerFactory) -> None:
     """Refuse, in one line before training, settings torch takes without a word but which train wrongly (a negative
     clipping norm turns descent into ascent, a floor above 1 raises the learning rate) or fail at the first step

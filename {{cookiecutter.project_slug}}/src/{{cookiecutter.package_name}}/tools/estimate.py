@@ -27,6 +27,7 @@ from ..errors import ConfigError
 from ..parallel.batchnorm import uses_batchnorm
 from ..parallel.pipelining import bubble_fraction
 from ..parallel.split import find_split, has_split, layers, matches, pipeline_stage
+from ..runtime.optimization import check_trainable
 
 FP32 = 4
 USABLE = 0.9  # share of a device's memory a plan may fill
@@ -60,6 +61,7 @@ def model_facts(cfg: DictConfig, batch: int, stage_counts: list[int], precision:
     `precision`: a resolved one (precision.resolve_precision), 32-true, bf16-mixed or 16-mixed."""
     with torch.device("meta"):
         net = instantiate(cfg.model.net)
+    check_trainable(net)
     example = example_input(cfg, net, batch)
     scale = 0.5 if precision in ("bf16-mixed", "16-mixed") else 1.0
     stages: dict[int, list[int]] = {}

@@ -86,6 +86,11 @@ def check_validation_interval(interval: int | float, accumulate: int) -> None:
     """A validation, and the best checkpoint saved after it, must fall between optimizer steps: a checkpoint inside
     one has lost the micro-batches' gradients accumulated so far, and a training resumed from it is not the one
     that would have gone on (trainer.val_check_interval counts micro-batches; a fraction of the epoch would too)."""
+    if interval == 0:  # (Lightning's ZeroDivisionError in the first epoch)
+        raise ConfigError(
+            "trainer.val_check_interval=0 must be a number of training batches (1 or more) or a share of the epoch "
+            "above 0.0 and up to 1.0"
+        )
     inside = interval % accumulate if isinstance(interval, int) else interval < 1.0
     if accumulate > 1 and inside:
         raise ConfigError(
