@@ -220,8 +220,8 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
         print(note, file=sys.stderr)
     check_input(net, data)  # e.g. model=gpt with data that is not token ids, or uint8 images
     check_monitor(cfg.checkpoint.monitor, targets_are_values(data))
+    check_activation_checkpointing(net, cfg.activation_checkpointing)  # (before the net's other checks, as Lightning)
     check_output(net, data, loss_fn, micro)  # what the loss can take, for the data's targets (`net` on meta: shapes)
-    check_activation_checkpointing(net, cfg.activation_checkpointing)
     check_optimization(cfg, build(cfg.model.optimizer), build(cfg.scheduler))
     for limit in ("limit_train_batches", "limit_val_batches", "limit_test_batches"):
         check_limit(limit, cfg.trainer[limit])
