@@ -361,6 +361,19 @@ class CountedStream(torch.utils.data.IterableDataset):
         return 4
 
 
+class FloatLength(torch.utils.data.Dataset):
+    """A Dataset whose __len__ gives a float (len() refuses it)."""
+
+    def __init__(self, split: str) -> None:
+        self.split = split
+
+    def __getitem__(self, index: int):
+        return torch.zeros(12), 0
+
+    def __len__(self):
+        return 4.0
+
+
 def test_data_a_training_cannot_use_is_refused_before_it_starts(tmp_path):
     """Each was a traceback at the first step (or a KeyError, an IndexError, litdata's RuntimeError) after the run
     folder was made, or trained without a word: labels of shape (1,) (the loss flattens them, the accuracy broadcast
@@ -389,6 +402,9 @@ def test_data_a_training_cannot_use_is_refused_before_it_starts(tmp_path):
     check_output(on_meta(normed), plain, cross_entropy, micro_batch_size=2)
     with pytest.raises(ConfigError, match=r"has BatchNorm, which trains on more than one value per channel, and each"):
         check_output(on_meta(normed), plain, cross_entropy, micro_batch_size=1)
+    two_arguments = Data(partial(tensors, x, y), splits=["train", "val"], collate_fn=lambda samples, pad: samples)
+    with pytest.raises(ConfigError, match=r"<lambda> fails on a list of one sample \(TypeError: "):
+        check_output(on_meta(net), two_arguments, cross_entropy)  # (a traceback, before)
     frozen = on_meta(net).requires_grad_(False)
     with pytest.raises(ConfigError, match=r"model.net Linear has no trainable parameters \(none, or every one frozen"):
         check_output(frozen, plain, cross_entropy)
@@ -411,6 +427,8 @@ def test_data_a_training_cannot_use_is_refused_before_it_starts(tmp_path):
         (Data(lambda split: TensorDataset(x[: 8 * (split != "val")], y[: 8 * (split != "val")])),
          "data.dataset TensorDataset(split='val') has no samples: give the split data, or leave it out of data.split"),
         (Data(CountedStream), "data.dataset CountedStream is an IterableDataset, which the training reads only"),
+        # a traceback at the first step
+        (Data(FloatLength), "data.dataset FloatLength(split='train'): len() fails ('float' object cannot be interpre"),
     ]  # fmt: skip
     for data, refusal in refusals:
         with pytest.raises(ConfigError) as refused:

@@ -98,6 +98,13 @@ class Data:
             )
         if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
             raise ConfigError(f"data.dataset {name} must be a map-style Dataset (with __len__ and __getitem__)")
+        try:
+            len(dataset)
+        except TypeError as err:  # (a float from __len__: a traceback in the training's first step)
+            raise ConfigError(
+                f"data.dataset {name}(split={split!r}): len() fails ({err}): __len__ must return the number of "
+                "samples, a whole number"
+            ) from None
         return dataset
 
     def first_item(self, split: str) -> Any:
@@ -640,7 +647,13 @@ def targets_are_values(data: Data) -> bool:
 def collated(collate_fn: Callable[[list[Any]], Any], item: Any) -> Any:
     """What `collate_fn` makes of one item: refused in one line unless an (x, y) pair, as the training takes it."""
     name = getattr(collate_fn, "__qualname__", type(collate_fn).__name__)
-    batch = collate_fn([item])
+    try:
+        batch = collate_fn([item])
+    except (TypeError, ValueError, RuntimeError) as err:  # (a traceback after the run folder was made)
+        raise ConfigError(
+            f"data.collate_fn {name} fails on a list of one sample ({type(err).__name__}: {str(err).splitlines()[0]}): "
+            "it takes one argument, the list of (x, y) samples, and returns x, y"
+        ) from None
     if isinstance(batch, Mapping) or not (isinstance(batch, tuple | list) and len(batch) == 2):
         what = f"{len(batch)} items" if isinstance(batch, tuple | list) else f"a {type(batch).__name__}"
         raise ConfigError(
