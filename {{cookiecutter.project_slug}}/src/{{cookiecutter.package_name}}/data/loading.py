@@ -449,7 +449,9 @@ def check_input(net: nn.Module, data: Data) -> None:
                 f"{source}: y is text ({sample[1]!r}), but the training takes class ids 0 to classes - 1 (map each "
                 "name to its id) or float values"
             )
-        if isinstance(sample[0], list) and data.collate_fn is None and not any(map(is_array, sample[0])):
+        inputs = (torch.Tensor, np.ndarray, Mapping)  # (a list of these: several inputs, each collated)
+        listed = isinstance(sample[0], list) and not any(isinstance(part, inputs) for part in sample[0])
+        if listed and data.collate_fn is None:
             raise ConfigError(
                 f"{source}: x is a Python list, which torch's default collate turns into a list of one tensor per "
                 "position: return x as a tensor or numpy array (torch.tensor(x)), or give data.collate_fn"
@@ -493,10 +495,6 @@ SHAPE_ERRORS = (
 LABELS_READ = 64  # the training split's first samples the checks read: finite, of one shape, targets in the classes
 # a loss's words for an output and targets that do not fit each other (torch's cross-entropy and regression losses)
 LOSS_SHAPE_ERRORS = ("batch_size", "size of tensor", "must match", "same size", "shape")
-
-
-def is_array(value: Any) -> bool:
-    return isinstance(value, torch.Tensor | np.ndarray | Mapping)
 
 
 def check_output(

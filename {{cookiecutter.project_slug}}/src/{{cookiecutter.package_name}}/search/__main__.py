@@ -261,10 +261,10 @@ def open_study(
     SQLite would need SQLAlchemy and fails with "database is locked" under concurrent writers on a shared disk."""
     storage = study_storage(settings.study_dir)
     definition = study_definition(settings, params, overrides)
-    check_stored_study(storage, settings, definition)
+    study = check_stored_study(storage, settings, definition)  # (the study to continue, read once)
     try:
-        study = optuna.create_study(
-            study_name=settings.study_name, storage=storage, direction=settings.direction, load_if_exists=True
+        study = study or optuna.create_study(
+            study_name=settings.study_name, storage=storage, direction=settings.direction
         )
     except ValueError as err:
         raise ConfigError(f"study {settings.study_name}: {err}") from None
@@ -294,9 +294,12 @@ def study_definition(settings: Settings, params: list[Param], overrides: list[st
     return json.loads(json.dumps({"space": space, "overrides": overrides, "metric": settings.metric}))
 
 
-def check_stored_study(storage: optuna.storages.BaseStorage, settings: Settings, definition: dict[str, Any]) -> None:
-    """Refuse to continue what the study's folder holds on other terms: another study, another direction (Optuna
-    takes a study again without a word about it), another definition. Writes nothing (check_only runs it too)."""
+def check_stored_study(
+    storage: optuna.storages.BaseStorage, settings: Settings, definition: dict[str, Any]
+) -> optuna.Study | None:
+    """The study the folder holds to continue (None: none yet), refused on other terms: another study, another
+    direction (Optuna takes a study again without a word about it), another definition. Writes nothing (check_only
+    runs it too)."""
     names = optuna.get_all_study_names(storage)
     others = sorted(set(names) - {settings.study_name})
     if others:  # its trial folders would be taken for this study's: the other study's checkpoints, continued
@@ -305,7 +308,7 @@ def check_stored_study(storage: optuna.storages.BaseStorage, settings: Settings,
             f"outputs/search/<study>), or continue that one with search.study={others[0]}"
         )
     if settings.study_name not in names:
-        return
+        return None
     study = optuna.load_study(study_name=settings.study_name, storage=storage)
     started, stored = study.user_attrs.get("definition"), study.direction.name.lower()
     if stored != settings.direction:
@@ -319,6 +322,7 @@ def check_stored_study(storage: optuna.storages.BaseStorage, settings: Settings,
             f"study {settings.study_name} in {settings.study_dir} was started with {changed}; continue it with the "
             "command that started it, or start a new one with search.study=<name>"
         )
+    return study
 
 
 def changed_definition(started: dict[str, Any], now: dict[str, Any]) -> str:
