@@ -851,19 +851,26 @@ def test_exported_wandb_sweep_passes_wandbs_own_schema(search_command, tmp_path,
     # with scipy installed, importing Lightning imports scipy.signal, ~0.5 s more for every training process).
     path = [train_env["PYTHONPATH"], os.environ.get("SWEEPS_SITE")]
     env = dict(train_env, PYTHONPATH=os.pathsep.join(entry for entry in path if entry))
-    check = "import sys, sweeps, yaml; print(sweeps.schema_violations_from_proposed_config(yaml.safe_load(sys.stdin)))"
+    # every file in that one process (each process imports scikit-learn and scipy: CI time)
+    check = (
+        "import sys, sweeps, yaml\n"
+        "for path in sys.argv[1:]:\n"
+        "    print(sweeps.schema_violations_from_proposed_config(yaml.safe_load(open(path))))"
+    )
     # and a key the space adds (+): wandb's parameter names take no +, the command adds it before the agent sets it
     added = {"model.optimizer.lr": {"type": "float", "low": 1e-4, "high": 0.1}, "+model.net.dropout": DROPOUT}
+    sweep_files = []
     for sampler, space in (("grid", None), ("random", None), ("tpe", None), ("random", added)):
-        sweep_file = tmp_path / f"{sampler}.yaml"
+        sweep_files.append(sweep_file := tmp_path / f"{sampler}-{len(sweep_files)}.yaml")
         assert search_command(f"search.sampler={sampler}", "--export-wandb-sweep", str(sweep_file), space=space)[0] == 0
         if space:
             assert yaml.safe_load(sweep_file.read_text())["command"][-2:] == [
                 "+model.net.dropout=0.0",
                 "${args_no_hyphens}",
             ]
-        with sweep_file.open() as sweep:
-            result = subprocess.run([sys.executable, "-c", check], stdin=sweep, env=env, capture_output=True, text=True)
-        if "No module named" in result.stderr:
-            pytest.skip(f"wandb's sweep schema is in `sweeps` (wandb[sweeps]): {result.stderr.splitlines()[-1]}")
-        assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr[-2000:]
+    command = [sys.executable, "-c", check, *map(str, sweep_files)]
+    result = subprocess.run(command, env=env, capture_output=True, text=True)
+    if "No module named" in result.stderr:
+        pytest.skip(f"wandb's sweep schema is in `sweeps` (wandb[sweeps]): {result.stderr.splitlines()[-1]}")
+    violations = result.stdout.splitlines()
+    assert result.returncode == 0 and violations == ["[]"] * len(sweep_files), result.stdout + result.stderr[-2000:]
