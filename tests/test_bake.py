@@ -217,6 +217,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         }
     return shared | {
         f"src/{package}/engine/strategies/sharded_checkpoints.py",
+        f"src/{package}/engine/strategies/spawn.py",
         f"src/{package}/configs/callbacks/checkpoint.yaml",
         f"src/{package}/configs/callbacks/default.yaml",
         f"src/{package}/configs/callbacks/none.yaml",

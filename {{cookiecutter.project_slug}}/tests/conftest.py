@@ -259,6 +259,9 @@ COMMAND_LINE_REFUSALS = [
         "trainer.limit_train_batches=5 makes epochs of 5 micro-batches, which trainer.accumulate_grad_batches=2 does",
     ),
     (["trainer.limit_train_batches=0.0001"], "trainer.limit_train_batches=0.0001 leaves no training batch in an epoch"),
+    # Lightning refused them once the wandb run was made (validation) or after the training (test); Accelerate ran one
+    (["trainer.limit_val_batches=0.01"], "trainer.limit_val_batches=0.01 leaves none of the 4 val batches each"),
+    (["trainer.limit_test_batches=0.1"], "trainer.limit_test_batches=0.1 leaves none of the 4 test batches"),
     # Lightning's words named neither the setting nor what is valid
     (["trainer.devices=two"], "trainer.devices=two is not a device count; valid: 1, 2, ..., or auto (or -1)"),
     (["hydra/launcher=joblib"], "unknown hydra/launcher 'joblib'; valid: basic"),  # Hydra's: ten lines, exit 1
@@ -400,6 +403,8 @@ COMMAND_LINE_REFUSAL_IDS = [
     "lr-a-list",
     "epoch-limit-inside-an-optimizer-step",
     "epoch-limit-of-no-batch",
+    "validation-share-of-no-batch",
+    "test-share-of-no-batch",
     "devices-that-are-not-a-count",
     "hydra-group-choice",
     "accuracy-monitor-of-a-regression",

@@ -296,6 +296,15 @@ class CrashesInTraining(ResidualMLP):
         return super().forward(x)
 
 
+class WithLambda(ResidualMLP):
+    """A net that keeps a lambda (a habit of users): it cannot be pickled, as Lightning's strategy=ddp_spawn pickles
+    the training for its processes (the Accelerate engine's build theirs)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.scale = lambda x: x * 1.0
+
+
 class CtrlCWhileBuilt(ResidualMLP):
     """Ctrl-C while the training starts (built on the device, after the checks on the meta device), before the
     training answers Ctrl-C itself."""

@@ -226,6 +226,12 @@ BAD_INPUT = [
         ["logger=none", "+callbacks.lr._target_=lightning.pytorch.callbacks.LearningRateMonitor"],
         "callbacks.lr (LearningRateMonitor) logs to the logger, and logger=none gives none: give logger=wandb, or",
     ),
+    (  # multiprocessing's traceback at the start of fit, after the run folder and its wandb run
+        ["strategy=ddp_spawn", "trainer.accelerator=cpu", "trainer.devices=2"]
+        + ["model.net._target_=own_models.WithLambda"],
+        "strategy=ddp_spawn pickles the training to send it to the processes it starts, and model.net "
+        "(own_models.WithLambda) cannot be pickled (Can't pickle local object 'WithLambda.__init__.<locals>.<lambda>')",
+    ),
     *COMMAND_LINE_REFUSALS,  # (conftest: the same in both engines)
 ]
 BAD_INPUT_IDS = [
@@ -268,6 +274,7 @@ BAD_INPUT_IDS = [
     "validation-every-0-batches",
     "validation-past-the-epoch",
     "learning-rate-monitor-without-logger",
+    "spawn-of-a-net-it-cannot-pickle",
     *COMMAND_LINE_REFUSAL_IDS,
 ]
 

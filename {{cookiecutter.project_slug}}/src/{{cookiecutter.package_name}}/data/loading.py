@@ -803,6 +803,22 @@ def check_epoch_batches(limit: int | float | None, batches: int, accumulate: int
         )
 
 
+def check_evaluation_batches(data: Data, replicas: int, limits: Mapping[str, Any]) -> None:
+    """A share of the val or test batches (trainer.limit_val_batches, limit_test_batches: 0.0 to 1.0) that leaves
+    none of the batches each process evaluates. Lightning refuses it when it gets there, once a wandb run is
+    created (validation) or after the training (test); both engines refuse it before anything starts."""
+    for split, limit in limits.items():
+        if not isinstance(limit, float) or not 0 < limit < 1 or split not in data.split_names:
+            continue
+        batches = len(data.loader(split, replicas))
+        if int(batches * limit) == 0:
+            raise ConfigError(
+                f"trainer.limit_{split}_batches={limit} leaves none of the {batches} {split} batches each process "
+                f"evaluates: give a share of at least {1 / batches:.3g}, a number of batches (1 or more), or 0 to "
+                f"skip {'validation' if split == 'val' else 'the test'}"
+            )
+
+
 def global_batch_size(micro_batch_size: int, replicas: int, accumulate: int = 1) -> int:
     """The global batch (data.batch_size) of micro-batches of `micro_batch_size` samples on each replica."""
     return micro_batch_size * batch_parts(replicas, accumulate)

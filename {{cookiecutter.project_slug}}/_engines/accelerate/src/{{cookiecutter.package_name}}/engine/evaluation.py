@@ -47,12 +47,12 @@ def evaluate(
 
 
 def batches(limit: int | float | None, available: int) -> int:
-    """How many of a loader's batches a limit lets through, as Lightning counts them: a float is a share (at least
-    one batch if it is above 0), an int a count."""
+    """How many of a loader's batches a limit lets through, as Lightning counts them: a float is a share (one that
+    leaves none is refused before the training: data.loading.check_evaluation_batches), an int a count."""
     if limit is None:
         return available
     if isinstance(limit, float):
-        return max(int(available * limit), 1 if limit > 0 else 0)
+        return int(available * limit)
     return min(limit, available)
 
 

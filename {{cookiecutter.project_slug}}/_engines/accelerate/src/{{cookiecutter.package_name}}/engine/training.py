@@ -25,6 +25,7 @@ from ..config.settings import LIGHTNING_TRAINER_ONLY, interpolations, is_read, l
 from ..data.loading import (
     batches_per_epoch,
     check_epoch_batches,
+    check_evaluation_batches,
     check_input,
     check_output,
     check_position,
@@ -225,6 +226,8 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     check_optimization(cfg, build(cfg.model.optimizer), build(cfg.scheduler))
     for limit in ("limit_train_batches", "limit_val_batches", "limit_test_batches"):
         check_limit(limit, cfg.trainer[limit])
+    tested = cfg.trainer.limit_test_batches if cfg.test_after_fit else None
+    check_evaluation_batches(data, replicas, {"val": cfg.trainer.limit_val_batches, "test": tested})
     if (limit := cfg.trainer.limit_train_batches) is not None:
         whole = len(data.loader("train", replicas, accumulate=accumulation(cfg)))  # (whole optimizer steps)
         check_epoch_batches(limit, batches_per_epoch(whole, limit), accumulation(cfg))

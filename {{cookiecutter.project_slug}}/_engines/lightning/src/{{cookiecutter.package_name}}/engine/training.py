@@ -25,6 +25,7 @@ from ..config.objects import build_object
 from ..data.loading import (
     batches_per_epoch,
     check_epoch_batches,
+    check_evaluation_batches,
     check_input,
     check_output,
     check_position,
@@ -76,6 +77,7 @@ from .strategies import (
     device_layout,
     model_init_context,
 )
+from .strategies.spawn import check_picklable
 
 # Lightning reports a bad Trainer argument as MisconfigurationException: a refused config too.
 build = functools.partial(build_object, bad_arguments=(MisconfigurationException,))
@@ -312,6 +314,8 @@ def check_model_and_data(
         batches = batches_per_epoch(len(loader), trainer.limit_train_batches)
         check_epoch_batches(trainer.limit_train_batches, batches, trainer.accumulate_grad_batches)
         check_validation_in_epoch(trainer, batches)
+    evaluated = {"val": trainer.limit_val_batches, "test": trainer.limit_test_batches if cfg.test_after_fit else None}
+    check_evaluation_batches(datamodule.data, data_parallel_size(trainer), evaluated)
     check_input(model.net, datamodule.data)  # e.g. model=gpt with data that is not token ids, or uint8 images
     check_monitor(cfg.checkpoint.monitor, targets_are_values(datamodule.data))
     with torch.device("meta"):  # what the loss can take, for the data's targets: a forward on shapes alone
@@ -324,6 +328,10 @@ def check_model_and_data(
         check_layer_devices(model.net, first_input(datamodule.data), len(trainer.strategy.devices))
     if tensor_parallel > 1:  # (model_parallel, pipeline) a plan that changes what the net computes?
         check_plan_values(lambda: build(cfg.model.net), first_sample(datamodule.data), tensor_parallel)
+    if preset(cfg) == "ddp_spawn":  # its processes receive the training pickled: can they?
+        dataset = (cfg.data.get("dataset") or {}).get("_target_") or cfg.data._target_
+        parts = {f"model.net ({cfg.model.net._target_})": model.net, f"data ({dataset})": datamodule, "model": model}
+        check_picklable(parts | {getattr(c, "setting", type(c).__name__): c for c in trainer.callbacks})
 
 
 def check_checkpoint_path(path: Path) -> None:
