@@ -145,6 +145,8 @@ BAD = {
     "shapes": ({"val.pt": {"x": np.zeros((10, 3, 5))}}, "val.pt: samples are shaped x [3, 5], y []; train.npz's are"),
     "two formats": ({"train.pt": {}}, "train.npz: train.pt is there too; keep one train file"),
     "not an archive": ({"val.pt": "garbage"}, "val.pt: cannot be read"),
+    "labels far apart": ({"train.npz": {"y": np.arange(10) * 10**6}},  # (a head of 9 000 001 outputs)
+                         "the labels are 10 distinct ids from 0 to 9000000, and each id up to the largest is a class"),
     "uint8 images": ({"train.npz": {"x": np.zeros((10, *SHAPE), dtype=np.uint8)}},
                      "train.npz: x is uint8, but the model takes floating-point samples: store x as float32"),
 }  # fmt: skip

@@ -23,6 +23,7 @@ from . import IGNORED
 FORMATS = (".npz", ".pt")
 CHUNK = 65536  # samples checked at a time for NaN or infinite values
 NARROW_INTEGERS = (torch.uint8, torch.int8, torch.int16, torch.uint16, torch.uint32)
+SPARSE_FROM = 100_000  # classes (largest label + 1) from which the labels are checked for ids far apart
 
 
 class FilesDataset(TensorDataset):
@@ -59,7 +60,7 @@ def _describe(dir: str) -> dict:
     if not Path(dir).is_dir():
         raise ConfigError(f"{dir}: not a directory (data.dir must hold train and val, .npz or .pt)")
     splits = ["train", "val"] + (["test"] if _candidates(dir, "test") else [])
-    shape, classes = None, 0
+    shape, classes, labels = None, 0, []
     for split in splits:
         path = split_file(dir, split)
         x, y = read_split(path)
@@ -74,7 +75,23 @@ def _describe(dir: str) -> dict:
         classes = max(classes, largest(y) + 1)
         if not x.is_floating_point() and x.shape == y.shape:  # token sequences (model=gpt): x's ids are classes too
             classes = max(classes, largest(x) + 1)
+        elif classes > SPARSE_FROM:
+            labels.append(torch.unique(y))
+    if labels:
+        labels = torch.unique(torch.cat(labels))
+        check_labels_numbered(labels[labels != IGNORED], classes, dir)
     return {"num_features": math.prod(shape), "sample_shape": list(shape), "num_classes": classes, "splits": splits}
+
+
+def check_labels_numbered(labels: torch.Tensor, classes: int, dir: str) -> None:
+    """Labels that are ids far apart (raw category codes, say), not classes numbered from 0: one output per id up to
+    the largest made a head of millions of outputs for a few classes (a training killed for its memory)."""
+    if len(labels) * 100 < classes:
+        raise ConfigError(
+            f"{dir}: the labels are {len(labels)} distinct ids from {int(labels[0])} to {classes - 1}, and each id up "
+            f"to the largest is a class: the net's head would have {classes} outputs. Number the classes 0 to "
+            f"{len(labels) - 1} in the files (np.unique(y, return_inverse=True) gives the new labels)"
+        )
 
 
 def largest(x: torch.Tensor) -> int:
