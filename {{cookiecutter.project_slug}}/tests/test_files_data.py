@@ -476,6 +476,15 @@ def test_the_loss_is_checked_on_what_the_net_gives_for_the_datas_targets():
     )
     check_output(on_meta(lambda: nn.Sequential(nn.Linear(12, 1), nn.Flatten(0))), data, F.mse_loss)
     check_output(on_meta(lambda: nn.Linear(12, 1)), Data(partial(values, shape=(1,)), splits=["train"]), F.mse_loss)
+    one_hot = Data(partial(values, shape=(CLASSES,)), splits=["train"])  # torch's words spoke of batch sizes
+    with pytest.raises(ConfigError) as refused:
+        check_output(on_meta(lambda: nn.Linear(12, CLASSES)), one_hot, cross_entropy)
+    assert str(refused.value).startswith(
+        "the loss cannot train model.net Linear on this data (output (5,) per sample, targets (5,) float32): targets "
+        "shaped as the output are one-hot rows or class probabilities, not class indices; the template's loss "
+    )
+    soft_labels = lambda logits, y: -(y * logits.log_softmax(-1)).sum(-1).mean()  # noqa: E731 (a loss of yours)
+    check_output(on_meta(lambda: nn.Linear(12, CLASSES)), one_hot, soft_labels)
 
 
 def test_a_regression_target_of_minus_100_counts_in_the_metrics():

@@ -704,8 +704,15 @@ def check_loss(
                 if values_for_classes
                 else "make the model's output and the loss fit the targets (docs/your-model.md)"
             )
+            if y.is_floating_point() and y.shape == output.shape:  # torch's words spoke of batch sizes
+                message = "targets shaped as the output are one-hot rows or class probabilities, not class indices"
+                hint = (
+                    "the template's loss (cross-entropy over class indices) takes integer labels: store y as integers "
+                    "(y.argmax(-1) of one-hot rows), or train soft labels with a loss of yours (docs/your-model.md)"
+                )
             raise ConfigError(
-                f"the loss cannot train model.net {name} on this data ({pair}): {message.splitlines()[0]}; {hint}"
+                f"the loss cannot train model.net {name} on this data ({pair}): "
+                f"{message.splitlines()[0].rstrip('.')}; {hint}"
             ) from None
     if any("different to the input size" in str(warning.message) for warning in warned):
         raise ConfigError(
