@@ -145,6 +145,7 @@ BAD = {
     "shapes": ({"val.pt": {"x": np.zeros((10, 3, 5))}}, "val.pt: samples are shaped x [3, 5], y []; train.npz's are"),
     "two formats": ({"train.pt": {}}, "train.npz: train.pt is there too; keep one train file"),
     "not an archive": ({"val.pt": "garbage"}, "val.pt: cannot be read"),
+    "numpy in a .pt": ({"val.pt": {"numpy": True}}, "val.pt: cannot be read: it pickles numpy._core.multiarray."),
     "labels far apart": ({"train.npz": {"y": np.arange(10) * 10**6}},  # (a head of 9 000 001 outputs)
                          "the labels are 10 distinct ids from 0 to 9000000, and each id up to the largest is a class"),
     "uint8 images": ({"train.npz": {"x": np.zeros((10, *SHAPE), dtype=np.uint8)}},
@@ -167,6 +168,8 @@ def bad_folder(root: Path, changes: dict) -> Path:
         arrays = {key: value for key, value in arrays.items() if value is not None}
         if name.endswith(".npz"):
             np.savez(root / name, **arrays)
+        elif arrays.pop("numpy", False):  # the arrays as they are: numpy's, pickled
+            torch.save(arrays, root / name)
         else:
             torch.save({key: torch.as_tensor(value) for key, value in arrays.items()}, root / name)
     return root

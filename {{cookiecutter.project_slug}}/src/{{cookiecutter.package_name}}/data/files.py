@@ -11,6 +11,7 @@ samples are refused by data.check_input unless the model reads token ids (it kno
 
 import functools
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -137,7 +138,13 @@ def read_split(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
             arrays = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
             names = list(arrays) if isinstance(arrays, dict) else []
     except Exception as err:  # not an archive, pickled objects, a truncated file, ...
-        raise ConfigError(f"{path}: cannot be read ({type(err).__name__}: {err})") from err
+        if found := re.search(r"Unsupported global: GLOBAL (\S+)", str(err)):  # torch's words: a page on weights_only
+            raise ConfigError(
+                f"{path}: cannot be read: it pickles {found.group(1)} (numpy arrays, say), which torch.load reads only "
+                "from a file you trust (weights_only=False); save x and y as tensors (torch.save({'x': "
+                "torch.as_tensor(x), 'y': torch.as_tensor(y)}, path)) or as .npz (np.savez)"
+            ) from None
+        raise ConfigError(f"{path}: cannot be read ({type(err).__name__}: {str(err).splitlines()[0]})") from err
     if not isinstance(arrays, dict) or not {"x", "y"} <= set(arrays):
         raise ConfigError(f"{path}: needs x and y; it has {', '.join(map(str, names)) or 'neither'}")
     x, y = arrays["x"], arrays["y"]
