@@ -71,6 +71,7 @@ def passed_count(output: str) -> int:
 # tests/README.md) and ~75 s from the second: the search's other neutral tests (45 s) moved to the first.
 NEUTRAL_IN_THE_SECOND_SUITE = [
     "tests/test_search.py::test_a_trial_stopped_with_the_search_stays_running_in_the_study",
+    "tests/test_search.py::test_a_grid_point_the_training_refuses_is_not_queued_again",
 ]
 
 

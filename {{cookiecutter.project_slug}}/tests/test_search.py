@@ -201,6 +201,23 @@ def test_grid_enumerates_its_grid_two_trials_at_a_time_one_wandb_run_each(search
 
 @pytest.mark.slow
 @pytest.mark.engine_neutral
+def test_a_grid_point_the_training_refuses_is_not_queued_again(search):
+    """A refusal is the point's (exit 2, before training): the grid went on queueing it until 3 had failed in a row."""
+    space = {"model.net.depth": {"type": "categorical", "choices": [1, 0]}}  # (the search checks the first point)
+    result = search("search.sampler=grid", "logger=none", *TINY, "trainer.max_epochs=1", space=space, study="refused")
+    trials = result.trials()
+    assert sorted((t.params["model.net.depth"], t.state) for t in trials) == [
+        (0, TrialState.FAIL),
+        (1, TrialState.COMPLETE),
+    ], "each point once"
+    (refused,) = result.trials(TrialState.FAIL)
+    assert refused.user_attrs["refused"]
+    said = f"trial {refused.number} failed (exit code 2: the training refused its parameters): error: model.net.depth=0"
+    assert f"{said} must be a whole number >= 1; log: " in result.output
+
+
+@pytest.mark.slow
+@pytest.mark.engine_neutral
 def test_a_killed_search_continues_to_the_total_without_repeating_finished_trials(search, tmp_path):
     """SIGKILLed during its second trial: that trial's training dies with it (search/guard.py), and the search started
     again marks the trial failed, runs its parameters again and none of the finished ones."""

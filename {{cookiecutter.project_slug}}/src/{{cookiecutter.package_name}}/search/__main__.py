@@ -407,15 +407,17 @@ def trials_to_run(study: optuna.Study, settings: Settings, grid: dict | None) ->
 
 
 def queue_grid_points(study: optuna.Study, grid: dict[str, list[Any]], seed: int, count: int) -> None:
-    """Queue the grid's points that no trial has finished, is training or waits for, in the seed's order, until
-    `count` trials wait. By hand (Optuna's GridSampler maps shuffled point numbers that change with its seed, counts a
-    failed point as done, and fails on a queued trial: a continued search trained a point twice and another never).
-    The baseline is none of the grid's points, even where its values are one's."""
+    """Queue the grid's points that no trial has finished, is training or waits for, or had refused by the training
+    (the same point would be refused again), in the seed's order, until `count` trials wait. By hand (Optuna's
+    GridSampler maps shuffled point numbers that change with its seed, counts a failed point as done, and fails on a
+    queued trial: a continued search trained a point twice and another never). The baseline is none of the grid's
+    points, even where its values are one's."""
     keys = sorted(grid)
     points = list(itertools.product(*(grid[key] for key in keys)))
     random.Random(seed).shuffle(points)  # several trials at once, or fewer trials than points: spread out
     active = study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.RUNNING, TrialState.WAITING))
-    taken = {grid_point(trial, keys) for trial in active if not trial.user_attrs.get("baseline")}
+    refused = [t for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)) if t.user_attrs.get("refused")]
+    taken = {grid_point(trial, keys) for trial in [*active, *refused] if not trial.user_attrs.get("baseline")}
     waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
     for point in [point for point in points if point not in taken][: max(0, count - waiting)]:
         study.enqueue_trial(dict(zip(keys, point, strict=True)))

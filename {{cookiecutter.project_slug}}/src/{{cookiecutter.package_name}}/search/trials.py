@@ -18,7 +18,7 @@ from typing import Protocol
 import optuna
 from omegaconf import DictConfig
 
-from ..errors import UNRESOLVED, ConfigError, unresolved
+from ..errors import EXIT_REFUSED, UNRESOLVED, ConfigError, unresolved
 from ..tracking.epoch_metrics import read_epoch_metrics
 
 GUARD = f"{__package__}.guard"  # search/guard.py
@@ -224,6 +224,10 @@ def run_trial(
             RUNNING.discard(process)
     if STOPPING.is_set():  # under n_jobs > 1 this thread would record the stopped trial as failed, its parameters
         threading.Event().wait()  # lost; the search ends the process (os._exit) and the next one runs it again
+    if code == EXIT_REFUSED:  # its parameters: a grid does not queue the point again (it did, until 3 in a row)
+        trial.set_user_attr("refused", True)
+        why = f"exit code {code}: the training refused its parameters"
+        raise TrialFailed(f"trial {trial.number} failed ({why}): {last_error(log)}; log: {log}")
     if code != 0:
         raise TrialFailed(f"trial {trial.number} failed (exit code {code}): {last_error(log)}; log: {log}")
     if not reported:  # every trial would end so: the search stops (it went on until 3 had failed in a row)
