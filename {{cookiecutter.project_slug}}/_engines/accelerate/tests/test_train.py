@@ -63,8 +63,9 @@ def test_evaluation_of_values_is_their_loss_alone():
 
 def test_limit_val_batches_evaluates_that_many_batches_as_lightning_counts_them():
     """trainer.limit_val_batches / limit_test_batches, Lightning's meaning: an int counts batches, a float is a share
-    (at least one batch), 0 none, null all. The first batch's metrics are the first batch's alone."""
-    assert [batches(limit, 10) for limit in (None, 3, 30, 0.25, 0.01, 0.0, 0)] == [10, 3, 10, 2, 1, 0, 0]
+    (rounded down: one that leaves none is refused before training, conftest's rows), 0 none, null all. The first
+    batch's metrics are the first batch's alone."""
+    assert [batches(limit, 10) for limit in (None, 3, 30, 0.25, 0.01, 0.0, 0)] == [10, 3, 10, 2, 0, 0, 0]
     for bad in (-1, 1.5, "all", True):
         with pytest.raises(ConfigError, match="must be a number of batches"):
             check_limit("limit_val_batches", bad)
