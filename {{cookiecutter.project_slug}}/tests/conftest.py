@@ -244,6 +244,17 @@ COMMAND_LINE_REFUSALS = [
         ["strategy=fsdp", "model.net._target_=own_models.LearnedTemperature"],
         "strategy=fsdp shards the parameters with torch's FSDP2, which cannot shard the 0-dim parameter temperature:",
     ),
+    (  # DDP's RuntimeError in every process after the run folder (FSDP: a traceback of the check below); check_only
+        # passed it. single and dp size it at the first step.
+        ["strategy=ddp", "model.net._target_=own_models.LazyFirstLayer"],
+        "model.net LazyFirstLayer's embed.weight (LazyLinear) has no size until the net's first forward, and "
+        "strategy=ddp takes the net before it: give the layer its sizes",
+    ),
+    (
+        ["strategy=fsdp", "model.net._target_=own_models.LazyFirstLayer"],
+        "model.net LazyFirstLayer's embed.weight (LazyLinear) has no size until the net's first forward, and "
+        "strategy=fsdp takes",
+    ),
     (["logger=none", "+logger.tags=[a]"], "+logger.tags: logger=none has no logger to take it; a logger of your own"),
     # a traceback (torch's manual_seed, numpy's seed) after the run folder was made; a run folder outside outputs/
     (["seed=1.5"], "seed=1.5 must be a whole number from 0 to 4294967295 (the default is 42)"),
@@ -394,6 +405,8 @@ COMMAND_LINE_REFUSAL_IDS = [
     "dataset-whose-files-are-not-there",
     "layers-of-a-forward-that-skips-across-devices",
     "fsdp-of-a-0-dim-parameter",
+    "ddp-of-a-lazy-layer",
+    "fsdp-of-a-lazy-layer",
     "add-a-key-to-no-logger",
     "seed-not-whole",
     "run-id-outside-the-outputs",

@@ -400,6 +400,14 @@ class LearnedTemperature(ResidualMLP):
         return super().forward(x) / self.temperature
 
 
+class LazyFirstLayer(ResidualMLP):
+    """The template's net with a first layer that takes its input size from the first forward (nn.LazyLinear)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.embed = nn.LazyLinear(self.embed.out_features)
+
+
 class TwoTowers(nn.Module):
     """x's two halves through a tower each (a two-tower model's), then one head: a Split of its towers serves fsdp
     and layers, but running them one after another (a pipeline's chain) fails."""

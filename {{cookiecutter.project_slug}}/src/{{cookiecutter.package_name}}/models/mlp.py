@@ -9,6 +9,7 @@ layer and pipeline parallelism cut the stack between blocks (see parallel/split.
 import torch
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+from torch.nn.parameter import is_lazy
 
 from ..errors import ConfigError
 from ..parallel.split import Split, register_split
@@ -72,7 +73,7 @@ class ResidualMLP(nn.Module):
                 f"the classifier's MLP takes each sample as a vector, the data's are of shape {tuple(x.shape[1:])}: "
                 "flatten them (data=files: data.flatten=true), or use a model of yours that takes that shape"
             )
-        if x.shape[1] != self.embed.in_features:
+        if x.shape[1] != self.embed.in_features and not is_lazy(self.embed.weight):  # (a LazyLinear sizes itself)
             raise ConfigError(
                 f"the data's samples have {x.shape[1]} values, the model takes {self.embed.in_features} "
                 f"(model.net.in_features, which reads data.num_features): set data.num_features={x.shape[1]}"

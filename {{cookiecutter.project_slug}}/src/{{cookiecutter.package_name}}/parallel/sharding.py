@@ -25,6 +25,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.nn.parameter import is_lazy
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves, tree_map_only
 from torch.utils.hooks import RemovableHandle
@@ -223,6 +224,25 @@ def check_fsdp(model: nn.Module, processes: int, settings: FsdpSettings) -> None
         fsdp_units(net)  # every layer the split names exists
     check_no_scalar_parameters(net, "fsdp")
     settings.check(processes)
+
+
+WRAPPED_BEFORE_THE_FIRST_FORWARD = ("ddp", "ddp_spawn", "fsdp", "model_parallel", "pipeline")
+
+
+def check_sized_parameters(net: nn.Module, preset: str) -> None:
+    """A lazy module's parameters (nn.LazyLinear's, ...) get their size at the net's first forward; DDP, FSDP2 and
+    the model-splitting presets take the net before it (a traceback in every process after the run folder was
+    made). single and dp train it: it is sized in the first step."""
+    if preset not in WRAPPED_BEFORE_THE_FIRST_FORWARD:
+        return
+    lazy = next((name for name, param in net.named_parameters() if is_lazy(param)), None)
+    if lazy is not None:
+        module = net.get_submodule(lazy.rpartition(".")[0]) if "." in lazy else net
+        raise ConfigError(
+            f"model.net {type(net).__name__}'s {lazy} ({type(module).__name__}) has no size until the net's first "
+            f"forward, and strategy={preset} takes the net before it: give the layer its sizes (nn.Linear(in_features"
+            ", ...); the data's are data.num_features), or use strategy=single|dp, which size it at the first step"
+        )
 
 
 def check_no_scalar_parameters(net: nn.Module, preset: str) -> None:

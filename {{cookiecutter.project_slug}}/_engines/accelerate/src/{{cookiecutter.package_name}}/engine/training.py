@@ -48,7 +48,7 @@ from ..parallel.batchnorm import (
 from ..parallel.launcher import detect_launcher, die_with_launcher, fit_layout_to_launcher, warn_if_restarts_can_hang
 from ..parallel.plan_values import check_plan_values
 from ..parallel.presets import built_in_preset
-from ..parallel.sharding import check_layer_devices
+from ..parallel.sharding import check_layer_devices, check_sized_parameters
 from ..parallel.split import check_chain
 from ..runtime.async_saves import check_async
 from ..runtime.interrupt import ctrl_c, interrupted, mark_finished, stops_at_once
@@ -201,6 +201,7 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     check_async(cfg.checkpoint.get("async", False), preset, strategy.writes_checkpoint_parts)
     with torch.device("meta"):  # shapes and hooks only: the real net is built in each process
         net = build(cfg.model.net)
+        check_sized_parameters(net, preset)  # (before the preset's own checks, which read the sizes)
         strategy.check_layout(processes, net, cfg)
     if strategy.sync_batchnorm and recovery:
         off = ", or turn it off with oom.recovery=null"

@@ -41,7 +41,7 @@ from ..parallel.batchnorm import accumulation_note, needs_sync, synchronised_mes
 from ..parallel.launcher import detect_launcher, die_with_launcher, fit_layout_to_launcher, warn_if_restarts_can_hang
 from ..parallel.plan_values import check_plan_values
 from ..parallel.presets import built_in_preset
-from ..parallel.sharding import check_layer_devices
+from ..parallel.sharding import check_layer_devices, check_sized_parameters
 from ..parallel.split import check_chain
 from ..runtime.async_saves import check_async
 from ..runtime.checkpoint_files import DCP_INDEX, pickled_keys_include, written_by_torch
@@ -291,6 +291,7 @@ def check_model_and_data(
     cfg: DictConfig, trainer: L.Trainer, model: L.LightningModule, datamodule: L.LightningDataModule
 ) -> None:
     """Everything that can refuse the built trainer, model and data together, and the notes about them."""
+    check_sized_parameters(model.net, preset(cfg))  # (before the presets' own checks, which read the sizes)
     if (note := accumulation_note(model.net, cfg.trainer.accumulate_grad_batches)) and is_first_process():
         print(note, file=sys.stderr)
     unsynchronised = preset(cfg) in ("ddp", "ddp_spawn") and not cfg.trainer.sync_batchnorm
