@@ -15,6 +15,7 @@ from {{ cookiecutter.package_name }}.runtime.interrupt import continue_last
 from {{ cookiecutter.package_name }}.runtime.resuming import (
     check_not_past_the_end,
     check_same_mesh,
+    schedule_length_note,
     starting_point,
     write_mesh,
 )
@@ -218,8 +219,22 @@ def test_a_run_trained_to_its_end_says_so_and_one_past_it_is_refused(tmp_path):
     note = check_not_past_the_end(last, 2, 20, 2, -1)
     assert note == (
         "note: this run has trained to trainer.max_epochs=2 already (20 steps): nothing left to train; to train it "
-        "further, raise the limit"
+        "further, raise the limit (its learning-rate schedule keeps the length it was made for)"
     )
     assert "trainer.max_steps=20 already" in check_not_past_the_end(last, 1, 20, -1, 20)
     with pytest.raises(ConfigError, match="has trained 2 epochs \\(20 steps\\), past trainer.max_epochs=1"):
         check_not_past_the_end(last, 2, 20, 1, -1)
+
+
+def test_a_run_continued_for_longer_says_its_cosine_schedule_keeps_its_length(tmp_path):
+    """Raising trainer.max_steps to train a finished run further went on at the cosine schedule's floor, unsaid."""
+    cosine = {"_target_": "{{ cookiecutter.package_name }}.runtime.optimization.cosine", "warmup_steps": 1}
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(training(**{"trainer.max_steps": 3, "scheduler": cosine})))
+    assert schedule_length_note(tmp_path, training(**{"trainer.max_steps": 3, "scheduler": cosine})) is None
+    assert schedule_length_note(tmp_path, training(**{"trainer.max_steps": 6, "scheduler": cosine})) == (
+        "note: trainer.max_steps: 3 then, 6 now: the run's cosine schedule keeps the length it was made for (the steps "
+        "past it train at its floor, lr x scheduler.min_lr_ratio); for one over the new length, train afresh "
+        "(resume=false)"
+    )
+    constant = {**cosine, "_target_": "{{ cookiecutter.package_name }}.runtime.optimization.constant"}
+    assert schedule_length_note(tmp_path, training(**{"trainer.max_steps": 6, "scheduler": constant})) is None

@@ -96,6 +96,8 @@ def starting_point(run_dir: Path, cfg: DictConfig, last: Path) -> tuple[str | No
     if last.exists() and resume and not ckpt_path:
         check_same_training(run_dir, cfg)
         check_whole(last.resolve(), given=False)
+        if (note := schedule_length_note(run_dir, cfg)) and is_first_process():
+            print(note)
     elif ckpt_path:
         check_loadable(Path(ckpt_path), cfg)
         check_whole(Path(ckpt_path).resolve(), given=True)
@@ -142,7 +144,7 @@ def check_not_past_the_end(
         return None
     return (
         f"note: this run has trained to {' and '.join(reached)} already ({steps} steps): nothing left to train; to "
-        "train it further, raise the limit"
+        "train it further, raise the limit (its learning-rate schedule keeps the length it was made for)"
     )
 
 
@@ -245,6 +247,19 @@ def check_loadable(checkpoint: Path, cfg: DictConfig) -> None:
             f"ckpt_path={checkpoint} was saved by a training that differs from this one in {differ}: give the "
             f"model settings of {run_dir / 'config.yaml'}, or another checkpoint"
         )
+
+
+def schedule_length_note(run_dir: Path, cfg: DictConfig) -> str | None:
+    """A run continued with another length than it was started with: its cosine schedule, in its checkpoints, keeps
+    the length it was made for (the steps past it train at its floor), which nothing said."""
+    if not str((cfg.get("scheduler") or {}).get("_target_", "")).endswith(".cosine"):
+        return None
+    if differ := differences(run_dir / "config.yaml", cfg, ("trainer.max_steps", "trainer.max_epochs")):
+        return (
+            f"note: {differ}: the run's cosine schedule keeps the length it was made for (the steps past it train at "
+            "its floor, lr x scheduler.min_lr_ratio); for one over the new length, train afresh (resume=false)"
+        )
+    return None
 
 
 def differences(saved: Path, cfg: DictConfig, keys: tuple[str, ...]) -> str:
