@@ -205,6 +205,7 @@ def expected_files(package: str, engine: str) -> set[str]:
             f"src/{package}/engine/oom/recovery.py",
             f"src/{package}/engine/strategies/ddp.py",
             f"src/{package}/engine/torchrun.py",
+            f"src/{package}/engine/torchrun_main.py",
             "tests/launchers.py",
             "tests/nets.py",
             "tests/old_layout_run/checkpoints/step-0000003/custom_checkpoint_0.pkl",

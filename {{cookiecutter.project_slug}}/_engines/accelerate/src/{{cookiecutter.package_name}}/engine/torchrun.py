@@ -25,7 +25,8 @@ def start_processes(processes: int, run_dir: Path, run_id: str) -> None:
     in this run folder, which this process holds for them; returns when they end. Ctrl-C, or SIGTERM (`kill PID`),
     is passed on as a Ctrl-C: the processes save and stop (Interrupted). Raises TrainingStopped when one failed (its
     error is in the output above). Restarts (torchrun --max-restarts) and several machines: torchrun itself."""
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
+    main = f"{PACKAGE}.engine.torchrun_main"  # torchrun's, without its traceback of the Ctrl-C it is given
+    torchrun = [sys.executable, "-m", main, "--standalone", f"--nproc-per-node={processes}"]
     here = [f"hydra.run.dir={run_dir}", f"run_id={run_id}"]  # (after the command's: the last value is taken)
     env = {**os.environ, HELD_BY_THE_COMMAND: str(run_dir), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's value, set here: it prints a banner when it sets it
