@@ -2,6 +2,7 @@
 
 import csv
 import json
+import os
 import re
 import subprocess
 import sys
@@ -170,6 +171,18 @@ def test_an_unknown_benchmark_or_mode_is_refused_in_one_line(tmp_path, monkeypat
     with pytest.raises(SystemExit) as exit_:
         main()
     assert exit_.value.code == 2 and "strategy=single trains one: give strategy=ddp" in capsys.readouterr().err
+    assert not run_dir.exists()
+    # What the preset refuses, by the training's own checks: the point of 2 processes failed after the first had run.
+    lazy = ["strategy=ddp", "trainer.accelerator=cpu", "model.net._target_=own_models.LazyFirstLayer"]
+    monkeypatch.setattr(sys, "argv", ["bench", "scaling", *lazy, f"hydra.run.dir={run_dir}"])
+    environment = dict(os.environ)  # (the checks build the training's objects in this process)
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            main()
+    finally:
+        os.environ.clear()
+        os.environ.update(environment)
+    assert exit_.value.code == 2 and "LazyFirstLayer's embed.weight (LazyLinear) has no size" in capsys.readouterr().err
     assert not run_dir.exists()
     monkeypatch.setattr(sys, "argv", ["bench", "memory", "+bench.step=2", f"hydra.run.dir={run_dir}"])  # (read by name)
     with pytest.raises(SystemExit) as exit_:

@@ -30,6 +30,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ from rich.table import Table
 from .config.command_line import run_cli
 from .config.objects import register_resolvers
 from .data.loading import Data
-from .engine.launching import train_command
+from .engine.launching import train_command, trial_command
 from .errors import ConfigError, fail
 from .models.activation_checkpointing import MODES, check_activation_checkpointing
 from .parallel.pipelining import LOOPED, SCHEDULES, bubble_fraction, check_stages_per_process
@@ -97,6 +98,7 @@ def scaling(cfg: DictConfig, overrides: list[str], run_dir: Path, console: Conso
     split = training_split(cfg)  # built once: a dataset of yours may read files for minutes
     check_one_epoch(cfg, {n: cfg.data.batch_size * (n if weak else 1) for n in counts}, split)
     net, parameters, tokens, peak = model_figures(cfg, split)
+    check_largest_point(cfg, preset, max(counts), weak)
     console.print(
         f"bench scaling: strategy={choice}, {'weak' if weak else 'strong'} scaling "
         + (f"(global batch = N x {cfg.data.batch_size})" if weak else f"(global batch {cfg.data.batch_size})")
@@ -182,6 +184,24 @@ def check_settings(cfg: DictConfig) -> None:
     if cfg.bench.peak_tflops is not None:  # (null's default: any text passes the command line's type check)
         peak = "one device's peak TFLOP/s for MFU, e.g. 989; null: the known GPUs' in bf16"
         number("bench.peak_tflops", cfg.bench.peak_tflops, 0, peak, above=True)
+
+
+def check_largest_point(cfg: DictConfig, preset: str, n: int, weak: bool) -> None:
+    """The training's own checks on the config of the point with the most processes, in this process, before any
+    point runs: what the preset refuses (a lazy layer under ddp, a net ddp_spawn cannot pickle) failed that point
+    after the others had trained, leaving their folders."""
+    if n == 1:
+        return
+    from .engine.launching import check_trial  # the engine's training: only now, it takes seconds to import
+
+    trial_command(preset, n)  # what the points' launcher needs (the Accelerate engine's: its launch/ config here)
+
+    point = OmegaConf.create(OmegaConf.to_container(cfg))  # (the bench's own settings left in: the checks skip them)
+    point.trainer.devices, point.logger = n, None
+    point.data.batch_size = cfg.data.batch_size * (n if weak else 1)
+    with warnings.catch_warnings():  # about a training that is not run (each point's own are in its output)
+        warnings.simplefilter("ignore")
+        check_trial(point, preset, n)
 
 
 def check_one_epoch(cfg: DictConfig, batches: dict[int, int], split: Data | None) -> None:

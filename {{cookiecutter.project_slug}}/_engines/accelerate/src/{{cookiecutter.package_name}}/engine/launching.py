@@ -41,11 +41,12 @@ def train_command(
 
 
 def trial_command(preset: str, processes: int) -> list[str]:
-    """The command line that starts one search trial of `preset` over `processes` processes."""
+    """The command line that starts one search trial of `preset` over `processes` processes (the bench checks with it
+    that its points can start)."""
     if preset not in LAUNCHED_PRESETS:
         return [sys.executable, "-m", TRAIN]
     if not LAUNCH_CONFIG.is_file():
-        raise ConfigError(f"strategy={preset} trials are started with {LAUNCH_CONFIG}: run from the project root")
+        raise ConfigError(f"strategy={preset}'s processes are started with {LAUNCH_CONFIG}: run from the project root")
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(LAUNCH_CONFIG)]
     return [*launch, "--num_processes", str(processes), "--main_process_port", str(free_port()), "-m", TRAIN]
 
@@ -77,8 +78,6 @@ def check_trial(cfg: DictConfig, preset: str, processes: int) -> None:
     try:
         check_config(cfg, launched=processes if preset in LAUNCHED_PRESETS else 1)
     except ConfigError as err:
-        if preset in LAUNCHED_PRESETS:  # the training's advice is about launching it; the search launches it
-            raise ConfigError(
-                f"{err}. The search starts each trial's processes itself, trainer.devices={processes} of them"
-            ) from None
+        if preset in LAUNCHED_PRESETS:  # the training's advice is about launching it; the search (bench) launches it
+            raise ConfigError(f"{err}. Its processes are started for it, trainer.devices={processes} of them") from None
         raise
