@@ -343,6 +343,24 @@ class TestRecommendation:
         assert "strategy.mode=layers" in memory_per_device(batchnorm, "model_parallel", 2, 4, 256, 4, "1f1b")[1]
         assert memory_per_device(batchnorm, "fsdp", 1, 4, 256, 4, "1f1b")[0], "one process: BatchNorm over the batch"
 
+    def test_no_preset_that_wraps_a_lazy_layer_before_it_is_sized(self):
+        """A LazyLinear (own_models.LazyFirstLayer): ddp was recommended, whose command the training refuses (the
+        presets that wrap or split the net take it before the first forward sizes the layer)."""
+        cfg = config("model.net._target_=own_models.LazyFirstLayer")
+        lazy = model_facts(cfg, 256, [2], "32-true")
+        assert lazy.lazy == "embed.weight" and default_model().lazy is None
+        plan = OmegaConf.create({"min_speedup": 1.2, "max_nodes": 4})
+        advice = recommend(lazy, 1e12, 4, plan, 256, self.pipe, self.fast, False, [])
+        assert advice["preset"] == "single" and "give that layer its sizes to train on 4" in advice["why"]
+        assert "strategy=single" in advice["command"]
+        for preset in ("ddp", "fsdp", "model_parallel", "pipeline"):
+            nbytes, held = memory_per_device(lazy, preset, 2, 4, 256, 4, "1f1b")
+            assert nbytes is None and "refuse a lazy layer" in held and held.endswith("sizes embed.weight")
+        assert memory_per_device(lazy, "dp", 2, 4, 256, 4, "1f1b")[0], "dp sizes it at the first step"
+        small = 1.05 * self.need("fsdp", 2)  # no replica fits: no preset can shard it either
+        advice = recommend(lazy, small, 4, plan, 256, self.pipe, self.fast, False, [])
+        assert advice["preset"] is None and "(a lazy layer): give the layer its sizes" in advice["why"]
+
     def test_model_parallel_when_fsdp_over_the_node_does_not_fit(self):
         """A tensor-parallel group reads one batch: a batch of 2 does not split over 4 FSDP2 processes, it does over
         a 2 x 2 mesh (the smallest tensor-parallel group that fits)."""

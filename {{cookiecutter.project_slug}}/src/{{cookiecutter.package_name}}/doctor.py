@@ -36,6 +36,7 @@ from .runtime.precision import resolve_precision, use_tensor_cores
 from .tools.estimate import (
     DP_DEVICE_0,
     REFUSES_BATCHNORM,
+    REFUSES_LAZY,
     USABLE,
     ModelFacts,
     dp_memory,
@@ -264,6 +265,10 @@ def recommend(
                 f"the other device counts up to {per_node}: give a multiple of {per_node} to train on all of them"
             )
             return advice("single", 1, 1, why)
+        if need("ddp", data_parallel) is None:  # a lazy layer, which ddp takes the net before the first forward sizes
+            held = memory_per_device(facts, "ddp", data_parallel, per_node, batch, pipe.microbatches, pipe.schedule)[1]
+            why = f"the model fits on one device, and {held}; give that layer its sizes to train on {data_parallel}"
+            return advice("single", 1, 1, why)
         if speed.unknown:
             why = f"a replica fits on each device; ddp's speed-up over one device is not estimated: {speed.unknown}"
             return advice("ddp", data_parallel, 1, why)
@@ -342,6 +347,13 @@ def recommend(
                 f"it needs {nodes} nodes: tensor parallel x{tensor} inside each node, FSDP over {data} replicas"
                 + unknown_links,
             )
+    if facts.lazy:  # more nodes cannot help either: every preset that shards the model refuses a lazy layer
+        return {
+            "preset": None,
+            "why": f"a replica does not fit on one device, and fsdp, model_parallel and pipeline, which would shard "
+            f"it, take the net before its first forward sizes {facts.lazy} (a lazy layer): give the layer its sizes",
+            "command": None,
+        }
     if facts.batchnorm:  # more nodes cannot help: every preset that shards the model refuses BatchNorm
         return {
             "preset": None,
@@ -429,7 +441,8 @@ def show(report: dict[str, Any], console: Console) -> None:
         cells = {row["devices"]: row for row in report["memory"] if row["preset"] == preset}
         table.add_row(preset, *(_size(cells[n]["bytes"]) for n in counts))
     console.print(table)
-    for why in dict.fromkeys(row["holds"] for row in report["memory"] if REFUSES_BATCHNORM in row["holds"]):
+    held = [row["holds"] for row in report["memory"]]
+    for why in dict.fromkeys(why for why in held if REFUSES_BATCHNORM in why or REFUSES_LAZY in why):
         console.print(f"  -: {why}")  # what a "-" means when it is not memory
     if unequal := [row for row in report["memory"] if "other_devices_bytes" in row]:
         row = unequal[-1]

@@ -229,14 +229,18 @@ def check_fsdp(model: nn.Module, processes: int, settings: FsdpSettings) -> None
 WRAPPED_BEFORE_THE_FIRST_FORWARD = ("ddp", "ddp_spawn", "fsdp", "model_parallel", "pipeline")
 
 
+def unsized_parameter(net: nn.Module) -> str | None:
+    """The name of the net's first parameter that a lazy module sizes at the first forward (None: all are sized)."""
+    return next((name for name, param in net.named_parameters() if is_lazy(param)), None)
+
+
 def check_sized_parameters(net: nn.Module, preset: str) -> None:
     """A lazy module's parameters (nn.LazyLinear's, ...) get their size at the net's first forward; DDP, FSDP2 and
     the model-splitting presets take the net before it (a traceback in every process after the run folder was
     made). single and dp train it: it is sized in the first step."""
     if preset not in WRAPPED_BEFORE_THE_FIRST_FORWARD:
         return
-    lazy = next((name for name, param in net.named_parameters() if is_lazy(param)), None)
-    if lazy is not None:
+    if (lazy := unsized_parameter(net)) is not None:
         module = net.get_submodule(lazy.rpartition(".")[0]) if "." in lazy else net
         raise ConfigError(
             f"model.net {type(net).__name__}'s {lazy} ({type(module).__name__}) has no size until the net's first "

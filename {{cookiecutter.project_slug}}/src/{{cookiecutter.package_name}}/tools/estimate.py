@@ -26,12 +26,14 @@ from ..engine.launching import DP_GATHERS_OUTPUTS
 from ..errors import ConfigError
 from ..parallel.batchnorm import uses_batchnorm
 from ..parallel.pipelining import bubble_fraction
+from ..parallel.sharding import WRAPPED_BEFORE_THE_FIRST_FORWARD, unsized_parameter
 from ..parallel.split import find_split, has_split, layers, matches, pipeline_stage
 from ..runtime.optimization import check_trainable
 
 FP32 = 4
 USABLE = 0.9  # share of a device's memory a plan may fill
-REFUSES_BATCHNORM = "refuses BatchNorm"  # a memory row's reason for no figure that is not memory (doctor.show)
+REFUSES_BATCHNORM = "refuses BatchNorm"  # memory rows' reasons for no figure that are not memory (doctor.show)
+REFUSES_LAZY = "refuse a lazy layer"
 
 
 @dataclass
@@ -49,6 +51,7 @@ class ModelFacts:
     batchnorm: bool = False  # fsdp, model_parallel, pipeline and dp over 2+ devices refuse it (parallel/batchnorm.py)
     unused: tuple[str, ...] = ()  # parameters no gradient reaches (an auxiliary head left out): ddp must be told
     chain: bool = True  # the Split's parts run one after another on one tensor (else no pipeline: two towers, a mask)
+    lazy: str | None = None  # a parameter sized at the first forward (LazyLinear's), which the wrapping presets refuse
 
     @property
     def state_bytes(self) -> int:
@@ -62,6 +65,7 @@ def model_facts(cfg: DictConfig, batch: int, stage_counts: list[int], precision:
     with torch.device("meta"):
         net = instantiate(cfg.model.net)
     check_trainable(net)
+    lazy = unsized_parameter(net)  # (before the forwards below size it)
     example = example_input(cfg, net, batch)
     scale = 0.5 if precision in ("bf16-mixed", "16-mixed") else 1.0
     stages: dict[int, list[int]] = {}
@@ -98,6 +102,7 @@ def model_facts(cfg: DictConfig, batch: int, stage_counts: list[int], precision:
         batchnorm=uses_batchnorm(net),
         unused=tuple(name for name, p in net.named_parameters() if p.requires_grad and p.grad is None),
         chain=chain,
+        lazy=lazy,
         sample=example[0],
     )
 
@@ -227,6 +232,9 @@ def memory_per_device(
     grads = facts.parameters * FP32
     if preset == "single":
         return (state + act * batch, "everything") if devices == 1 else (None, "one device only")
+    if facts.lazy and preset in WRAPPED_BEFORE_THE_FIRST_FORWARD:
+        wrapping = ", ".join(WRAPPED_BEFORE_THE_FIRST_FORWARD)  # (one reason for all: the doctor shows it once)
+        return None, f"{wrapping} {REFUSES_LAZY}: they take the net before its first forward sizes {facts.lazy}"
     if facts.batchnorm and (preset in ("model_parallel", "pipeline") or preset in ("fsdp", "dp") and devices > 1):
         layers = " (strategy.mode=layers, one process over a machine's devices, trains it)" * (
             preset == "model_parallel"
