@@ -361,6 +361,22 @@ class TestRecommendation:
         advice = recommend(lazy, small, 4, plan, 256, self.pipe, self.fast, False, [])
         assert advice["preset"] is None and "(a lazy layer): give the layer its sizes" in advice["why"]
 
+    def test_no_fsdp_of_a_0_dim_parameter(self):
+        """A learned temperature (own_models.LearnedTemperature): fsdp was recommended, which FSDP2 cannot shard."""
+        cfg = config("model.net._target_=own_models.LearnedTemperature")
+        scalar = model_facts(cfg, 256, [2, 3, 4], "32-true")
+        assert scalar.scalar == "temperature" and default_model().scalar is None
+        usable = 1.05 * self.need("fsdp", 2)  # no replica fits; fsdp over the node would
+        plan = OmegaConf.create({"min_speedup": 1.2, "max_nodes": 4})
+        advice = recommend(scalar, usable, 4, plan, 256, self.pipe, self.fast, False, [])
+        assert advice["preset"] != "fsdp"
+        assert memory_per_device(scalar, "fsdp", 4, 4, 256, 4, "1f1b") == (
+            None,
+            "fsdp cannot shard the 0-dim parameter temperature (FSDP2)",
+        )
+        assert memory_per_device(scalar, "model_parallel", 4, 4, 256, 4, "1f1b", tensor=2)[0] is None  # dp=2: FSDP2
+        assert memory_per_device(scalar, "model_parallel", 4, 4, 256, 4, "1f1b", tensor=4)[0]  # tensor parallel only
+
     def test_model_parallel_when_fsdp_over_the_node_does_not_fit(self):
         """A tensor-parallel group reads one batch: a batch of 2 does not split over 4 FSDP2 processes, it does over
         a 2 x 2 mesh (the smallest tensor-parallel group that fits)."""

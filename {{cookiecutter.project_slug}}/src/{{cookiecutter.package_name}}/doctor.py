@@ -34,6 +34,7 @@ from .parallel.split import split_blocks
 from .runtime import hardware
 from .runtime.precision import resolve_precision, use_tensor_cores
 from .tools.estimate import (
+    CANNOT_SHARD,
     DP_DEVICE_0,
     REFUSES_BATCHNORM,
     REFUSES_LAZY,
@@ -50,6 +51,7 @@ from .tools.settings import number, number_list, settings_group, whole_number
 register_resolvers()
 
 PRESETS = ("single", "ddp", "dp", "fsdp", "model_parallel", "pipeline")
+NOT_MEMORY = (REFUSES_BATCHNORM, REFUSES_LAZY, CANNOT_SHARD)  # why a preset has no figure in the memory table
 GB = 1e9
 
 
@@ -363,10 +365,12 @@ def recommend(
             "over one machine's devices; not priced here)",
             "command": None,
         }
+    # FSDP2 (fsdp, model_parallel's data parallelism) could have sharded it over more devices, with one dimension more
+    scalar = f" (fsdp could shard it if the 0-dim parameter {facts.scalar} had one dimension)" * bool(facts.scalar)
     return {
         "preset": None,
-        "why": f"it does not fit even on {plan.max_nodes} nodes x {per_node} devices; use a smaller data.batch_size, "
-        "a smaller model, or more nodes (doctor.max_nodes)",
+        "why": f"it does not fit even on {plan.max_nodes} nodes x {per_node} devices{scalar}; use a smaller "
+        "data.batch_size, a smaller model, or more nodes (doctor.max_nodes)",
         "command": None,
     }
 
@@ -442,7 +446,7 @@ def show(report: dict[str, Any], console: Console) -> None:
         table.add_row(preset, *(_size(cells[n]["bytes"]) for n in counts))
     console.print(table)
     held = [row["holds"] for row in report["memory"]]
-    for why in dict.fromkeys(why for why in held if REFUSES_BATCHNORM in why or REFUSES_LAZY in why):
+    for why in dict.fromkeys(why for why in held if any(refusal in why for refusal in NOT_MEMORY)):
         console.print(f"  -: {why}")  # what a "-" means when it is not memory
     if unequal := [row for row in report["memory"] if "other_devices_bytes" in row]:
         row = unequal[-1]

@@ -34,6 +34,7 @@ FP32 = 4
 USABLE = 0.9  # share of a device's memory a plan may fill
 REFUSES_BATCHNORM = "refuses BatchNorm"  # memory rows' reasons for no figure that are not memory (doctor.show)
 REFUSES_LAZY = "refuse a lazy layer"
+CANNOT_SHARD = "cannot shard the 0-dim parameter"
 
 
 @dataclass
@@ -52,6 +53,7 @@ class ModelFacts:
     unused: tuple[str, ...] = ()  # parameters no gradient reaches (an auxiliary head left out): ddp must be told
     chain: bool = True  # the Split's parts run one after another on one tensor (else no pipeline: two towers, a mask)
     lazy: str | None = None  # a parameter sized at the first forward (LazyLinear's), which the wrapping presets refuse
+    scalar: str | None = None  # a 0-dim parameter (a learned temperature), which FSDP2 cannot shard
 
     @property
     def state_bytes(self) -> int:
@@ -103,6 +105,7 @@ def model_facts(cfg: DictConfig, batch: int, stage_counts: list[int], precision:
         unused=tuple(name for name, p in net.named_parameters() if p.requires_grad and p.grad is None),
         chain=chain,
         lazy=lazy,
+        scalar=next((name for name, param in net.named_parameters() if param.dim() == 0), None),
         sample=example[0],
     )
 
@@ -247,6 +250,8 @@ def memory_per_device(
     if preset == "dp":
         return dp_memory(facts, devices, batch)[0], f"device 0, the fullest: {DP_DEVICE_0}"
     if preset == "fsdp":
+        if facts.scalar:
+            return None, f"fsdp {CANNOT_SHARD} {facts.scalar} (FSDP2)"
         if batch % devices:
             return None, f"batch {batch} does not split over {devices}"
         return (
@@ -257,6 +262,8 @@ def memory_per_device(
         if not facts.tensor_parallel_parameters:
             return None, "the model has no tensor-parallel plan (parallel/split.py)"
         data, tensor = (devices // tensor, tensor) if tensor else mesh(devices, per_node)
+        if facts.scalar and (data > 1 or tensor == 1):  # FSDP2 over the replicas
+            return None, f"model_parallel's FSDP2 {CANNOT_SHARD} {facts.scalar}"
         if batch % data:
             return None, f"batch {batch} does not split over {data} replicas"
         sharded = facts.tensor_parallel_parameters
