@@ -21,7 +21,7 @@ from {{ cookiecutter.package_name }}.data.loading import Data, check_input, chec
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.models.gpt import GPT
 from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
-from {{ cookiecutter.package_name }}.runtime.metrics import summed_loss
+from {{ cookiecutter.package_name }}.runtime.metrics import correct_predictions, cross_entropy, summed_loss  # the engines' loss
 
 SHAPE, CLASSES = (3, 4), 5  # image-like samples: flattened to 12 features for the classifier's MLP
 
@@ -429,8 +429,8 @@ def test_data_a_training_cannot_use_is_refused_before_it_starts(tmp_path):
         (Data(partial(tensors, list(x), ["cat"] * 8)), "y is text ('cat'), but the training takes class ids 0 to"),
         (Data(partial(tensors, x, y), splits=["train"]), "data.splits=['train'] has no val: the training needs train "
                                                           "and val (test is optional: data.splits=[train,val])"),
-        (Data(lambda split: TensorDataset(x[: 8 * (split != "val")], y[: 8 * (split != "val")])),
-         "data.dataset TensorDataset(split='val') has no samples: give the split data, or leave it out of data.split"),
+        (Data(lambda split: TensorDataset(x[: 8 * (split != "test")], y[: 8 * (split != "test")])),
+         "data.dataset TensorDataset(split='test') has no samples: give the split data, or leave it out of data.split"),
         (Data(CountedStream), "data.dataset CountedStream is an IterableDataset, which the training reads only"),
         # a traceback at the first step
         (Data(FloatLength), "data.dataset FloatLength(split='train'): len() fails ('float' object cannot be interpre"),
@@ -439,6 +439,26 @@ def test_data_a_training_cannot_use_is_refused_before_it_starts(tmp_path):
         with pytest.raises(ConfigError) as refused:
             check_input(net(), data)
         assert refusal in str(refused.value)
+    no_val = Data(lambda split: TensorDataset(x[: 8 * (split != "val")], y[: 8 * (split != "val")]))
+    with pytest.raises(ConfigError) as refused:  # (not "or leave it out of data.splits": the training needs val)
+        check_input(net(), no_val)
+    assert str(refused.value) == "data.dataset TensorDataset(split='val') has no samples: give the split data"
+    # Weights in bf16 and float32 samples: a dtype error at the first step, unless autocast casts them (bf16-mixed),
+    # which float16 samples for float32 weights pass too; float64 it does not cast.
+    bf16 = r"x is float32, but the model's weights are bfloat16: return x as bfloat16 from __getitem__ or store it so "
+    with pytest.raises(ConfigError, match=bf16 + r"\(e.g. x.to\(torch.bfloat16\)\), or train with trainer.precision="):
+        check_input(net().to(torch.bfloat16), Data(partial(tensors, x, y)))
+    check_input(net().to(torch.bfloat16), Data(partial(tensors, x, y)), mixed_precision=True)
+    check_input(net(), Data(partial(tensors, x.half(), y)), mixed_precision=True)
+    with pytest.raises(ConfigError, match="x is float64, but the model's weights are float32: return x as float32 "):
+        check_input(net(), Data(partial(tensors, x.double(), y)), mixed_precision=True)
+    # uint8 images for a net with an nn.Embedding (a ViT's positions): not ids it reads (a dtype error in its conv,
+    # or "the data has token id 255" and advice to grow a vocabulary it does not have)
+    positions = nn.ModuleList([net(), nn.Embedding(4, 12)])
+    with pytest.raises(ConfigError, match=r"x is uint8, but the model takes floating-point samples: store x as float32 "
+                       r"\(images .*\), or token ids as int64 \(nn.Embedding reads int64 or int32 ids\)$"):  # fmt: skip
+        check_input(positions, Data(partial(tensors, (x * 50).abs().to(torch.uint8), y)))
+    check_input(positions, Data(partial(tensors, (x * 50).abs().to(torch.int32), y)))  # ids it looks up
     write_split(tmp_path / "train.npz", 10, seed=0, x=np.full((10, *SHAPE), np.inf))
     with pytest.raises(ConfigError, match=r"train.npz: x has NaN or infinite values \(sample 0 first\)"):
         FilesDataset("train", str(tmp_path))
@@ -448,11 +468,6 @@ def test_data_a_training_cannot_use_is_refused_before_it_starts(tmp_path):
         ConfigError, match=r"train.npz: not found \(nor train.pt\); data=files needs train and val \(tr"
     ):
         FilesDataset("train", str(tmp_path / "csv"))
-
-
-def cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The engines' loss (Lightning's Classifier.loss, Accelerate's loop.loss_fn)."""
-    return F.cross_entropy(logits.flatten(0, -2), y.flatten())
 
 
 def values(split: str, shape: tuple[int, ...] = ()) -> TensorDataset:
@@ -488,6 +503,38 @@ def test_the_loss_is_checked_on_what_the_net_gives_for_the_datas_targets():
     )
     soft_labels = lambda logits, y: -(y * logits.log_softmax(-1)).sum(-1).mean()  # noqa: E731 (a loss of yours)
     check_output(on_meta(lambda: nn.Linear(12, CLASSES)), one_hot, soft_labels)
+    # One value per sample for float targets with the engines' cross-entropy: an IndexError at the first step
+    one_value = on_meta(lambda: nn.Sequential(nn.Linear(12, 1), nn.Flatten(0)))
+    with pytest.raises(ConfigError) as refused:
+        check_output(one_value, data, cross_entropy)
+    assert str(refused.value) == (
+        "the loss cannot train model.net Sequential on this data (output () per sample, targets () float32): "
+        "cross-entropy takes a row of class logits per target, not one value per sample; for values (regression), "
+        "train with a loss of yours, e.g. MSE (docs/your-model.md)"
+    )
+
+
+def binary(split: str, largest: int = 1) -> TensorDataset:
+    """A binary classification split: labels 0 and 1 (or up to `largest`)."""
+    return TensorDataset(torch.randn(8, 12), torch.arange(8) % (largest + 1))
+
+
+def test_a_binary_classifier_with_one_logit_trains_with_a_loss_of_its_own():
+    """One logit per sample for labels 0 and 1, by binary cross-entropy (a loss of yours): it was refused as
+    "logits of shape () for targets of shape ()"; its accuracy counts logits above 0 as class 1."""
+    one_logit = on_meta(lambda: nn.Sequential(nn.Linear(12, 1), nn.Flatten(0)))
+    bce = lambda logits, y: F.binary_cross_entropy_with_logits(logits, y.float())  # noqa: E731
+    check_output(one_logit, Data(binary, splits=["train"]), bce)
+    two = r"the data has target 2 \(in its first 8 training samples\), but model.net Sequential gives one logit per "
+    with pytest.raises(ConfigError, match=two + r"sample, a binary classifier's \(classes 0 and 1\)"):
+        check_output(one_logit, Data(partial(binary, largest=2), splits=["train"]), bce)
+    with pytest.raises(ConfigError, match=r"the loss takes one row of logits per target .*; a binary classifier's one "
+                       r"logit per sample trains with a loss of yours \(binary cross-entropy\)$"):  # fmt: skip
+        check_output(one_logit, Data(binary, splits=["train"]), cross_entropy)
+    logits, labels = torch.tensor([2.0, -1.0, 0.5, -3.0]), torch.tensor([1, 1, 0, 0])
+    assert correct_predictions(logits, labels) == 2  # 2.0 and -3.0 right
+    assert correct_predictions(torch.tensor([[0.1, 0.9], [0.8, 0.2]]), torch.tensor([1, 1])) == 1  # argmax of rows
+    assert correct_predictions(torch.randn(4, 3), torch.softmax(torch.randn(4, 3), dim=-1)) == 0  # values: none
 
 
 def test_a_regression_target_of_minus_100_counts_in_the_metrics():

@@ -59,6 +59,14 @@ def test_evaluation_of_values_is_their_loss_alone():
         with torch.no_grad():
             expected = F.mse_loss(net(x[rank::2]), y[rank::2]).item()
         assert metrics == {"loss": pytest.approx(expected, rel=1e-6)}
+    # Several values per sample (soft labels, a vector regression): the accuracy compared the output's argmax with
+    # the rows of targets, a traceback in the first validation.
+    soft = torch.softmax(torch.randn(5, 3), dim=-1)
+    net = nn.Linear(3, 3)
+    data = Data(lambda split: TensorDataset(x, soft), batch_size=4, splits=["val"])
+    metrics = evaluate(Accelerator(cpu=True), net, data.loader("val", replicas=1, rank=0), F.cross_entropy)
+    with torch.no_grad():
+        assert metrics == {"loss": pytest.approx(F.cross_entropy(net(x), soft).item(), rel=1e-6)}
 
 
 def test_limit_val_batches_evaluates_that_many_batches_as_lightning_counts_them():

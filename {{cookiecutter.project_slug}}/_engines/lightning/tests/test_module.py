@@ -125,3 +125,25 @@ def test_one_process_validation_leaves_padding_targets_out(tmp_path):
     expected_acc = (logits.argmax(dim=-1)[real] == y[real]).float().mean().item()
     assert metrics["val/loss"] == pytest.approx(expected_loss, rel=1e-6)
     assert metrics["val/acc"] == pytest.approx(expected_acc, rel=1e-6)
+
+
+class SoftLabels(Classifier):
+    """Soft labels (a row of class probabilities per sample) with a loss of the user's, as the refusal of float
+    targets for cross-entropy suggests."""
+
+    def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(logits, target)
+
+
+def test_validation_of_soft_labels_logs_their_loss_alone(tmp_path):
+    """Float targets of several values per sample (soft labels, a vector regression): the accuracy compared the
+    output's argmax with the rows of targets, a traceback in the first validation once the run folder was made."""
+    torch.manual_seed(0)
+    x, y = torch.randn(6, 4), torch.softmax(torch.randn(6, 3), dim=-1)
+    module = SoftLabels(net=torch.nn.Linear(4, 3), optimizer=torch.optim.SGD)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=4)  # batches of 4, then 2
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, default_root_dir=tmp_path)
+    [metrics] = trainer.validate(module, dataloaders=loader, verbose=False)
+    with torch.no_grad():
+        expected = torch.nn.functional.cross_entropy(module.net(x), y).item()
+    assert metrics == {"val/loss": pytest.approx(expected, rel=1e-6)}

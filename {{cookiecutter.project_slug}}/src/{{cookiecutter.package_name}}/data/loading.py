@@ -412,14 +412,18 @@ def _foreign_stream(dataset: object) -> bool:
     return not isinstance(dataset, StreamedSplit)
 
 
-def check_input(net: nn.Module, data: Data) -> None:
+TOKEN_IDS = (torch.int64, torch.int32)  # what nn.Embedding looks up
+
+
+def check_input(net: nn.Module, data: Data, mixed_precision: bool = False) -> None:
     """Refuse, before training starts (and before anything is written), data the net cannot read, in one line.
     Every submodule with a `check_input(x)` method (gpt.py's token embedding, the MLP's sample size) sees each
-    split's first sample, as a batch of one; a net of yours can do the same. A net without an nn.Embedding to read
-    token ids takes floating-point samples: integer ones (images stored as uint8) would fail in its first layer, and
-    floats of another precision than its weights' too (float64, numpy's default; float16 in an fp32 training, where no
-    autocast casts them); NaN or infinite values made every loss NaN. x as a Python list (torch's collate makes it a
-    list of tensors) and text targets failed at the first step. A training needs the train and val splits, each with
+    split's first sample, as a batch of one; a net of yours can do the same. A net takes floating-point samples, or
+    token ids (int64, int32) if it has an nn.Embedding to read them: other integers (images stored as uint8) would
+    fail in its first layer, and floats of another precision than its weights' too (float64, numpy's default;
+    float32 for weights in bf16), unless `mixed_precision` (bf16-mixed, 16-mixed), whose autocast casts them (not
+    float64); NaN or infinite values made every loss NaN. x as a Python list (torch's collate makes it a list of
+    tensors) and text targets failed at the first step. A training needs the train and val splits, each with
     samples."""
     if missing := [split for split in ("train", "val") if split not in data.split_names]:
         raise ConfigError(
@@ -434,9 +438,8 @@ def check_input(net: nn.Module, data: Data) -> None:
         if isinstance(dataset, IterableDataset):  # a stream: its samples come as its reader writes them
             continue
         if len(dataset) == 0:  # (an IndexError reading its first sample)
-            raise ConfigError(
-                f"{data.source(split)} has no samples: give the split data, or leave it out of data.splits"
-            )
+            optional = ", or leave it out of data.splits" if split not in ("train", "val") else ""
+            raise ConfigError(f"{data.source(split)} has no samples: give the split data{optional}")
         sample = data.first_item(split)
         if not (isinstance(sample, tuple | list) and len(sample) == 2):
             raise ConfigError(
@@ -462,19 +465,26 @@ def check_input(net: nn.Module, data: Data) -> None:
             continue
         for check in checks:
             check(x)
-        if not (reads_ids or x.is_floating_point()):
+        if not (x.is_floating_point() or reads_ids and x.dtype in TOKEN_IDS):
             stored = dataset.tensors[0].dtype if isinstance(dataset, TensorDataset) else x.dtype  # (files: as saved)
+            ids = (  # (a net with an nn.Embedding may still read images: a ViT's position embedding)
+                "as int64 (nn.Embedding reads int64 or int32 ids)"
+                if reads_ids
+                else "with a model that embeds them (model=gpt, or a net of yours with an nn.Embedding)"
+            )
             raise ConfigError(
                 f"{source}: x is {str(stored).removeprefix('torch.')}, but the model takes floating-point samples: "
-                "store x as float32 (images scaled to [0, 1], e.g. x.astype(numpy.float32) / 255), or, for token ids, "
-                "train a model that embeds them (model=gpt, or a net of yours with an nn.Embedding)"
+                f"store x as float32 (images scaled to [0, 1], e.g. x.astype(numpy.float32) / 255), or token ids {ids}"
             )
-        other_float = x.dtype in (torch.float64, torch.float16, torch.bfloat16) and weights not in (None, x.dtype)
-        if other_float:  # a dtype error at the first step
+        casts = mixed_precision and torch.float64 not in (x.dtype, weights)  # autocast's layers take either
+        if x.is_floating_point() and weights not in (None, x.dtype) and not casts:  # a dtype error at the first step
             wanted = str(weights).removeprefix("torch.")
+            example = "x.float(), x.astype(numpy.float32)" if weights == torch.float32 else f"x.to(torch.{wanted})"
+            cast = weights != torch.float64  # (autocast casts to bf16, not to float64)
+            autocast = ", or train with trainer.precision=bf16-mixed, whose autocast casts it" * cast
             raise ConfigError(
                 f"{source}: x is {str(x.dtype).removeprefix('torch.')}, but the model's weights are {wanted}: return "
-                f"x as {wanted} from __getitem__, or store it so (e.g. x.float(), x.astype(numpy.{wanted}))"
+                f"x as {wanted} from __getitem__ or store it so (e.g. {example}){autocast}"
             )
         check_finite(source, 0, sample)
 
@@ -493,8 +503,10 @@ SHAPE_ERRORS = (
     "was expecting embedding dimension",
 )
 LABELS_READ = 64  # the training split's first samples the checks read: finite, of one shape, targets in the classes
-# a loss's words for an output and targets that do not fit each other (torch's cross-entropy and regression losses)
-LOSS_SHAPE_ERRORS = ("batch_size", "size of tensor", "must match", "same size", "shape")
+# a loss's words for an output and targets that do not fit each other (torch's cross-entropy and regression losses,
+# the engines' cross-entropy of one value per sample)
+LOSS_SHAPE_ERRORS = ("batch_size", "size of tensor", "must match", "same size", "shape", "Dimension out of range")
+LOSS_SHAPE_ERRORS += ("not one value per sample",)
 
 
 def check_output(
@@ -564,7 +576,8 @@ def check_output(
     check_loss(loss, logits, y.to("meta"), name)
     if y.is_floating_point():  # values (regression): no classes to count
         return
-    if not rows_per_target(logits, y):  # one score per sample, say: "gives 1 classes (0 to 0)" before
+    binary = logits.dim() == 1 and logits.shape == y.shape  # one logit per sample, for a loss of yours (BCE's)
+    if not (binary or rows_per_target(logits, y)):  # one score per sample, say: "gives 1 classes (0 to 0)" before
         raise logits_per_target(name, logits, y)
     labels = [torch.as_tensor(target) for target in [y[0], *(sample[1] for sample in samples)]]
     labels = [label[label != IGNORED] for label in labels]  # (-100: a target cross-entropy leaves out)
@@ -577,7 +590,13 @@ def check_output(
             f"the number of classes - 1 ({IGNORED}: left out of the loss)"
         )
     largest = max(int(label.max()) for label in labels)
-    if largest >= logits.shape[-1]:
+    if binary and largest > 1:
+        raise ConfigError(
+            f"the data has target {largest} (in its first {len(labels)} training samples), but model.net {name} gives "
+            "one logit per sample, a binary classifier's (classes 0 and 1): give it a row of logits per sample, one "
+            "per class, for the template's cross-entropy"
+        )
+    if not binary and largest >= logits.shape[-1]:
         raise ConfigError(
             f"the data has target {largest} (in its first {len(labels)} training samples), but model.net {name} "
             f"gives {logits.shape[-1]} classes (0 to {logits.shape[-1] - 1}): set data.num_classes (or the model's "
@@ -694,7 +713,8 @@ def check_loss(
             message = str(error)
             shapes = any(words in message for words in LOSS_SHAPE_ERRORS)
             values_for_classes = y.is_floating_point() and "dtype" in message  # cross-entropy of float targets
-            if "meta" in message.lower() or not (shapes or values_for_classes):
+            one_value = y.is_floating_point() and output.dim() == 1  # per sample: a regression, not classes
+            if "meta" in message.lower() or not (shapes or values_for_classes or one_value):
                 return  # what the meta device, or a loss that reads more than its two tensors, cannot run here
             if not y.is_floating_point() and not rows_per_target(output, y):
                 raise logits_per_target(name, output, y) from None
@@ -704,7 +724,9 @@ def check_loss(
                 if values_for_classes
                 else "make the model's output and the loss fit the targets (docs/your-model.md)"
             )
-            if y.is_floating_point() and y.shape == output.shape:  # torch's words spoke of batch sizes
+            if one_value and not values_for_classes:
+                hint = "for values (regression), train with a loss of yours, e.g. MSE (docs/your-model.md)"
+            if y.is_floating_point() and y.shape == output.shape and y.dim() > 1:  # torch's words: batch sizes
                 message = "targets shaped as the output are one-hot rows or class probabilities, not class indices"
                 hint = (
                     "the template's loss (cross-entropy over class indices) takes integer labels: store y as integers "
@@ -729,11 +751,13 @@ def rows_per_target(logits: torch.Tensor, y: torch.Tensor) -> bool:
 
 
 def logits_per_target(name: str, logits: torch.Tensor, y: torch.Tensor) -> ConfigError:
-    squeeze = " (labels of shape (1,): return each as a number, e.g. y.squeeze(-1))" if y.shape[1:] == (1,) else ""
+    hint = " (labels of shape (1,): return each as a number, e.g. y.squeeze(-1))" if y.shape[1:] == (1,) else ""
+    if logits.dim() == 1 and logits.shape == y.shape:  # (the template's cross-entropy refuses it)
+        hint = "; a binary classifier's one logit per sample trains with a loss of yours (binary cross-entropy)"
     return ConfigError(
         f"model.net {name} gives logits of shape {tuple(logits.shape[1:])} per sample for targets of shape "
         f"{tuple(y.shape[1:])}: the loss takes one row of logits per target ((classes,) for a label, (positions, "
-        f"vocabulary) for a sequence){squeeze}"
+        f"vocabulary) for a sequence){hint}"
     )
 
 

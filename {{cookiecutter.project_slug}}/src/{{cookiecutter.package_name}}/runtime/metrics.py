@@ -39,6 +39,8 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     cross-entropy over every target, class logits (B, C) with labels (B,), or a language model's (B, T, V) with
     tokens (B, T); labels of any integer type (int32 ones were a RuntimeError at the first step: cross-entropy takes
     int64)."""
+    if logits.dim() < 2:  # (flatten(0, -2): an IndexError at the first step)
+        raise ValueError("cross-entropy takes a row of class logits per target, not one value per sample")
     target = target.flatten()
     return F.cross_entropy(logits.flatten(0, -2), target if target.is_floating_point() else target.long())
 
@@ -57,6 +59,17 @@ def summed_loss(
     if not real.all():
         logits, target = logits[real], target[real]
     return loss_fn(logits.float(), target).float() * count, count
+
+
+def correct_predictions(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """How many class targets the output predicts: the largest logit of each row, or, for a binary classifier's one
+    logit per sample (trained by a loss of yours, binary cross-entropy's), class 1 above 0. Float targets (values):
+    none, no accuracy is logged (the argmax of a row compared with a row of targets failed)."""
+    if target.is_floating_point():
+        return torch.zeros((), dtype=torch.long, device=logits.device)
+    if logits.dim() == 1 and logits.shape == target.shape:
+        return ((logits > 0).long() == target).sum()
+    return (logits.argmax(dim=-1) == target).sum()
 
 
 def perplexity(mean_loss: float) -> float:

@@ -12,7 +12,7 @@ from rich.table import Table
 from torch import nn
 
 from ..errors import ConfigError
-from ..runtime.metrics import perplexity, summed_loss
+from ..runtime.metrics import correct_predictions, perplexity, summed_loss
 
 
 @torch.no_grad()
@@ -37,7 +37,7 @@ def evaluate(
             logits = model(x)
         loss_sum, count = summed_loss(loss_fn, logits, y)  # the training's loss (loop.loss_fn, or yours)
         totals[0] += loss_sum
-        totals[1] += (logits.argmax(dim=-1) == y).sum()
+        totals[1] += correct_predictions(logits, y)
         totals[2] += count  # not the targets the eval sampler padded with (see data.EvalSampler)
     loss_sum, correct, count = accelerator.reduce(totals, "sum").tolist()
     model.train()

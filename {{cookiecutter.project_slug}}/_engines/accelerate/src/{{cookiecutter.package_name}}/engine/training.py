@@ -220,7 +220,7 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     unsynchronised = strategy.name in ("ddp", "ddp_spawn") and not cfg.trainer.sync_batchnorm
     if unsynchronised and (note := unsynchronised_note(net, replicas)) and is_first_process():
         print(note, file=sys.stderr)
-    check_input(net, data)  # e.g. model=gpt with data that is not token ids, or uint8 images
+    check_input(net, data, cfg.trainer.precision.endswith("-mixed"))  # e.g. model=gpt and data not token ids
     check_monitor(cfg.checkpoint.monitor, targets_are_values(data))
     check_activation_checkpointing(net, cfg.activation_checkpointing)  # (before the net's other checks, as Lightning)
     check_output(net, data, loss_fn, micro)  # what the loss can take, for the data's targets (`net` on meta: shapes)

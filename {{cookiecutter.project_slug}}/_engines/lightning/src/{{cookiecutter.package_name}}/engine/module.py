@@ -19,7 +19,7 @@ from ..models.compilation import compile_net
 from ..models.float8 import convert_float8
 from ..parallel.sharding import clip_grad_norm_, clip_grad_value_
 from ..runtime.checkpoint_forms import accept_state_by_name, by_name, parameter_names
-from ..runtime.metrics import check_val_loss, cross_entropy, perplexity, summed_loss
+from ..runtime.metrics import check_val_loss, correct_predictions, cross_entropy, perplexity, summed_loss
 from ..runtime.optimization import (
     OptimizerFactory,
     SchedulerFactory,
@@ -162,7 +162,7 @@ class Classifier(L.LightningModule):
         # sample count to an integer mean over the ranks (101 samples on 2 ranks counted as 100). Targets the eval
         # sampler or a collate padded with (IGNORED) count nowhere.
         loss_sum, count = summed_loss(self.loss, logits, y)  # the loss of this module (of yours, if you change it)
-        correct = (logits.argmax(dim=-1) == y).sum()
+        correct = correct_predictions(logits, y)
         totals = torch.stack([loss_sum.double(), correct.double(), count.double()])
         if has_trainer(self) and self.trainer.world_size > 1:
             self._value_targets[split] = y.is_floating_point()

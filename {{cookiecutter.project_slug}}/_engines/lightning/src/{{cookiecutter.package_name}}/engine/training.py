@@ -317,7 +317,7 @@ def check_model_and_data(
         check_validation_in_epoch(trainer, batches)
     evaluated = {"val": trainer.limit_val_batches, "test": trainer.limit_test_batches if cfg.test_after_fit else None}
     check_evaluation_batches(datamodule.data, data_parallel_size(trainer), evaluated)
-    check_input(model.net, datamodule.data)  # e.g. model=gpt with data that is not token ids, or uint8 images
+    check_input(model.net, datamodule.data, cfg.trainer.precision.endswith("-mixed"))  # e.g. uint8 images
     check_monitor(cfg.checkpoint.monitor, targets_are_values(datamodule.data))
     with torch.device("meta"):  # what the loss can take, for the data's targets: a forward on shapes alone
         shapes_only = build(cfg.model.net)
