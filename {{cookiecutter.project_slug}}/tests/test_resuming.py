@@ -232,9 +232,9 @@ def test_a_run_continued_for_longer_says_its_cosine_schedule_keeps_its_length(tm
     (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(training(**{"trainer.max_steps": 3, "scheduler": cosine})))
     assert schedule_length_note(tmp_path, training(**{"trainer.max_steps": 3, "scheduler": cosine})) is None
     assert schedule_length_note(tmp_path, training(**{"trainer.max_steps": 6, "scheduler": cosine})) == (
-        "note: trainer.max_steps: 3 then, 6 now: the run's cosine schedule keeps the length it was made for (the steps "
-        "past it train at its floor, lr x scheduler.min_lr_ratio); for one over the new length, train afresh "
-        "(resume=false)"
+        "note: trainer.max_steps: 3 then, 6 now: the run's cosine schedule keeps the span it was made for (its decay "
+        "ends by the old length, or a step after a warmup longer than that, and the steps after it train at its "
+        "floor, lr x scheduler.min_lr_ratio); for one over the new length, train afresh (resume=false)"
     )
     constant = {**cosine, "_target_": "{{ cookiecutter.package_name }}.runtime.optimization.constant"}
     assert schedule_length_note(tmp_path, training(**{"trainer.max_steps": 6, "scheduler": constant})) is None

@@ -14,7 +14,7 @@ from {{ cookiecutter.package_name }}.engine.checkpoints import load_trained
 from {{ cookiecutter.package_name }}.engine.module import Classifier
 from {{ cookiecutter.package_name }}.engine.strategies.model_parallel import LayerSplitStrategy
 from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
-from {{ cookiecutter.package_name }}.parallel.split import layer_groups
+from {{ cookiecutter.package_name }}.parallel.split import Split, layer_groups, register_split
 
 TOLERANCE = 1e-5
 # One epoch of 4 steps, then validation, then the checkpoint (so best = last = the validated weights).
@@ -101,6 +101,15 @@ def test_layer_groups_cover_the_model_once_in_order():
         assert [module for group in groups for module in group] == [net.embed, *net.blocks, net.norm, net.head]
     with pytest.raises(ValueError, match="cannot split 4 blocks over 5 devices"):
         layer_groups(net, 5)
+    with pytest.raises(ValueError, match="the Split of NoBlocks names no blocks, which model_parallel's strategy"):
+        layer_groups(NoBlocks(torch.nn.Linear(32, 8)), 2)  # ("cannot split 0 blocks over 2 devices; valid: 1 to 0")
+
+
+class NoBlocks(torch.nn.Sequential):
+    """A net whose Split names its layers first and last, and no blocks."""
+
+
+register_split(NoBlocks, Split(blocks=[], first=["0"]))
 
 
 def test_layer_placement_survives_lightnings_move_to_the_root_device():

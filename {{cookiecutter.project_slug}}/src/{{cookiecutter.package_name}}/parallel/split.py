@@ -156,6 +156,11 @@ def tied_across_stages(
 def layer_groups(model: nn.Module, n: int) -> list[list[nn.Module]]:
     """The net cut into n consecutive groups of modules, one per device (model_parallel mode=layers)."""
     net, first, blocks, last = layers(model, "model_parallel")
+    if not blocks:  # ("valid: 1 to 0")
+        raise ValueError(
+            f"the Split of {type(net).__name__} names no blocks, which model_parallel's strategy.mode=layers spreads "
+            "over the devices: name its repeated blocks in the Split (docs/your-model.md)"
+        )
     if not 1 <= n <= len(blocks):
         raise ValueError(f"cannot split {len(blocks)} blocks over {n} devices; valid: 1 to {len(blocks)}")
     groups = [[blocks[i] for i in part] for part in split_blocks(len(blocks), n)]

@@ -251,13 +251,14 @@ def check_loadable(checkpoint: Path, cfg: DictConfig) -> None:
 
 def schedule_length_note(run_dir: Path, cfg: DictConfig) -> str | None:
     """A run continued with another length than it was started with: its cosine schedule, in its checkpoints, keeps
-    the length it was made for (the steps past it train at its floor), which nothing said."""
+    the span it was made for (the steps past it train at its floor), which nothing said."""
     if not str((cfg.get("scheduler") or {}).get("_target_", "")).endswith(".cosine"):
         return None
     if differ := differences(run_dir / "config.yaml", cfg, ("trainer.max_steps", "trainer.max_epochs")):
         return (
-            f"note: {differ}: the run's cosine schedule keeps the length it was made for (the steps past it train at "
-            "its floor, lr x scheduler.min_lr_ratio); for one over the new length, train afresh (resume=false)"
+            f"note: {differ}: the run's cosine schedule keeps the span it was made for (its decay ends by the old "
+            "length, or a step after a warmup longer than that, and the steps after it train at its floor, lr x "
+            "scheduler.min_lr_ratio); for one over the new length, train afresh (resume=false)"
         )
     return None
 
