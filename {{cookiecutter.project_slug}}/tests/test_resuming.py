@@ -200,6 +200,13 @@ def test_a_damaged_checkpoint_is_refused_naming_the_newest_whole_one(run_dir, tm
         ConfigError, match="model.safetensors: not a whole safetensors file.*; give another checkpoint$"
     ):
         starting_point(elsewhere, training(ckpt_path=str(accelerate_like)), elsewhere / "checkpoints" / "last")
+    save_file(state, accelerate_like / "model.safetensors")
+    # Emptied, or cut to its first byte: an EOFError's traceback, or accelerate's random states skipped unsaid
+    for kept, problem in ((0, "empty"), (1, "not a file torch.save writes")):
+        torch.save(state, accelerate_like / "optimizer.bin")
+        cut_short(accelerate_like / "optimizer.bin", keep=kept)
+        with pytest.raises(ConfigError, match=f"optimizer.bin: {problem}"):
+            starting_point(elsewhere, training(ckpt_path=str(accelerate_like)), elsewhere / "checkpoints" / "last")
 
 
 def test_run_id_last_looks_in_the_experiment_hydra_uses(tmp_path, monkeypatch):

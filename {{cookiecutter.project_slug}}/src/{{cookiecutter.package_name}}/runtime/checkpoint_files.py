@@ -32,9 +32,13 @@ def file_damage(path: Path) -> str:
             return f"not a whole safetensors file ({error})"
     if path.suffix in TORCH_FILES:
         with path.open("rb") as file:
-            starts_as_zip = file.read(2) == b"PK"
+            start = file.read(2)
+        if not start:  # (an EOFError's traceback, or, for accelerate's random states, a resume that skipped them)
+            return "empty"
+        if not written_by_torch(path):
+            return "not a file torch.save writes (a zip archive, or an older torch's pickle)"
         # torch.save writes a zip archive, whose directory is at its end: a file cut short has none
-        return "cut short (its zip directory is missing)" if starts_as_zip and not zipfile.is_zipfile(path) else ""
+        return "cut short (its zip directory is missing)" if start == b"PK" and not zipfile.is_zipfile(path) else ""
     if path.name == DCP_INDEX:
         return dcp_damage(path.parent)
     return ""
