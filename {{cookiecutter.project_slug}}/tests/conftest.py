@@ -256,6 +256,9 @@ COMMAND_LINE_REFUSALS = [
         "strategy=fsdp takes",
     ),
     (["logger=none", "+logger.tags=[a]"], "+logger.tags: logger=none has no logger to take it; a logger of your own"),
+    # a typo in a ${...}: OmegaConf's traceback of 26 to 76 lines
+    (["model.net.hidden=${data.num_feature}"], "cannot be resolved: Interpolation key 'data.num_feature' not found; a"),
+    (["model.net.hidden=${data_file:x,y}"], "Unsupported interpolation type data_file; the resolvers: data_files, "),
     # a traceback (torch's manual_seed, numpy's seed) after the run folder was made; a run folder outside outputs/
     (["seed=1.5"], "seed=1.5 must be a whole number from 0 to 4294967295 (the default is 42)"),
     (["run_id=../escape"], "run_id=../escape must name one folder (outputs/<experiment>/<run_id>): no / or .."),
@@ -408,6 +411,8 @@ COMMAND_LINE_REFUSAL_IDS = [
     "ddp-of-a-lazy-layer",
     "fsdp-of-a-lazy-layer",
     "add-a-key-to-no-logger",
+    "interpolation-of-a-key-that-is-not-there",
+    "interpolation-of-an-unknown-resolver",
     "seed-not-whole",
     "run-id-outside-the-outputs",
     "run-id-quoted-empty",

@@ -16,7 +16,7 @@ from custom_dataset import NoisyParity, Parity
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from {{ cookiecutter.package_name }}.data.files import FilesDataset, describe
+from {{ cookiecutter.package_name }}.data.files import FilesDataset, describe, resolve
 from {{ cookiecutter.package_name }}.data.loading import Data, check_input, check_output
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.models.gpt import GPT
@@ -563,4 +563,10 @@ def test_samples_keep_their_shape_unless_flattened(tmp_path):
     assert FilesDataset("val", str(tmp_path))[0][0].shape == (12,)
     x, y = FilesDataset("train", str(tmp_path), flatten=False)[0]
     assert x.shape == SHAPE and x.dtype == torch.float32 and y.dtype == torch.int64
-    assert describe(str(tmp_path))["sample_shape"] == list(SHAPE)
+    assert describe(str(tmp_path))["sample_shape"] == list(SHAPE) == resolve(str(tmp_path), "sample_shape")
+    with pytest.raises(ConfigError) as refused:  # (a KeyError inside OmegaConf's traceback of 76 lines)
+        resolve(str(tmp_path), "sample_shap")
+    assert str(refused.value) == (
+        "${data_files:DIR,sample_shap}: sample_shap is not a field it reads; valid: num_features, sample_shape, "
+        "num_classes, splits"
+    )

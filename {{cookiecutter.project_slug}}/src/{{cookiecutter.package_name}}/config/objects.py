@@ -17,16 +17,17 @@ from ..parallel.launcher import default_run_id
 from ..runtime.metrics import best_mode
 from ..tracking.wandb_run import wandb_mode
 
+RESOLVERS = {  # the ${name:...} the configs use
+    "data_files": data_files,
+    "data_streaming": streamed_shapes,
+    "default_run_id": default_run_id,
+    "wandb_mode": wandb_mode,
+    "best_mode": best_mode,
+}
+
 
 def register_resolvers() -> None:
-    resolvers = {
-        "default_run_id": default_run_id,
-        "wandb_mode": wandb_mode,
-        "data_files": data_files,
-        "data_streaming": streamed_shapes,
-        "best_mode": best_mode,
-    }
-    for name, resolver in resolvers.items():
+    for name, resolver in RESOLVERS.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, resolver)
 

@@ -108,7 +108,15 @@ def smallest_label(y: torch.Tensor) -> int | None:
 
 def resolve(dir: str | None, key: str) -> object:
     """The `data_files` resolver: ${data_files:DIR,num_features|sample_shape|num_classes|splits}."""
-    return describe(dir)[key]
+    return described_field(describe(dir), "data_files", key)
+
+
+def described_field(facts: dict, resolver: str, key: str) -> object:
+    """One of the facts a resolver reads about the data (`key`), refused in one line if it is not one of them."""
+    if key not in facts:
+        spelled = "${" + f"{resolver}:DIR,{key}" + "}"  # (as the config spells it)
+        raise ConfigError(f"{spelled}: {key} is not a field it reads; valid: {', '.join(facts)}")
+    return facts[key]
 
 
 def _candidates(dir: str, split: str) -> list[Path]:

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from ..errors import ConfigError
+from .files import described_field
 
 SHAPES_FILE = "shapes.json"  # in a data=streaming folder: num_features, sample_shape, num_classes, splits
 
@@ -32,4 +33,4 @@ def streamed_shapes(dir: str | None, key: str) -> object:
     path = Path(dir).expanduser() / SHAPES_FILE
     if not path.is_file():
         raise ConfigError(f"{path}: not found; data=streaming reads a folder written by {convert}")
-    return json.loads(path.read_text())[key]
+    return described_field(json.loads(path.read_text()), "data_streaming", key)
