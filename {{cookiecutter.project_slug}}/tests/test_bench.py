@@ -213,6 +213,9 @@ BAD_SETTINGS = [  # each was a traceback (or, bench.devices=[1.5], a point of 1.
     ("scaling", "bench.steps=2.5", "bench.steps=2.5 must be a whole number >= 2"),  # failed in the first point
     ("scaling", "bench.peak_tflops=abc", "bench.peak_tflops=abc must be a number > 0"),
     ("memory", "bench=null", "bench=null: bench is a group of settings; give them one by one, e.g. bench.steps=20"),
+    # the training's own checks, of the value given (a weak-scaled point's was named: data.batch_size=-16 for -8)
+    ("scaling", "data.batch_size=-8", "data.batch_size=-8 is the global batch and must be a positive multiple of"),
+    ("memory", "model.optimizer.lr=-1", "model.optimizer: Invalid learning rate: -1"),
     (
         "memory",
         "bench.activation_checkpointing=full",

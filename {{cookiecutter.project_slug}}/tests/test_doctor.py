@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from {{ cookiecutter.package_name }}.config import CONFIG_DIR
 from {{ cookiecutter.package_name }}.config.objects import register_resolvers
 from {{ cookiecutter.package_name }}.config.overrides import check_overrides
-from {{ cookiecutter.package_name }}.doctor import Speed, recommend, step_seconds, unpriced
+from {{ cookiecutter.package_name }}.doctor import Speed, diagnose, recommend, step_seconds, unpriced
 from {{ cookiecutter.package_name }}.engine.launching import DP_GATHERS_OUTPUTS, train_command
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.runtime import hardware
@@ -176,6 +176,19 @@ def test_a_key_added_to_the_doctors_settings_is_refused():
         check_overrides(["+doctor.foo=1"], "doctor")
     with pytest.raises(ConfigError, match=re.escape("+doctor.allreduce.size: the doctor reads no doctor.allreduce.")):
         check_overrides(["+doctor.allreduce.size=1"], "doctor")
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [  # the training's own refusals, before anything is measured: each was a traceback and an empty run folder
+        ("data.batch_size=0", "data.batch_size=0 is the global batch and must be a positive multiple of the 1 data-"),
+        ("model.optimizer.lr=-1", "model.optimizer: Invalid learning rate: -1"),
+        ("model.net._target_=torch.nn.Linear", "torch.nn.Linear: Linear.__init__() got an unexpected keyword argument"),
+    ],
+)
+def test_the_trainings_own_checks_come_first(setting, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        diagnose(config(setting, NO_BANDWIDTH), [])
 
 
 def test_a_net_with_nothing_to_train_is_refused_before_anything_is_measured():

@@ -38,22 +38,21 @@ import hydra
 import torch
 import wandb
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
 from .config.command_line import run_cli
-from .config.objects import register_resolvers
+from .config.objects import build_object, register_resolvers
 from .data.loading import Data
 from .engine.launching import train_command, trial_command
-from .errors import ConfigError, fail
+from .errors import UNRESOLVED, ConfigError, fail, unresolved
 from .models.activation_checkpointing import MODES, check_activation_checkpointing
 from .parallel.pipelining import LOOPED, SCHEDULES, bubble_fraction, check_stages_per_process
 from .parallel.presets import built_in_preset
 from .parallel.split import layers
 from .runtime.precision import resolve_precision
-from .tools.estimate import count_parameters, example_input, tokens_per_sample, training_split
+from .tools.estimate import check_model_settings, count_parameters, example_input, tokens_per_sample, training_split
 from .tools.settings import number, number_list, settings_group, shown, whole_number
 from .tools.steptimes import ENV, STEPS_ENV, WARMUP_ENV, progress_file
 from .tracking.wandb_run import finish_wandb, wandb_mode
@@ -129,7 +128,7 @@ def model_figures(cfg: DictConfig, split: Data | None = None) -> tuple[torch.nn.
     """The net (on the meta device: shapes only), its parameters, the positions each sample predicts, and one
     device's peak FLOP/s (None: no MFU). `split`: the training split, if built already (training_split)."""
     with torch.device("meta"):
-        net = instantiate(cfg.model.net)
+        net = build_object(cfg.model.net)
     example = example_input(cfg, net, 2, split)  # 2: BatchNorm refuses 1; the data read on the CPU, not on meta
     with torch.device("meta"):
         tokens = tokens_per_sample(net(example))
@@ -177,6 +176,7 @@ def check_settings(cfg: DictConfig) -> None:
     """Refuse, in one line, a bench.* setting both benchmarks read that cannot work (tools.settings says which values
     are valid); each benchmark checks its own too, all before any point runs or anything is written."""
     settings_group("bench", cfg.bench, "bench.steps=20")
+    check_model_settings(cfg)  # the training's, of the user's values (not a point's: a weak-scaled batch)
     whole_number("bench.warmup_steps", cfg.bench.warmup_steps, 1, "steps not timed, before the timed ones")
     whole_number("bench.steps", cfg.bench.steps, 2, "timed steps per point")
     if cfg.bench.timeout_s is not None:  # null: no limit
@@ -513,6 +513,8 @@ def run(cfg: DictConfig) -> None:
         rows = (scaling if benchmark == "scaling" else memory)(cfg, overrides, run_dir, console)
     except ConfigError as err:
         fail(err, run_dir)
+    except UNRESOLVED as err:  # e.g. data=files with a bad data.dir, a typo in a ${...}
+        fail(unresolved(err), run_dir)
     except PointFailed as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)

@@ -19,14 +19,13 @@ import hydra
 import torch
 import torch.nn.functional as F
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
 from .config import CONFIG_DIR
 from .config.command_line import run_cli
-from .config.objects import register_resolvers
+from .config.objects import build_object, register_resolvers
 from .engine.launching import train_command
 from .errors import UNRESOLVED, ConfigError, fail, unresolved
 from .parallel.presets import built_in_preset
@@ -40,6 +39,7 @@ from .tools.estimate import (
     REFUSES_LAZY,
     USABLE,
     ModelFacts,
+    check_model_settings,
     dp_memory,
     gradient_traffic,
     memory_per_device,
@@ -67,6 +67,7 @@ class Speed:
 def diagnose(cfg: DictConfig, overrides: list[str]) -> dict[str, Any]:
     plan, batch = cfg.doctor, cfg.data.batch_size
     check_plan(plan)  # all of them before anything is measured: a bad one was a traceback after seconds of it
+    check_model_settings(cfg)
     precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # as train resolves `auto`
     env = hardware.environment()
     gpus = env["gpus"]
@@ -174,8 +175,8 @@ def step_seconds(cfg: DictConfig, facts: ModelFacts, batch: int, host_memory_gb:
         return None
     use_tensor_cores(cfg.tf32)
     torch.manual_seed(cfg.seed)
-    net = instantiate(cfg.model.net).to(device)
-    optimizer = instantiate(cfg.model.optimizer)(net.parameters())
+    net = build_object(cfg.model.net).to(device)
+    optimizer = build_object(cfg.model.optimizer)(net.parameters())
     shape = (batch, *facts.sample.shape)  # shaped like the data's samples
     if facts.sample.dtype == torch.long:  # token ids
         x = torch.randint(cfg.data.num_classes, shape, device=device)

@@ -16,19 +16,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch import nn
 
 from ..config.objects import build_object
-from ..data.loading import Data, first_sample, not_logits
+from ..data.loading import Data, first_sample, not_logits, per_device_batch_size
 from ..engine.launching import DP_GATHERS_OUTPUTS
 from ..errors import ConfigError
 from ..parallel.batchnorm import uses_batchnorm
 from ..parallel.pipelining import bubble_fraction
 from ..parallel.sharding import WRAPPED_BEFORE_THE_FIRST_FORWARD, unsized_parameter
 from ..parallel.split import find_split, has_split, layers, matches, pipeline_stage
-from ..runtime.optimization import check_trainable
+from ..runtime.optimization import check_optimization, check_trainable
 
 FP32 = 4
 USABLE = 0.9  # share of a device's memory a plan may fill
@@ -61,11 +60,18 @@ class ModelFacts:
         return self.parameters * (2 * FP32 + self.optimizer_state_per_parameter)
 
 
+def check_model_settings(cfg: DictConfig) -> None:
+    """The training's own checks of the settings the doctor and the bench build from before any training (the global
+    batch, the optimizer, its schedule): a batch of 0 or a negative learning rate was a traceback there."""
+    per_device_batch_size(cfg.data.batch_size, 1)
+    check_optimization(cfg, build_object(cfg.model.optimizer), build_object(cfg.scheduler))
+
+
 def model_facts(cfg: DictConfig, batch: int, stage_counts: list[int], precision: str) -> ModelFacts:
     """Measure the configured net on the meta device, with a meta batch of `batch` samples shaped like the data's;
     `precision`: a resolved one (precision.resolve_precision), 32-true, bf16-mixed or 16-mixed."""
     with torch.device("meta"):
-        net = instantiate(cfg.model.net)
+        net = build_object(cfg.model.net)
     check_trainable(net)
     lazy = unsized_parameter(net)  # (before the forwards below size it)
     example = example_input(cfg, net, batch)
@@ -192,7 +198,7 @@ def optimizer_state_bytes(cfg: DictConfig) -> int:
     """Bytes of optimizer state per fp32 parameter, as the configured optimizer keeps it after a step."""
     param = nn.Parameter(torch.zeros(64))
     param.grad = torch.zeros(64)
-    optimizer = instantiate(cfg.model.optimizer)([param])
+    optimizer = build_object(cfg.model.optimizer)([param])
     optimizer.step()
     per_param = [t for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
     return sum(t.numel() * t.element_size() for t in per_param if t.numel() == param.numel()) // param.numel()
