@@ -235,8 +235,12 @@ def test_a_killed_search_continues_to_the_total_without_repeating_finished_trial
     while (orphans := processes_running(trial)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not orphans, f"the killed search's trial trains on: {orphans}"
+    saved = (Path(trial) / "checkpoints" / "last").exists()  # (killed before or after its first checkpoint)
     result = search(*args)
-    assert f"trial 1 was interrupted: it continues from its last checkpoint in {trial}" in result.output
+    again = r"trial 1 was interrupted: its parameters run again in a new trial, which (.*) in (.*)\n"
+    said = re.search(again, result.output)
+    assert said and said[2] == trial, result.output[-3000:]
+    assert said[1] == ("continues from its last checkpoint" if saved else "starts over (it saved no checkpoint)")
     complete, failed = result.trials(TrialState.COMPLETE), result.trials(TrialState.FAIL)
     assert [trial.number for trial in failed] == [1]
     assert [trial.number for trial in complete] == [0, 2]

@@ -172,9 +172,8 @@ def test_ctrl_c_while_the_training_starts_says_how_to_continue(tmp_path, train_e
     """Before the training answers Ctrl-C (the data, the model, wandb starting): it was a 90-line traceback."""
     code, output = train_in(tmp_path, train_env, *SETTINGS, "model.net._target_=own_models.CtrlCWhileBuilt", "run_id=c")
     assert code == 130 and "Traceback" not in output, output[-3000:]
-    assert output.strip().splitlines()[-1] == (
-        "interrupted, at once: continue with the same command plus run_id=c (or run_id=last), from its last "
-        "checkpoint, if it saved one"
+    assert output.strip().splitlines()[-1] == (  # (not "continue ... run_id=last": it would be another run's)
+        "interrupted, at once: it saved no checkpoint to continue from; run the command again to start over"
     )
 
 

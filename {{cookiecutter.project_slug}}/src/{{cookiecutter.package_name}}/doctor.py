@@ -35,6 +35,8 @@ from .runtime.precision import resolve_precision, use_tensor_cores
 from .tools.estimate import (
     CANNOT_SHARD,
     DP_DEVICE_0,
+    NO_PLAN,
+    NOT_A_CHAIN,
     REFUSES_BATCHNORM,
     REFUSES_LAZY,
     USABLE,
@@ -51,7 +53,7 @@ from .tools.settings import number, number_list, settings_group, whole_number
 register_resolvers()
 
 PRESETS = ("single", "ddp", "dp", "fsdp", "model_parallel", "pipeline")
-NOT_MEMORY = (REFUSES_BATCHNORM, REFUSES_LAZY, CANNOT_SHARD)  # why a preset has no figure in the memory table
+NOT_MEMORY = (REFUSES_BATCHNORM, REFUSES_LAZY, CANNOT_SHARD, NO_PLAN, NOT_A_CHAIN)  # the model's reasons for a "-"
 GB = 1e9
 
 

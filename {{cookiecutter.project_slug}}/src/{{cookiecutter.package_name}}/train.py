@@ -28,7 +28,7 @@ from .errors import (
     remove_if_empty,
     unresolved,
 )
-from .runtime.interrupt import how_to_continue
+from .runtime.interrupt import continuing
 from .runtime.run_folder import RunFolderInUse, only_training_in
 
 register_resolvers()
@@ -58,11 +58,7 @@ def run(cfg: DictConfig) -> None:
         remove_if_empty(run_dir)
         raise
     except KeyboardInterrupt:  # Ctrl-C before the training answers it (starting: the data, wandb), or a second one
-        fail(
-            Interrupted(
-                f"interrupted, at once: {how_to_continue(cfg.run_id)}, from its last checkpoint, if it saved one"
-            )
-        )
+        fail(Interrupted(f"interrupted, at once: {continuing(cfg.run_id, run_dir)}"))
 
 
 def main() -> None:

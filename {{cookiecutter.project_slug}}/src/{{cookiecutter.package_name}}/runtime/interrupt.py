@@ -110,6 +110,15 @@ def how_to_continue(run_id: str) -> str:
     return f"continue with the same command plus run_id={run_id} (or run_id=last)"
 
 
+def continuing(run_id: str, run_dir: Path) -> str:
+    """How to continue a training stopped from outside (Ctrl-C while it started, a process killed): from its last
+    checkpoint, or, if it saved none yet, by starting over (it named a checkpoint that was not there, and run_id=last
+    another run's)."""
+    if not (run_dir / "checkpoints" / "last").exists():
+        return "it saved no checkpoint to continue from; run the command again to start over"
+    return f"{how_to_continue(run_id)}, from its last checkpoint"
+
+
 def run_folder_given() -> bool:
     """Whether the command line names the run folder (hydra.run.dir=...), which the same command then finds again.
     (A process the command started itself, strategy=ddp trainer.devices=N, has the folder last on its line: the

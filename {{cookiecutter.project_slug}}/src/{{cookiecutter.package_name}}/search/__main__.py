@@ -465,9 +465,10 @@ def requeue_interrupted(study: optuna.Study, trials_dir: Path, metric: str) -> N
         study.tell(trial.number, state=TrialState.FAIL)
         folder = trial.user_attrs.get("continues", trial.number)
         study.enqueue_trial(given_params(trial), user_attrs={**trial.user_attrs, "continues": folder})
-        print(
-            f"trial {trial.number} was interrupted: it continues from its last checkpoint in {trials_dir / str(folder)}"
-        )
+        where = trials_dir / str(folder)
+        saved = (where / "checkpoints" / "last").exists()
+        how = "continues from its last checkpoint" if saved else "starts over (it saved no checkpoint)"
+        print(f"trial {trial.number} was interrupted: its parameters run again in a new trial, which {how} in {where}")
 
 
 def finished(study: optuna.Study) -> int:

@@ -34,6 +34,8 @@ USABLE = 0.9  # share of a device's memory a plan may fill
 REFUSES_BATCHNORM = "refuses BatchNorm"  # memory rows' reasons for no figure that are not memory (doctor.show)
 REFUSES_LAZY = "refuse a lazy layer"
 CANNOT_SHARD = "cannot shard the 0-dim parameter"
+NO_PLAN = "model_parallel: the model has no tensor-parallel plan (its Split's tensor_parallel, parallel/split.py)"
+NOT_A_CHAIN = "pipeline: the forward is not its Split's parts one after another on one tensor (two towers, a mask)"
 
 
 @dataclass
@@ -266,7 +268,7 @@ def memory_per_device(
         )
     if preset == "model_parallel":
         if not facts.tensor_parallel_parameters:
-            return None, "the model has no tensor-parallel plan (parallel/split.py)"
+            return None, NO_PLAN
         data, tensor = (devices // tensor, tensor) if tensor else mesh(devices, per_node)
         if facts.scalar and (data > 1 or tensor == 1):  # FSDP2 over the replicas
             return None, f"model_parallel's FSDP2 {CANNOT_SHARD} {facts.scalar}"
@@ -282,7 +284,7 @@ def memory_per_device(
     if preset == "pipeline":
         stages, share = devices // pipelines, batch // pipelines  # each pipeline reads its share of the batch
         if not facts.chain:
-            return None, "its forward is not its Split's parts one after another on one tensor (two towers, a mask)"
+            return None, NOT_A_CHAIN
         if devices % pipelines or stages not in facts.stage_parameters:
             return None, "the model cannot be cut into that many stages"
         if batch % (microbatches * pipelines) or microbatches < stages:

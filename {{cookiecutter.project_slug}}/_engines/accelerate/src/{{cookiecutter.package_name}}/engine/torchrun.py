@@ -12,7 +12,7 @@ from hydra.types import RunMode
 
 from ..errors import Interrupted, TrainingStopped
 from ..parallel.launcher import PACKAGE, die_with_parent
-from ..runtime.interrupt import how_to_continue
+from ..runtime.interrupt import continuing
 from ..runtime.run_folder import HELD_BY_THE_COMMAND
 
 # The presets that run one process per device, started by a launcher (their config's header says which).
@@ -50,13 +50,11 @@ def start_processes(processes: int, run_dir: Path, run_id: str) -> None:
         for stop, handler in previous.items():
             signal.signal(stop, handler)
     if asked:  # said again last, after torchrun's report of the signal (a second Ctrl-C: the only saying)
-        raise Interrupted(f"interrupted: {how_to_continue(run_id)}, from its last checkpoint")
+        raise Interrupted(f"interrupted: {continuing(run_id, run_dir)}")
     if code < 0:  # torchrun itself killed (its processes die with it)
-        raise TrainingStopped(
-            f"torchrun was stopped by signal {-code}: {how_to_continue(run_id)}, from its last checkpoint"
-        )
+        raise TrainingStopped(f"torchrun was stopped by signal {-code}: {continuing(run_id, run_dir)}")
     if code:  # (a worker killed, a bug: once fixed, the run continues from its last checkpoint)
-        again = how_to_continue(run_id)
+        again = continuing(run_id, run_dir)
         raise TrainingStopped(f"a training process failed (torchrun exit code {code}; its error is above): {again}")
 
 

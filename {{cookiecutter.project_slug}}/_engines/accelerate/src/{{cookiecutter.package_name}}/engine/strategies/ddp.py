@@ -21,10 +21,10 @@ from torch import nn
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from ...errors import ConfigError, Interrupted, spawned_failure
+from ...errors import ConfigError, Interrupted, TrainingStopped, spawned_failure
 from ...parallel.batchnorm import needs_sync, synchronise, synchronised_message
 from ...parallel.launcher import free_port
-from ...runtime.interrupt import how_to_continue
+from ...runtime.interrupt import continuing, how_to_continue
 from . import Strategy
 
 
@@ -101,6 +101,10 @@ class DDPSpawn(DDP):
             ) from None
         except ChildFailedError as err:
             rank, failure = err.get_first_failure()
+            if failure.exitcode < 0:  # killed (kill -9, the OOM killer): no traceback to report
+                run_dir = Path(HydraConfig.get().runtime.output_dir)
+                stopped = f"training process {rank} was killed by {failure.signal_name()}"
+                raise TrainingStopped(f"{stopped}: {continuing(run_dir.name, run_dir)}") from None
             record = failure.message  # the process's error record: {"message": "<Error>: ...", "extraInfo": ...}
             if isinstance(record, dict):
                 record = record.get("extraInfo", {}).get("py_callstack") or record.get("message", "")
