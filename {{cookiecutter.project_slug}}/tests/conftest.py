@@ -259,6 +259,13 @@ COMMAND_LINE_REFUSALS = [
     # a typo in a ${...}: OmegaConf's traceback of 26 to 76 lines
     (["model.net.hidden=${data.num_feature}"], "cannot be resolved: Interpolation key 'data.num_feature' not found; a"),
     (["model.net.hidden=${data_file:x,y}"], "Unsupported interpolation type data_file; the resolvers: data_files, "),
+    # what Hydra's grammar cannot parse: its 4 lines, exit 1
+    (
+        ["+model.net.shape=${data_files:${data.dir},sample_shape}"],
+        "cannot be parsed (extraneous input '}' expecting <EOF>); an interpolation is quoted inside the shell's "
+        "quotes: '+model.net.shape=\"${data_files:${data.dir},sample_shape}\"'",
+    ),
+    (["trainer.max_steps=[1"], "trainer.max_steps=[1 cannot be parsed (no viable alternative at input '[1'); Hydra's"),
     # a traceback (torch's manual_seed, numpy's seed) after the run folder was made; a run folder outside outputs/
     (["seed=1.5"], "seed=1.5 must be a whole number from 0 to 4294967295 (the default is 42)"),
     (["run_id=../escape"], "run_id=../escape must name one folder (outputs/<experiment>/<run_id>): no / or .."),
@@ -413,6 +420,8 @@ COMMAND_LINE_REFUSAL_IDS = [
     "add-a-key-to-no-logger",
     "interpolation-of-a-key-that-is-not-there",
     "interpolation-of-an-unknown-resolver",
+    "interpolation-unquoted",
+    "list-unclosed",
     "seed-not-whole",
     "run-id-outside-the-outputs",
     "run-id-quoted-empty",

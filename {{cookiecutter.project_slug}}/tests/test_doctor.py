@@ -234,7 +234,8 @@ def test_a_split_that_is_not_a_chain_is_sized_without_pipeline_stages():
     """Two towers in a Split (for fsdp and layers): the doctor ran them as a pipeline's chain, a traceback."""
     facts = model_facts(config("model.net._target_=own_models.TwoTowers", "~model.net.depth"), 4, [2], "32-true")
     assert facts.stage_parameters == {} and facts.parameters > 0 and not facts.chain
-    assert memory_per_device(facts, "pipeline", 2, 2, 4, 2, "1f1b")[1].startswith("pipeline: the forward is not its Split's")
+    held = memory_per_device(facts, "pipeline", 2, 2, 4, 2, "1f1b")[1]
+    assert held.startswith("pipeline: the forward is not its Split's")
 
 
 def test_dp_fills_device_0_first():

@@ -34,6 +34,24 @@ from .settings import (
 MULTIRUN = ("-m", "--multirun")
 
 
+def unparsable(args: list[str]) -> ConfigError:
+    """The refusal of the first of `args` that Hydra's override grammar cannot parse, with its reason: most often a
+    value with ${...}, brackets or a comma that needs quotes of its own inside the shell's."""
+    for arg in args:
+        try:
+            OverridesParser.create().parse_override(arg)
+        except HydraException as error:
+            lines = str(error).splitlines()
+            reason = lines[1] if len(lines) > 1 else lines[0] if lines else "no reason given"
+            key, _, value = arg.partition("=")
+            if "$" in value:  # an interpolation, whose braces and comma the grammar reads as its own
+                hint = f"an interpolation is quoted inside the shell's quotes: '{key}=\"{value}\"'"
+            else:
+                hint = "Hydra's override grammar takes key=value, a list as key=[a,b], text with spaces in quotes"
+            return ConfigError(f"{arg} cannot be parsed ({reason}); {hint}")
+    return ConfigError(f"Hydra cannot parse the overrides {args}")
+
+
 def check_overrides(overrides: list[str], config_name: str, defer: bool = False) -> Callable[[DictConfig], None] | None:
     """Refuse, before Hydra makes a run folder, a `key=value` whose key the config lacks (naming the nearest key)
     or whose value is not a number or true/false where the default is one (`model.optimizer.lr=abc`, `=[1,2]`);
@@ -55,7 +73,7 @@ def check_overrides(overrides: list[str], config_name: str, defer: bool = False)
     try:
         parsed = OverridesParser.create().parse_overrides(args)
     except HydraException:
-        return None  # Hydra reports a line it cannot parse in one line of its own
+        raise unparsable(args) from None  # (Hydra's report: 4 lines, exit 1)
     settings = [o for o in parsed if is_key(o) and not o.key_or_group.startswith("hydra")]
     groups = training_groups()
     for override in parsed:
