@@ -594,7 +594,7 @@ def check_output(
         raise ConfigError(
             f"the data has target {largest} (in its first {len(labels)} training samples), but model.net {name} gives "
             "one logit per sample, a binary classifier's (classes 0 and 1): give it a row of logits per sample, one "
-            "per class, for the template's cross-entropy"
+            "per class, for the template's cross-entropy, or, for values (a regression), store y as floats"
         )
     if not binary and largest >= logits.shape[-1]:
         raise ConfigError(
