@@ -172,4 +172,4 @@ BAD_INPUT = [
 def test_data_the_gpt_cannot_read_is_refused_before_training(refused, case):
     refused[case].assert_rejected(BAD_INPUT[case][1])
     if BAD_INPUT[case][0] == ["data=tokens"]:
-        assert "for token ids, train a model that embeds them (model=gpt" in refused[case].output
+        assert "or token ids with a model that embeds them (model=gpt" in refused[case].output

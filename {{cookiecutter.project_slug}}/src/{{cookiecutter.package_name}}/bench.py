@@ -43,10 +43,10 @@ from rich.console import Console
 from rich.table import Table
 
 from .config.command_line import run_cli
-from .config.objects import build_object, register_resolvers
+from .config.objects import build_object, register_resolvers, unresolved
 from .data.loading import Data
 from .engine.launching import train_command, trial_command
-from .errors import UNRESOLVED, ConfigError, fail, unresolved
+from .errors import UNRESOLVED, ConfigError, fail
 from .models.activation_checkpointing import MODES, check_activation_checkpointing
 from .parallel.pipelining import LOOPED, SCHEDULES, bubble_fraction, check_stages_per_process
 from .parallel.presets import built_in_preset

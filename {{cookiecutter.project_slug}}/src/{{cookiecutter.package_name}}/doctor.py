@@ -25,9 +25,9 @@ from rich.table import Table
 
 from .config import CONFIG_DIR
 from .config.command_line import run_cli
-from .config.objects import build_object, register_resolvers
+from .config.objects import build_object, register_resolvers, unresolved
 from .engine.launching import train_command
-from .errors import UNRESOLVED, ConfigError, fail, unresolved
+from .errors import UNRESOLVED, ConfigError, fail
 from .parallel.presets import built_in_preset
 from .parallel.split import split_blocks
 from .runtime import hardware

@@ -15,13 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from omegaconf.errors import (
-    InterpolationKeyError,
-    InterpolationResolutionError,
-    InterpolationToMissingValueError,
-    MissingMandatoryValue,
-    UnsupportedInterpolationType,
-)
+from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
 EXIT_REFUSED = 2  # a predictable mistake: nothing was trained
 EXIT_STOPPED = 1  # a crash, or a training that stopped itself: its checkpoints are kept
@@ -132,29 +126,8 @@ def located(key: str, name: str, what: str) -> Any:
         raise ConfigError(f"{key}={name} does not import ({err}): give {what} (its module on PYTHONPATH)") from None
 
 
-UNRESOLVED = (InterpolationResolutionError, MissingMandatoryValue)  # what OmegaConf raises for the two below
-
-
-def unresolved(error: Exception) -> ConfigError:
-    """The ConfigError behind an OmegaConf error: a resolver's (OmegaConf wraps it, e.g. data=files checking its
-    files), a required value (???) left unset, or a ${...} that cannot be resolved (a typo in the key it names or
-    in a resolver's name: OmegaConf's traceback before). Anything else is re-raised."""
-    if isinstance(error.__context__, ConfigError):
-        return error.__context__
-    if isinstance(error, MissingMandatoryValue | InterpolationToMissingValueError):
-        key = str(error).splitlines()[0].rpartition("Missing mandatory value: ")[2]
-        return ConfigError(f"{key} is not set: give it on the command line ({key}=...)")
-    if isinstance(error, InterpolationResolutionError):
-        from .config.objects import RESOLVERS  # (the config package imports this module)
-
-        hint = ""
-        if isinstance(error, InterpolationKeyError):
-            hint = "; a ${...} names another setting by its full key, e.g. ${data.num_features}"
-        if isinstance(error, UnsupportedInterpolationType):
-            hint = f"; the resolvers: {', '.join(RESOLVERS)}, and OmegaConf's (oc.env, ...)"
-        where = getattr(error, "full_key", None) or "a ${...} of the config"  # (not known where Hydra resolves it)
-        return ConfigError(f"{where} cannot be resolved: {str(error).splitlines()[0]}{hint}")
-    raise error
+# what OmegaConf raises for a ${...} or a ??? it cannot resolve (config.objects.unresolved says it in one line)
+UNRESOLVED = (InterpolationResolutionError, MissingMandatoryValue)
 
 
 def fail(error: Exception, run_dir: Path | None = None) -> None:

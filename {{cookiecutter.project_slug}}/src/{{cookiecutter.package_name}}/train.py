@@ -16,7 +16,7 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 
 from .config.command_line import run_cli
-from .config.objects import register_resolvers
+from .config.objects import register_resolvers, unresolved
 from .engine.training import train
 from .errors import (
     UNRESOLVED,
@@ -26,7 +26,6 @@ from .errors import (
     TrainingStopped,
     fail,
     remove_if_empty,
-    unresolved,
 )
 from .runtime.interrupt import continuing
 from .runtime.run_folder import RunFolderInUse, only_training_in

@@ -122,7 +122,7 @@ def test_a_finished_training_run_again_resumes_unless_resume_is_false(train, uni
     stopped = train(*TRAIN, "strategy=single", "trainer.max_epochs=1", "trainer.max_steps=4")
     assert (stopped.run_dir / "checkpoints/last.ckpt").resolve().name == "step000004.ckpt"
     done = train(*TRAIN, "strategy=single", "trainer.max_epochs=1", run_dir=stopped.run_dir)
-    assert "note: trainer.max_steps: 4 then, -1 now: the run's cosine schedule keeps the length it" in done.output
+    assert "note: trainer.max_steps: 4 then, -1 now: the run's cosine schedule keeps the span it" in done.output
     assert done.wandb.steps("train/loss") == list(range(STEPS // 2)), "each step once, none missing"
     assert done.wandb.steps("val/loss") == uninterrupted.steps("val/loss")[:1]
     assert done.wandb.metric("train/loss")[:4] == uninterrupted.metric("train/loss")[:4]

@@ -1,5 +1,5 @@
-"""The resolvers the YAML files use, and objects built from config nodes with a one-line error naming what the class
-takes."""
+"""The resolvers the YAML files use (and the one line for a ${...} that cannot be resolved), and objects built from
+config nodes with a one-line error naming what the class takes."""
 
 import difflib
 import inspect
@@ -9,6 +9,13 @@ from typing import Any
 from hydra.errors import InstantiationException
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import (
+    InterpolationKeyError,
+    InterpolationResolutionError,
+    InterpolationToMissingValueError,
+    MissingMandatoryValue,
+    UnsupportedInterpolationType,
+)
 
 from ..data.files import resolve as data_files
 from ..data.streaming_shapes import streamed_shapes
@@ -30,6 +37,26 @@ def register_resolvers() -> None:
     for name, resolver in RESOLVERS.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, resolver)
+
+
+def unresolved(error: Exception) -> ConfigError:
+    """The ConfigError behind an OmegaConf error: a resolver's (OmegaConf wraps it, e.g. data=files checking its
+    files), a required value (???) left unset, or a ${...} that cannot be resolved (a typo in the key it names or
+    in a resolver's name: OmegaConf's traceback before). Anything else is re-raised."""
+    if isinstance(error.__context__, ConfigError):
+        return error.__context__
+    if isinstance(error, MissingMandatoryValue | InterpolationToMissingValueError):
+        key = str(error).splitlines()[0].rpartition("Missing mandatory value: ")[2]
+        return ConfigError(f"{key} is not set: give it on the command line ({key}=...)")
+    if isinstance(error, InterpolationResolutionError):
+        hint = ""
+        if isinstance(error, InterpolationKeyError):
+            hint = "; a ${...} names another setting by its full key, e.g. ${data.num_features}"
+        if isinstance(error, UnsupportedInterpolationType):
+            hint = f"; the resolvers: {', '.join(RESOLVERS)}, and OmegaConf's (oc.env, ...)"
+        where = getattr(error, "full_key", None) or "a ${...} of the config"  # (not known where Hydra resolves it)
+        return ConfigError(f"{where} cannot be resolved: {str(error).splitlines()[0]}{hint}")
+    raise error
 
 
 def build_object(node: DictConfig, *, bad_arguments: tuple[type[Exception], ...] = (), **kwargs: Any) -> Any:

@@ -18,7 +18,8 @@ from typing import Protocol
 import optuna
 from omegaconf import DictConfig
 
-from ..errors import EXIT_REFUSED, UNRESOLVED, ConfigError, unresolved
+from ..config.objects import unresolved
+from ..errors import EXIT_REFUSED, UNRESOLVED, ConfigError
 from ..tracking.epoch_metrics import read_epoch_metrics
 
 GUARD = f"{__package__}.guard"  # search/guard.py
