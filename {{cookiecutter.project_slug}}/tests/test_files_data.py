@@ -149,7 +149,7 @@ BAD = {
     "labels far apart": ({"train.npz": {"y": np.arange(10) * 10**6}},  # (a head of 9 000 001 outputs)
                          "the labels are 10 distinct ids from 0 to 9000000, and each id up to the largest is a class"),
     "uint8 images": ({"train.npz": {"x": np.zeros((10, *SHAPE), dtype=np.uint8)}},
-                     "train.npz: x is uint8, but the model takes floating-point samples: store x as float32"),
+                     "train.npz: x is uint8, but model.net's first layer embed (Linear) takes floating-point samples"),
 }  # fmt: skip
 
 
@@ -422,9 +422,9 @@ def test_data_a_training_cannot_use_is_refused_before_it_starts(tmp_path):
             check_output(on_meta(net), data, cross_entropy)
         assert refusal in str(refused.value)
     refusals = [  # (the data, the line); check_input: the net's own weights, each split
-        (Data(partial(tensors, x.double(), y)), "x is float64, but the model's weights are float32: return x as"),
+        (Data(partial(tensors, x.double(), y)), "x is float64, but the model has float32 weights: return x as"),
         # float16 in an fp32 training (no autocast), x as lists, text targets: tracebacks at the first step
-        (Data(partial(tensors, x.half(), y)), "x is float16, but the model's weights are float32: return x as float32"),
+        (Data(partial(tensors, x.half(), y)), "x is float16, but the model has float32 weights: return x as float32"),
         (Data(partial(tensors, x.tolist(), y)), "x is a Python list, which torch's default collate turns into a list"),
         (Data(partial(tensors, list(x), ["cat"] * 8)), "y is text ('cat'), but the training takes class ids 0 to"),
         (Data(partial(tensors, x, y), splits=["train"]), "data.splits=['train'] has no val: the training needs train "
@@ -445,20 +445,24 @@ def test_data_a_training_cannot_use_is_refused_before_it_starts(tmp_path):
     assert str(refused.value) == "data.dataset TensorDataset(split='val') has no samples: give the split data"
     # Weights in bf16 and float32 samples: a dtype error at the first step, unless autocast casts them (bf16-mixed),
     # which float16 samples for float32 weights pass too; float64 it does not cast.
-    bf16 = r"x is float32, but the model's weights are bfloat16: return x as bfloat16 from __getitem__ or store it so "
+    bf16 = r"x is float32, but the model has bfloat16 weights: return x as bfloat16 from __getitem__ or store it so "
     with pytest.raises(ConfigError, match=bf16 + r"\(e.g. x.to\(torch.bfloat16\)\), or train with trainer.precision="):
         check_input(net().to(torch.bfloat16), Data(partial(tensors, x, y)))
     check_input(net().to(torch.bfloat16), Data(partial(tensors, x, y)), mixed_precision=True)
     check_input(net(), Data(partial(tensors, x.half(), y)), mixed_precision=True)
-    with pytest.raises(ConfigError, match="x is float64, but the model's weights are float32: return x as float32 "):
+    with pytest.raises(ConfigError, match="x is float64, but the model has float32 weights: return x as float32 "):
         check_input(net(), Data(partial(tensors, x.double(), y)), mixed_precision=True)
-    # uint8 images for a net with an nn.Embedding (a ViT's positions): not ids it reads (a dtype error in its conv,
-    # or "the data has token id 255" and advice to grow a vocabulary it does not have)
-    positions = nn.ModuleList([net(), nn.Embedding(4, 12)])
-    with pytest.raises(ConfigError, match=r"x is uint8, but the model takes floating-point samples: store x as float32 "
-                       r"\(images .*\), or token ids as int64 \(nn.Embedding reads int64 or int32 ids\)$"):  # fmt: skip
-        check_input(positions, Data(partial(tensors, (x * 50).abs().to(torch.uint8), y)))
-    check_input(positions, Data(partial(tensors, (x * 50).abs().to(torch.int32), y)))  # ids it looks up
+    check_input(CastsItself(), Data(partial(tensors, x, y)))  # a forward that casts x to its weights' bf16
+    # uint8 images for a net with an nn.Embedding (a ViT's positions): taken for ids (a dtype error in its first
+    # layer, or "the data has token id 255" and advice to grow a vocabulary it does not have). The first layer its
+    # forward gives x to decides: a Linear takes floats (x / 255 in the forward: passed), an nn.Embedding int64 ids.
+    pixels = Data(partial(tensors, (x * 50).abs().to(torch.uint8), y))
+    with pytest.raises(ConfigError, match=r"x is uint8, but model.net's first layer patches \(Linear\) takes floating"):
+        check_input(Positions(scaled=False), pixels)
+    check_input(Positions(scaled=True), pixels)
+    with pytest.raises(ConfigError, match=r"x is uint8, but model.net's first layer 0 \(Embedding\) looks up ids as "):
+        check_input(nn.Sequential(nn.Embedding(256, 4), nn.Flatten(), nn.Linear(48, CLASSES)), pixels)
+    check_input(Bytes(), pixels)  # a byte-level net: its forward looks the bytes up as int64
     write_split(tmp_path / "train.npz", 10, seed=0, x=np.full((10, *SHAPE), np.inf))
     with pytest.raises(ConfigError, match=r"train.npz: x has NaN or infinite values \(sample 0 first\)"):
         FilesDataset("train", str(tmp_path))
@@ -570,3 +574,38 @@ def test_samples_keep_their_shape_unless_flattened(tmp_path):
         "${data_files:DIR,sample_shap}: sample_shap is not a field it reads; valid: num_features, sample_shape, "
         "num_classes, splits"
     )
+
+
+class Positions(nn.Module):
+    """A ViT's way in, flattened: samples to patch features plus a learned position (an nn.Embedding, not its input)."""
+
+    def __init__(self, scaled: bool) -> None:
+        super().__init__()
+        self.scaled = scaled
+        self.patches, self.positions, self.head = nn.Linear(12, 8), nn.Embedding(4, 8), nn.Linear(8, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.float() / 255 if self.scaled else x  # (pixels as stored: uint8)
+        return self.head(self.patches(x) + self.positions.weight[0])
+
+
+class Bytes(nn.Module):
+    """A byte-level net: uint8 samples are its ids, looked up as int64."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.head = nn.Embedding(256, 4), nn.Linear(48, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(x.long()).flatten(1))
+
+
+class CastsItself(nn.Module):
+    """Weights in bf16, and a forward that casts its float32 input to them (as transformers' vision models do)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(12, CLASSES).to(torch.bfloat16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.to(self.fc.weight.dtype))

@@ -164,7 +164,7 @@ BAD_INPUT = [
     (["model=gpt", "data=synthetic"], "model=gpt reads token ids (integers), but the data gives float32 samples"),
     ([*TINY, "model.net.max_seq_len=8"], "sequences of 16 tokens are longer than the model's max_seq_len=8"),
     # the other way round: token ids for the classifier, which was told to store them as float32 images
-    (["data=tokens"], "x is int64, but the model takes floating-point samples: store x as float32 (images scaled"),
+    (["data=tokens"], "x is int64, but model.net's first layer embed (Linear) takes floating-point samples: store x"),
 ]
 
 

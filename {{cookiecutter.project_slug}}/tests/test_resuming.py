@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
 from {{ cookiecutter.package_name }}.errors import ConfigError
-from {{ cookiecutter.package_name }}.runtime.interrupt import continue_last
+from {{ cookiecutter.package_name }}.runtime.interrupt import continue_last, continuing
 from {{ cookiecutter.package_name }}.runtime.resuming import (
     check_not_past_the_end,
     check_same_mesh,
@@ -202,11 +202,29 @@ def test_a_damaged_checkpoint_is_refused_naming_the_newest_whole_one(run_dir, tm
         starting_point(elsewhere, training(ckpt_path=str(accelerate_like)), elsewhere / "checkpoints" / "last")
     save_file(state, accelerate_like / "model.safetensors")
     # Emptied, or cut to its first byte: an EOFError's traceback, or accelerate's random states skipped unsaid
-    for kept, problem in ((0, "empty"), (1, "not a file torch.save writes")):
+    for kept, problem in ((0, "empty"), (1, "cut short"), (None, "not written by torch.save")):
         torch.save(state, accelerate_like / "optimizer.bin")
         cut_short(accelerate_like / "optimizer.bin", keep=kept)
+        if kept is None:  # another program's file in its place
+            (accelerate_like / "optimizer.bin").write_text('{"lr": 0.001}')
         with pytest.raises(ConfigError, match=f"optimizer.bin: {problem}"):
             starting_point(elsewhere, training(ckpt_path=str(accelerate_like)), elsewhere / "checkpoints" / "last")
+
+
+def test_how_to_continue_is_said_only_where_a_checkpoint_was_saved(tmp_path):
+    """Ctrl-C while a training starts, or a process killed, before the first checkpoint: "continue ... from its last
+    checkpoint" named none (and run_id=last another run's). Either engine's checkpoints count: Lightning's files
+    (its `last.ckpt` a link to one), Accelerate's folders."""
+    assert continuing("r", tmp_path) == "it saved no checkpoint to continue from; run the command again to start over"
+    (tmp_path / "checkpoints").mkdir()
+    assert continuing("r", tmp_path).startswith("it saved no checkpoint")
+    torch.save({"step": 4}, tmp_path / "checkpoints" / "step000004.ckpt")
+    (tmp_path / "checkpoints" / "last.ckpt").symlink_to("step000004.ckpt")
+    assert continuing("r", tmp_path).endswith("plus run_id=r (or run_id=last), from its last checkpoint")
+    folders = tmp_path / "accelerate"
+    (folders / "checkpoints" / "step-0000004").mkdir(parents=True)
+    torch.save({"step": 4}, folders / "checkpoints" / "step-0000004" / "optimizer.bin")
+    assert continuing("r", folders).endswith("from its last checkpoint")
 
 
 def test_run_id_last_looks_in_the_experiment_hydra_uses(tmp_path, monkeypatch):

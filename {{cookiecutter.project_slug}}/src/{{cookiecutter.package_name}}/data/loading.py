@@ -418,21 +418,19 @@ TOKEN_IDS = (torch.int64, torch.int32)  # what nn.Embedding looks up
 def check_input(net: nn.Module, data: Data, mixed_precision: bool = False) -> None:
     """Refuse, before training starts (and before anything is written), data the net cannot read, in one line.
     Every submodule with a `check_input(x)` method (gpt.py's token embedding, the MLP's sample size) sees each
-    split's first sample, as a batch of one; a net of yours can do the same. A net takes floating-point samples, or
-    token ids (int64, int32) if it has an nn.Embedding to read them: other integers (images stored as uint8) would
-    fail in its first layer, and floats of another precision than its weights' too (float64, numpy's default;
-    float32 for weights in bf16), unless `mixed_precision` (bf16-mixed, 16-mixed), whose autocast casts them (not
-    float64); NaN or infinite values made every loss NaN. x as a Python list (torch's collate makes it a list of
-    tensors) and text targets failed at the first step. A training needs the train and val splits, each with
-    samples."""
+    split's first sample, as a batch of one; a net of yours can do the same. The first layer the forward gives x to
+    (first_layer: what a forward that casts its input, x.float() / 255 or x.long(), casts it to) takes floats of
+    its weights' type, or, an nn.Embedding, ids as int64 or int32: integers for another layer (images stored as
+    uint8), uint8 ids, and floats of another precision (float64, numpy's default; float32 for weights in bf16) failed
+    at the first step, unless `mixed_precision` (bf16-mixed, 16-mixed), whose autocast casts floats (not float64).
+    NaN or infinite values made every loss NaN. x as a Python list (torch's collate makes it a list of tensors) and
+    text targets failed at the first step. A training needs the train and val splits, each with samples."""
     if missing := [split for split in ("train", "val") if split not in data.split_names]:
         raise ConfigError(
             f"data.splits={list(data.split_names)} has no {' and '.join(missing)}: the training needs train and val "
             "(test is optional: data.splits=[train,val])"
         )
     checks = [module.check_input for module in net.modules() if callable(getattr(module, "check_input", None))]
-    reads_ids = any(isinstance(module, nn.Embedding) for module in net.modules())
-    weights = next((param.dtype for param in net.parameters() if param.is_floating_point()), None)
     data.setup()
     for split, dataset in data.splits.items():
         if isinstance(dataset, IterableDataset):  # a stream: its samples come as its reader writes them
@@ -465,28 +463,87 @@ def check_input(net: nn.Module, data: Data, mixed_precision: bool = False) -> No
             continue
         for check in checks:
             check(x)
-        if not (x.is_floating_point() or reads_ids and x.dtype in TOKEN_IDS):
+        if data.collate_fn is None:  # (a collate of yours may cast: the batch it makes is the net's)
             stored = dataset.tensors[0].dtype if isinstance(dataset, TensorDataset) else x.dtype  # (files: as saved)
-            ids = (  # (a net with an nn.Embedding may still read images: a ViT's position embedding)
-                "as int64 (nn.Embedding reads int64 or int32 ids)"
-                if reads_ids
-                else "with a model that embeds them (model=gpt, or a net of yours with an nn.Embedding)"
-            )
-            raise ConfigError(
-                f"{source}: x is {str(stored).removeprefix('torch.')}, but the model takes floating-point samples: "
-                f"store x as float32 (images scaled to [0, 1], e.g. x.astype(numpy.float32) / 255), or token ids {ids}"
-            )
-        casts = mixed_precision and torch.float64 not in (x.dtype, weights)  # autocast's layers take either
-        if x.is_floating_point() and weights not in (None, x.dtype) and not casts:  # a dtype error at the first step
-            wanted = str(weights).removeprefix("torch.")
-            example = "x.float(), x.astype(numpy.float32)" if weights == torch.float32 else f"x.to(torch.{wanted})"
-            cast = weights != torch.float64  # (autocast casts to bf16, not to float64)
-            autocast = ", or train with trainer.precision=bf16-mixed, whose autocast casts it" * cast
-            raise ConfigError(
-                f"{source}: x is {str(x.dtype).removeprefix('torch.')}, but the model's weights are {wanted}: return "
-                f"x as {wanted} from __getitem__ or store it so (e.g. {example}){autocast}"
-            )
+            check_input_type(net, x, source, stored, mixed_precision)
         check_finite(source, 0, sample)
+
+
+class _Reached(Exception):  # noqa: N818 (not an error: first_layer's way out of the forward)
+    pass
+
+
+def first_layer(net: nn.Module, x: torch.Tensor) -> tuple[str, nn.Module, torch.dtype] | None:
+    """The first module with weights of its own that the net's forward gives a tensor (its name, itself, and the
+    tensor's dtype), found on the meta device: the forward stops there. None where the forward cannot get there on
+    the meta device (it reads a value, or adds a buffer of the net's)."""
+    reached: list[tuple[str, nn.Module, torch.dtype]] = []
+
+    def stop(name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple) -> None:
+            if args and isinstance(args[0], torch.Tensor):
+                reached.append((name, module, args[0].dtype))
+                raise _Reached
+
+        return hook
+
+    layers = [(name, module) for name, module in net.named_modules() if any(True for _ in module.parameters(False))]
+    handles = [module.register_forward_pre_hook(stop(name)) for name, module in layers]
+    training = net.training
+    try:
+        with torch.no_grad():
+            net.eval()(x.to("meta"))
+    except _Reached:
+        pass
+    except Exception:  # noqa: BLE001 (what the meta device cannot run: the training tells)
+        return None
+    finally:
+        for handle in handles:
+            handle.remove()
+        net.train(training)
+    return reached[0] if reached else None
+
+
+def check_input_type(net: nn.Module, x: torch.Tensor, source: str, stored: torch.dtype, mixed_precision: bool) -> None:
+    """Refuse x of a type the net's first layer cannot take (check_input); `stored`: x's type as the data has it."""
+    reached = first_layer(net, x)
+    if reached is None:  # not seen: the net as a whole (a net with an nn.Embedding may read ids of any integer type)
+        name, layer, dtype = "", net, x.dtype
+        reads_ids = any(isinstance(module, nn.Embedding | nn.EmbeddingBag) for module in net.modules())
+        if reads_ids and not dtype.is_floating_point:
+            return
+    else:
+        name, layer, dtype = reached
+        reads_ids = isinstance(layer, nn.Embedding | nn.EmbeddingBag)
+    weights = next((param.dtype for param in layer.parameters() if param.is_floating_point()), None)
+    what = f"model.net's first layer {name} ({type(layer).__name__})" if name else "the model"
+    cast = f", which its forward casts to {short(dtype)}" if dtype != x.dtype else ""
+    given = f"{source}: x is {short(stored)}{cast},"
+    if reads_ids:
+        if dtype not in TOKEN_IDS:
+            raise ConfigError(
+                f"{given} but {what} looks up ids as int64 or int32: return token ids as int64 (x.long()), or images "
+                "as float32 for a layer that takes them"
+            )
+        return
+    if not dtype.is_floating_point:
+        raise ConfigError(
+            f"{given} but {what} takes floating-point samples: store x as float32 (images scaled to [0, 1], e.g. "
+            "x.astype(numpy.float32) / 255), or token ids with a model that embeds them (model=gpt, or a net of "
+            "yours whose first layer is an nn.Embedding)"
+        )
+    casts = mixed_precision and torch.float64 not in (dtype, weights)  # autocast's layers take either
+    if weights not in (None, dtype) and not casts:  # a dtype error at the first step
+        example = "x.float(), x.astype(numpy.float32)" if weights == torch.float32 else f"x.to(torch.{short(weights)})"
+        autocast = ", or train with trainer.precision=bf16-mixed, whose autocast casts it" * (weights != torch.float64)
+        raise ConfigError(
+            f"{given} but {what} has {short(weights)} weights: return x as {short(weights)} from __getitem__ or store "
+            f"it so (e.g. {example}){autocast}"
+        )
+
+
+def short(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 # torch's words, on the meta device, for samples a layer cannot take: Linear, view, add (a matrix product's differ

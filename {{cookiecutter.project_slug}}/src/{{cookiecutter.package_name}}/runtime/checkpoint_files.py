@@ -35,10 +35,12 @@ def file_damage(path: Path) -> str:
             start = file.read(2)
         if not start:  # (an EOFError's traceback, or, for accelerate's random states, a resume that skipped them)
             return "empty"
-        if not written_by_torch(path):
-            return "not a file torch.save writes (a zip archive, or an older torch's pickle)"
         # torch.save writes a zip archive, whose directory is at its end: a file cut short has none
-        return "cut short (its zip directory is missing)" if start == b"PK" and not zipfile.is_zipfile(path) else ""
+        if b"PK".startswith(start):
+            return "" if zipfile.is_zipfile(path) else "cut short (its zip directory is missing)"
+        if not written_by_torch(path):
+            return "not written by torch.save, which writes a zip archive (or, before torch 1.6, a pickle)"
+        return ""
     if path.name == DCP_INDEX:
         return dcp_damage(path.parent)
     return ""
@@ -55,11 +57,18 @@ def looks_like_checkpoint(path: Path) -> bool:
     return path.is_dir() and any(part.name == DCP_INDEX or part.suffix in parts for part in path.iterdir())
 
 
+def saved_checkpoint(run_dir: Path) -> bool:
+    """Whether the training in `run_dir` has saved a checkpoint (either engine's: a .ckpt file, a folder of parts)."""
+    folder = run_dir / "checkpoints"
+    return folder.is_dir() and any(looks_like_checkpoint(path) for path in folder.iterdir())
+
+
 def written_by_torch(path: Path) -> bool:
     """Whether the file `path` is one torch.save writes: a zip archive (a whole one, or one cut short), or the
-    pickle of torch before 1.6."""
+    pickle of torch before 1.6 (or of _use_new_zipfile_serialization=False)."""
     with path.open("rb") as file:
-        return file.read(2) in (b"PK", b"\x80\x02")
+        start = file.read(2)
+    return start == b"PK" or start[:1] == b"\x80"
 
 
 def pickled_keys_include(path: Path, key: str) -> bool | None:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, Interrupted
 from ..parallel.launcher import detect_launcher
+from .checkpoint_files import saved_checkpoint
 from .run_folder import HELD_BY_THE_COMMAND
 
 FINISHED_FILE = "finished"  # in a run folder whose training ended normally: run_id=last does not continue it
@@ -114,7 +115,7 @@ def continuing(run_id: str, run_dir: Path) -> str:
     """How to continue a training stopped from outside (Ctrl-C while it started, a process killed): from its last
     checkpoint, or, if it saved none yet, by starting over (it named a checkpoint that was not there, and run_id=last
     another run's)."""
-    if not (run_dir / "checkpoints" / "last").exists():
+    if not saved_checkpoint(run_dir):
         return "it saved no checkpoint to continue from; run the command again to start over"
     return f"{how_to_continue(run_id)}, from its last checkpoint"
 

@@ -43,6 +43,7 @@ from ..engine.launching import processes_per_trial, slurm_tasks, trial_command
 from ..errors import ConfigError, fail
 from ..parallel.launcher import free_port
 from ..parallel.presets import built_in_preset
+from ..runtime.checkpoint_files import saved_checkpoint
 from ..runtime.interrupt import FINISHED_FILE
 from ..tracking.epoch_metrics import read_epoch_metrics
 from .guard import GRACE_SECONDS
@@ -466,7 +467,7 @@ def requeue_interrupted(study: optuna.Study, trials_dir: Path, metric: str) -> N
         folder = trial.user_attrs.get("continues", trial.number)
         study.enqueue_trial(given_params(trial), user_attrs={**trial.user_attrs, "continues": folder})
         where = trials_dir / str(folder)
-        saved = (where / "checkpoints" / "last").exists()
+        saved = saved_checkpoint(where)
         how = "continues from its last checkpoint" if saved else "starts over (it saved no checkpoint)"
         print(f"trial {trial.number} was interrupted: its parameters run again in a new trial, which {how} in {where}")
 

@@ -24,7 +24,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from ...errors import ConfigError, Interrupted, TrainingStopped, spawned_failure
 from ...parallel.batchnorm import needs_sync, synchronise, synchronised_message
 from ...parallel.launcher import free_port
-from ...runtime.interrupt import continuing, how_to_continue
+from ...runtime.interrupt import continuing
 from . import Strategy
 
 
@@ -94,10 +94,10 @@ class DDPSpawn(DDP):
             print(f"strategy=ddp_spawn: starting {devices} processes")
             notebook_launcher(run, num_processes=devices, use_port=port)
         except SignalException as err:  # Ctrl-C (or SIGTERM) reached this command: its processes stopped at once
-            run_id = Path(HydraConfig.get().runtime.output_dir).name
+            run_dir = Path(HydraConfig.get().runtime.output_dir)
             raise Interrupted(
                 f"{signal.Signals(err.sigval).name}: the {devices} processes stopped at once (ddp_spawn's processes "
-                f"save no checkpoint on a stop); from the last one, {how_to_continue(run_id)}"
+                f"save no checkpoint on a stop): {continuing(run_dir.name, run_dir)}"
             ) from None
         except ChildFailedError as err:
             rank, failure = err.get_first_failure()
