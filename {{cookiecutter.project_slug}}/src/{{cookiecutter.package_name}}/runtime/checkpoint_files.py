@@ -38,7 +38,7 @@ def file_damage(path: Path) -> str:
         # torch.save writes a zip archive, whose directory is at its end: a file cut short has none
         if b"PK".startswith(start):
             return "" if zipfile.is_zipfile(path) else "cut short (its zip directory is missing)"
-        if not written_by_torch(path):
+        if not torch_save_start(start):
             return "not written by torch.save, which writes a zip archive (or, before torch 1.6, a pickle)"
         return ""
     if path.name == DCP_INDEX:
@@ -67,7 +67,11 @@ def written_by_torch(path: Path) -> bool:
     """Whether the file `path` is one torch.save writes: a zip archive (a whole one, or one cut short), or the
     pickle of torch before 1.6 (or of _use_new_zipfile_serialization=False)."""
     with path.open("rb") as file:
-        start = file.read(2)
+        return torch_save_start(file.read(2))
+
+
+def torch_save_start(start: bytes) -> bool:
+    """Whether a file's first two bytes are those torch.save writes: a zip archive's, or a pickle's."""
     return start == b"PK" or start[:1] == b"\x80"
 
 
