@@ -285,6 +285,10 @@ COMMAND_LINE_REFUSALS = [
     (["trainer.limit_test_batches=0.1"], "trainer.limit_test_batches=0.1 leaves none of the 4 test batches"),
     # Lightning's words named neither the setting nor what is valid
     (["trainer.devices=two"], "trainer.devices=two is not a device count; valid: 1, 2, ..., or auto (or -1)"),
+    (  # a misspelt class of a module that imports: Hydra's words said the module was not a package
+        ["data.dataset._target_=torch.utils.data.TensorDatset"],
+        "(torch.utils.data has no TensorDatset; did you mean torch.utils.data.TensorDataset?)",
+    ),
     (["hydra/launcher=joblib"], "unknown hydra/launcher 'joblib'; valid: basic"),  # Hydra's: ten lines, exit 1
     (  # regression targets log no accuracy: refused at the first validation, after an epoch of training
         ["data=custom", "data.dataset._target_=custom_dataset.Values", "+data.dataset.size=96", "data.num_classes=1"]
@@ -433,6 +437,7 @@ COMMAND_LINE_REFUSAL_IDS = [
     "validation-share-of-no-batch",
     "test-share-of-no-batch",
     "devices-that-are-not-a-count",
+    "a-misspelt-class",
     "hydra-group-choice",
     "accuracy-monitor-of-a-regression",
     "trainer-strategy",

@@ -55,6 +55,17 @@ def test_a_layout_that_contradicts_the_launcher_is_refused_naming_both(launched_
         fit_layout_to_launcher("ddp", 1, 2, ["trainer.num_nodes=1"])
 
 
+def test_a_configured_count_gives_way_to_the_launcher_with_a_note(launched_by, capsys):
+    """A preset's trainer.devices (a copy of ddp.yaml with 4) under a launcher of 2 per node: the launcher's layout,
+    and a note saying so (the run went on with 2 without a word)."""
+    launched_by({**TORCHRUN_2x2, "RANK": "0"})
+    assert fit_layout_to_launcher("ddp", 1, 4, ["strategy=ddp4"]) == (2, 2)
+    note = "note: trainer.devices=4 (from the config) gives way to the 2 processes per node torchrun started"
+    assert note in capsys.readouterr().err
+    assert fit_layout_to_launcher("ddp", 1, 1, ["strategy=ddp"]) == (2, 2)  # the default 1: nothing to say
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize("preset", ["dp", "ddp_spawn"])
 def test_single_machine_presets_are_refused_under_a_launcher_and_over_nodes(launched_by, preset):
     with pytest.raises(ConfigError, match=f"strategy={preset} .*, so not on trainer.num_nodes=2; use strategy=ddp"):

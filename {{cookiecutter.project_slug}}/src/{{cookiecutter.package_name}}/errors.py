@@ -4,6 +4,7 @@ A predictable mistake (bad input) is a ConfigError: exit 2, and a run folder tha
 training that stopped itself for a reason it can name, or a process that crashed, exits 1 keeping what it wrote.
 """
 
+import difflib
 import hashlib
 import importlib
 import json
@@ -24,6 +25,15 @@ EXIT_INTERRUPTED = 130  # Ctrl-C: stopped with a checkpoint, to be continued (as
 
 class ConfigError(ValueError):
     """A setting that cannot work. train.py prints it as one line and exits before training."""
+
+
+class TooFewProcesses(ConfigError):
+    """A preset of several processes started as one: `what` it needs, then how to start more (`hint`), which
+    depends on who starts them (the search and the bench start a trial's itself: trainer.devices)."""
+
+    def __init__(self, what: str, hint: str = "") -> None:
+        super().__init__(f"{what}: {hint}" if hint else what)
+        self.what = what
 
 
 class ProcessCrashed(RuntimeError):
@@ -109,11 +119,35 @@ def not_importable(error: Exception) -> ConfigError | None:
     cause = error
     while cause.__cause__ is not None:  # down to the import's own error, e.g. "No module named 'my_pkg'"
         cause = cause.__cause__
+    why = missing_name(target.group(1)) or str(cause).splitlines()[0]
     return ConfigError(
-        f"{key.group(1) + '.' if key else ''}_target_={target.group(1)} cannot be imported "
-        f"({str(cause).splitlines()[0]}); give the full import path of a class whose package is installed or on "
-        "PYTHONPATH"
+        f"{key.group(1) + '.' if key else ''}_target_={target.group(1)} cannot be imported ({why}); give the full "
+        "import path of a class whose package is installed or on PYTHONPATH"
     )
+
+
+def missing_name(path: str) -> str | None:
+    """What a dotted path lacks when its module imports but has no such name (a misspelt class: Hydra's words were
+    "No module named 'my_pkg.MyDatset'; 'my_pkg' is not a package"), with the nearest name there; else None."""
+    parts = path.split(".")
+    for end in range(len(parts) - 1, 0, -1):
+        name = ".".join(parts[:end])
+        try:
+            found = importlib.import_module(name)
+        except ModuleNotFoundError as err:
+            if err.name == name:  # no such module: a shorter path may be one
+                continue
+            return None
+        except Exception:  # noqa: BLE001 (the module's own error, which Hydra's message names)
+            return None
+        for at, attribute in enumerate(parts[end:], start=end):
+            if not hasattr(found, attribute):
+                near = difflib.get_close_matches(attribute, [n for n in dir(found) if not n.startswith("_")], n=1)
+                where = ".".join(parts[:at])
+                return f"{where} has no {attribute}" + (f"; did you mean {where}.{near[0]}?" if near else "")
+            found = getattr(found, attribute)
+        return None
+    return None
 
 
 def located(key: str, name: str, what: str) -> Any:

@@ -73,7 +73,12 @@ BAD_INPUT = [
     ),
     (["data.shuffle=sometimes"], "data.shuffle=sometimes is not true or false (the default is true)"),
     (["trainer.accelerator=gpuu"], "trainer.accelerator=gpuu is unknown; valid: auto, cpu, gpu, cuda"),
+    (  # accelerate launch without its config ran the command itself, once: the advice names that
+        ["env:ACCELERATE_MIXED_PRECISION=no", "strategy=ddp"],
+        "strategy=ddp needs 2+ processes but this is 1: accelerate launch started 1 (it does with --cpu, or without",
+    ),
     (["trainer.devices=0"], "trainer.devices=0 is not a device count; valid: 1, 2, ..., or auto (or -1)"),
+    (["trainer.devices=[0,1]"], "trainer.devices=[0, 1] is not a device count; valid: 1, 2, ..., or auto (or -1); choo"),
     (["strategy=ddp_spawn", "trainer.devices=abc"], "trainer.devices=abc is not a device count; valid: 1, 2,"),
     (
         ["trainer.devices=2"],
@@ -120,7 +125,9 @@ BAD_INPUT_IDS = [
     "unknown-setting",
     "not-true-or-false",
     "unknown-accelerator",
+    "ddp-of-one-accelerate-launch-process",
     "no-devices",
+    "gpu-indices",
     "devices-not-a-number",
     "several-devices-under-single",
     "lightning-trainer-setting-by-name",

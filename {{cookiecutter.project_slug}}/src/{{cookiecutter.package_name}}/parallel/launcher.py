@@ -91,8 +91,15 @@ def fit_layout_to_launcher(
     given = {override.lstrip("+").partition("=")[0] for override in overrides}
     nodes_given = "trainer.num_nodes" in given
     devices_given = "trainer.devices" in given and devices not in ("auto", -1)
+    configured = devices  # a preset's or recipe's count (trainer.devices: 4 in a copy of ddp.yaml), else 1 or auto
     num_nodes = num_nodes if nodes_given else launcher.num_nodes
     devices = devices if devices_given else launcher.per_node
+    if type(configured) is int and configured not in (1, devices) and os.environ.get("RANK", "0") == "0":
+        print(
+            f"note: trainer.devices={configured} (from the config) gives way to the {devices} processes per node "
+            f"{launcher.name} started; it counts the processes of a command that starts them itself (python -m)",
+            file=sys.stderr,
+        )
     if (nodes_given or devices_given) and int(num_nodes) * int(devices) != launcher.world_size:
         raise ConfigError(
             f"trainer.num_nodes={num_nodes} x trainer.devices={devices} = {int(num_nodes) * int(devices)} processes, "

@@ -37,7 +37,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
 from torch.nn.parallel import DistributedDataParallel
 
-from ..errors import ConfigError
+from ..errors import ConfigError, TooFewProcesses
 from .batchnorm import split_problem
 from .layout import Layout
 from .sharding import check_tensor_parallel
@@ -189,7 +189,7 @@ def check_pipeline(
 ) -> None:
     """Refuse, before any process starts, a pipeline that cannot run: `replicas` pipelines over `processes`, each
     process running `per_process` stages of `schedule`, each position's blocks sharded over `tensor_parallel`.
-    `launch`: how the engine starts several processes, said to a pipeline of one."""
+    `launch`: how the engine starts several processes, said to a pipeline of one (TooFewProcesses)."""
     find_split(net, "pipeline")  # first: a model without a split cannot be pipelined whatever the layout
     if problem := split_problem(net, "pipeline"):
         raise ConfigError(problem)
@@ -209,7 +209,7 @@ def check_pipeline(
             f"{2 * replicas * tensor_parallel}+ processes (2+ stages per pipeline)"
         )
     if stages < 2:
-        raise ConfigError(f"strategy=pipeline runs one stage per process; {stages} process given, use 2+{launch}")
+        raise TooFewProcesses(f"strategy=pipeline runs one stage per process; {stages} process given, use 2+", launch)
     if tensor_parallel > 1:
         check_tensor_parallel(net, tensor_parallel)  # the plan divides over the shards (heads, features)
     if microbatches < stages:

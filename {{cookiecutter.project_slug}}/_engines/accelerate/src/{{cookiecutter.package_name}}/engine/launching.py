@@ -9,7 +9,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from ..errors import ConfigError
+from ..errors import ConfigError, TooFewProcesses
 from ..parallel.launcher import PACKAGE, free_port, module_command, multi_node_torchrun
 from .torchrun import LAUNCHED_PRESETS
 
@@ -77,6 +77,8 @@ def check_trial(cfg: DictConfig, preset: str, processes: int) -> None:
 
     try:
         check_config(cfg, launched=processes if preset in LAUNCHED_PRESETS else 1)
+    except TooFewProcesses as err:  # its advice is about launching the training; the search (bench) launches it
+        raise ConfigError(f"{err.what}: give trainer.devices=N, the processes started for each trial") from None
     except ConfigError as err:
         if preset in LAUNCHED_PRESETS:  # the training's advice is about launching it; the search (bench) launches it
             raise ConfigError(f"{err}. Its processes are started for it, trainer.devices={processes} of them") from None

@@ -21,11 +21,11 @@ from torch import nn
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from ...errors import ConfigError, Interrupted, TrainingStopped, spawned_failure
+from ...errors import ConfigError, Interrupted, TooFewProcesses, TrainingStopped, spawned_failure
 from ...parallel.batchnorm import needs_sync, synchronise, synchronised_message
 from ...parallel.launcher import free_port
 from ...runtime.interrupt import continuing
-from . import Strategy
+from . import Strategy, more_processes
 
 
 class DDP(Strategy):
@@ -44,12 +44,8 @@ class DDP(Strategy):
 
     def check_layout(self, processes: int, net: nn.Module, cfg: DictConfig) -> None:
         if processes < 2:
-            # The trap this guards against: `accelerate launch --cpu --num_processes 2` starts ONE process.
-            raise ConfigError(
-                "strategy=ddp needs 2+ processes but this is 1: give trainer.devices=N (this command starts them "
-                "under torchrun), or launch it with `accelerate launch --config_file launch/multi_process.yaml -m "
-                "{{ cookiecutter.package_name }}.train strategy=ddp` (or torchrun)"
-            )
+            # (`accelerate launch --cpu --num_processes 2` starts ONE process: more_processes says so.)
+            raise TooFewProcesses("strategy=ddp needs 2+ processes but this is 1", more_processes(self.name))
         # The net has BatchNorm layers and trainer.sync_batchnorm (set by the preset) asks for it.
         self.sync_batchnorm = cfg.trainer.sync_batchnorm and needs_sync(net, processes)
 

@@ -26,7 +26,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 
-from ...errors import ConfigError
+from ...errors import ConfigError, TooFewProcesses
 from ...parallel.layout import Layout
 from ...parallel.sharding import (
     FsdpSettings,
@@ -58,7 +58,7 @@ from ...runtime.checkpoint_forms import (
 )
 from ...runtime.resuming import write_mesh
 from ..checkpoints import read_whole, saved_by_layers
-from . import Strategy
+from . import Strategy, more_processes
 
 
 class ModelParallel(Strategy):
@@ -105,10 +105,8 @@ class ModelParallel(Strategy):
             return
         dp, tp = self.sizes
         if processes < 2:
-            raise ConfigError(
-                "strategy=model_parallel (mode=tensor) needs 2+ processes but this is 1: give trainer.devices=N (this "
-                "command starts them under torchrun), or launch it with `accelerate launch --config_file "
-                "launch/multi_process.yaml -m {{ cookiecutter.package_name }}.train strategy=model_parallel`"
+            raise TooFewProcesses(
+                "strategy=model_parallel (mode=tensor) needs 2+ processes but this is 1", more_processes(self.name)
             )
         if dp < 1 or tp < 1 or dp * tp != processes:
             raise ConfigError(

@@ -30,7 +30,7 @@ from ...parallel.pipelining import (
 )
 from ...runtime.checkpoint_forms import STAGES, form_of, stage_state
 from ..checkpoints import read_whole
-from . import LossFn, Strategy
+from . import LossFn, Strategy, more_processes
 from .model_parallel import ShardedState
 
 
@@ -77,9 +77,7 @@ class PipelineParallel(Strategy):
             schedule,
             per_process,
             tensor_parallel,
-            launch=": give trainer.devices=N (this command starts them under torchrun), or launch it with "
-            "`accelerate launch --config_file launch/multi_process.yaml -m {{ cookiecutter.package_name }}.train "
-            "strategy=pipeline`",
+            launch=more_processes(self.name),
         )
         self.layout = PipelineLayout.over(processes, replicas, schedule, per_process, tensor_parallel)
         check_pipeline_training(cfg.trainer.accumulate_grad_batches, cfg.trainer.gradient_clip_val)
