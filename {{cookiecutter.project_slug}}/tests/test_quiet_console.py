@@ -40,9 +40,10 @@ def test_the_default_training_and_its_resumption_print_no_warning(train, tmp_pat
     resumed = train(*SMALL, "trainer.max_epochs=2", run_dir=run_dir, env=AS_A_USER)  # its checkpoints are there
     assert "resuming from" in resumed.output
     assert_quiet(import_output(f"{PACKAGE}.train", train_env) + resumed.output)
-    # started from that checkpoint in a run folder of its own (Lightning: "The dirpath has changed ...")
+    # started from that checkpoint in a run folder of its own (Lightning: "The dirpath has changed ..."), given as
+    # the run folder (its last checkpoint, as load_trained takes it)
     last = next((run_dir / "checkpoints").glob("last*"))
-    started = train(*SMALL, "trainer.max_epochs=3", f"ckpt_path={last}", "test_after_fit=false", env=AS_A_USER)
+    started = train(*SMALL, "trainer.max_epochs=3", f"ckpt_path={run_dir}", "test_after_fit=false", env=AS_A_USER)
     assert f"starting from {last.resolve()} (ckpt_path)" in started.output
     assert_quiet(import_output(f"{PACKAGE}.train", train_env) + started.output)
 

@@ -34,6 +34,7 @@ from ..errors import ConfigError
 from ..runtime.checkpoint_forms import is_numbered, nested, read_parts
 from ..runtime.resuming import check_keep_last, load_saved_config
 
+LAST = "last"  # checkpoints/last: the link to the run's last complete checkpoint (both engines name it LAST)
 PROGRESS = "custom_checkpoint_0.pkl"  # accelerate's name for the first registered object's state: the loop's Progress
 
 
@@ -78,7 +79,7 @@ class Checkpoints:
     @property
     def last(self) -> Path | None:
         """The latest complete checkpoint, or None before the first."""
-        last = self.folder / "last"
+        last = self.folder / LAST
         return last if last.is_dir() else None
 
     def save(self, step: int, best: bool = False) -> None:
@@ -119,7 +120,7 @@ class Checkpoints:
             if target.exists():  # saved before by a run resumed from an earlier checkpoint: replace it
                 target.rename(self.folder / f".{name}.replaced")
             (self.folder / f".{name}.partial").rename(target)
-            self._point("last", name)
+            self._point(LAST, name)
             if best:
                 self._point("best", name)
             self._remove_unreferenced()
@@ -138,7 +139,7 @@ class Checkpoints:
         os.replace(new, self.folder / link)
 
     def _remove_unreferenced(self) -> None:
-        kept = {os.readlink(self.folder / link) for link in ("last", "best") if (self.folder / link).is_symlink()}
+        kept = {os.readlink(self.folder / link) for link in (LAST, "best") if (self.folder / link).is_symlink()}
         kept |= {path.name for path in sorted(self.folder.glob("step-*"))[-self.keep_last :]}  # zero-padded: by step
         for path in self.folder.iterdir():
             if path.is_dir() and not path.is_symlink() and path.name not in kept:
@@ -192,6 +193,11 @@ def saved_by_layers(checkpoint: Path) -> bool:
     )
 
 
+def last_of_run_folder(path: Path) -> Path:
+    """A run folder's last checkpoint (ckpt_path= and load_trained take either); any other path as it is."""
+    return path / "checkpoints" / LAST if (path / "checkpoints" / LAST).exists() else path
+
+
 def load_trained(checkpoint: str | Path, config: str | Path | None = None) -> nn.Module:
     """The net of a run, with the weights of `checkpoint`, on the CPU and in eval mode.
 
@@ -200,9 +206,7 @@ def load_trained(checkpoint: str | Path, config: str | Path | None = None) -> nn
     and pipeline as every process's part, its shards or its stage (`sharded/`, DCP; model_parallel's layer mode in
     one state file, `WholeState`). Either way it loads on one device.
     """
-    checkpoint = Path(checkpoint)
-    if (checkpoint / "checkpoints" / "last").exists():  # a run folder: its last checkpoint
-        checkpoint = checkpoint / "checkpoints" / "last"
+    checkpoint = last_of_run_folder(Path(checkpoint))
     if not (checkpoint / PROGRESS).is_file():
         raise FileNotFoundError(
             f"{checkpoint} is not a checkpoint of this project: give a run folder or one of its checkpoints "

@@ -64,7 +64,7 @@ from ..runtime.resuming import (
     starting_point,
 )
 from ..tracking.wandb_run import finish_wandb, forget_wandb_run, is_first_process, wandb_mode, write_atomically
-from .checkpoints import PROGRESS, Checkpoints, trained_so_far
+from .checkpoints import LAST, PROGRESS, Checkpoints, trained_so_far
 from .evaluation import batches, check_limit, evaluate, log, prefixed, show
 from .logger import ResumingWandBTracker
 from .loop import Progress, accumulation, fit, loss_fn, step_bar, training_steps
@@ -90,11 +90,11 @@ def train(cfg: DictConfig) -> None:
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     configure_allocator()  # before anything initialises CUDA
     # A restart continues from the run's last checkpoint; checkpoints of another training are refused.
-    cfg.ckpt_path, cfg.resume = starting_point(run_dir, cfg, run_dir / "checkpoints" / "last")
+    cfg.ckpt_path, cfg.resume = starting_point(run_dir, cfg, run_dir / "checkpoints" / LAST)
     launched = int(os.environ.get("WORLD_SIZE", 1))
     strategy, processes, recovery = check_config(cfg, launched)
     starts_them = strategy.name in LAUNCHED_PRESETS and processes > launched  # trainer.devices=N without a launcher
-    last = run_dir / "checkpoints" / "last"
+    last = run_dir / "checkpoints" / LAST
     given = bool(cfg.ckpt_path)
     start = Path(cfg.ckpt_path) if given else last if cfg.resume and last.exists() else None
     strategy.check_resume(start, processes, given)
@@ -153,7 +153,8 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     its first trial, so that a config every trial would refuse is refused before the first one."""
     if cfg.ckpt_path and not (Path(cfg.ckpt_path) / PROGRESS).is_file():
         raise ConfigError(
-            f"ckpt_path={cfg.ckpt_path} is not a checkpoint folder; give one, e.g. <run dir>/checkpoints/last"
+            f"ckpt_path={cfg.ckpt_path} is not a checkpoint folder; give one, e.g. <run dir>/checkpoints/last, or a "
+            "run folder"
         )
     check_settings_read(cfg)
     if cfg.logger:

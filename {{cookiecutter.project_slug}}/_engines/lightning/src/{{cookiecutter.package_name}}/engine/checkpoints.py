@@ -310,6 +310,11 @@ def prepare_run_folder(run_dir: Path, ckpt_path: str | None, resume: bool) -> No
         forget_wandb_run(run_dir)
 
 
+def last_of_run_folder(path: Path) -> Path:
+    """A run folder's last checkpoint (ckpt_path= and load_trained take either); any other path as it is."""
+    return path / "checkpoints" / LAST if (path / "checkpoints" / LAST).exists() else path
+
+
 def load_trained(checkpoint: str | Path, config: str | Path | None = None) -> Classifier:
     """The model of a run, with the weights of `checkpoint`, on the CPU and in eval mode.
 
@@ -318,9 +323,7 @@ def load_trained(checkpoint: str | Path, config: str | Path | None = None) -> Cl
     folder of every process's part (torch.distributed.checkpoint) that model_parallel (its shards) and pipeline (its
     stages) write, put together here.
     """
-    checkpoint = Path(checkpoint)
-    if (checkpoint / "checkpoints" / "last.ckpt").exists():  # a run folder: its last checkpoint
-        checkpoint = checkpoint / "checkpoints" / "last.ckpt"
+    checkpoint = last_of_run_folder(Path(checkpoint))
     if not checkpoint.exists():
         raise FileNotFoundError(
             f"{checkpoint} is not a checkpoint of this project: give a run folder or one of its checkpoints "

@@ -339,11 +339,13 @@ def check_checkpoint_path(path: Path) -> None:
     """A checkpoint Lightning can load: a file torch.save wrote, or the folder of a preset that writes parts
     (fsdp, model_parallel, pipeline: DCP's, with its .metadata)."""
     if not path.exists():
-        raise ConfigError(f"ckpt_path={path} does not exist; give a .ckpt file (e.g. a run's last.ckpt)")
+        raise ConfigError(
+            f"ckpt_path={path} does not exist; give a .ckpt file (e.g. a run's last.ckpt) or a run folder"
+        )
     if (path.is_dir() and not (path / DCP_INDEX).is_file()) or (path.is_file() and not written_by_torch(path)):
         raise ConfigError(
             f"ckpt_path={path} is not a checkpoint (a .ckpt file, or the .ckpt folder of a preset that writes parts); "
-            "give one, e.g. <run dir>/checkpoints/last.ckpt"
+            "give one, e.g. <run dir>/checkpoints/last.ckpt, or a run folder"
         )
     if path.is_file() and pickled_keys_include(path, "pytorch-lightning_version") is False:
         raise ConfigError(
