@@ -199,7 +199,7 @@ COMMAND_LINE_REFUSALS = [
         "argument 'total_steps'; the training calls it as scheduler(optimizer, total_steps=N): give a function that",
     ),
     # each value of a --multirun sweep, checked as one value is (Hydra: its own lines, exit 1, a multirun folder)
-    (["-m", "strategy=single,ddpp"], "unknown strategy 'ddpp'; valid: ddp, ddp_spawn, dp, fsdp, model_parallel,"),
+    (["-m", "strategy=single,ddpp"], "unknown strategy 'ddpp'; valid: ddp, "),  # (then presets of yours too)
     (["-m", "trainer.max_epoch=1,2"], "unknown setting trainer.max_epoch; did you mean trainer.max_epochs?"),
     (["-m", "model.optimizer.lr=0.1,abc"], "model.optimizer.lr=abc is not a number (the default is 0.001)"),
     # ~ of what the training reads: a traceback (ConfigAttributeError) after the run folder was made
@@ -322,6 +322,9 @@ COMMAND_LINE_REFUSALS = [
         "--max-epochs is not an option of this command: its settings are key=value, e.g. trainer.max_epochs=... "
         "(--help lists them)",
     ),
+    # a setting's name as a flag: Hydra's --experimental-rerun abbreviated (a traceback), or a key the trainer lacks
+    (["--experiment=x"], "--experiment is not an option of this command: its settings are key=value, e.g. experiment="),
+    (["--batch_size", "8"], "--batch_size is not an option of this command: its settings are key=value, e.g. data.ba"),
     (  # (it offered data.batch_size=0 or less)
         ["data.train_size=0"],
         "the training split has 0 samples, fewer than one global batch (data.batch_size=256): no step would train; "
@@ -447,6 +450,8 @@ COMMAND_LINE_REFUSAL_IDS = [
     "a-bare-word",
     "a-value-for-a-group-of-settings",
     "a-dashed-option",
+    "a-dashed-top-level-setting",
+    "a-dashed-setting-of-the-data",
     "empty-training-split",
     "stray-world-size-without-a-launcher",
     "unknown-wandb-mode",

@@ -66,6 +66,7 @@ def test_a_stopped_fsdp_training_continues_exactly_from_its_shards(tmp_path, tra
     # One process without a launcher (python -m): FSDP2 over a group of that one, as offload on one GPU needs.
     one = train(*SETTINGS, "strategy=fsdp", "trainer.devices=1")
     assert one.losses(STEPS) == pytest.approx(single, abs=TOLERANCE)
+    assert "note: strategy=fsdp runs 1 process here" in one.output and "nothing is sharded" in one.output
 
     # Every process killed in the forward of step 7, right after the checkpoint of step 6. The net has a head its
     # forward leaves out: AdamW keeps no state for it, which neither the continued run nor the test pass after it (the

@@ -727,6 +727,8 @@ def test_a_second_search_of_a_study_is_refused_while_the_first_holds_it(tmp_path
             "search.baseline=true: model.net.hidden is 128 in the training config, not one of the space's choices",
         ),
         (None, ["strategy=ddpp"], "unknown strategy 'ddpp'; valid: ddp,"),
+        (None, ["--experiment=x"], "--experiment is not an option of this command: its settings are key=value, e.g. e"),
+        (None, ["--n_trials", "3"], "--n_trials is not an option of this command: its settings are key=value, e.g. s"),
         (None, ["trainer.max_epoch=1"], "unknown setting trainer.max_epoch; did you mean trainer.max_epochs?"),
         ("model.optimizer.lr: {type: float, low: 1.0e-4\n", [], "is not valid YAML, line 2 column 1: expected ','"),
         # the training's own checks, on the first trial's config: 64 samples do not split over 3 processes

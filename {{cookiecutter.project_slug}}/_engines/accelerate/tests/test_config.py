@@ -17,7 +17,8 @@ PRESETS = sorted(path.stem for path in (CONFIG_DIR / "strategy").glob("*.yaml"))
 
 
 def test_every_preset_is_documented_and_builds():
-    assert PRESETS == sorted(["single", "ddp", "ddp_spawn", "dp", "fsdp", "model_parallel", "pipeline"])
+    shipped = {"single", "ddp", "ddp_spawn", "dp", "fsdp", "model_parallel", "pipeline"}
+    assert shipped <= set(PRESETS)  # (and presets of yours: docs/strategies.md)
     register_resolvers()
     for preset in PRESETS:
         header = (CONFIG_DIR / "strategy" / f"{preset}.yaml").read_text()
@@ -25,7 +26,7 @@ def test_every_preset_is_documented_and_builds():
         assert "# Hardware:" in header and "# Launch:" in header, f"{preset}.yaml lacks hardware/launch lines"
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
             cfg = compose("train", overrides=[f"strategy={preset}"])
-        assert instantiate(cfg.strategy).name == preset
+        assert instantiate(cfg.strategy).name == preset or preset not in shipped  # (yours: the class it copies)
 
 
 # (overrides, the one error line); each refused before training (conftest's `refused` runs them)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hydra import compose, initialize_config_dir
 from hydra._internal.hydra import Hydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
@@ -19,6 +20,7 @@ from ..runtime.interrupt import continue_last
 from . import CONFIG_DIR
 from .groups import check_group_choices, presets_of, sweep_values, training_groups, without_logger
 from .overrides import check_overrides, checked_when_hydra_composes
+from .settings import leaves
 
 
 def run_cli(run: Callable[[], None], config_name: str = "train") -> None:
@@ -71,17 +73,26 @@ HYDRA_FLAGS = {
 SETTINGS_NODE = {"train": "trainer", "doctor": "doctor", "bench": "bench"}
 
 
-def _flag_key(name: str, config_name: str) -> str:
-    """The key a `--name` most likely meant: the command's own setting, a top-level one (seed), the trainer's, else
-    one of the command's own."""
+def flag_key(name: str, config_name: str) -> str | None:
+    """The key a `--name` most likely meant: the command's own setting, a preset group or top-level setting
+    (strategy, seed), the trainer's, else the one setting of that name anywhere (batch_size: data.batch_size; lr:
+    model.optimizer.lr), or the one group or top-level setting it begins (exp: experiment); None if none."""
     node = SETTINGS_NODE.get(config_name, config_name)
     if name in OmegaConf.load(CONFIG_DIR / f"{config_name}.yaml").get(node, {}):
         return f"{node}.{name}"
-    if name in OmegaConf.load(CONFIG_DIR / "train.yaml"):
+    top = [*sorted(training_groups()), *OmegaConf.load(CONFIG_DIR / "train.yaml")]
+    if name in top:
         return name
     if name in OmegaConf.load(CONFIG_DIR / "trainer" / "default.yaml"):
         return f"trainer.{name}"
-    return f"{node}.{name}"
+    try:
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            keys = [key for key, _ in leaves(compose(config_name))]
+    except Exception:  # noqa: BLE001 (only a hint: a config that does not compose is refused later, in its words)
+        keys = []
+    named = [key for key in keys if key.rpartition(".")[2] == name]
+    begun = [key for key in dict.fromkeys(top) if len(name) > 2 and key.startswith(name) and key != "defaults"]
+    return named[0] if len(named) == 1 else begun[0] if len(begun) == 1 else None
 
 
 # Hydra's options that take the next argument as their value (`--config-name best`, `--cfg job`).
@@ -103,11 +114,16 @@ def check_flags(args: list[str], config_name: str) -> None:
         previous = arg
         flag = arg.partition("=")[0]
         if arg.startswith("-") and not _hydra_flag(flag) and not arg.lstrip("-")[:1].isdigit():
-            name = flag.lstrip("-").replace("-", "_")
-            raise ConfigError(
-                f"{flag} is not an option of this command: its settings are key=value, e.g. "
-                f"{_flag_key(name, config_name)}=... (--help lists them)"
-            )
+            raise not_an_option(flag, flag_key(flag.lstrip("-").replace("-", "_"), config_name))
+
+
+def not_an_option(flag: str, key: str | None) -> ConfigError:
+    """`--flag` refused, naming the key=value it most likely meant (`key`) if any."""
+    return ConfigError(
+        f"{flag} is not an option of this command: its settings are key=value"
+        + (f", e.g. {key}=..." if key else "")
+        + " (--help lists them)"
+    )
 
 
 def _takes_value(flag: str) -> bool:
@@ -120,8 +136,10 @@ def _takes_value(flag: str) -> bool:
 def _hydra_flag(flag: str) -> bool:
     """One of Hydra's options as argparse takes them: a long one abbreviated (--multi), a short one with its value
     attached (-cjob)."""
+    if flag == "--experimental-rerun":  # whole only: --experiment=x meant experiment=x
+        return True
     if flag.startswith("--"):
-        return any(known.startswith(flag) for known in HYDRA_FLAGS if known.startswith("--"))
+        return any(known.startswith(flag) for known in HYDRA_FLAGS - {"--experimental-rerun"} if known.startswith("--"))
     return any(flag.startswith(known) for known in HYDRA_FLAGS if not known.startswith("--"))
 
 

@@ -4,10 +4,10 @@ copied as ddp4.yaml with other settings, or naming a subclass of its strategy) i
 class it keeps."""
 
 import functools
+import importlib
 from pathlib import Path
 from typing import Any
 
-from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 BUILT_IN = ("single", "ddp", "ddp_spawn", "dp", "fsdp", "model_parallel", "pipeline")
@@ -22,8 +22,9 @@ def strategy_class(strategy: Any) -> tuple[Any, bool]:
     if not isinstance(strategy, DictConfig | dict):
         return str(strategy), False
     target = str(strategy.get("_target_"))
-    try:
-        found: Any = get_class(target)  # (lightning.pytorch.strategies.DDPStrategy or its module's path: one class)
+    module, _, name = target.rpartition(".")
+    try:  # (not Hydra's get_class: it logs an error for a function, Lightning's model_parallel preset's _target_)
+        found: Any = getattr(importlib.import_module(module), name)  # DDPStrategy, or its module's path: one class
     except Exception:  # noqa: BLE001  (Hydra's words for it come when the training builds it)
         found = target
     return found, strategy.get("start_method") in SPAWNED

@@ -8,6 +8,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from ..config.command_line import flag_key, not_an_option
 from ..errors import ConfigError
 
 SAMPLERS = ("grid", "random", "tpe")
@@ -86,6 +87,10 @@ def parse_command_line(args: list[str]) -> tuple[Settings, list[str], str | None
                 raise ConfigError("--export-wandb-sweep needs a file name, e.g. --export-wandb-sweep sweep.yaml")
         elif arg.startswith("--export-wandb-sweep="):
             export = arg.partition("=")[2]
+        elif arg.startswith("-") and not arg.lstrip("-")[:1].isdigit():  # argparse's habit: Hydra's lexer's words
+            name = arg.partition("=")[0].lstrip("-").replace("-", "_")
+            searched = name in [field.name for field in fields(Settings)]
+            raise not_an_option(arg.partition("=")[0], f"search.{name}" if searched else flag_key(name, "train"))
         else:
             rest.append(arg)
     mine = [arg for arg in rest if arg.lstrip("+~").partition("=")[0].partition(".")[0] == "search"]

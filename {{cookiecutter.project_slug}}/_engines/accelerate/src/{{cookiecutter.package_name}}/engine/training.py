@@ -242,6 +242,12 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
         check_layer_devices(build(cfg.model.net), first_input(data), len(strategy.layer_devices))
     if tensor_parallel > 1:  # (model_parallel, pipeline) a plan that changes what the net computes?
         check_plan_values(lambda: build(cfg.model.net), first_sample(data), tensor_parallel)
+    if strategy.name == "fsdp" and processes == 1 and is_first_process():  # (ddp, model_parallel: refused)
+        print(
+            "note: strategy=fsdp runs 1 process here: nothing is sharded (strategy.offload=true still moves the "
+            "weights to host memory); for N processes pass trainer.devices=N",
+            file=sys.stderr,
+        )
     return strategy, processes, recovery
 
 

@@ -9,6 +9,7 @@ from contextlib import AbstractContextManager, nullcontext
 
 import lightning as L
 from lightning.pytorch.plugins import TorchSyncBatchNorm
+from lightning.pytorch.strategies import SingleDeviceStrategy
 from torch import nn
 
 from ...data.loading import per_device_batch_size
@@ -55,15 +56,6 @@ def check_layout(
             f"strategy=single runs one device but trainer.devices={trainer.num_devices} x "
             f"trainer.num_nodes={trainer.num_nodes} asks for {trainer.world_size}; use strategy=ddp for several"
         )
-    if preset in ("ddp", "ddp_spawn") and trainer.world_size == 1 and trainer.global_rank == 0:
-        # Not refused: Lightning runs it, and devices=auto on a one-GPU machine is a fair choice. Said, because on
-        # the CPU devices=auto means one process, which a user asking for ddp rarely means.
-        print(
-            f"note: strategy={preset} runs 1 process here (trainer.devices={trainer.num_devices} x "
-            f"trainer.num_nodes={trainer.num_nodes}): it trains as strategy=single does; for N processes pass "
-            "trainer.devices=N",
-            file=sys.stderr,
-        )
     per_device_batch_size(global_batch_size, data_parallel_size(trainer), trainer.accumulate_grad_batches)
     check_validation_interval(trainer.val_check_interval, trainer.accumulate_grad_batches)
     for callback in trainer.callbacks:  # e.g. the OOM toolkit: a callback that works under some presets only
@@ -80,6 +72,17 @@ def check_layout(
             callback.check_compatible(trainer, module, synchronised_batchnorm)
     if hasattr(trainer.strategy, "check_layout"):
         trainer.strategy.check_layout(trainer, module, global_batch_size)
+    # (after the refusals: a refused command says one line)
+    layers = isinstance(trainer.strategy, SingleDeviceStrategy)  # model_parallel's layers mode: one process, always
+    if preset in ("ddp", "ddp_spawn", "fsdp", "model_parallel") and not layers and trainer.world_size == 1:
+        # Not refused: Lightning runs it, and devices=auto on a one-GPU machine is a fair choice. Said, because on
+        # the CPU devices=auto means one process, which a user asking for ddp (fsdp, ...) rarely means.
+        single = "nothing is sharded" if preset == "fsdp" else "it trains as strategy=single does"
+        print(
+            f"note: strategy={preset} runs 1 process here (trainer.devices={trainer.num_devices} x "
+            f"trainer.num_nodes={trainer.num_nodes}): {single}; for N processes pass trainer.devices=N",
+            file=sys.stderr,
+        )
 
 
 def check_validation_interval(interval: int | float, accumulate: int) -> None:
