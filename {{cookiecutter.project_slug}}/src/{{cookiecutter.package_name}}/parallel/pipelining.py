@@ -308,7 +308,8 @@ class Pipeline:
         }
 
     def parameter_counts(self) -> list[int]:
-        """Parameters held by each stage (is the split balanced?), on every process."""
+        """Parameters held by each process of a pipeline, its stages together (is the split balanced?), on every
+        process."""
         counts = [None] * dist.get_world_size()
         dist.all_gather_object(counts, sum(p.numel() for p in self.net.stage.parameters()))
         return counts[: self.stages * self.layout.tensor_parallel : self.layout.tensor_parallel]
