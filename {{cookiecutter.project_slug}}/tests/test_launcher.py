@@ -1,6 +1,7 @@
 """Layouts given by a launcher (torchrun, SLURM), checked against the command line before training."""
 
 import contextlib
+import os
 import subprocess
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from {{ cookiecutter.package_name }}.parallel.launcher import (
     fit_layout_to_launcher,
     warn_if_restarts_can_hang,
 )
+from {{ cookiecutter.package_name }}.runtime.hardware import oversubscribed_note
 
 TORCHRUN_2x2 = {"TORCHELASTIC_RUN_ID": "job", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_WORLD_SIZE": "2"}
 SLURM_1x2 = {"SLURM_JOB_ID": "7", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "1", "SLURM_JOB_NAME": "job"}
@@ -64,6 +66,16 @@ def test_a_configured_count_gives_way_to_the_launcher_with_a_note(launched_by, c
     assert note in capsys.readouterr().err
     assert fit_layout_to_launcher("ddp", 1, 1, ["strategy=ddp"]) == (2, 2)  # the default 1: nothing to say
     assert capsys.readouterr().err == ""
+
+
+def test_more_processes_than_cores_are_said(monkeypatch):
+    """ddp_spawn trainer.devices=64 on 2 cores trained, slower than one process, without a word."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert oversubscribed_note(2) is None
+    assert oversubscribed_note(3) == (
+        "note: 3 training processes on the CPU of a machine with 2 cores: each step waits for processes that have no "
+        "core; trainer.devices=2 or fewer trains faster here"
+    )
 
 
 @pytest.mark.parametrize("preset", ["dp", "ddp_spawn"])

@@ -47,6 +47,18 @@ def check_device_settings(accelerator: str, devices: Any, gpu_indices: bool = Fa
         raise ConfigError(f"trainer.devices={devices} is not a device count; valid: 1, 2, ..., or auto (or -1){also}")
 
 
+def oversubscribed_note(processes: int) -> str | None:
+    """A note when more training processes run on this machine's CPU than it has cores to give them: it trains, but
+    every collective waits for processes the kernel has not scheduled (each step slower than one process's)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if processes <= cores:
+        return None
+    return (
+        f"note: {processes} training processes on the CPU of a machine with {cores} cores: each step waits for "
+        f"processes that have no core; trainer.devices={cores} or fewer trains faster here"
+    )
+
+
 def environment() -> dict[str, Any]:
     """Versions and devices: torch, CUDA, NCCL, the driver, and each GPU with memory, compute capability, bf16."""
     cuda = torch.cuda.is_available()

@@ -51,6 +51,7 @@ from ..parallel.presets import built_in_preset
 from ..parallel.sharding import check_layer_devices, check_sized_parameters
 from ..parallel.split import check_chain
 from ..runtime.async_saves import check_async
+from ..runtime.hardware import oversubscribed_note
 from ..runtime.interrupt import ctrl_c, interrupted, mark_finished, stops_at_once
 from ..runtime.memory import FINDER_REFUSED, check_oom_settings, configure_allocator
 from ..runtime.metrics import check_monitor
@@ -63,6 +64,7 @@ from ..runtime.resuming import (
     starting_from_message,
     starting_point,
 )
+from ..runtime.run_folder import HELD_BY_THE_COMMAND
 from ..tracking.wandb_run import finish_wandb, forget_wandb_run, is_first_process, wandb_mode, write_atomically
 from .checkpoints import LAST, PROGRESS, Checkpoints, trained_so_far
 from .evaluation import batches, check_limit, evaluate, log, prefixed, show
@@ -248,6 +250,10 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
             "weights to host memory); for N processes pass trainer.devices=N",
             file=sys.stderr,
         )
+    on_cpu = cfg.trainer.accelerator == "cpu" or not torch.cuda.is_available()
+    said = HELD_BY_THE_COMMAND in os.environ  # a process this command started (engine/torchrun.py): it said it
+    if on_cpu and is_first_process() and not said and (note := oversubscribed_note(int(devices))):
+        print(note, file=sys.stderr)
     return strategy, processes, recovery
 
 

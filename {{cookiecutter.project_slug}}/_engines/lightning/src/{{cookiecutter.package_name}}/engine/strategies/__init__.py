@@ -16,6 +16,7 @@ from ...data.loading import per_device_batch_size
 from ...errors import ConfigError
 from ...parallel.batchnorm import synchronise
 from ...parallel.layout import Layout
+from ...runtime.hardware import oversubscribed_note
 
 
 def data_parallel_size(trainer: L.Trainer) -> int:
@@ -83,6 +84,9 @@ def check_layout(
             f"trainer.num_nodes={trainer.num_nodes}): {single}; for N processes pass trainer.devices=N",
             file=sys.stderr,
         )
+    on_cpu = trainer.strategy.root_device.type == "cpu"
+    if on_cpu and trainer.global_rank == 0 and (note := oversubscribed_note(trainer.num_devices)):
+        print(note, file=sys.stderr)
 
 
 def check_validation_interval(interval: int | float, accumulate: int) -> None:
