@@ -218,10 +218,10 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     micro = per_device_batch_size(cfg.data.batch_size, replicas, accumulation(cfg))
     data = build(cfg.data)
     data.check_replicas(replicas, processes)
-    if (note := accumulation_note(net, cfg.trainer.accumulate_grad_batches)) and is_first_process():
+    if (note := accumulation_note(net, cfg.trainer.accumulate_grad_batches)) and says_notes():
         print(note, file=sys.stderr)
     unsynchronised = strategy.name in ("ddp", "ddp_spawn") and not cfg.trainer.sync_batchnorm
-    if unsynchronised and (note := unsynchronised_note(net, replicas)) and is_first_process():
+    if unsynchronised and (note := unsynchronised_note(net, replicas)) and says_notes():
         print(note, file=sys.stderr)
     check_input(net, data, cfg.trainer.precision.endswith("-mixed"))  # e.g. model=gpt and data not token ids
     check_monitor(cfg.checkpoint.monitor, targets_are_values(data))
@@ -244,17 +244,22 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
         check_layer_devices(build(cfg.model.net), first_input(data), len(strategy.layer_devices))
     if tensor_parallel > 1:  # (model_parallel, pipeline) a plan that changes what the net computes?
         check_plan_values(lambda: build(cfg.model.net), first_sample(data), tensor_parallel)
-    if strategy.name == "fsdp" and processes == 1 and is_first_process():  # (ddp, model_parallel: refused)
+    if strategy.name == "fsdp" and processes == 1 and says_notes():  # (ddp, model_parallel: refused)
         print(
             "note: strategy=fsdp runs 1 process here: nothing is sharded (strategy.offload=true still moves the "
             "weights to host memory); for N processes pass trainer.devices=N",
             file=sys.stderr,
         )
     on_cpu = cfg.trainer.accelerator == "cpu" or not torch.cuda.is_available()
-    said = HELD_BY_THE_COMMAND in os.environ  # a process this command started (engine/torchrun.py): it said it
-    if on_cpu and is_first_process() and not said and (note := oversubscribed_note(int(devices))):
+    if on_cpu and says_notes() and (note := oversubscribed_note(int(devices))):
         print(note, file=sys.stderr)
     return strategy, processes, recovery
+
+
+def says_notes() -> bool:
+    """Whether this process says check_config's notes: the first one, unless this command started it under torchrun
+    (engine/torchrun.py), having said them itself before."""
+    return is_first_process() and HELD_BY_THE_COMMAND not in os.environ
 
 
 def float8_net(net: nn.Module, recipe: str, accelerator: Accelerator) -> nn.Module:
