@@ -10,8 +10,9 @@ from hydra.utils import instantiate
 
 from {{ cookiecutter.package_name }}.config import CONFIG_DIR
 from {{ cookiecutter.package_name }}.config.objects import register_resolvers
-from {{ cookiecutter.package_name }}.engine.training import check_settings_read
+from {{ cookiecutter.package_name }}.engine.training import check_settings_read, says_notes
 from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.runtime.run_folder import HELD_BY_THE_COMMAND
 
 PRESETS = sorted(path.stem for path in (CONFIG_DIR / "strategy").glob("*.yaml"))
 
@@ -27,6 +28,20 @@ def test_every_preset_is_documented_and_builds():
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
             cfg = compose("train", overrides=[f"strategy={preset}"])
         assert instantiate(cfg.strategy).name == preset or preset not in shipped  # (yours: the class it copies)
+
+
+def test_the_notes_of_the_checks_are_said_once(monkeypatch):
+    """`python -m ... trainer.devices=2` checks the config, says its notes, then starts torchrun, whose rank 0 checked
+    it again and said them all a second time."""
+    for name in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "NODE_RANK", HELD_BY_THE_COMMAND):
+        monkeypatch.delenv(name, raising=False)
+    assert says_notes()  # the command itself, or rank 0 of a launcher of yours
+    monkeypatch.setenv(HELD_BY_THE_COMMAND, "/run")
+    monkeypatch.setenv("RANK", "0")
+    assert not says_notes()  # rank 0 of the torchrun this command started
+    monkeypatch.delenv(HELD_BY_THE_COMMAND)
+    monkeypatch.setenv("RANK", "1")
+    assert not says_notes()
 
 
 # (overrides, the one error line); each refused before training (conftest's `refused` runs them)
