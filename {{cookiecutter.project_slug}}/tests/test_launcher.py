@@ -13,6 +13,8 @@ from {{ cookiecutter.package_name }}.parallel.launcher import (
     check_run_id,
     detect_launcher,
     fit_layout_to_launcher,
+    shipped_devices,
+    started_alone,
     warn_if_restarts_can_hang,
 )
 from {{ cookiecutter.package_name }}.runtime.hardware import oversubscribed_note
@@ -64,8 +66,26 @@ def test_a_configured_count_gives_way_to_the_launcher_with_a_note(launched_by, c
     assert fit_layout_to_launcher("ddp", 1, 4, ["strategy=ddp4"]) == (2, 2)
     note = "note: trainer.devices=4 (from the config) gives way to the 2 processes per node torchrun started"
     assert note in capsys.readouterr().err
-    assert fit_layout_to_launcher("ddp", 1, 1, ["strategy=ddp"]) == (2, 2)  # the default 1: nothing to say
+    shipped = shipped_devices("ddp")  # the project's own ddp.yaml's (Lightning: auto), else the trainer's 1
+    assert fit_layout_to_launcher("ddp", 1, shipped, ["strategy=ddp"]) == (2, 2)  # nothing of yours to say
     assert capsys.readouterr().err == ""
+
+
+def test_one_process_of_a_launcher_is_told_how_that_launcher_starts_more(launched_by, monkeypatch):
+    """A preset of several processes run as one: the advice names the launcher that started it (it said to give
+    trainer.devices=N, which a launcher's layout refuses), or None for a command started by hand."""
+    assert started_alone() is None
+    launched_by({"ACCELERATE_MIXED_PRECISION": "no"})  # accelerate launch without its config: ran the command itself
+    assert started_alone().startswith("accelerate launch started 1 (it does with --cpu, or without a config")
+    launched_by({"TORCHELASTIC_RUN_ID": "job"})
+    assert started_alone() == "accelerate launch started 1: give it --num_processes N"
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION")
+    assert started_alone().startswith("torchrun started 1: give it --nproc-per-node=N (NPROC_PER_NODE=N for")
+    launched_by({"SLURM_JOB_ID": "7"})  # launch/slurm.sbatch: torchrun on each machine
+    assert started_alone().startswith("SLURM gave it 1 per machine: give sbatch --ntasks-per-node=N")
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
+    launched_by({"SLURM_STEP_NUM_TASKS": "4"})  # srun's tasks, each a training of its own
+    assert started_alone().startswith("srun started 4 tasks that did not join one training")
 
 
 def test_more_processes_than_cores_are_said(monkeypatch):

@@ -10,17 +10,35 @@ import torch.distributed.checkpoint as dcp
 from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
+from {{ cookiecutter.package_name }}.engine.checkpoints import LAST, last_of_run_folder
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.runtime.interrupt import continue_last, continuing
 from {{ cookiecutter.package_name }}.runtime.resuming import (
     check_not_past_the_end,
     check_same_mesh,
+    check_saved_run,
     schedule_length_note,
     starting_point,
     write_mesh,
 )
 
 RESTARTS = ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
+
+
+def test_a_run_folder_as_ckpt_path_is_the_checkpoint_its_link_points_to(tmp_path):
+    """ckpt_path=<run folder> (load_trained took one; ckpt_path did not): the checkpoint `last` points to now, not the
+    link, which moves on while that run trains. Without a complete checkpoint yet: said so in one line (the refusal
+    of a path that is no checkpoint said to give a run folder)."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("seed: 1\n")
+    assert last_of_run_folder(run) == run
+    with pytest.raises(ConfigError, match=f"ckpt_path={run} is a run folder without a complete checkpoint"):
+        check_saved_run(run)
+    (run / "checkpoints" / "step000004").mkdir()
+    (run / "checkpoints" / LAST).symlink_to("step000004")
+    assert last_of_run_folder(run) == (run / "checkpoints" / "step000004").resolve()
+    check_saved_run(run / "checkpoints" / "step000004")  # a checkpoint itself: not a run folder
 
 
 def training(**changes):

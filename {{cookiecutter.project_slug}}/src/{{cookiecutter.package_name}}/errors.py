@@ -130,6 +130,8 @@ def missing_name(path: str) -> str | None:
     """What a dotted path lacks when its module imports but has no such name (a misspelt class: Hydra's words were
     "No module named 'my_pkg.MyDatset'; 'my_pkg' is not a package"), with the nearest name there; else None."""
     parts = path.split(".")
+    if not all(parts):  # `os..path`, a trailing dot: Hydra's words say it
+        return None
     for end in range(len(parts) - 1, 0, -1):
         name = ".".join(parts[:end])
         try:
@@ -141,11 +143,14 @@ def missing_name(path: str) -> str | None:
         except Exception:  # noqa: BLE001 (the module's own error, which Hydra's message names)
             return None
         for at, attribute in enumerate(parts[end:], start=end):
-            if not hasattr(found, attribute):
+            try:
+                found = getattr(found, attribute)
+            except AttributeError:
                 near = difflib.get_close_matches(attribute, [n for n in dir(found) if not n.startswith("_")], n=1)
                 where = ".".join(parts[:at])
                 return f"{where} has no {attribute}" + (f"; did you mean {where}.{near[0]}?" if near else "")
-            found = getattr(found, attribute)
+            except Exception:  # noqa: BLE001 (a lazy module's own __getattr__ failing: Hydra's words say it)
+                return None
         return None
     return None
 

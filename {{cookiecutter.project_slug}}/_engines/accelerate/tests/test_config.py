@@ -94,7 +94,10 @@ BAD_INPUT = [
         "strategy=ddp needs 2+ processes but this is 1: accelerate launch started 1 (it does with --cpu, or without",
     ),
     (["trainer.devices=0"], "trainer.devices=0 is not a device count; valid: 1, 2, ..., or auto (or -1)"),
-    (["trainer.devices=[0,1]"], "is not a device count; valid: 1, 2, ..., or auto (or -1); choose GPUs with CUDA_VIS"),
+    (  # (the GPUs given, not 0 and 1 whatever they were)
+        ["trainer.devices=[2,3]"],
+        "is not a device count; valid: 1, 2, ..., or auto (or -1); choose GPUs with CUDA_VISIBLE_DEVICES=2,3 and",
+    ),
     (["strategy=ddp_spawn", "trainer.devices=abc"], "trainer.devices=abc is not a device count; valid: 1, 2,"),
     (
         ["trainer.devices=2"],

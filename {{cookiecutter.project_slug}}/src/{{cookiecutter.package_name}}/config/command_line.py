@@ -81,17 +81,18 @@ def flag_key(name: str, config_name: str) -> str | None:
     if name in OmegaConf.load(CONFIG_DIR / f"{config_name}.yaml").get(node, {}):
         return f"{node}.{name}"
     top = [*sorted(training_groups()), *OmegaConf.load(CONFIG_DIR / "train.yaml")]
+    top.remove("defaults")  # (Hydra's list of the groups, not a setting)
     if name in top:
         return name
     if name in OmegaConf.load(CONFIG_DIR / "trainer" / "default.yaml"):
         return f"trainer.{name}"
     try:
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-            keys = [key for key, _ in leaves(compose(config_name))]
+            keys = [key for key, value in leaves(compose(config_name)) if not isinstance(value, dict)]  # values
     except Exception:  # noqa: BLE001 (only a hint: a config that does not compose is refused later, in its words)
         keys = []
     named = [key for key in keys if key.rpartition(".")[2] == name]
-    begun = [key for key in dict.fromkeys(top) if len(name) > 2 and key.startswith(name) and key != "defaults"]
+    begun = [key for key in dict.fromkeys(top) if len(name) > 2 and key.startswith(name)]
     return named[0] if len(named) == 1 else begun[0] if len(begun) == 1 else None
 
 

@@ -22,8 +22,8 @@ from torch.utils._pytree import tree_map
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, TensorDataset, default_collate
 
 from ..errors import ConfigError, located, said_once
+from ..parallel.launcher import is_first_process
 from ..runtime.optimization import check_trainable
-from ..tracking.wandb_run import is_first_process
 from . import IGNORED, batches_per_epoch
 
 SPLITS = ("train", "val", "test")

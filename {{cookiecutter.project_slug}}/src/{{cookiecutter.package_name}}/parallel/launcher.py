@@ -10,7 +10,10 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from omegaconf import OmegaConf
+
 from ..errors import ConfigError
+from .presets import STRATEGY_CONFIGS
 
 PACKAGE = "{{ cookiecutter.package_name }}"
 # torchrun's arguments on each node of a multi-node training (the same --rdzv-id on every node: one run folder)
@@ -42,6 +45,11 @@ class Launcher:
     world_size: int  # processes in all
     num_nodes: int
     per_node: int  # processes per node
+
+
+def is_first_process() -> bool:
+    """Rank 0 of the launch, as the launchers' variables say (usable before any process group exists)."""
+    return all(os.environ.get(name, "0") == "0" for name in ("RANK", "SLURM_PROCID", "LOCAL_RANK", "NODE_RANK"))
 
 
 def detect_launcher() -> Launcher | None:
@@ -94,19 +102,49 @@ def fit_layout_to_launcher(
     configured = devices  # a preset's or recipe's count (trainer.devices: 4 in a copy of ddp.yaml), else 1 or auto
     num_nodes = num_nodes if nodes_given else launcher.num_nodes
     devices = devices if devices_given else launcher.per_node
-    if type(configured) is int and configured not in (1, devices) and os.environ.get("RANK", "0") == "0":
-        print(
-            f"note: trainer.devices={configured} (from the config) gives way to the {devices} processes per node "
-            f"{launcher.name} started; it counts the processes of a command that starts them itself (python -m)",
-            file=sys.stderr,
-        )
     if (nodes_given or devices_given) and int(num_nodes) * int(devices) != launcher.world_size:
         raise ConfigError(
             f"trainer.num_nodes={num_nodes} x trainer.devices={devices} = {int(num_nodes) * int(devices)} processes, "
             f"but {launcher.name} runs {launcher.world_size} ({launcher.num_nodes} nodes x {launcher.per_node}); "
             "leave both out to use the launcher's layout"
         )
+    if configured not in (devices, shipped_devices(preset)) and is_first_process():  # (a count of yours only)
+        print(
+            f"note: trainer.devices={configured} (from the config) gives way to the {devices} processes per node "
+            f"{launcher.name} started; it counts the processes of a command that starts them itself (python -m)",
+            file=sys.stderr,
+        )
     return num_nodes, devices
+
+
+def shipped_devices(preset: str) -> object:
+    """The trainer.devices the project's own file of `preset` gives (Lightning's pipeline.yaml: 2), else the
+    trainer's default (1)."""
+    path = STRATEGY_CONFIGS / f"{preset}.yaml"
+    return OmegaConf.select(OmegaConf.load(path), "trainer.devices", default=1) if path.is_file() else 1
+
+
+def started_alone() -> str | None:
+    """How to have this process's launcher start N processes, said to the one process of a preset of several that
+    a launcher started; None for a command started by hand (its engine says how it starts them itself)."""
+    env = os.environ
+    if "SLURM_JOB_ID" in env and "TORCHELASTIC_RUN_ID" in env:  # launch/slurm.sbatch: torchrun on each machine
+        return "SLURM gave it 1 per machine: give sbatch --ntasks-per-node=N (launch/slurm.sbatch starts N)"
+    if "TORCHELASTIC_RUN_ID" in env and "ACCELERATE_MIXED_PRECISION" in env:
+        return "accelerate launch started 1: give it --num_processes N"
+    if "TORCHELASTIC_RUN_ID" in env:
+        return "torchrun started 1: give it --nproc-per-node=N (NPROC_PER_NODE=N for launch/torchrun_multinode.sh)"
+    if int(env.get("SLURM_STEP_NUM_TASKS", "1")) > 1:  # srun's tasks, which did not join one training
+        return (
+            f"srun started {env['SLURM_STEP_NUM_TASKS']} tasks that did not join one training: run "
+            "launch/slurm.sbatch (one torchrun per machine)"
+        )
+    if "ACCELERATE_MIXED_PRECISION" in env:  # accelerate's launcher ran the command itself: one process
+        return (
+            "accelerate launch started 1 (it does with --cpu, or without a config on a machine of fewer than 2 "
+            "GPUs): launch it with `accelerate launch --config_file launch/multi_process.yaml ...`"
+        )
+    return None
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h

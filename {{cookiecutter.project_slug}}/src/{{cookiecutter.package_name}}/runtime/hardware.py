@@ -43,7 +43,8 @@ def check_device_settings(accelerator: str, devices: Any, gpu_indices: bool = Fa
     if devices not in ("auto", -1) and not (type(devices) is int and devices >= 1) and not (indices and devices):
         also = ", or GPU indices ([0, 1])" if gpu_indices else ""
         if not gpu_indices and (listed or written):  # GPU indices, which this engine does not take
-            also = "; choose GPUs with CUDA_VISIBLE_DEVICES=0,1"
+            chosen = ",".join(str(i) for i in devices) if listed else devices.rstrip(",")
+            also = f"; choose GPUs with CUDA_VISIBLE_DEVICES={chosen} and trainer.devices=<their count>"
         raise ConfigError(f"trainer.devices={devices} is not a device count; valid: 1, 2, ..., or auto (or -1){also}")
 
 

@@ -9,7 +9,7 @@ import sys
 import torch
 
 from ..errors import ConfigError
-from ..tracking.wandb_run import is_first_process
+from ..parallel.launcher import is_first_process
 from .hardware import nvml_call
 
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")

@@ -10,7 +10,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from ..errors import ConfigError, said_once
-from ..tracking.wandb_run import is_first_process
+from ..parallel.launcher import is_first_process
 from .checkpoint_files import damage, looks_like_checkpoint
 
 # What a checkpoint is made of: changed, it cannot be loaded (the net's shapes) or not continued where it stopped (its
@@ -50,6 +50,16 @@ MOVED_MODULES = {
     "wandb_logger": "engine.logger",
     "wandb_tracker": "engine.logger",
 }
+
+
+def check_saved_run(path: Path) -> None:
+    """ckpt_path= a run folder (its config.yaml) with no complete checkpoint yet: said so, where the refusal of
+    anything else that is not a checkpoint says to give one or a run folder."""
+    if (path / "config.yaml").is_file():
+        raise ConfigError(
+            f"ckpt_path={path} is a run folder without a complete checkpoint (yet): give another run's, or leave "
+            "ckpt_path out"
+        )
 
 
 def resuming_message(last: Path) -> str:

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..tracking.wandb_run import is_first_process
+from ..parallel.launcher import is_first_process
 
 # Set by a training command that starts its processes under torchrun (the Accelerate engine): the folder it holds
 # for them, in which their first process does not ask again.

@@ -100,11 +100,6 @@ def forget_wandb_run(run_dir: Path) -> None:
     (run_dir / "metrics.jsonl").unlink(missing_ok=True)  # tracking/metrics_file.py
 
 
-def is_first_process() -> bool:
-    """Rank 0 of the launch, as the launchers' variables say (usable before any process group exists)."""
-    return all(os.environ.get(name, "0") == "0" for name in ("RANK", "SLURM_PROCID", "LOCAL_RANK", "NODE_RANK"))
-
-
 def write_atomically(path: Path, text: str) -> None:
     """Write via a temporary file and a rename: a reader (or a restart after a kill) never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)

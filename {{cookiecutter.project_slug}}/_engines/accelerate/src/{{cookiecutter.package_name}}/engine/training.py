@@ -45,7 +45,14 @@ from ..parallel.batchnorm import (
     unsynchronised_note,
     uses_batchnorm,
 )
-from ..parallel.launcher import detect_launcher, die_with_launcher, fit_layout_to_launcher, warn_if_restarts_can_hang
+from ..parallel.launcher import (
+    detect_launcher,
+    die_with_launcher,
+    fit_layout_to_launcher,
+    is_first_process,
+    started_alone,
+    warn_if_restarts_can_hang,
+)
 from ..parallel.plan_values import check_plan_values
 from ..parallel.presets import built_in_preset
 from ..parallel.sharding import check_layer_devices, check_sized_parameters
@@ -60,13 +67,14 @@ from ..runtime.precision import resolve_precision, use_tensor_cores
 from ..runtime.resuming import (
     afresh_message,
     check_not_past_the_end,
+    check_saved_run,
     resuming_message,
     starting_from_message,
     starting_point,
 )
 from ..runtime.run_folder import HELD_BY_THE_COMMAND
-from ..tracking.wandb_run import finish_wandb, forget_wandb_run, is_first_process, wandb_mode, write_atomically
-from .checkpoints import LAST, PROGRESS, Checkpoints, trained_so_far
+from ..tracking.wandb_run import finish_wandb, forget_wandb_run, wandb_mode, write_atomically
+from .checkpoints import LAST, PROGRESS, Checkpoints, last_of_run_folder, trained_so_far
 from .evaluation import batches, check_limit, evaluate, log, prefixed, show
 from .logger import ResumingWandBTracker
 from .loop import Progress, accumulation, fit, loss_fn, step_bar, training_steps
@@ -153,7 +161,10 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     that a launcher started in `launched` processes (1 without a launcher): raises ConfigError. Returns the
     strategy, the processes the training will have, and the OOM recovery. The search runs it on the config of
     its first trial, so that a config every trial would refuse is refused before the first one."""
+    if cfg.ckpt_path:  # a run folder: its last checkpoint (train.py took it already; the search's trials not yet)
+        cfg.ckpt_path = str(last_of_run_folder(Path(cfg.ckpt_path)))
     if cfg.ckpt_path and not (Path(cfg.ckpt_path) / PROGRESS).is_file():
+        check_saved_run(Path(cfg.ckpt_path))
         raise ConfigError(
             f"ckpt_path={cfg.ckpt_path} is not a checkpoint folder; give one, e.g. <run dir>/checkpoints/last, or a "
             "run folder"
@@ -247,7 +258,7 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     if strategy.name == "fsdp" and processes == 1 and says_notes():  # (ddp, model_parallel: refused)
         print(
             "note: strategy=fsdp runs 1 process here: nothing is sharded (strategy.offload=true still moves the "
-            "weights to host memory); for N processes pass trainer.devices=N",
+            "weights to host memory); " + (started_alone() or "for N processes pass trainer.devices=N"),
             file=sys.stderr,
         )
     on_cpu = cfg.trainer.accelerator == "cpu" or not torch.cuda.is_available()

@@ -17,6 +17,7 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from ..parallel.launcher import is_first_process
 from ..runtime.interrupt import Interrupt
 from ..runtime.resuming import (
     afresh_message,
@@ -25,7 +26,7 @@ from ..runtime.resuming import (
     resuming_message,
     starting_from_message,
 )
-from ..tracking.wandb_run import forget_wandb_run, is_first_process
+from ..tracking.wandb_run import forget_wandb_run
 from .lightning_private import (
     batches_that_stepped,
     mark_saved,
@@ -311,8 +312,9 @@ def prepare_run_folder(run_dir: Path, ckpt_path: str | None, resume: bool) -> No
 
 
 def last_of_run_folder(path: Path) -> Path:
-    """A run folder's last checkpoint (ckpt_path= and load_trained take either); any other path as it is."""
-    return path / "checkpoints" / LAST if (path / "checkpoints" / LAST).exists() else path
+    """A run folder's last checkpoint (ckpt_path= and load_trained take either), the one its link points to now (it
+    moves on while that run trains); any other path as it is."""
+    return (path / "checkpoints" / LAST).resolve() if (path / "checkpoints" / LAST).exists() else path
 
 
 def load_trained(checkpoint: str | Path, config: str | Path | None = None) -> Classifier:

@@ -38,7 +38,13 @@ from ..errors import EXIT_INTERRUPTED, ConfigError, Interrupted, said_once, spaw
 from ..models.activation_checkpointing import check_activation_checkpointing
 from ..models.float8 import check_float8, check_float8_layers
 from ..parallel.batchnorm import accumulation_note, needs_sync, synchronised_message, unsynchronised_note
-from ..parallel.launcher import detect_launcher, die_with_launcher, fit_layout_to_launcher, warn_if_restarts_can_hang
+from ..parallel.launcher import (
+    detect_launcher,
+    die_with_launcher,
+    fit_layout_to_launcher,
+    is_first_process,
+    warn_if_restarts_can_hang,
+)
 from ..parallel.plan_values import check_plan_values
 from ..parallel.presets import built_in_preset
 from ..parallel.sharding import check_layer_devices, check_sized_parameters
@@ -51,8 +57,8 @@ from ..runtime.memory import configure_allocator
 from ..runtime.metrics import check_monitor
 from ..runtime.optimization import check_optimization
 from ..runtime.precision import resolve_precision
-from ..runtime.resuming import check_not_past_the_end, check_same_mesh, starting_point
-from ..tracking.wandb_run import finish_wandb, is_first_process, wandb_mode, write_atomically
+from ..runtime.resuming import check_not_past_the_end, check_same_mesh, check_saved_run, starting_point
+from ..tracking.wandb_run import finish_wandb, wandb_mode, write_atomically
 from .callbacks.batch_size_finder import BatchSizeFinder
 from .callbacks.epoch_metrics import EpochMetricsFile
 from .callbacks.oom_toolkit import oom_callbacks
@@ -60,6 +66,7 @@ from .checkpoints import (
     LAST,
     AnyPresetCheckpointIO,
     ResumeCheckpoint,
+    last_of_run_folder,
     mid_epoch_position,
     prepare_run_folder,
     resume_from,
@@ -196,6 +203,7 @@ def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningD
     its first trial, so that a config every trial would refuse is refused before the first. Without a logger: see
     fit_and_test."""
     if cfg.ckpt_path:
+        cfg.ckpt_path = str(last_of_run_folder(Path(cfg.ckpt_path)))  # (train.py took it already; the search not yet)
         check_checkpoint_path(Path(cfg.ckpt_path))
     if cfg.trainer.get("overfit_batches"):  # Lightning swaps in a sampler that neither deals batches out nor resumes
         raise ConfigError(
@@ -342,6 +350,7 @@ def check_checkpoint_path(path: Path) -> None:
         raise ConfigError(
             f"ckpt_path={path} does not exist; give a .ckpt file (e.g. a run's last.ckpt) or a run folder"
         )
+    check_saved_run(path)
     if (path.is_dir() and not (path / DCP_INDEX).is_file()) or (path.is_file() and not written_by_torch(path)):
         raise ConfigError(
             f"ckpt_path={path} is not a checkpoint (a .ckpt file, or the .ckpt folder of a preset that writes parts); "

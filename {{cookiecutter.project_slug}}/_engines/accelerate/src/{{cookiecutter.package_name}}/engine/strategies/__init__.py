@@ -6,7 +6,6 @@ data-parallel replicas there are (`data_parallel`), how the net and optimizer ar
 how one batch is trained (`train_step`). configs/strategy/<name>.yaml points at the class.
 """
 
-import os
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -19,7 +18,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from ...errors import ConfigError
-from ...parallel.launcher import detect_launcher
+from ...parallel.launcher import started_alone
 from ...parallel.layout import Layout
 from ...runtime.checkpoint_forms import keep_state_by_name, parameter_names
 from ...runtime.hardware import check_device_settings
@@ -53,20 +52,10 @@ def check_devices(accelerator: str, devices: Any, preset: str, num_nodes: int = 
 
 def more_processes(preset: str) -> str:
     """How to start more than the one process a preset of several found, said to what started it."""
-    launched = f"-m {{ cookiecutter.package_name }}.train strategy={preset}"
-    launcher = detect_launcher()
-    if launcher and launcher.name == "torchrun":
-        return "torchrun started 1: give it --nproc-per-node=N (NPROC_PER_NODE=N for launch/torchrun_multinode.sh)"
-    if launcher:
-        return "accelerate launch started 1: give it --num_processes N"
-    if "ACCELERATE_MIXED_PRECISION" in os.environ:  # accelerate's launcher ran the command itself: one process
-        return (
-            "accelerate launch started 1 (it does with --cpu, or without a config on a machine of fewer than 2 "
-            f"GPUs): launch it with `accelerate launch --config_file launch/multi_process.yaml {launched}`"
-        )
-    return (
+    return started_alone() or (
         "give trainer.devices=N (this command starts them under torchrun), or launch it with `accelerate launch "
-        f"--config_file launch/multi_process.yaml {launched}` (or torchrun)"
+        f"--config_file launch/multi_process.yaml -m {{ cookiecutter.package_name }}.train strategy={preset}` (or "
+        "torchrun)"
     )
 
 
