@@ -80,6 +80,19 @@ def test_a_killed_training_started_again_continues_exactly(train, uninterrupted,
     assert "Would sync 2 run(s)" in sync_dry_run(again.run_dir, train_env), "the README's upload takes both starts"
 
 
+def test_a_training_of_max_steps_continues_exactly_from_an_epochs_end(train, uninterrupted):
+    """trainer.max_steps set, continued from the checkpoint of the first epoch's end (step 10): Lightning went through
+    that epoch's end again and counted it twice, so the next epoch read the data in the order of the one after it
+    and the training stopped an epoch early (from the second epoch's end: nothing trained, yet `finished`)."""
+    by_steps = [*TRAIN, "strategy=single", f"trainer.max_steps={STEPS}", "checkpoint.keep_last=10"]
+    whole = train(*by_steps)
+    assert whole.wandb.metric("train/loss") == uninterrupted.metric("train/loss"), "the same training, by steps"
+    again = train(*by_steps, f"ckpt_path={whole.run_dir / 'checkpoints' / 'step000010.ckpt'}")
+    assert again.wandb.steps("train/loss") == list(range(10, STEPS)), "the second epoch, each step once"
+    assert again.wandb.metric("train/loss") == uninterrupted.metric("train/loss")[10:]
+    assert again.wandb.metric("val/loss") == uninterrupted.metric("val/loss")[1:]
+
+
 def test_a_dataset_that_augments_in_loader_workers_continues_exactly(train, tmp_path):
     """data=custom whose __getitem__ draws noise, read by 2 loader worker processes, killed after the checkpoint of
     step 6 and started again: every step's loss is the uninterrupted run's. (The workers' random streams, which no

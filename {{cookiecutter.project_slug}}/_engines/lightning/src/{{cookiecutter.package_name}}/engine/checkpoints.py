@@ -149,6 +149,14 @@ class ResumeCheckpoint(ModelCheckpoint):
             self._logged_steps = None
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        progress = trainer.fit_loop.epoch_progress
+        if trainer.fit_loop.restarted_on_epoch_end and progress.current.processed > progress.current.completed + 1:
+            # That pass through the end of the epoch resumed from (see on_train_start) counted the epoch processed
+            # a second time: the next epoch then read the data in the order of the one after it (its sampler's
+            # epoch is that count) and the training ended an epoch early (Lightning 2.6, trainer.max_steps set; an
+            # epoch-based training is restored without the pass). Counted once:
+            progress.current.processed -= 1
+            progress.total.processed -= 1
         # ModelCheckpoint saves either every N steps or every N epochs; this one does both.
         save_now(self, trainer)  # unless this step was saved already
         self._link_written(trainer)  # (the epoch's last step is logged)
