@@ -51,8 +51,13 @@ def failures(output: str) -> str:
     """pytest's account of the failed tests (its FAILURES section, the end of each one's), which the lines of skipped
     tests and durations after it pushed out of the end of the output."""
     section = output.partition("= FAILURES =")[2].partition("short test summary info")[0]
+    section = re.split(r"\n=+ warnings summary =+\n", section)[0]  # (its lines had pushed the failures out)
     failed = re.split(r"\n_{3,} (?=\S+ _{3,}\n)", section)[1:]
-    return "".join(f"\n{'_' * 20} {text[-4000:]}" for text in failed)
+    # each one's `E ` lines (the assertion), which its captured output after them would push out, then its end
+    shown = (
+        "\n".join(line for line in text.splitlines() if line.startswith("E "))[:3000] + text[-1500:] for text in failed
+    )
+    return "".join(f"\n{'_' * 20} {text}" for text in shown)
 
 
 def passed_count(output: str) -> int:
