@@ -1,10 +1,15 @@
 """Run ids, wandb modes, wandb runs that survive restarts: the engine-neutral parts of launcher.py and tracking.py."""
 
+import json
+import struct
 import subprocess
 import sys
 import time
 
+from wandb.proto import wandb_internal_pb2
+
 from {{ cookiecutter.package_name }}.parallel.launcher import default_run_id
+from {{ cookiecutter.package_name }}.tracking.wandb_files import STEP, logged_steps
 from {{ cookiecutter.package_name }}.tracking.wandb_run import keep_wandb_run_id, wandb_mode, wandb_run_id
 
 LAUNCHER_VARS = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "TORCHELASTIC_RUN_ID", "LOCAL_WORLD_SIZE")
@@ -48,6 +53,29 @@ def test_processes_of_one_accelerate_launch_share_a_run_folder(monkeypatch):
     time.sleep(1.1)
     second = subprocess.run([sys.executable, "-c", stamp], capture_output=True, text=True, check=True).stdout
     assert first == second and first.startswith("20")
+
+
+def run_file(path, rows) -> None:
+    """A wandb run file (`run-<id>.wandb`) holding these history rows, as wandb's service writes one."""
+    data = b":W&B" + struct.pack("<HB", 0xBEE1, 0)  # magic and version
+    for row in rows:
+        record = wandb_internal_pb2.Record()
+        for key, value in row.items():
+            item = record.history.item.add()
+            item.key, item.value_json = key, json.dumps(value)
+        payload = record.SerializeToString()
+        data += struct.pack("<IHB", 0, len(payload), 1) + payload  # (checksum unread), length, a whole record
+    path.parent.mkdir(parents=True)
+    path.write_bytes(data)
+
+
+def test_the_starts_of_a_run_within_one_second_are_all_read(tmp_path):
+    """wandb names a second start that begins in the second of the first `...-<id>-1/`: that folder was left out,
+    and the next start logged the second's steps to wandb again (a test that failed under load)."""
+    run_file(tmp_path / "wandb" / "offline-run-20261130_172033-abc/run-abc.wandb", [{STEP: 3, "train/loss": 1.0}])
+    run_file(tmp_path / "wandb" / "offline-run-20261130_172033-abc-1/run-abc.wandb", [{STEP: 9, "train/loss": 0.5}])
+    run_file(tmp_path / "wandb" / "offline-run-20261130_172033-xyz/run-xyz.wandb", [{STEP: 12, "train/loss": 0.1}])
+    assert logged_steps(tmp_path, "abc") == {"train/loss": 9}
 
 
 def test_a_restart_keeps_the_wandb_run_id(tmp_path):

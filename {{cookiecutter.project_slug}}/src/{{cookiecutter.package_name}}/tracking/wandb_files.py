@@ -28,7 +28,8 @@ def logged_steps(run_dir: Path, wandb_id: str) -> dict[str, int]:
     """For each metric the wandb run `wandb_id` holds in the run files under <run_dir>/wandb/, the last step it
     was logged at. Call it before this start's wandb run begins (its own file is not an earlier start's)."""
     last: dict[str, int] = {}
-    for path in (run_dir / "wandb").glob(f"*run-*-{wandb_id}/run-{wandb_id}.wandb"):
+    # (not `*-<id>/`: wandb names a second start within the same second `...-<id>-1/`, whose steps were logged again)
+    for path in (run_dir / "wandb").glob(f"*run-*-{wandb_id}*/run-{wandb_id}.wandb"):
         for row in history(path):
             for key in row.keys() - NOT_METRICS:
                 if STEP in row and not key.startswith("_"):  # _step, _runtime, _timestamp: wandb's own
