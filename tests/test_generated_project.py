@@ -52,10 +52,11 @@ def failures(output: str) -> str:
     tests and durations after it pushed out of the end of the output."""
     section = output.partition("= FAILURES =")[2].partition("short test summary info")[0]
     section = re.split(r"\n=+ warnings summary =+\n", section)[0]  # (its lines had pushed the failures out)
-    failed = re.split(r"\n_{3,} (?=\S+ _{3,}\n)", section)[1:]
+    failed = re.split(r"\n_+ (?=\S+ _+\n)", section)[1:]  # (a long name's line has one `_` each side)
     # each one's `E ` lines (the assertion), which its captured output after them would push out, then its end
     shown = (
-        "\n".join(line for line in text.splitlines() if line.startswith("E "))[:3000] + text[-1500:] for text in failed
+        "\n".join(line for line in text.splitlines() if line.startswith("E "))[:3000] + "\n" + text[-1500:]
+        for text in failed
     )
     return "".join(f"\n{'_' * 20} {text}" for text in shown)
 
