@@ -108,7 +108,7 @@ def fit_layout_to_launcher(
             f"but {launcher.name} runs {launcher.world_size} ({launcher.num_nodes} nodes x {launcher.per_node}); "
             "leave both out to use the launcher's layout"
         )
-    if configured not in (devices, shipped_devices(preset)) and is_first_process():  # (a count of yours only)
+    if configured != devices and configured != shipped_devices(preset) and is_first_process():  # (yours only)
         print(
             f"note: trainer.devices={configured} (from the config) gives way to the {devices} processes per node "
             f"{launcher.name} started; it counts the processes of a command that starts them itself (python -m)",
@@ -122,6 +122,18 @@ def shipped_devices(preset: str) -> object:
     trainer's default (1)."""
     path = STRATEGY_CONFIGS / f"{preset}.yaml"
     return OmegaConf.select(OmegaConf.load(path), "trainer.devices", default=1) if path.is_file() else 1
+
+
+# What a preset of several processes does in one (said: on a CPU, devices=auto means one)
+ONE_PROCESS = {"fsdp": "nothing is sharded (strategy.offload=true still moves the weights to host memory)"}
+
+
+def one_process_note(preset: str, layout: str = "") -> str:
+    """The note for `preset` run as one process (`layout`: how the engine counted it, e.g. devices x nodes), with how
+    to start more: its launcher's way, else trainer.devices."""
+    does = ONE_PROCESS.get(preset, "it trains as strategy=single does")
+    more = started_alone() or "for N processes pass trainer.devices=N"
+    return f"note: strategy={preset} runs 1 process here{layout}: {does}; {more}"
 
 
 def started_alone() -> str | None:

@@ -50,7 +50,7 @@ from ..parallel.launcher import (
     die_with_launcher,
     fit_layout_to_launcher,
     is_first_process,
-    started_alone,
+    one_process_note,
     warn_if_restarts_can_hang,
 )
 from ..parallel.plan_values import check_plan_values
@@ -256,11 +256,7 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     if tensor_parallel > 1:  # (model_parallel, pipeline) a plan that changes what the net computes?
         check_plan_values(lambda: build(cfg.model.net), first_sample(data), tensor_parallel)
     if strategy.name == "fsdp" and processes == 1 and says_notes():  # (ddp, model_parallel: refused)
-        print(
-            "note: strategy=fsdp runs 1 process here: nothing is sharded (strategy.offload=true still moves the "
-            "weights to host memory); " + (started_alone() or "for N processes pass trainer.devices=N"),
-            file=sys.stderr,
-        )
+        print(one_process_note("fsdp"), file=sys.stderr)
     on_cpu = cfg.trainer.accelerator == "cpu" or not torch.cuda.is_available()
     if on_cpu and says_notes() and (note := oversubscribed_note(int(devices))):
         print(note, file=sys.stderr)

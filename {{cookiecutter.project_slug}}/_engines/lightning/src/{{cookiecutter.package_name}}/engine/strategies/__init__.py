@@ -15,7 +15,7 @@ from torch import nn
 from ...data.loading import per_device_batch_size
 from ...errors import ConfigError
 from ...parallel.batchnorm import synchronise
-from ...parallel.launcher import started_alone
+from ...parallel.launcher import one_process_note
 from ...parallel.layout import Layout
 from ...runtime.hardware import oversubscribed_note
 
@@ -39,13 +39,6 @@ def device_layout(trainer: L.Trainer) -> Layout:
 def data_parallel_rank(trainer: L.Trainer) -> int:
     """Which slice of the global batch this process reads (0 .. data_parallel_size - 1)."""
     return int(getattr(trainer.strategy, "data_parallel_rank", trainer.global_rank))
-
-
-# What a preset of several processes does in one (the note says so: on a CPU, devices=auto means one)
-ONE_PROCESS = {
-    "ddp": "it trains as strategy=single does",
-    "fsdp": "nothing is sharded (strategy.offload=true still moves the weights to host memory)",
-}
 
 
 def check_layout(
@@ -86,12 +79,8 @@ def check_layout(
     if preset in ("ddp", "ddp_spawn", "fsdp", "model_parallel") and not layers and trainer.world_size == 1:
         # Not refused: Lightning runs it, and devices=auto on a one-GPU machine is a fair choice. Said, because on
         # the CPU devices=auto means one process, which a user asking for ddp (fsdp, ...) rarely means.
-        print(
-            f"note: strategy={preset} runs 1 process here (trainer.devices={trainer.num_devices} x "
-            f"trainer.num_nodes={trainer.num_nodes}): {ONE_PROCESS.get(preset, ONE_PROCESS['ddp'])}; "
-            + (started_alone() or "for N processes pass trainer.devices=N"),
-            file=sys.stderr,
-        )
+        layout = f" (trainer.devices={trainer.num_devices} x trainer.num_nodes={trainer.num_nodes})"
+        print(one_process_note(preset, layout), file=sys.stderr)
     on_cpu = trainer.strategy.root_device.type == "cpu"
     if on_cpu and trainer.global_rank == 0 and (note := oversubscribed_note(trainer.num_devices)):
         print(note, file=sys.stderr)
