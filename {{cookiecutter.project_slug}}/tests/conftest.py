@@ -272,6 +272,9 @@ COMMAND_LINE_REFUSALS = [
     # quoted empty: the run wrote into outputs/<experiment>/ itself; null: a run folder named None
     (["run_id=''"], "run_id='' must name one folder (outputs/<experiment>/<run_id>): no / or .., not empty or null"),
     (["run_id=null"], "run_id=null must name one folder (outputs/<experiment>/<run_id>): no / or .., not empty or"),
+    # wandb's traceback after the run folder was made; an empty one (an unset variable) went to wandb as it was
+    (["logger.project=team/idea"], "logger.project=team/idea: cannot contain characters"),
+    (["logger.project="], "logger.project is empty: give a wandb project name, or leave it out for the default"),
     # a float batch reached the DataLoader (a traceback); a list, the optimizer ("'<=' not supported ...")
     (["data.batch_size=12.0"], "data.batch_size=12.0 must be a whole number of samples (the global batch)"),
     (["model.optimizer.lr=[1,2]"], "model.optimizer.lr=[1,2] is not a number (the default is 0.001)"),
@@ -433,6 +436,8 @@ COMMAND_LINE_REFUSAL_IDS = [
     "run-id-outside-the-outputs",
     "run-id-quoted-empty",
     "run-id-null",
+    "wandb-project-wandb-refuses",
+    "wandb-project-empty",
     "batch-size-not-whole",
     "lr-a-list",
     "epoch-limit-inside-an-optimizer-step",

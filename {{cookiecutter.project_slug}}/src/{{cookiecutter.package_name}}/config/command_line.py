@@ -158,10 +158,13 @@ def notes_in_one_line() -> None:
 
 
 def check_seed_and_names(overrides: list[str]) -> None:
-    """Refuse a seed torch and numpy do not take (a traceback after the run folder was made) and a run name that
-    leaves outputs/<experiment>/ (run_id=../x wrote beside the project's outputs)."""
+    """Refuse a seed torch and numpy do not take (a traceback after the run folder was made), a run name that
+    leaves outputs/<experiment>/ (run_id=../x wrote beside the project's outputs) and a wandb project wandb refuses
+    (a traceback after the run folder was made) or left empty (an unset variable: `logger.project=$PROJECT`)."""
     for override in overrides:
         key, _, value = override.lstrip("+").partition("=")
+        if key == "logger.project":
+            check_wandb_project(value)
         for given in sweep_values(override, [value]) if key in ("seed", "run_id", "experiment") else []:
             if key == "seed" and not (given.isdigit() and int(given) < 2**32):
                 raise ConfigError(f"seed={given} must be a whole number from 0 to {2**32 - 1} (the default is 42)")
@@ -170,6 +173,19 @@ def check_seed_and_names(overrides: list[str]) -> None:
                     f"{key}={given} must name one folder (outputs/<experiment>/<run_id>): no / or .., not empty or "
                     "null (leave it out for the default)"
                 )
+
+
+def check_wandb_project(name: str) -> None:
+    """wandb's own rule for project names (checked by its Settings; imported only when a project is given)."""
+    if name in ("", "null", "''", '""'):
+        raise ConfigError("logger.project is empty: give a wandb project name, or leave it out for the default")
+    from wandb.errors import UsageError
+    from wandb.sdk.wandb_settings import Settings
+
+    try:
+        Settings(project=name)
+    except UsageError as error:
+        raise ConfigError(f"logger.project={name}: {str(error).partition(': ')[2]} (wandb's rule for project names)")
 
 
 def _parsed(override: str) -> Any:
