@@ -185,7 +185,9 @@ def check_wandb_project(name: str) -> None:
     try:
         Settings(project=name)
     except UsageError as error:
-        raise ConfigError(f"logger.project={name}: {str(error).partition(': ')[2]} (wandb's rule for project names)") from None
+        raise ConfigError(
+            f"logger.project={name}: {str(error).partition(': ')[2]} (wandb's rule for project names)"
+        ) from None
 
 
 def _parsed(override: str) -> Any:
