@@ -21,13 +21,13 @@ class Recorder(Logger):
     def __init__(self) -> None:
         super().__init__()
         self.losses: dict[int, float] = {}
-        self.mean_steps: list[int] = []
+        self.means: dict[int, float] = {}
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         if "train/loss" in metrics:
             self.losses[step] = metrics["train/loss"]
         if "train/loss_mean" in metrics:
-            self.mean_steps.append(step)
+            self.means[step] = metrics["train/loss_mean"]
 
     def log_hyperparams(self, params, *args, **kwargs) -> None:
         pass
@@ -91,7 +91,14 @@ def test_train_loss_is_synced_only_on_the_steps_written(tmp_path, options, writt
     assert sorted(recorder.losses) == written
     assert model.synced == written, "one sync per written step, none in between"
     assert recorder.losses == pytest.approx({step: model.losses[step] for step in written})
-    assert recorder.mean_steps == written and item_logger.host_syncs == len(written), "the item logger too"
+    assert sorted(recorder.means) == written and item_logger.host_syncs == len(written), "the item logger too"
+    # train/loss_mean: the mean of the optimizer steps' losses since the last log (accumulated ones: whole steps')
+    since = [-1, *written]
+    expected = {
+        step: sum(model.losses[s] for s in range(since[i] + 1, step + 1)) / (step - since[i])
+        for i, step in enumerate(written)
+    }
+    assert recorder.means == pytest.approx(expected)
 
 
 def test_tf32_is_set_by_the_modules_setup_which_every_process_runs():
