@@ -294,19 +294,22 @@ def test_a_point_past_its_limit_says_where_it_was(tmp_path, train_env):
 
 
 @pytest.mark.parametrize(
-    "depth, compile, said",
+    "depth, compile, recompute, said",
     [
-        (2, False, "interleaved_1f1b, zbv left out: 2 blocks, fewer than 2 stages per process take"),
-        (4, True, "zbv left out: compile=true"),
+        (2, False, "none", "interleaved_1f1b, zbv left out: 2 blocks, fewer than 2 stages per process take"),
+        (4, True, "none", "zbv left out: compile=true"),
+        (4, False, "selective", "zbv left out: activation_checkpointing=selective"),
+        (4, False, "full", ""),
         (
             2,
             True,
+            "none",
             "interleaved_1f1b left out: 2 blocks, fewer than 2 stages per process take; zbv left out: compile=true",
         ),
     ],
 )
-def test_a_pipeline_point_says_which_schedules_it_leaves_out(depth, compile, said):
-    cfg = OmegaConf.create({"compile": compile, "strategy": {}})
+def test_a_pipeline_point_says_which_schedules_it_leaves_out(depth, compile, recompute, said):
+    cfg = OmegaConf.create({"compile": compile, "activation_checkpointing": recompute, "strategy": {}})
     net = ResidualMLP(in_features=4, num_classes=2, hidden=8, depth=depth)
     schedules = pipeline_schedules(cfg, net, 2)
     assert left_out(cfg, net, 2, schedules) == said

@@ -269,6 +269,10 @@ BAD_INPUT = [
         "strategy.schedule=zbv splits each backward in two, which a compiled block cannot; give compile=false, or "
         "strategy.schedule=interleaved_1f1b",
     ),
+    (  # torch's traceback at the first step ("Trying to backward an extra time")
+        ["strategy=pipeline", "trainer.devices=2", "strategy.schedule=zbv", "activation_checkpointing=selective"],
+        "strategy.schedule=zbv splits each backward in two, which torch's selective activation checkpointing cannot",
+    ),
     (
         ["trainer.accumulate_grad_batches=0"],
         "trainer.accumulate_grad_batches=0 must be 1 or more (micro-batches per step)",
@@ -319,6 +323,7 @@ CASE_NAMES = [
     "a-model-parallel-setting-under-fsdp",
     "stages-per-process-of-a-one-stage-schedule",
     "zbv-compiled",
+    "zbv-selectively-recomputed",
     "no-micro-batch-per-step",
     "negative-loader-workers",
     "no-batch-prepared-ahead",

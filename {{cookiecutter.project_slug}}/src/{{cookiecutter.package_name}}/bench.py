@@ -48,7 +48,7 @@ from .data.loading import Data
 from .engine.launching import train_command, trial_command
 from .errors import UNRESOLVED, ConfigError, fail
 from .models.activation_checkpointing import MODES, check_activation_checkpointing
-from .parallel.pipelining import LOOPED, SCHEDULES, bubble_fraction, check_stages_per_process
+from .parallel.pipelining import LOOPED, SCHEDULES, bubble_fraction, check_stages_per_process, split_backward_blocker
 from .parallel.presets import built_in_preset
 from .parallel.split import layers
 from .runtime.precision import resolve_precision
@@ -137,24 +137,29 @@ def model_figures(cfg: DictConfig, split: Data | None = None) -> tuple[torch.nn.
 
 def pipeline_schedules(cfg: DictConfig, net: torch.nn.Module, n: int) -> list[str]:
     """The schedules a pipeline point over n processes runs: every one, but the looped ones where the net has fewer
-    blocks than 2 stages per position take, and zbv with compile=true (refused)."""
-    blocks = len(layers(net, "pipeline")[2])
+    blocks than 2 stages per position take, and zbv where compile=true or selective activation checkpointing
+    stops it (refused)."""
+    blocks, blocker = len(layers(net, "pipeline")[2]), zbv_blocker(cfg)
     return [
         schedule
         for schedule in SCHEDULES
-        if (schedule not in LOOPED or blocks >= 2 * positions(cfg, n)) and not (schedule == "zbv" and cfg.compile)
+        if (schedule not in LOOPED or blocks >= 2 * positions(cfg, n)) and not (schedule == "zbv" and blocker)
     ]
 
 
 def left_out(cfg: DictConfig, net: torch.nn.Module, n: int, schedules: list[str]) -> str:
     """Which schedules a pipeline point leaves out, and why (pipeline_schedules)."""
-    blocks, reasons = len(layers(net, "pipeline")[2]), []
-    looped = [schedule for schedule in LOOPED if schedule not in schedules and not (schedule == "zbv" and cfg.compile)]
+    blocks, reasons, blocker = len(layers(net, "pipeline")[2]), [], zbv_blocker(cfg)
+    looped = [schedule for schedule in LOOPED if schedule not in schedules and not (schedule == "zbv" and blocker)]
     if looped:
         reasons.append(f"{', '.join(looped)} left out: {blocks} blocks, fewer than 2 stages per process take")
-    if cfg.compile and "zbv" not in schedules:
-        reasons.append("zbv left out: compile=true")
+    if blocker and "zbv" not in schedules:
+        reasons.append(f"zbv left out: {blocker}")
     return "; ".join(reasons)
+
+
+def zbv_blocker(cfg: DictConfig) -> str:
+    return split_backward_blocker(cfg.compile, cfg.get("activation_checkpointing", "none"))
 
 
 def positions(cfg: DictConfig, n: int) -> int:

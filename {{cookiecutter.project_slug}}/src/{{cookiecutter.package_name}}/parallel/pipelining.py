@@ -67,11 +67,27 @@ def check_stages_per_process(schedule: str, given: int | None) -> int:
     return number
 
 
-def check_schedule_compiles(schedule: str, compile: bool) -> None:
-    """zbv splits each backward into its input and weight gradients, which torch.compile cannot (torch's own check)."""
-    if schedule == "zbv" and compile:
+def split_backward_blocker(compile: bool, activation_checkpointing: str) -> str:
+    """The setting that stops zbv ('' where none does): zbv splits each backward into its input and weight gradients,
+    two backwards through each block, which torch.compile and torch's selective activation checkpointing cannot
+    take (torch's own checks, mid-step)."""
+    if compile:
+        return "compile=true"
+    return "activation_checkpointing=selective" if activation_checkpointing == "selective" else ""
+
+
+def check_split_backward(schedule: str, compile: bool, activation_checkpointing: str) -> None:
+    """Refuse zbv where split_backward_blocker finds a setting that stops it."""
+    blocker = split_backward_blocker(compile, activation_checkpointing) if schedule == "zbv" else ""
+    if blocker == "compile=true":
         raise ConfigError(
             "strategy.schedule=zbv splits each backward in two, which a compiled block cannot; give compile=false, or "
+            "strategy.schedule=interleaved_1f1b"
+        )
+    if blocker:
+        raise ConfigError(
+            "strategy.schedule=zbv splits each backward in two, which torch's selective activation checkpointing "
+            "cannot (it allows one backward per block); give activation_checkpointing=full or none, or "
             "strategy.schedule=interleaved_1f1b"
         )
 

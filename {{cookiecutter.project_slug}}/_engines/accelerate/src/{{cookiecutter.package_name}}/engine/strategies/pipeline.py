@@ -24,7 +24,7 @@ from ...parallel.pipelining import (
     check_pipeline,
     check_pipeline_settings,
     check_pipeline_training,
-    check_schedule_compiles,
+    check_split_backward,
     check_stages_per_process,
     single_device_name,
 )
@@ -65,7 +65,7 @@ class PipelineParallel(Strategy):
             raise ConfigError("strategy=pipeline supports trainer.precision=32-true or bf16-mixed, not 16-mixed")
         replicas, schedule, per_process = self.layout.replicas, self.schedule, self.per_process
         tensor_parallel = self.layout.tensor_parallel
-        check_schedule_compiles(schedule, cfg.compile)
+        check_split_backward(schedule, cfg.compile, cfg.activation_checkpointing)
         batch, split_points = cfg.data.batch_size, self.split_points
         check_pipeline(
             processes,

@@ -30,7 +30,7 @@ from ...parallel.pipelining import (
     check_pipeline,
     check_pipeline_settings,
     check_pipeline_training,
-    check_schedule_compiles,
+    check_split_backward,
     check_stages_per_process,
     single_device_name,
 )
@@ -111,7 +111,7 @@ class PipelineStrategy(DDPStrategy):
 
     def check_layout(self, trainer: L.Trainer, module: L.LightningModule, global_batch_size: int) -> None:
         """Refuse, before any process starts, a pipeline that cannot run."""
-        check_schedule_compiles(self.schedule, module.compile_net)
+        check_split_backward(self.schedule, module.compile_net, getattr(module, "activation_checkpointing", "none"))
         check_pipeline(
             self.world_size,
             self.microbatches,
