@@ -77,6 +77,15 @@ def test_a_checkpoint_cut_mid_epoch_is_refused_with_a_batch_it_does_not_end_on(t
     run.assert_rejected("the checkpoint stopped after 448 samples of epoch 1, which is not a whole number of global")
 
 
+def test_a_checkpoint_cut_mid_epoch_continues_exactly_with_its_batch_accumulated(tmp_path, train_env, whole_run, whole):
+    """ckpt_path= with trainer.accumulate_grad_batches=2, the same global batch in 2 micro-batches: the step after the
+    checkpoint trains the global batch the uninterrupted run did, and the epoch ends there. Both engines counted the
+    checkpoint's batches as micro-batches: the first step trained one micro-batch (half the loss), the next the rest."""
+    [mid_epoch] = (whole_run / "checkpoints").glob("step*15*")  # 7 of the second epoch's 8 steps of 64
+    run = make_runner(tmp_path, train_env)(*SETTINGS, f"ckpt_path={mid_epoch}", "trainer.accumulate_grad_batches=2")
+    assert losses(run.run_dir) == pytest.approx({15: whole[15]}, abs=TOLERANCE)
+
+
 def train_in(cwd, env, *overrides: str, launcher: list[str] | None = None) -> tuple[int, str]:
     """The training command run in `cwd` as a user runs it: its run folder is outputs/<experiment>/<run id>/."""
     if can_fork(env) and launcher is None:

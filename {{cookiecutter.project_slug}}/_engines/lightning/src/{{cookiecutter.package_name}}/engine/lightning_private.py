@@ -71,6 +71,23 @@ def continue_mid_epoch(checkpoint: dict[str, Any]) -> None:
         loops["epoch_loop.state_dict"]["_batches_that_stepped"] -= 1
 
 
+def count_this_runs_micro_batches(checkpoint: dict[str, Any], samples_per_micro_batch: int) -> None:
+    """Count the batches done in a checkpoint's epoch as this run's micro-batches of `samples_per_micro_batch` (over
+    all processes). One of another data.batch_size or trainer.accumulate_grad_batches (ckpt_path=) counted its own:
+    Lightning ended this run's optimizer steps where that count says (from 1 micro-batch a step to 4 accumulated,
+    the first step trained one, with a quarter of the loss) and its epoch where that count runs out. The training
+    loader continues after the same samples (data.loading.ResumableLoader). The `loops` layout is Lightning's own."""
+    loops = checkpoint.get("loops", {}).get("fit_loop", {})
+    batches = loops.get("epoch_loop.batch_progress")
+    position = (loops.get("state_dict", {}).get("combined_loader") or [{}])[0]
+    if not batches or batches.get("is_last_batch", True) or not position.get("samples_done"):
+        return  # (saved at an epoch's end: the next starts afresh)
+    change = position["samples_done"] // samples_per_micro_batch - batches["current"]["ready"]
+    for span in ("total", "current"):
+        for field in ("ready", "started", "processed", "completed"):
+            batches[span][field] += change
+
+
 def batches_that_stepped(trainer: L.Trainer) -> int:
     """The step counter the loggers' `step` is (optimizer steps, not trainer.global_step, which counts every
     optimizer of every step): no public name."""

@@ -34,6 +34,7 @@ from .lightning_private import (
     batches_that_stepped,
     continue_mid_epoch,
     count_steps_in_both_loops,
+    count_this_runs_micro_batches,
     has_trainer,
     only_accumulates,
 )
@@ -235,6 +236,12 @@ class Classifier(L.LightningModule):
         # presets (and theirs under pipeline) with its optimizer steps counted.
         count_steps_in_both_loops(checkpoint)
         continue_mid_epoch(checkpoint)  # one an earlier version saved when trainer.max_steps stopped it mid-epoch
+        found = any("global_batch_size" in state for state in checkpoint.get("callbacks", {}).values())
+        if (
+            has_trainer(self) and getattr(self.trainer, "datamodule", None) is not None and not found
+        ):  # (a batch the finder found: kept)
+            micro_batch = self.trainer.datamodule.batch_size // self.trainer.accumulate_grad_batches
+            count_this_runs_micro_batches(checkpoint, micro_batch)  # ckpt_path= with another batch or accumulation
 
     def on_fit_start(self) -> None:
         # After the callbacks' on_fit_start: the batch-size finder may have changed the steps per epoch, and scaled
