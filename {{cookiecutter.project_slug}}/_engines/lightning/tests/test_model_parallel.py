@@ -57,7 +57,7 @@ def test_each_tensor_parallel_rank_holds_only_its_shard(tensor_run):
 @pytest.mark.slow
 def test_sharded_checkpoint_reloads_to_the_same_predictions(tensor_run, tmp_path):
     checkpoint = tensor_run.run_dir / "checkpoints" / "last.ckpt"
-    assert checkpoint.is_dir(), "save_distributed_checkpoint=true writes one folder of per-rank shards"
+    assert checkpoint.is_dir(), "one folder of per-rank shards"
     dcp_to_torch_save(checkpoint, tmp_path / "full.pt")  # consolidate, as a user would to deploy
     weights = torch.load(tmp_path / "full.pt", weights_only=True)["state_dict"]
     wandb = tensor_run.wandb
@@ -70,18 +70,10 @@ def test_sharded_checkpoint_reloads_to_the_same_predictions(tensor_run, tmp_path
 
 
 @pytest.mark.slow
-def test_resume_from_shards_and_save_one_consolidated_file(tensor_run, train):
-    resumed = train(
-        *SHORT,
-        *TENSOR,
-        "trainer.max_epochs=2",
-        f"ckpt_path={tensor_run.run_dir / 'checkpoints' / 'last.ckpt'}",
-        "strategy.save_distributed_checkpoint=false",
-    )
+def test_resume_from_shards(tensor_run, train):
+    resumed = train(*SHORT, *TENSOR, "trainer.max_epochs=2", f"ckpt_path={tensor_run.run_dir}")  # (its last)
     assert resumed.wandb.steps("train/loss") == [4, 5, 6, 7], "the global step continues from the checkpoint"
-    checkpoint = resumed.run_dir / "checkpoints" / "last.ckpt"
-    assert checkpoint.is_file()
-    weights = torch.load(checkpoint, weights_only=True)["state_dict"]
+    weights = load_trained(resumed.run_dir).state_dict()
     assert loss_on(weights, "val") == pytest.approx(resumed.wandb.metric("val/loss")[-1], abs=TOLERANCE)
 
 
@@ -133,9 +125,9 @@ def test_gradient_clipping_uses_the_norm_of_the_whole_gradient(train):
     clipped weights equal single's; torch's clip_grad_norm_ cannot even mix shards and plain tensors."""
     clipped = [*PARITY, *CLIPPED_SGD, "trainer.max_steps=4"]
     single = train(*clipped, "strategy=single")
-    sharded = train(*clipped, *TENSOR, "strategy.save_distributed_checkpoint=false")
+    sharded = train(*clipped, *TENSOR)
     expected = torch.load(single.run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
-    got = torch.load(sharded.run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    got = load_trained(sharded.run_dir).state_dict()
     unclipped = train(*(o for o in clipped if "clip" not in o), "strategy=single")
     free = torch.load(unclipped.run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     assert not all(torch.allclose(free[name], value, atol=1e-4) for name, value in expected.items()), "no clipping"

@@ -22,7 +22,6 @@ class FsdpStrategy(TensorParallelStrategy):
         replicas: int = 1,
         reshard_after_forward: bool = True,
         offload: bool = False,
-        save_distributed_checkpoint: bool = True,
         init: str = "full",
         timeout: timedelta = timedelta(minutes=10),
         **kwargs: Any,
@@ -32,7 +31,6 @@ class FsdpStrategy(TensorParallelStrategy):
             init=init,
             data_parallel_size="auto",
             tensor_parallel_size=1,
-            save_distributed_checkpoint=save_distributed_checkpoint,
             timeout=timeout,
             **kwargs,
         )

@@ -51,7 +51,6 @@ def model_parallel(
     tensor_parallel_size: int | Literal["auto"] = "auto",
     data_parallel_size: int | Literal["auto"] = "auto",
     replicas: int = 1,
-    save_distributed_checkpoint: bool = True,
     devices: list[str] | None = None,
     timeout: timedelta = timedelta(minutes=10),
     init: str = "full",
@@ -64,7 +63,6 @@ def model_parallel(
             init=init,
             data_parallel_size=data_parallel_size,
             tensor_parallel_size=tensor_parallel_size,
-            save_distributed_checkpoint=save_distributed_checkpoint,
             timeout=timeout,
         )
         strategy.fsdp = FsdpSettings(replicas=replicas)
