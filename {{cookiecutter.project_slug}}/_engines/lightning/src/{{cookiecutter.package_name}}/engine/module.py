@@ -236,12 +236,11 @@ class Classifier(L.LightningModule):
         # presets (and theirs under pipeline) with its optimizer steps counted.
         count_steps_in_both_loops(checkpoint)
         continue_mid_epoch(checkpoint)  # one an earlier version saved when trainer.max_steps stopped it mid-epoch
+        # ckpt_path= with another batch or accumulation (a batch the batch-size finder found is kept: not here)
         found = any("global_batch_size" in state for state in checkpoint.get("callbacks", {}).values())
-        if (
-            has_trainer(self) and getattr(self.trainer, "datamodule", None) is not None and not found
-        ):  # (a batch the finder found: kept)
+        if has_trainer(self) and getattr(self.trainer, "datamodule", None) is not None and not found:
             micro_batch = self.trainer.datamodule.batch_size // self.trainer.accumulate_grad_batches
-            count_this_runs_micro_batches(checkpoint, micro_batch)  # ckpt_path= with another batch or accumulation
+            count_this_runs_micro_batches(checkpoint, micro_batch)
 
     def on_fit_start(self) -> None:
         # After the callbacks' on_fit_start: the batch-size finder may have changed the steps per epoch, and scaled
