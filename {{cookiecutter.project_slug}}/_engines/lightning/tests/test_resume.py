@@ -93,6 +93,17 @@ def test_a_training_of_max_steps_continues_exactly_from_an_epochs_end(train, uni
     assert again.wandb.metric("val/loss") == uninterrupted.metric("val/loss")[1:]
 
 
+def test_a_checkpoint_of_an_epochs_last_step_counts_that_epoch(train):
+    """checkpoint.every_n_steps on an epoch's last step saves before that epoch's end (its validation), which Lightning
+    counts processed only after: continued with fewer epochs than it trained, a checkpoint of 2 epochs was taken for 1
+    ("trained to trainer.max_epochs=1 already", a test pass, exit 0), where the Accelerate engine refuses."""
+    every_epoch = [*(o for o in TRAIN if not o.startswith("checkpoint.")), "checkpoint.every_n_steps=10"]
+    whole = train(*every_epoch, "strategy=single")
+    fewer = train(*every_epoch, "strategy=single", "trainer.max_epochs=1", f"ckpt_path={whole.run_dir}", check=False)
+    assert fewer.returncode == 2, fewer.output[-2000:]
+    assert "has trained 2 epochs (20 steps), past trainer.max_epochs=1" in fewer.output
+
+
 def test_a_dataset_that_augments_in_loader_workers_continues_exactly(train, tmp_path):
     """data=custom whose __getitem__ draws noise, read by 2 loader worker processes, killed after the checkpoint of
     step 6 and started again: every step's loss is the uninterrupted run's. (The workers' random streams, which no

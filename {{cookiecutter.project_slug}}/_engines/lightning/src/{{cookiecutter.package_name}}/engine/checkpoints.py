@@ -282,7 +282,12 @@ def trained_so_far(saved: dict[str, Any]) -> tuple[int, int] | None:
     without them)."""
     if "loops" not in saved or "global_step" not in saved:
         return None
-    return saved["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"], saved["global_step"]
+    fit_loop = saved["loops"]["fit_loop"]
+    epochs = fit_loop["epoch_progress"]["current"]
+    # Saved at an epoch's last step (every_n_steps there, before its validation), the epoch is not counted processed
+    # yet, though every batch of it is trained
+    last_batch = fit_loop.get("epoch_loop.batch_progress", {}).get("is_last_batch", False)
+    return epochs["processed"] + (last_batch and epochs["processed"] < epochs["started"]), saved["global_step"]
 
 
 def mid_epoch_position(saved: dict[str, Any], finder: bool) -> dict[str, int]:
