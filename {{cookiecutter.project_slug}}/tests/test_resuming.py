@@ -51,6 +51,7 @@ def training(**changes):
             "model": {"net": {"hidden": 128, "depth": 4}, "optimizer": {"_target_": "torch.optim.AdamW", "lr": 0.001}},
             "data": {"batch_size": 32, "num_workers": 0},
             "trainer": {"accumulate_grad_batches": 1, "max_epochs": 2},
+            "scheduler": {"_target_": "x.optimization.constant", "warmup_steps": 0},
         }
     )
     for key, value in changes.items():
@@ -72,7 +73,13 @@ def run_dir(tmp_path, monkeypatch):
 @pytest.mark.parametrize("restart", RESTARTS)
 def test_ckpt_path_and_resume_false_apply_to_the_first_start_only(run_dir, monkeypatch, capsys, restart):
     last = run_dir / "checkpoints" / "last"
-    assert starting_point(run_dir, training(ckpt_path="other.ckpt"), last) == ("other.ckpt", True)
+    # Started by hand again where the run has checkpoints of its own (a stopped run says "continue with the same
+    # command"): it continues them, ckpt_path= or not
+    assert starting_point(run_dir, training(ckpt_path="other.ckpt"), last) == (None, True)
+    assert capsys.readouterr().out == (
+        "this run has checkpoints of its own: it continues from its last (ckpt_path=other.ckpt was for its first "
+        "start)\n"
+    )
     assert starting_point(run_dir, training(resume=False), last) == (None, False)
     monkeypatch.setenv(restart, "1")  # torchrun restarted the processes, or SLURM requeued the job
     assert starting_point(run_dir, training(ckpt_path="other.ckpt"), last) == (None, True)
@@ -113,10 +120,15 @@ def test_checkpoints_of_another_training_are_refused_naming_what_differs(run_dir
     pipeline = {"strategy._target_": "x.strategies.pipeline.Pipe"}
     assert starting_point(run_dir, training(**pipeline), last) == (None, True)
     assert starting_point(run_dir, training(**{"data.batch_size": 64, "resume": False}), last) == (None, False)
-    assert starting_point(run_dir, training(**{"data.batch_size": 64, "ckpt_path": "x"}), last) == ("x", True)
+    # A given checkpoint where the run has its own: the command that started it, run again, continues them
+    assert starting_point(run_dir, training(ckpt_path="x"), last) == (None, True)
+    with pytest.raises(ConfigError, match="data.batch_size: 32 then, 64 now"):
+        starting_point(run_dir, training(**{"data.batch_size": 64, "ckpt_path": "x"}), last)
+    with pytest.raises(ConfigError, match="scheduler._target_: x.optimization.constant then, x.optimization.cosine"):
+        starting_point(run_dir, training(**{"scheduler._target_": "x.optimization.cosine"}), last)
 
 
-def test_a_given_checkpoint_of_another_net_is_refused_before_loading(run_dir, tmp_path_factory):
+def test_a_given_checkpoint_of_another_net_is_refused_before_loading(run_dir, tmp_path_factory, capsys):
     """ckpt_path= into another run folder: its config.yaml says which net wrote the checkpoint. Another net would
     fail inside the engine's loading; another batch may be fine-tuned, under another preset too."""
     checkpoint = run_dir / "checkpoints" / "step000008.ckpt"
@@ -126,11 +138,18 @@ def test_a_given_checkpoint_of_another_net_is_refused_before_loading(run_dir, tm
         starting_point(here, training(**{"ckpt_path": str(checkpoint), "model.net.hidden": 64}), last)
     assert str(refused.value) == (
         f"ckpt_path={checkpoint} was saved by a training that differs from this one in model.net.hidden: 128 then, "
-        f"64 now: give the model settings of {run_dir / 'config.yaml'}, or another checkpoint"
+        f"64 now: give the settings of {run_dir / 'config.yaml'}, or another checkpoint"
     )
+    # (a KeyError while loading, or the learning rate of the schedule it saved)
+    with pytest.raises(ConfigError, match="in scheduler._target_: x.optimization.constant then, x.optimization.cos"):
+        starting_point(
+            here, training(ckpt_path=str(checkpoint), **{"scheduler._target_": "x.optimization.cosine"}), last
+        )
     changes = {"data.batch_size": 64, "model.optimizer.lr": 0.1, "strategy._target_": "x.strategies.pipeline.P"}
     fine_tuned = training(ckpt_path=str(checkpoint), **changes)
     assert starting_point(here, fine_tuned, last) == (str(checkpoint), True)
+    # The optimizer's state holds its settings: a new learning rate was taken in silence, and not used
+    assert capsys.readouterr().out.startswith("note: model.optimizer.lr: 0.001 then, 0.1 now: a training continued")
 
 
 def test_a_checkpoint_resumes_on_any_mesh_but_not_with_another_tensor_parallel_size(tmp_path):

@@ -25,6 +25,7 @@ MUST_MATCH = (
     "model.optimizer._target_",
     "data.batch_size",
     "trainer.accumulate_grad_batches",
+    "scheduler._target_",  # another schedule's saved state: a KeyError at the load, or its learning rate kept
 )
 PACKAGE = __package__.partition(".")[0]
 # Where a `_target_` of a run folder saved before the package was laid out in folders (its config.yaml) lives now.
@@ -91,8 +92,9 @@ def starting_point(run_dir: Path, cfg: DictConfig, last: Path) -> tuple[str | No
     A launcher's restart repeats the first start's command line, so `ckpt_path=X` would go back to X and
     `resume=false` wipe what the training saved since: both apply to the first start only. A restart of a run
     that has a checkpoint continues from it (and says so in one line); one killed before its first checkpoint
-    starts as the first did, in the same wandb run. A training that resumes by itself must be the one that
-    wrote the checkpoints (check_same_training).
+    starts as the first did, in the same wandb run. So does the same command run again by hand (a stopped run says to),
+    `ckpt_path=` included. A training that resumes by itself must be the one that wrote the checkpoints
+    (check_same_training).
     """
     ckpt_path, resume = cfg.ckpt_path, cfg.resume
     restarts = restart_count()
@@ -103,15 +105,46 @@ def starting_point(run_dir: Path, cfg: DictConfig, last: Path) -> tuple[str | No
         ckpt_path, resume = None, True
     elif restarts:
         resume = True  # nothing of its own to wipe, and its wandb run to continue
+    if last.exists() and resume and ckpt_path:  # the command that started it, again, as "continue with" says
+        if is_first_process():
+            print(
+                f"this run has checkpoints of its own: it continues from its last (ckpt_path={ckpt_path} was for its "
+                "first start)"
+            )
+        ckpt_path = None
     if last.exists() and resume and not ckpt_path:
         check_same_training(run_dir, cfg)
         check_whole(last.resolve(), given=False)
-        if (note := schedule_length_note(run_dir, cfg)) and is_first_process():
-            print(note)
+        notes = [schedule_length_note(run_dir, cfg), kept_optimizer_note(run_dir / "config.yaml", cfg)]
     elif ckpt_path:
         check_loadable(Path(ckpt_path), cfg)
         check_whole(Path(ckpt_path).resolve(), given=True)
+        notes = [kept_optimizer_note(saved_config(Path(ckpt_path)), cfg)]
+    else:
+        notes = []
+    for note in filter(None, notes):
+        if is_first_process():
+            print(note)
     return ckpt_path, resume
+
+
+def saved_config(checkpoint: Path) -> Path:
+    """The config.yaml of the run folder a checkpoint was saved in (it may not be there)."""
+    run_dir = next((folder.parent for folder in checkpoint.absolute().parents if folder.name == "checkpoints"), None)
+    return (run_dir or checkpoint) / "config.yaml"
+
+
+def kept_optimizer_note(saved: Path, cfg: DictConfig) -> str | None:
+    """model.optimizer's settings changed for a continued training: it trains with the checkpoint's, which its
+    optimizer state holds (the learning rate, as the base of its schedule; weight decay, betas ...), and nothing
+    said so. A note, not a refusal: a checkpoint may well be meant to go on as it was."""
+    if differ := differences(saved, cfg, ("model.optimizer",)):
+        return (
+            f"note: {differ}: a training continued from a checkpoint keeps the optimizer settings its state holds "
+            "(the learning rate the schedule starts from included); for new ones, start a new training from its "
+            "weights (docs/your-model.md, pretrained weights)"
+        )
+    return None
 
 
 def check_same_training(run_dir: Path, cfg: DictConfig) -> None:
@@ -247,15 +280,14 @@ def check_same_mesh(
 
 def check_loadable(checkpoint: Path, cfg: DictConfig) -> None:
     """Refuse, in one line, an explicit `ckpt_path=` whose training (the config.yaml of the run folder it was saved
-    in, if there is one) had another net or optimizer class: loading it would fail deep inside the engine. The batch
+    in, if there is one) had another net, optimizer or schedule class: loading it would fail deep inside the engine (or
+    keep the saved schedule's learning rate). The batch
     and the accumulation may change: a checkpoint given by hand may be fine-tuned differently."""
-    run_dir = next((folder.parent for folder in checkpoint.absolute().parents if folder.name == "checkpoints"), None)
-    if run_dir is not None and (
-        differ := differences(run_dir / "config.yaml", cfg, ("model.net", "model.optimizer._target_"))
-    ):
+    saved = saved_config(checkpoint)
+    if differ := differences(saved, cfg, ("model.net", "model.optimizer._target_", "scheduler._target_")):
         raise ConfigError(
             f"ckpt_path={checkpoint} was saved by a training that differs from this one in {differ}: give the "
-            f"model settings of {run_dir / 'config.yaml'}, or another checkpoint"
+            f"settings of {saved}, or another checkpoint"
         )
 
 
