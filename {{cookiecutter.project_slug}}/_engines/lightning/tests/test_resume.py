@@ -96,12 +96,18 @@ def test_a_training_of_max_steps_continues_exactly_from_an_epochs_end(train, uni
 def test_a_checkpoint_of_an_epochs_last_step_counts_that_epoch(train):
     """checkpoint.every_n_steps on an epoch's last step saves before that epoch's end (its validation), which Lightning
     counts processed only after: continued with fewer epochs than it trained, a checkpoint of 2 epochs was taken for 1
-    ("trained to trainer.max_epochs=1 already", a test pass, exit 0), where the Accelerate engine refuses."""
+    ("trained to trainer.max_epochs=1 already", a test pass, exit 0), where the Accelerate engine refuses; and its
+    count of batches went on into the next epoch."""
     every_epoch = [*(o for o in TRAIN if not o.startswith("checkpoint.")), "checkpoint.every_n_steps=10"]
-    whole = train(*every_epoch, "strategy=single")
+    whole = train(*every_epoch, "strategy=single", "checkpoint.keep_last=2")
     fewer = train(*every_epoch, "strategy=single", "trainer.max_epochs=1", f"ckpt_path={whole.run_dir}", check=False)
     assert fewer.returncode == 2, fewer.output[-2000:]
     assert "has trained 2 epochs (20 steps), past trainer.max_epochs=1" in fewer.output
+    # Fine-tuned from the first epoch's in batches of half the size: the second epoch is 20 steps (it was 10: Lightning
+    # carried the first epoch's count of 10 batches of 32 into it)
+    first_epoch = f"ckpt_path={whole.run_dir / 'checkpoints' / 'step000010.ckpt'}"
+    halves = train(*every_epoch, "strategy=single", "data.batch_size=16", first_epoch)
+    assert halves.wandb.steps("train/loss") == list(range(10, 30))
 
 
 def test_a_dataset_that_augments_in_loader_workers_continues_exactly(train, tmp_path):

@@ -75,13 +75,14 @@ def count_this_runs_micro_batches(checkpoint: dict[str, Any], samples_per_micro_
     """Count the batches done in a checkpoint's epoch as this run's micro-batches of `samples_per_micro_batch` (over
     all processes). One of another data.batch_size or trainer.accumulate_grad_batches (ckpt_path=) counted its own:
     Lightning ended this run's optimizer steps where that count says (from 1 micro-batch a step to 4 accumulated,
-    the first step trained one, with a quarter of the loss) and its epoch where that count runs out. The training
+    the first step trained one, with a quarter of the loss) and its epoch where that count runs out (also the next
+    epoch's, from a checkpoint of an epoch's last step: 16 of its 32 batches of 32 after 16 of 64). The training
     loader continues after the same samples (data.loading.ResumableLoader). The `loops` layout is Lightning's own."""
     loops = checkpoint.get("loops", {}).get("fit_loop", {})
     batches = loops.get("epoch_loop.batch_progress")
     position = (loops.get("state_dict", {}).get("combined_loader") or [{}])[0]
-    if not batches or batches.get("is_last_batch", True) or not position.get("samples_done"):
-        return  # (saved at an epoch's end: the next starts afresh)
+    if not batches or not position.get("samples_done"):
+        return
     change = position["samples_done"] // samples_per_micro_batch - batches["current"]["ready"]
     for span in ("total", "current"):
         for field in ("ready", "started", "processed", "completed"):
