@@ -314,6 +314,8 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
         # accelerate counts micro-batches to know which ends an optimizer step; its count is saved, and a checkpoint
         # of another trainer.accumulate_grad_batches (ckpt_path=) left it mid-step: counted again from the step.
         accelerator.step = progress.global_step * accumulation(cfg)
+        if cfg.ckpt_path:  # another run's: this run's best starts afresh, as Lightning's in another folder does
+            progress.best = None
         if not (cfg.oom.find_batch_size and progress.found_batch_size):  # (a batch found is continued with)
             check_position(progress.loader, data.batch_size)  # before wandb starts: mid-epoch, a whole step ahead?
         if cfg.ckpt_path:  # (after its refusals: one line alone)
