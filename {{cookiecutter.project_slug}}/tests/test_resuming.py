@@ -38,6 +38,8 @@ def test_a_run_folder_as_ckpt_path_is_the_checkpoint_its_link_points_to(tmp_path
     (run / "checkpoints" / "step000004").mkdir()
     (run / "checkpoints" / LAST).symlink_to("step000004")
     assert last_of_run_folder(run) == (run / "checkpoints" / "step000004").resolve()
+    # its checkpoints folder too (Lightning's load_trained read it as a checkpoint: FileNotFoundError <run>/../config)
+    assert last_of_run_folder(run / "checkpoints") == (run / "checkpoints" / "step000004").resolve()
     check_saved_run(run / "checkpoints" / "step000004")  # a checkpoint itself: not a run folder
 
 

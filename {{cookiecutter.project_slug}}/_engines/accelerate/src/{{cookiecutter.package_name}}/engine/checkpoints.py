@@ -194,9 +194,10 @@ def saved_by_layers(checkpoint: Path) -> bool:
 
 
 def last_of_run_folder(path: Path) -> Path:
-    """A run folder's last checkpoint (ckpt_path= and load_trained take either), the one its link points to now (it
-    moves on while that run trains); any other path as it is."""
-    return (path / "checkpoints" / LAST).resolve() if (path / "checkpoints" / LAST).exists() else path
+    """A run folder's last checkpoint, or its checkpoints folder's (ckpt_path= and load_trained take either), the one
+    its link points to now (it moves on while that run trains); any other path as it is."""
+    last = next((folder / LAST for folder in (path / "checkpoints", path) if (folder / LAST).exists()), None)
+    return last.resolve() if last else path
 
 
 def load_trained(checkpoint: str | Path, config: str | Path | None = None) -> nn.Module:
