@@ -15,6 +15,12 @@ HARMLESS_WARNINGS = [  # (message regex, the module that warns)
     # A training started from another run's checkpoint (ckpt_path=) keeps its own checkpoints and its own best in its
     # own folder: by design.
     (r"The dirpath has changed from", r"lightning\.pytorch\.callbacks\.model_checkpoint"),
+    # A checkpoint saved every other number of steps (checkpoint.every_n_steps changed): Lightning keys the checkpoint
+    # callback's state by its settings; this run's saves on its own schedule, its best its own (as above).
+    (
+        r"Be aware that when using `ckpt_path`.* Please add the following callbacks: \[\"ResumeCheckpoint\{[^\"]*\"\]\.$",
+        r"lightning\.pytorch\.trainer\.call",
+    ),
     # Epochs shorter than trainer.log_every_n_steps: the interval counts the run's optimizer steps, over epochs, so
     # train/* is still logged every N steps (as in the Accelerate engine, which says nothing).
     (r"The number of training batches \(\d+\) is smaller than the logging interval", r"lightning\.pytorch\.loops"),
