@@ -294,11 +294,13 @@ def test_a_run_continued_for_longer_says_its_cosine_schedule_keeps_its_length(tm
     """Raising trainer.max_steps to train a finished run further went on at the cosine schedule's floor, unsaid."""
     cosine = {"_target_": "{{ cookiecutter.package_name }}.runtime.optimization.cosine", "warmup_steps": 1}
     (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(training(**{"trainer.max_steps": 3, "scheduler": cosine})))
-    assert schedule_length_note(tmp_path, training(**{"trainer.max_steps": 3, "scheduler": cosine})) is None
-    assert schedule_length_note(tmp_path, training(**{"trainer.max_steps": 6, "scheduler": cosine})) == (
+    saved = tmp_path / "config.yaml"
+    assert schedule_length_note(saved, training(**{"trainer.max_steps": 3, "scheduler": cosine})) is None
+    assert schedule_length_note(saved, training(**{"trainer.max_steps": 6, "scheduler": cosine})) == (
         "note: trainer.max_steps: 3 then, 6 now: the run's cosine schedule keeps the span it was made for (its decay "
         "ends by the old length, or a step after a warmup longer than that, and the steps after it train at its "
-        "floor, lr x scheduler.min_lr_ratio); for one over the new length, train afresh (resume=false)"
+        "floor, lr x scheduler.min_lr_ratio); for one over the new length, train afresh (resume=false; from a "
+        "checkpoint's weights: docs/your-model.md, pretrained weights)"
     )
     constant = {**cosine, "_target_": "{{ cookiecutter.package_name }}.runtime.optimization.constant"}
-    assert schedule_length_note(tmp_path, training(**{"trainer.max_steps": 6, "scheduler": constant})) is None
+    assert schedule_length_note(saved, training(**{"trainer.max_steps": 6, "scheduler": constant})) is None

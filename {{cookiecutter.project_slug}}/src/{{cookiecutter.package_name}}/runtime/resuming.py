@@ -115,11 +115,12 @@ def starting_point(run_dir: Path, cfg: DictConfig, last: Path) -> tuple[str | No
     if last.exists() and resume and not ckpt_path:
         check_same_training(run_dir, cfg)
         check_whole(last.resolve(), given=False)
-        notes = [schedule_length_note(run_dir, cfg), kept_optimizer_note(run_dir / "config.yaml", cfg)]
+        notes = [schedule_length_note(run_dir / "config.yaml", cfg), kept_optimizer_note(run_dir / "config.yaml", cfg)]
     elif ckpt_path:
         check_loadable(Path(ckpt_path), cfg)
         check_whole(Path(ckpt_path).resolve(), given=True)
-        notes = [kept_optimizer_note(saved_config(Path(ckpt_path)), cfg)]
+        saved = saved_config(Path(ckpt_path))
+        notes = [schedule_length_note(saved, cfg), kept_optimizer_note(saved, cfg)]
     else:
         notes = []
     for note in filter(None, notes):
@@ -291,16 +292,17 @@ def check_loadable(checkpoint: Path, cfg: DictConfig) -> None:
         )
 
 
-def schedule_length_note(run_dir: Path, cfg: DictConfig) -> str | None:
-    """A run continued with another length than it was started with: its cosine schedule, in its checkpoints, keeps
-    the span it was made for (the steps past it train at its floor), which nothing said."""
+def schedule_length_note(saved: Path, cfg: DictConfig) -> str | None:
+    """A training continued with another length than the one whose config is `saved`: its cosine schedule, in the
+    checkpoint, keeps the span it was made for (the steps past it train at its floor), which nothing said."""
     if not str((cfg.get("scheduler") or {}).get("_target_", "")).endswith(".cosine"):
         return None
-    if differ := differences(run_dir / "config.yaml", cfg, ("trainer.max_steps", "trainer.max_epochs")):
+    if differ := differences(saved, cfg, ("trainer.max_steps", "trainer.max_epochs")):
         return (
             f"note: {differ}: the run's cosine schedule keeps the span it was made for (its decay ends by the old "
             "length, or a step after a warmup longer than that, and the steps after it train at its floor, lr x "
-            "scheduler.min_lr_ratio); for one over the new length, train afresh (resume=false)"
+            "scheduler.min_lr_ratio); for one over the new length, train afresh (resume=false; from a checkpoint's "
+            "weights: docs/your-model.md, pretrained weights)"
         )
     return None
 
