@@ -272,6 +272,11 @@ COMMAND_LINE_REFUSALS = [
     # quoted empty: the run wrote into outputs/<experiment>/ itself; null: a run folder named None
     (["run_id=''"], "run_id='' must name one folder (outputs/<experiment>/<run_id>): no / or .., not empty or null"),
     (["run_id=null"], "run_id=null must name one folder (outputs/<experiment>/<run_id>): no / or .., not empty or"),
+    # Lightning's words: "'<=' not supported between instances of 'int' and 'str'"
+    (
+        ["trainer.limit_val_batches=-1"],
+        "trainer.limit_val_batches=-1 must be a number of batches (0 or more) or a share from 0.0 to 1.0",
+    ),
     # wandb's traceback after the run folder was made; an empty one (an unset variable) went to wandb as it was
     (["logger.project=team/idea"], "logger.project=team/idea: cannot contain characters"),
     (["logger.project="], "logger.project is empty: give a wandb project name, or leave it out for the default"),
@@ -436,6 +441,7 @@ COMMAND_LINE_REFUSAL_IDS = [
     "run-id-outside-the-outputs",
     "run-id-quoted-empty",
     "run-id-null",
+    "evaluation-limit-negative",
     "wandb-project-wandb-refuses",
     "wandb-project-empty",
     "batch-size-not-whole",

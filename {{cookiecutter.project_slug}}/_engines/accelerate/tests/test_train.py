@@ -13,11 +13,11 @@ from launchers import accelerate_launch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from {{ cookiecutter.package_name }}.data.loading import Data
+from {{ cookiecutter.package_name }}.data.loading import Data, check_limit
 from {{ cookiecutter.package_name }}.data.synthetic import SyntheticData
 from {{ cookiecutter.package_name }}.data.tokens import TokenData
 from {{ cookiecutter.package_name }}.engine.checkpoints import load_trained
-from {{ cookiecutter.package_name }}.engine.evaluation import batches, check_limit, evaluate
+from {{ cookiecutter.package_name }}.engine.evaluation import batches, evaluate
 from {{ cookiecutter.package_name }}.engine.loop import loss_fn
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.models.gpt import GPT

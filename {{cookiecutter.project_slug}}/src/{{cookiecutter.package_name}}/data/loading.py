@@ -875,6 +875,15 @@ def batch_parts(replicas: int, accumulate: int = 1) -> int:
     return replicas * accumulate
 
 
+def check_limit(name: str, limit: Any) -> None:
+    """Refuse, before training, a trainer.limit_*_batches that is not a count or a share (negative, a share above 1,
+    not a number): Lightning's own words were a comparison's TypeError."""
+    valid = limit is None or (isinstance(limit, int) and not isinstance(limit, bool) and limit >= 0)
+    valid = valid or (isinstance(limit, float) and 0.0 <= limit <= 1.0)
+    if not valid:
+        raise ConfigError(f"trainer.{name}={limit} must be a number of batches (0 or more) or a share from 0.0 to 1.0")
+
+
 def check_epoch_batches(limit: int | float | None, batches: int, accumulate: int) -> None:
     """The `batches` of an epoch under trainer.limit_train_batches=`limit` train something and end on an optimizer
     step (Lightning would step after the epoch's last micro-batch on a smaller global batch)."""

@@ -11,7 +11,6 @@ from rich.console import Console
 from rich.table import Table
 from torch import nn
 
-from ..errors import ConfigError
 from ..runtime.metrics import correct_predictions, perplexity, summed_loss
 
 
@@ -54,14 +53,6 @@ def batches(limit: int | float | None, available: int) -> int:
     if isinstance(limit, float):
         return int(available * limit)
     return min(limit, available)
-
-
-def check_limit(name: str, limit: Any) -> None:
-    """Refuse, before training, a limit Lightning would refuse too (negative, a share above 1, not a number)."""
-    valid = limit is None or (isinstance(limit, int) and not isinstance(limit, bool) and limit >= 0)
-    valid = valid or (isinstance(limit, float) and 0.0 <= limit <= 1.0)
-    if not valid:
-        raise ConfigError(f"trainer.{name}={limit} must be a number of batches (0 or more) or a share from 0.0 to 1.0")
 
 
 def to_device(accelerator: Accelerator, *batch: Any) -> list[Any]:

@@ -27,6 +27,7 @@ from ..data.loading import (
     check_epoch_batches,
     check_evaluation_batches,
     check_input,
+    check_limit,
     check_output,
     check_position,
     first_input,
@@ -75,7 +76,7 @@ from ..runtime.resuming import (
 from ..runtime.run_folder import HELD_BY_THE_COMMAND
 from ..tracking.wandb_run import finish_wandb, forget_wandb_run, wandb_mode, write_atomically
 from .checkpoints import LAST, PROGRESS, Checkpoints, last_of_run_folder, trained_so_far
-from .evaluation import batches, check_limit, evaluate, log, prefixed, show
+from .evaluation import batches, evaluate, log, prefixed, show
 from .logger import ResumingWandBTracker
 from .loop import Progress, accumulation, fit, loss_fn, step_bar, training_steps
 from .oom.batch_size_finder import find_batch_size

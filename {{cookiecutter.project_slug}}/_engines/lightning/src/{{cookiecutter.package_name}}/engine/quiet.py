@@ -18,7 +18,8 @@ HARMLESS_WARNINGS = [  # (message regex, the module that warns)
     # A checkpoint saved every other number of steps (checkpoint.every_n_steps changed): Lightning keys the checkpoint
     # callback's state by its settings; this run's saves on its own schedule, its best its own (as above).
     (
-        r"Be aware that when using `ckpt_path`.* Please add the following callbacks: \[\"ResumeCheckpoint\{[^\"]*\"\]\.$",
+        r"Be aware that when using `ckpt_path`.* Please add the following callbacks: "
+        r"\[\"ResumeCheckpoint\{[^\"]*\"\]\.$",
         r"lightning\.pytorch\.trainer\.call",
     ),
     # Epochs shorter than trainer.log_every_n_steps: the interval counts the run's optimizer steps, over epochs, so

@@ -27,6 +27,7 @@ from ..data.loading import (
     check_epoch_batches,
     check_evaluation_batches,
     check_input,
+    check_limit,
     check_output,
     check_position,
     first_input,
@@ -213,6 +214,8 @@ def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningD
         )
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # (the seed is in the config it logs)
     check_monitor(cfg.checkpoint.monitor)  # (the name; the targets' kind once the data is built)
+    for limit in ("limit_train_batches", "limit_val_batches", "limit_test_batches"):
+        check_limit(limit, cfg.trainer.get(limit))
     if cfg.logger:
         wandb_mode()  # a WANDB_MODE wandb would refuse, now
 
