@@ -25,8 +25,10 @@ CHANGES = [
     # 2 pipelines x 2 stages -> 1 pipeline of 2 stages.
     ("pipelines-2x2-to-1x2", ["strategy=pipeline", "trainer.devices=4", "strategy.data_parallel_size=2"],
      ["strategy=pipeline", "trainer.devices=2"]),
-    # 2 pipelines x 2 stages -> 1 pipeline of 4 stages: every stage's parameters come from other stages' parts.
-    ("pipelines-2x2-to-1x4", ["strategy=pipeline", "trainer.devices=4", "strategy.data_parallel_size=2"],
+    # 2 pipelines x 2 stages -> 1 pipeline of 4 stages: every stage's parameters come from other stages' parts. Under
+    # gpipe, whose gradients are averaged after the step (DDP's reducer failed an internal assert at the second step).
+    ("pipelines-2x2-to-1x4", ["strategy=pipeline", "trainer.devices=4", "strategy.data_parallel_size=2",
+                              "strategy.schedule=gpipe"],
      ["strategy=pipeline", "trainer.devices=4"]),
     # HSDP, 2 replicas x 2 shards -> FSDP over 2 shards: DCP reshards the net and the optimizer state.
     ("hsdp-2x2-to-fsdp-2", ["strategy=fsdp", "trainer.devices=4", "strategy.replicas=2"],

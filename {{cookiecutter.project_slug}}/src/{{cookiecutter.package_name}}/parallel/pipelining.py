@@ -277,9 +277,11 @@ class Pipeline:
         parts: list[nn.Module] = list(net.chunks)
         # The same stage of every pipeline: DDP averages its gradients over them, during the last micro-batch's
         # backward. Several stages per process may share a parameter (zbv's first and last, tied), which two DDPs
-        # would each average, and shards of tensor parallelism are DTensors, which DDP does not take: their
-        # gradients are averaged after the step instead (average_over_pipelines).
-        self.ddp = self.replicas > 1 and len(parts) == 1 and net.layout.tensor_parallel == 1  # DDP takes no DTensor
+        # would each average, and shards of tensor parallelism are DTensors, which DDP does not take; and gpipe runs
+        # every micro-batch's forward before the first backward, which DDP's reducer counts twice (torch 2.13: an
+        # internal assert at the second step): their gradients are averaged after the step instead
+        # (average_over_pipelines).
+        self.ddp = self.replicas > 1 and len(parts) == 1 and net.layout.tensor_parallel == 1 and schedule != "gpipe"
         if self.ddp:
             device_ids = [device] if device.type == "cuda" else None
             parts = [DistributedDataParallel(parts[0], device_ids=device_ids, process_group=net.replica_group)]
