@@ -77,17 +77,18 @@ def split_backward_blocker(compile: bool, activation_checkpointing: str) -> str:
 
 
 def check_split_backward(schedule: str, compile: bool, activation_checkpointing: str) -> None:
-    """Refuse zbv where split_backward_blocker finds a setting that stops it."""
+    """Refuse zbv where split_backward_blocker finds a setting that stops it, naming what to give instead."""
     blocker = split_backward_blocker(compile, activation_checkpointing) if schedule == "zbv" else ""
-    if blocker == "compile=true":
-        raise ConfigError(
-            "strategy.schedule=zbv splits each backward in two, which a compiled block cannot; give compile=false, or "
-            "strategy.schedule=interleaved_1f1b"
-        )
+    cannot, instead = {
+        "compile=true": ("a compiled block cannot", "compile=false"),
+        "activation_checkpointing=selective": (
+            "torch's selective activation checkpointing cannot (it allows one backward per block)",
+            "activation_checkpointing=full or none",
+        ),
+    }.get(blocker, ("", ""))
     if blocker:
         raise ConfigError(
-            "strategy.schedule=zbv splits each backward in two, which torch's selective activation checkpointing "
-            "cannot (it allows one backward per block); give activation_checkpointing=full or none, or "
+            f"strategy.schedule=zbv splits each backward in two, which {cannot}; give {instead}, or "
             "strategy.schedule=interleaved_1f1b"
         )
 

@@ -115,22 +115,22 @@ def starting_point(run_dir: Path, cfg: DictConfig, last: Path) -> tuple[str | No
     if last.exists() and resume and not ckpt_path:
         check_same_training(run_dir, cfg)
         check_whole(last.resolve(), given=False)
-        notes = [schedule_length_note(run_dir / "config.yaml", cfg), kept_optimizer_note(run_dir / "config.yaml", cfg)]
+        saved = run_dir / "config.yaml"
     elif ckpt_path:
         check_loadable(Path(ckpt_path), cfg)
         check_whole(Path(ckpt_path).resolve(), given=True)
         saved = saved_config(Path(ckpt_path))
-        notes = [schedule_length_note(saved, cfg), kept_optimizer_note(saved, cfg)]
     else:
-        notes = []
-    for note in filter(None, notes):
+        return ckpt_path, resume
+    for note in filter(None, (schedule_length_note(saved, cfg), kept_optimizer_note(saved, cfg))):
         if is_first_process():
             print(note)
     return ckpt_path, resume
 
 
 def saved_config(checkpoint: Path) -> Path:
-    """The config.yaml of the run folder a checkpoint was saved in (it may not be there)."""
+    """The config.yaml of the run folder a checkpoint was saved in (a path that is not there for a checkpoint outside
+    a run folder, or a run folder without one: nothing to compare)."""
     run_dir = next((folder.parent for folder in checkpoint.absolute().parents if folder.name == "checkpoints"), None)
     return (run_dir or checkpoint) / "config.yaml"
 
@@ -282,8 +282,8 @@ def check_same_mesh(
 def check_loadable(checkpoint: Path, cfg: DictConfig) -> None:
     """Refuse, in one line, an explicit `ckpt_path=` whose training (the config.yaml of the run folder it was saved
     in, if there is one) had another net, optimizer or schedule class: loading it would fail deep inside the engine (or
-    keep the saved schedule's learning rate). The batch
-    and the accumulation may change: a checkpoint given by hand may be fine-tuned differently."""
+    keep the saved schedule's learning rate). The batch and the accumulation may change: a checkpoint given by hand
+    may be fine-tuned differently."""
     saved = saved_config(checkpoint)
     if differ := differences(saved, cfg, ("model.net", "model.optimizer._target_", "scheduler._target_")):
         raise ConfigError(
