@@ -10,8 +10,9 @@ import torch.distributed.checkpoint as dcp
 from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
-from {{ cookiecutter.package_name }}.engine.checkpoints import LAST, last_of_run_folder
+from {{ cookiecutter.package_name }}.engine.checkpoints import LAST
 from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.runtime.checkpoint_files import last_of_run_folder
 from {{ cookiecutter.package_name }}.runtime.interrupt import continue_last, continuing
 from {{ cookiecutter.package_name }}.runtime.resuming import (
     check_not_past_the_end,
@@ -32,14 +33,14 @@ def test_a_run_folder_as_ckpt_path_is_the_checkpoint_its_link_points_to(tmp_path
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     (run / "config.yaml").write_text("seed: 1\n")
-    assert last_of_run_folder(run) == run
+    assert last_of_run_folder(run, LAST) == run
     with pytest.raises(ConfigError, match=f"ckpt_path={run} is a run folder without a complete checkpoint"):
         check_saved_run(run)
     (run / "checkpoints" / "step000004").mkdir()
     (run / "checkpoints" / LAST).symlink_to("step000004")
-    assert last_of_run_folder(run) == (run / "checkpoints" / "step000004").resolve()
+    assert last_of_run_folder(run, LAST) == (run / "checkpoints" / "step000004").resolve()
     # its checkpoints folder too (Lightning's load_trained read it as a checkpoint: FileNotFoundError <run>/../config)
-    assert last_of_run_folder(run / "checkpoints") == (run / "checkpoints" / "step000004").resolve()
+    assert last_of_run_folder(run / "checkpoints", LAST) == (run / "checkpoints" / "step000004").resolve()
     check_saved_run(run / "checkpoints" / "step000004")  # a checkpoint itself: not a run folder
 
 

@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 from .config.command_line import run_cli
 from .config.objects import register_resolvers, unresolved
-from .engine.checkpoints import last_of_run_folder
+from .engine.checkpoints import LAST
 from .engine.training import train
 from .errors import (
     UNRESOLVED,
@@ -28,6 +28,7 @@ from .errors import (
     fail,
     remove_if_empty,
 )
+from .runtime.checkpoint_files import last_of_run_folder
 from .runtime.interrupt import continuing
 from .runtime.run_folder import RunFolderInUse, only_training_in
 
@@ -40,7 +41,7 @@ def run(cfg: DictConfig) -> None:
     if cfg.ckpt_path and HydraConfig.get().job.chdir:  # from where the command was typed, not the run folder
         cfg.ckpt_path = to_absolute_path(str(cfg.ckpt_path))
     if cfg.ckpt_path:  # a run folder: its last checkpoint, as load_trained takes it
-        cfg.ckpt_path = str(last_of_run_folder(Path(cfg.ckpt_path)))
+        cfg.ckpt_path = str(last_of_run_folder(Path(cfg.ckpt_path), LAST))
     try:
         # check_only writes nothing: it may check a command for a folder in use (a launch script re-run on a node
         # that replaces a dead one, while the other nodes' processes hold the folder)

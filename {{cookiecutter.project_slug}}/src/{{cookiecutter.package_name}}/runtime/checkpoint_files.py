@@ -14,6 +14,14 @@ TORCH_FILES = (".ckpt", ".pt", ".bin", ".pkl")  # torch.save's (a zip archive): 
 DCP_INDEX = ".metadata"  # a torch.distributed.checkpoint folder's: which file holds which bytes of each entry
 
 
+def last_of_run_folder(path: Path, last: str) -> Path:
+    """A run folder's last checkpoint, or its checkpoints folder's (ckpt_path= and load_trained take either), the one
+    its link `last` (the engine's name for it) points to now: it moves on while that run trains. Any other path as it
+    is."""
+    link = next((folder / last for folder in (path / "checkpoints", path) if (folder / last).exists()), None)
+    return link.resolve() if link else path
+
+
 def damage(checkpoint: Path) -> str:
     """What is wrong with `checkpoint` (a file, or a folder of files), in a few words; "" if it looks whole."""
     files = [checkpoint] if checkpoint.is_file() else sorted(path for path in checkpoint.rglob("*") if path.is_file())

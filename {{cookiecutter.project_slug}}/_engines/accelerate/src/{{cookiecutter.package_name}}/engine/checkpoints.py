@@ -31,6 +31,7 @@ from safetensors.torch import load_file, load_model, save_model
 from torch import nn
 
 from ..errors import ConfigError
+from ..runtime.checkpoint_files import last_of_run_folder
 from ..runtime.checkpoint_forms import is_numbered, nested, read_parts
 from ..runtime.resuming import check_keep_last, load_saved_config
 
@@ -193,13 +194,6 @@ def saved_by_layers(checkpoint: Path) -> bool:
     )
 
 
-def last_of_run_folder(path: Path) -> Path:
-    """A run folder's last checkpoint, or its checkpoints folder's (ckpt_path= and load_trained take either), the one
-    its link points to now (it moves on while that run trains); any other path as it is."""
-    last = next((folder / LAST for folder in (path / "checkpoints", path) if (folder / LAST).exists()), None)
-    return last.resolve() if last else path
-
-
 def load_trained(checkpoint: str | Path, config: str | Path | None = None) -> nn.Module:
     """The net of a run, with the weights of `checkpoint`, on the CPU and in eval mode.
 
@@ -208,7 +202,7 @@ def load_trained(checkpoint: str | Path, config: str | Path | None = None) -> nn
     and pipeline as every process's part, its shards or its stage (`sharded/`, DCP; model_parallel's layer mode in
     one state file, `WholeState`). Either way it loads on one device.
     """
-    checkpoint = last_of_run_folder(Path(checkpoint))
+    checkpoint = last_of_run_folder(Path(checkpoint), LAST)
     if not (checkpoint / PROGRESS).is_file():
         raise FileNotFoundError(
             f"{checkpoint} is not a checkpoint of this project: give a run folder or one of its checkpoints "

@@ -59,6 +59,7 @@ from ..parallel.presets import built_in_preset
 from ..parallel.sharding import check_layer_devices, check_sized_parameters
 from ..parallel.split import check_chain
 from ..runtime.async_saves import check_async
+from ..runtime.checkpoint_files import last_of_run_folder
 from ..runtime.hardware import oversubscribed_note
 from ..runtime.interrupt import ctrl_c, interrupted, mark_finished, stops_at_once
 from ..runtime.memory import FINDER_REFUSED, check_oom_settings, configure_allocator
@@ -75,7 +76,7 @@ from ..runtime.resuming import (
 )
 from ..runtime.run_folder import HELD_BY_THE_COMMAND
 from ..tracking.wandb_run import finish_wandb, forget_wandb_run, wandb_mode, write_atomically
-from .checkpoints import LAST, PROGRESS, Checkpoints, last_of_run_folder, trained_so_far
+from .checkpoints import LAST, PROGRESS, Checkpoints, trained_so_far
 from .evaluation import batches, evaluate, log, prefixed, show
 from .logger import ResumingWandBTracker
 from .loop import Progress, accumulation, fit, loss_fn, step_bar, training_steps
@@ -163,7 +164,7 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     strategy, the processes the training will have, and the OOM recovery. The search runs it on the config of
     its first trial, so that a config every trial would refuse is refused before the first one."""
     if cfg.ckpt_path:  # a run folder: its last checkpoint (train.py took it already; the search's trials not yet)
-        cfg.ckpt_path = str(last_of_run_folder(Path(cfg.ckpt_path)))
+        cfg.ckpt_path = str(last_of_run_folder(Path(cfg.ckpt_path), LAST))
     if cfg.ckpt_path and not (Path(cfg.ckpt_path) / PROGRESS).is_file():
         check_saved_run(Path(cfg.ckpt_path))
         raise ConfigError(

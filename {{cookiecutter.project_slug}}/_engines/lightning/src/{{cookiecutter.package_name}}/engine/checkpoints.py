@@ -18,6 +18,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpo
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from ..parallel.launcher import is_first_process
+from ..runtime.checkpoint_files import last_of_run_folder
 from ..runtime.interrupt import Interrupt
 from ..runtime.resuming import (
     afresh_message,
@@ -324,13 +325,6 @@ def prepare_run_folder(run_dir: Path, ckpt_path: str | None, resume: bool) -> No
         forget_wandb_run(run_dir)
 
 
-def last_of_run_folder(path: Path) -> Path:
-    """A run folder's last checkpoint, or its checkpoints folder's (ckpt_path= and load_trained take either), the one
-    its link points to now (it moves on while that run trains); any other path as it is."""
-    last = next((folder / LAST for folder in (path / "checkpoints", path) if (folder / LAST).exists()), None)
-    return last.resolve() if last else path
-
-
 def load_trained(checkpoint: str | Path, config: str | Path | None = None) -> Classifier:
     """The model of a run, with the weights of `checkpoint`, on the CPU and in eval mode.
 
@@ -339,7 +333,7 @@ def load_trained(checkpoint: str | Path, config: str | Path | None = None) -> Cl
     folder of every process's part (torch.distributed.checkpoint) that model_parallel (its shards) and pipeline (its
     stages) write, put together here.
     """
-    checkpoint = last_of_run_folder(Path(checkpoint))
+    checkpoint = last_of_run_folder(Path(checkpoint), LAST)
     if not checkpoint.exists():
         raise FileNotFoundError(
             f"{checkpoint} is not a checkpoint of this project: give a run folder or one of its checkpoints "

@@ -51,7 +51,7 @@ from ..parallel.presets import built_in_preset
 from ..parallel.sharding import check_layer_devices, check_sized_parameters
 from ..parallel.split import check_chain
 from ..runtime.async_saves import check_async
-from ..runtime.checkpoint_files import DCP_INDEX, pickled_keys_include, written_by_torch
+from ..runtime.checkpoint_files import DCP_INDEX, last_of_run_folder, pickled_keys_include, written_by_torch
 from ..runtime.hardware import check_device_settings
 from ..runtime.interrupt import interrupted, mark_finished
 from ..runtime.memory import configure_allocator
@@ -67,7 +67,6 @@ from .checkpoints import (
     LAST,
     AnyPresetCheckpointIO,
     ResumeCheckpoint,
-    last_of_run_folder,
     mid_epoch_position,
     prepare_run_folder,
     resume_from,
@@ -204,7 +203,9 @@ def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningD
     its first trial, so that a config every trial would refuse is refused before the first. Without a logger: see
     fit_and_test."""
     if cfg.ckpt_path:
-        cfg.ckpt_path = str(last_of_run_folder(Path(cfg.ckpt_path)))  # (train.py took it already; the search not yet)
+        cfg.ckpt_path = str(
+            last_of_run_folder(Path(cfg.ckpt_path), LAST)
+        )  # (train.py took it already; the search not yet)
         check_checkpoint_path(Path(cfg.ckpt_path))
     if cfg.trainer.get("overfit_batches"):  # Lightning swaps in a sampler that neither deals batches out nor resumes
         raise ConfigError(
