@@ -165,6 +165,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         "tests/test_config.py",
         "tests/test_data.py",
         "tests/test_doctor.py",
+        "tests/test_dependencies.py",
         "tests/test_dp.py",
         "tests/test_files_data.py",
         "tests/test_float8.py",
