@@ -8,6 +8,7 @@ answer can neither break this script nor inject code into it.
 import keyword
 import re
 import sys
+import unicodedata
 
 PROJECT_NAME = {{ cookiecutter.project_name | tojson }}
 PROJECT_SLUG = {{ cookiecutter.project_slug | tojson }}
@@ -15,11 +16,19 @@ PACKAGE_NAME = {{ cookiecutter.package_name | tojson }}
 WANDB_PROJECT = {{ cookiecutter.wandb_project | tojson }}
 WANDB_ENTITY = {{ cookiecutter.wandb_entity | tojson }}
 AUTHOR_EMAIL = {{ cookiecutter.author_email | tojson }}
+# Free text, put in the project's files between quotes as it is (pyproject.toml, the package's docstring): tojson's
+# escapes would write a character beyond U+FFFF (an emoji) as two halves, which TOML refuses.
+FREE_TEXT = {
+    "project_name": PROJECT_NAME,
+    "description": {{ cookiecutter.description | tojson }},
+    "author_name": {{ cookiecutter.author_name | tojson }},
+}
 
 # Names a generated package must not take: they would shadow what it or its tests import (its dependencies and
 # extras, and the standard library with its `test` package).
 DEPENDENCIES = {"torch", "lightning", "accelerate", "hydra", "omegaconf", "wandb", "rich", "pynvml", "matplotlib"}
-EXTRAS = {"optuna", "submitit", "numpy", "transformers", "torchao", "litdata", "torchmetrics", "pytest", "ruff"}
+DEPENDENCIES |= {"safetensors", "numpy", "tqdm", "yaml", "google", "lightning_utilities"}
+EXTRAS = {"optuna", "submitit", "transformers", "torchao", "litdata", "torchmetrics", "pytest", "ruff"}
 TAKEN = set(sys.stdlib_module_names) | DEPENDENCIES | EXTRAS | {"test", "tests"}
 SLUG = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
 WANDB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -29,6 +38,9 @@ def problem() -> str | None:
     """The first unusable answer, described in one line, or None."""
     if not PROJECT_NAME.strip():
         return "project_name is empty; give a name such as 'Image Classifier'"
+    for name, text in FREE_TEXT.items():
+        if any(unicodedata.category(character) == "Cc" for character in text):
+            return f"{name} has a control character (a line break, a tab?); give it on one line of plain text"
     if not SLUG.fullmatch(PROJECT_SLUG):
         return (
             f"project_slug {PROJECT_SLUG!r} is not usable: it must be ASCII lowercase letters, digits and "

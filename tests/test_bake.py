@@ -306,6 +306,16 @@ def test_awkward_answers_still_give_valid_python_and_toml(bake):
     assert authors == [{"name": "Your Name"}], "an empty e-mail is left out, not written as an invalid one"
 
 
+def test_characters_beyond_the_basic_plane_reach_the_project_whole(bake):
+    """An emoji (beyond U+FFFF) in the free-text answers: tojson wrote it as two escaped halves, which TOML refuses
+    (pip install failed with tomllib's traceback) and Python keeps as two unprintable halves (the docstring)."""
+    project = bake(project_name="Rocket 🚀 Net", description='Fast 🚀 "quoted"', author_name="Zoë 🦊")
+    meta = tomllib.loads((project / "pyproject.toml").read_text())["project"]
+    assert meta["description"] == 'Fast 🚀 "quoted"' and meta["authors"][0]["name"] == "Zoë 🦊"
+    docstring = eval((project / "src" / "rocket_net" / "__init__.py").read_text())
+    assert docstring == 'Rocket 🚀 Net: Fast 🚀 "quoted"' and docstring.encode()
+
+
 def test_post_hook_prints_next_steps_without_prompting(cookies, capfd):
     result = cookies.bake(extra_context={"project_name": "Next Steps"})
     assert result.exit_code == 0

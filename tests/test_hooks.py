@@ -15,12 +15,16 @@ REJECTED = [
     ({"project_name": "Torch"}, "package_name 'torch' would shadow"),
     ({"project_name": "Accelerate", "engine": "accelerate"}, "package_name 'accelerate' would shadow"),
     ({"project_name": "Optuna"}, "package_name 'optuna' would shadow"),
+    ({"project_name": "Safetensors"}, "package_name 'safetensors' would shadow"),
     ({"project_name": "Test"}, "package_name 'test' would shadow"),
     ({"project_slug": "café-net"}, "project_slug 'café-net' is not usable"),
     ({"package_name": "my-pkg"}, "package_name 'my-pkg' is not a Python identifier"),
     ({"package_name": "pkg\"); import os; os.system('touch /tmp/pwned'); (\""}, "is not a Python identifier"),
     ({"wandb_project": "has space"}, "wandb_project 'has space' is not usable"),
     ({"author_email": "nobody"}, "author_email 'nobody' is not an e-mail address"),
+    # (TOML's strings and the package's docstring take no line break)
+    ({"description": "two\nlines"}, "description has a control character"),
+    ({"author_name": "Ada\tLovelace"}, "author_name has a control character"),
 ]
 
 

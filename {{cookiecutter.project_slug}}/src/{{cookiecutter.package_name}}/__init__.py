@@ -1,1 +1,1 @@
-{{ (cookiecutter.project_name ~ ': ' ~ cookiecutter.description) | tojson }}
+"{{ (cookiecutter.project_name ~ ': ' ~ cookiecutter.description) | replace('\\', '\\\\') | replace('"', '\\"') }}"
