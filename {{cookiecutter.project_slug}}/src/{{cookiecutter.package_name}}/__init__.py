@@ -1,1 +1,1 @@
-"{{ (cookiecutter.project_name ~ ': ' ~ cookiecutter.description) | replace('\\', '\\\\') | replace('"', '\\"') }}"
+{{ '"' ~ (cookiecutter.project_name ~ ': ' ~ cookiecutter.description) | replace('\\', '\\\\') | replace('"', '\\"') ~ '"' }}
