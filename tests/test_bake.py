@@ -309,9 +309,11 @@ def test_awkward_answers_still_give_valid_python_and_toml(bake):
 def test_characters_beyond_the_basic_plane_reach_the_project_whole(bake):
     """An emoji (beyond U+FFFF) in the free-text answers: tojson wrote it as two escaped halves, which TOML refuses
     (pip install failed with tomllib's traceback) and Python keeps as two unprintable halves (the docstring)."""
-    project = bake(project_name="Rocket 🚀 Net", description='Fast 🚀 "quoted"', author_name="Zoë 🦊")
+    answers = {"description": 'Fast 🚀 "quoted"', "author_name": "Zoë 🦊", "author_email": "zoë🦊@example.com"}
+    project = bake(project_name="Rocket 🚀 Net", **answers)
     meta = tomllib.loads((project / "pyproject.toml").read_text())["project"]
-    assert meta["description"] == 'Fast 🚀 "quoted"' and meta["authors"][0]["name"] == "Zoë 🦊"
+    assert meta["description"] == answers["description"]
+    assert meta["authors"] == [{"name": answers["author_name"], "email": answers["author_email"]}]
     docstring = eval((project / "src" / "rocket_net" / "__init__.py").read_text())
     assert docstring == 'Rocket 🚀 Net: Fast 🚀 "quoted"' and docstring.encode()
 
