@@ -22,6 +22,7 @@ FREE_TEXT = {
     "project_name": PROJECT_NAME,
     "description": {{ cookiecutter.description | tojson }},
     "author_name": {{ cookiecutter.author_name | tojson }},
+    "author_email": AUTHOR_EMAIL,
 }
 
 # Names a generated package must not take: they would shadow what it or its tests import (its dependencies and
