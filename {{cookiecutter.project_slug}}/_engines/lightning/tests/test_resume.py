@@ -110,6 +110,30 @@ def test_a_checkpoint_of_an_epochs_last_step_counts_that_epoch(train):
     assert halves.wandb.steps("train/loss") == list(range(10, 30))
 
 
+def test_a_run_resumed_from_an_epochs_last_step_saves_checkpoints_that_resume_exactly(train, uninterrupted, tmp_path):
+    """Killed after the checkpoint of an epoch's last step (step 10, before that epoch's validation), continued, killed
+    again after the checkpoint of step 15, continued: every step's loss is the uninterrupted run's, and run once more,
+    it has nothing left to train. (Lightning 2.6 counts that epoch done when it restores the checkpoint, and kept
+    taking the run for one restarted inside it: the next epochs' starts went uncounted, so the checkpoints of the
+    continued run were an epoch behind, and the run continued from them trained other batches, and an epoch more.)"""
+    every_5 = [*(o for o in TRAIN if not o.startswith("checkpoint.")), "checkpoint.every_n_steps=5", "strategy=single"]
+    kills = [
+        *kill_at(11, tmp_path / "first"),
+        *(o.replace("callbacks.kill", "callbacks.kill_again") for o in kill_at(16, tmp_path / "again")),
+    ]
+    killed = train(*every_5, *kills, check=False)
+    assert killed.returncode == -9, killed.output[-2000:]
+    assert (killed.run_dir / "checkpoints/last.ckpt").resolve().name == "step000010.ckpt"
+    killed_again = train(*every_5, *kills, run_dir=killed.run_dir, check=False)
+    assert killed_again.returncode == -9, killed_again.output[-2000:]
+    assert (killed.run_dir / "checkpoints/last.ckpt").resolve().name == "step000015.ckpt"
+    again = train(*every_5, *kills, run_dir=killed.run_dir)
+    assert_continues_exactly(again, uninterrupted, starts=3)
+    once_more = train(*every_5, run_dir=killed.run_dir)
+    assert "nothing left to train" in once_more.output, once_more.output[-2000:]
+    assert once_more.wandb.steps("train/loss") == list(range(STEPS))
+
+
 def test_a_dataset_that_augments_in_loader_workers_continues_exactly(train, tmp_path):
     """data=custom whose __getitem__ draws noise, read by 2 loader worker processes, killed after the checkpoint of
     step 6 and started again: every step's loss is the uninterrupted run's. (The workers' random streams, which no

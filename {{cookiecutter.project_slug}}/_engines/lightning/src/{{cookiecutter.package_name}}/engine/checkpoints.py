@@ -101,6 +101,12 @@ class ResumeCheckpoint(ModelCheckpoint):
         # step for the loggers, which would log every later step one too far. The count is put back below.
         if trainer.fit_loop.restarted_on_epoch_end:
             self._logged_steps = batches_that_stepped(trainer)
+        if restored_after_an_epochs_last_batch(trainer.fit_loop):
+            # Lightning (2.6) counted that epoch done as it restored the checkpoint, and keeps taking the run for one
+            # restarted inside an epoch until it ends: the next epochs' starts would go uncounted (and their
+            # on_train_epoch_start hooks uncalled), so every checkpoint this run saves would be an epoch behind. From
+            # here on it is a run like any other.
+            trainer.fit_loop.reset_restart_stage()
 
     def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
         self._link_written(trainer)  # the step saved before this batch is logged by now
@@ -213,6 +219,15 @@ class ResumeCheckpoint(ModelCheckpoint):
                 f"the checkpoint holds the random state of {len(states)} processes, this run has {trainer.world_size}:"
                 " random numbers (dropout, augmentation) continue from the seed instead"
             )
+
+
+def restored_after_an_epochs_last_batch(loop: Any) -> bool:
+    """Whether the fit loop restored a checkpoint saved on an epoch's last step, before that epoch's end (Lightning's
+    own test for it, FitLoop.reset)."""
+    epoch_loop = loop.epoch_loop
+    return (
+        loop.restarted_mid_epoch and epoch_loop.restarted_on_train_batch_end and epoch_loop.batch_progress.is_last_batch
+    )
 
 
 class AnyPresetCheckpointIO(TorchCheckpointIO):
