@@ -208,6 +208,30 @@ def test_a_worker_stops_when_its_torchrun_agent_is_killed(tmp_path, train_env):
         (tmp_path / "pause.go").touch()
 
 
+def test_a_worker_whose_agent_died_while_it_started_stops(tmp_path, train_env):
+    """torchrun's process group killed while its worker still imports (kill -9 of the group does not reach the
+    worker's session): the worker stops once started, writing nothing. It took the process that adopted it for its
+    agent, and trained the whole run as an orphan, beside the same command started again."""
+    agent_command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", "-m"]
+    command = [*agent_command, "slow_start", f"{PACKAGE}.train", f"hydra.run.dir={tmp_path / 'run'}", *SETTINGS]
+    env = {**train_env, "SLOW_START_MARKER": str(tmp_path / "start")}
+    with open(tmp_path / "agent.log", "w") as log:
+        agent = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        assert paused(tmp_path / "start", agent), (tmp_path / "agent.log").read_text()[-3000:]
+        worker = int((tmp_path / "start.paused").read_text())
+        agent.kill()
+        agent.wait()
+    finally:
+        (tmp_path / "start.go").touch()
+    for _ in range(1200):
+        if not running(worker):
+            break
+        time.sleep(0.05)
+    assert not running(worker), "the worker trains on without its agent"
+    assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
 def running(pid: int) -> bool:
     """Whether process `pid` runs (an orphan that ended may stay a zombie where nothing reaps it)."""
     try:

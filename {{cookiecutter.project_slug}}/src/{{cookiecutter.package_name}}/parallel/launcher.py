@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from omegaconf import OmegaConf
 
+from .. import STARTED_BY
 from ..errors import ConfigError
 from .presets import STRATEGY_CONFIGS
 
@@ -171,9 +172,10 @@ def die_with_launcher() -> None:
     launcher = detect_launcher()
     if launcher is None or launcher.name == "SLURM" or not sys.platform.startswith("linux"):
         return
-    agent = os.getppid()
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != agent:  # it died before the line above: nobody would tell us (torchrun may be PID 1)
+    # The agent died before the line above, maybe while this process imported the package (kill -9 of torchrun's
+    # process group, which does not reach its workers' sessions): nobody would tell it. (torchrun may be PID 1.)
+    if os.getppid() != STARTED_BY:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
