@@ -286,6 +286,16 @@ register_split(
 )
 
 
+class FrozenStart(ResidualMLP):
+    """Fine-tuning's shape: the embedding and the first block frozen (requires_grad_(False)), the rest trained. Under a
+    pipeline the first stage may hold no trainable parameter at all."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.embed.requires_grad_(False)
+        self.blocks[0].requires_grad_(False)
+
+
 class CrashesInTraining(ResidualMLP):
     """A net with a bug that shows once it sees data: the checks before training pass (they run the forward on the
     meta device), the first real forward raises. A search's failing trial."""

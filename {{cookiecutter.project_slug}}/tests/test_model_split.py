@@ -282,6 +282,19 @@ def test_such_a_model_trains_under_tensor_parallel_as_on_one_device(train):
     assert sharded.losses(3) == pytest.approx(single.losses(3), abs=TOLERANCE)
 
 
+@pytest.mark.slow
+def test_a_pipeline_whose_first_stage_is_frozen_trains_its_other_stages(train):
+    """zbv cuts the backward of each stage in two (the input's gradient, then the weights'): torch (2.13) computes a
+    stage's weight gradients from its input's, which a frozen first stage sends without one, so the next stage was
+    never trained, in silence."""
+    parity = [*QUICK, "trainer.max_steps=3", "data.shuffle=false", "trainer.accelerator=cpu", "data.batch_size=64"]
+    parity.append("model.net._target_=own_models.FrozenStart")
+    single = train(*parity, "strategy=single")
+    overrides, launcher = command(layout("pipeline-zbv"))
+    pipelined = train(*parity, *overrides, launcher=launcher)
+    assert pipelined.losses(3) == pytest.approx(single.losses(3), abs=TOLERANCE)
+
+
 @pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this machine has the GPUs the case names")
 def test_layers_on_gpus_the_machine_lacks_are_refused_before_training():
     """The README's strategy.devices=[cuda:0,cuda:1], run on a machine without them: one line naming what is

@@ -2,6 +2,6 @@
 
 import os
 
-# Read first thing, before the package's imports (seconds on a busy machine): the process that started this one,
-# torchrun's agent for a worker, which must die with it (parallel/launcher.py, die_with_launcher).
-STARTED_BY = os.getppid()
+# Read first thing, before the package's imports (seconds on a busy machine): this process and the one that started
+# it, torchrun's agent for a worker, which must die with it (parallel/launcher.py, die_with_launcher).
+IMPORTED_IN, STARTED_BY = os.getpid(), os.getppid()

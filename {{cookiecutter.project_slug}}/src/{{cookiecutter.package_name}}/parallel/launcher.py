@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from omegaconf import OmegaConf
 
-from .. import STARTED_BY
+from .. import IMPORTED_IN, STARTED_BY
 from ..errors import ConfigError
 from .presets import STRATEGY_CONFIGS
 
@@ -172,10 +172,12 @@ def die_with_launcher() -> None:
     launcher = detect_launcher()
     if launcher is None or launcher.name == "SLURM" or not sys.platform.startswith("linux"):
         return
+    # (a process forked from the one that imported the package, as a pre-loading launcher does, asks now)
+    agent = STARTED_BY if IMPORTED_IN == os.getpid() else os.getppid()
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     # The agent died before the line above, maybe while this process imported the package (kill -9 of torchrun's
     # process group, which does not reach its workers' sessions): nobody would tell it. (torchrun may be PID 1.)
-    if os.getppid() != STARTED_BY:
+    if os.getppid() != agent:
         os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -276,6 +276,9 @@ class Pipeline:
         held = net.layout.stages_at(net.index)
         self.first, self.last = 0 in held, net.layout.num_stages - 1 in held
         parts: list[nn.Module] = list(net.chunks)
+        for part, stage in zip(parts, held, strict=True):
+            if stage < net.layout.num_stages - 1:
+                part.register_forward_hook(sent_with_gradient)
         # The same stage of every pipeline: DDP averages its gradients over them, during the last micro-batch's
         # backward. Several stages per process may share a parameter (zbv's first and last, tied), which two DDPs
         # would each average, and shards of tensor parallelism are DTensors, which DDP does not take; and gpipe runs
@@ -417,6 +420,15 @@ class Pipeline:
 # which every stage writes its part of (torch.distributed.checkpoint): the stages hold different parameters, so no
 # two stages write the same entry (an optimizer's own state_dict numbers the parameters of every stage from 0).
 STAGE_OPTIMIZER_STATE = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+def sent_with_gradient(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
+    """A stage's output in training, made to ask for its gradient where nothing before it trains (frozen first
+    stages): zbv splits each stage's backward in two, and torch (2.13) computes a stage's weight gradients from its
+    input's, which the stage after a frozen one did not ask for. It trained nothing, in silence."""
+    if torch.is_grad_enabled() and not output.requires_grad and output.is_floating_point():
+        return output.requires_grad_()  # (a tensor no gradient reaches is a leaf)
+    return output
 
 
 def single_device_name(key: str) -> str:
