@@ -33,7 +33,9 @@ BF16_TOLERANCE = 5e-2  # bf16 keeps 8 bits of mantissa; layouts sum in different
 STEPS = 4  # one epoch (QUICK) of data.train_size / data.batch_size, then validation and the memory figures
 # 129 validation samples: every sample counted once, and over 2 replicas of 32 a batch (65 and 64 samples) one
 # replica has a batch fewer, yet must run as many forwards (model_parallel's FSDP2 gathers weights in each).
-TABLE = [*QUICK, "data.shuffle=false", "data.batch_size=64", "data.train_size=256", "data.val_size=129",
+# Then the test pass, on 64 samples: its metrics at the last step, as every preset logs them.
+TABLE = [*(o for o in QUICK if not o.startswith("test_after_fit")), "data.shuffle=false", "data.batch_size=64",
+         "data.train_size=256", "data.val_size=129", "data.test_size=64",
          "trainer.accelerator=" + ("gpu" if GPUS else "cpu")]  # fmt: skip
 
 
@@ -42,6 +44,7 @@ class Result:
     losses: list[float]  # the first STEPS train/loss values
     steps: list[int]  # the global steps they were logged at
     val: tuple[float, float]  # val/loss, val/acc
+    test: tuple[list[int], float]  # the steps test/loss was logged at, its value
     world_size: int
     layout: dict[str, int]  # run.layout: replicas x shards x tensor_parallel x stages
     seconds: float
@@ -56,6 +59,7 @@ def read(run: Run, seconds: float) -> Result:
         losses=wandb.metric("train/loss")[:STEPS],
         steps=wandb.steps("train/loss")[:STEPS],
         val=(wandb.metric("val/loss")[-1], wandb.metric("val/acc")[-1]),
+        test=(wandb.steps("test/loss"), wandb.metric("test/loss")[-1]),
         world_size=wandb.config["run"]["world_size"],
         layout=wandb.config["run"]["layout"],
         seconds=seconds,
@@ -123,12 +127,14 @@ def test_layout_matches_single(reference, runner, table_row, layout, precision):
     result = reference(precision) if layout.name == "single" else run_row(runner, layout, precision)
     row.update(seconds=result.seconds, memory=result.memory)
     assert result.steps == list(range(STEPS)), "train/loss logged at every global step"
+    assert result.test[0] == [STEPS], "test/loss once, at the last step"
     assert result.world_size == layout.processes
     assert result.layout == layout.expected_layout(GPUS), "the preset is the special case of the layout it says"
     if precision == "32-true":
         tolerance = GPU_TOLERANCE if GPUS else TOLERANCE
         assert result.losses == pytest.approx(fp32.losses, abs=tolerance)
         assert result.val == pytest.approx(fp32.val, abs=tolerance), "val/loss, val/acc over every sample once"
+        assert result.test[1] == pytest.approx(fp32.test[1], abs=tolerance)
     else:
         single = reference(precision)
         assert result.losses == pytest.approx(single.losses, abs=BF16_TOLERANCE)

@@ -22,7 +22,7 @@ WARNING_LINE = re.compile(r"\.py:\d+: |^\s*warnings\.warn\(|\bWARNING\b|\bTip:|[
 SMALL = ["data.train_size=512", "data.val_size=256", "data.test_size=256", "trainer.accelerator=cpu"]
 AS_A_USER = {"WANDB_SILENT": None}
 NEW_INTERPRETER = {**AS_A_USER, "STARTS_NEW_INTERPRETER": "1"}
-SPAWN = ["strategy=ddp_spawn", "trainer.devices=2", "trainer.limit_train_batches=3"]  # one epoch of 3 steps
+SPAWN = ["strategy=ddp_spawn", "trainer.devices=2", "trainer.limit_train_batches=4"]  # stopped at 3 of its 4 steps
 
 
 def assert_quiet(output: str) -> None:
@@ -63,6 +63,8 @@ def test_multi_process_trainings_print_no_warning(train, train_env, name, overri
     assert_quiet(import_output(f"{PACKAGE}.train", train_env) + run.output)
     if overrides[: len(SPAWN)] == SPAWN:  # (one ddp_spawn training for both checks: CI time)
         # ddp_spawn fits in processes of its own, whose step count the command's process never saw: Lightning's test
-        # pass was logged at step 0. It is logged after the training's last step, in the epoch after it, as single's.
+        # pass was logged at step 0; stopped by trainer.max_steps inside its epoch, at step 2 (the checkpoint it reads
+        # them from counts its step undone). It is logged after the training's last step, in the epoch after it, as
+        # single's.
         assert run.wandb.steps("train/loss") == [0, 1, 2] and run.wandb.steps("test/loss") == [3]
         assert run.wandb.metric("epoch")[-1] == 1, "the test's epoch, after the one epoch trained"

@@ -129,9 +129,11 @@ def test_a_run_resumed_from_an_epochs_last_step_saves_checkpoints_that_resume_ex
     assert (killed.run_dir / "checkpoints/last.ckpt").resolve().name == "step000015.ckpt"
     again = train(*every_5, *kills, run_dir=killed.run_dir)
     assert_continues_exactly(again, uninterrupted, starts=3)
-    once_more = train(*every_5, run_dir=killed.run_dir)
+    once_more = train(*every_5, "test_after_fit=true", run_dir=killed.run_dir)
     assert "nothing left to train" in once_more.output, once_more.output[-2000:]
     assert once_more.wandb.steps("train/loss") == list(range(STEPS))
+    # at the last step, as after a training that was never stopped (it was logged a step before: 19)
+    assert once_more.wandb.steps("test/loss") == [STEPS]
 
 
 def test_a_dataset_that_augments_in_loader_workers_continues_exactly(train, tmp_path):

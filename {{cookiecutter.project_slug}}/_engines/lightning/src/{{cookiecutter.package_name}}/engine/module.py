@@ -37,6 +37,7 @@ from .lightning_private import (
     count_this_runs_micro_batches,
     has_trainer,
     only_accumulates,
+    set_batches_that_stepped,
 )
 
 
@@ -151,6 +152,12 @@ class Classifier(L.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         self._log_split_totals("val")
+
+    def on_test_start(self) -> None:
+        # The test metrics at the training's last step, as after an uninterrupted fit. Where the fit trained nothing
+        # in this process (a run continued from a checkpoint of its last step; ddp_spawn's first process, given the
+        # trained state back), the loggers' counter was a step behind: a checkpoint holds it before its step counts.
+        set_batches_that_stepped(self.trainer, max(batches_that_stepped(self.trainer), self.trainer.global_step))
 
     def on_test_epoch_end(self) -> None:
         self._log_split_totals("test")
