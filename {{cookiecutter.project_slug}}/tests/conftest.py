@@ -348,6 +348,11 @@ COMMAND_LINE_REFUSALS = [
         "WANDB_MODE=offlinee is not a wandb mode; valid: online, offline, disabled (or leave it unset: online when "
         "logged in, else offline)",
     ),
+    (  # (wandb's UsageError traceback, config.yaml left in the run folder)
+        ["env:WANDB_MODE=online", "env:WANDB_API_KEY=", "env:WANDB_IDENTITY_TOKEN_FILE=", "env:NETRC=/nowhere/.netrc"],
+        "WANDB_MODE=online needs a wandb login and there is none here (WANDB_API_KEY, or ~/.netrc from `wandb login`): "
+        "log in, or leave WANDB_MODE unset to log offline (wandb sync uploads it later)",
+    ),
     (  # (it trained one process, in one engine)
         ["trainer.num_nodes=2"],
         "strategy=single runs one device but trainer.devices=1 x trainer.num_nodes=2 asks for 2; use strategy=ddp for "
@@ -466,6 +471,7 @@ COMMAND_LINE_REFUSAL_IDS = [
     "empty-training-split",
     "stray-world-size-without-a-launcher",
     "unknown-wandb-mode",
+    "wandb-online-without-login",
     "single-on-two-nodes",
     "pipeline-with-accumulation",
     "pipeline-with-clipping",

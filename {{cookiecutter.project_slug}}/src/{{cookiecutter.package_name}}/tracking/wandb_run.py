@@ -18,7 +18,7 @@ from ..errors import ConfigError
 
 def has_wandb_credentials() -> bool:
     """True if wandb could log in without asking: an API key in the environment or in ~/.netrc."""
-    if os.environ.get("WANDB_API_KEY"):
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):  # (the latter: a JWT's)
         return True
     host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
     try:
@@ -38,6 +38,11 @@ def wandb_mode() -> str:
         raise ConfigError(
             f"WANDB_MODE={mode} is not a wandb mode; valid: online, offline, disabled (or leave it unset: online "
             "when logged in, else offline)"
+        )
+    if mode in ("online", "shared", "run") and not has_wandb_credentials():  # (wandb's UsageError traceback, after the
+        raise ConfigError(  # run folder was made)
+            f"WANDB_MODE={mode} needs a wandb login and there is none here (WANDB_API_KEY, or ~/.netrc from `wandb "
+            "login`): log in, or leave WANDB_MODE unset to log offline (wandb sync uploads it later)"
         )
     return mode or ("online" if has_wandb_credentials() else "offline")
 
