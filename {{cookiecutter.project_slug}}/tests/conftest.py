@@ -192,6 +192,11 @@ COMMAND_LINE_REFUSALS = [
     (["+foo.bar=1"], "+foo.bar: no part of the training reads a top-level foo"),  # (a node foo)
     # a traceback once the run folder was made: wandb.init's TypeError, the schedule's at its build
     (["+logger.tag=a"], "+logger.tag: wandb.init takes no tag; did you mean logger.tags? it takes "),
+    (  # (Lightning: its WandbLogger's "got multiple values for keyword argument 'id'"; Accelerate dropped it)
+        ["+logger.id=mine"],
+        "+logger.id: the training sets it itself (one wandb run per training, its restarts continuing it, with the "
+        "resolved config): name the training with run_id=NAME, its wandb run with +logger.name=NAME",
+    ),
     (["+scheduler.min_lr=0.1"], "scheduler: cosine() got an unexpected keyword argument 'min_lr'; drop the argument"),
     (  # torch's own class: the training gives every schedule its total steps
         ["scheduler._target_=torch.optim.lr_scheduler.StepLR", "+scheduler.step_size=3"]
@@ -418,6 +423,7 @@ COMMAND_LINE_REFUSAL_IDS = [
     "add-an-oom-setting",
     "add-a-top-level-node",
     "add-a-key-wandb-does-not-take",
+    "add-a-wandb-key-the-training-sets",
     "add-a-key-the-schedule-does-not-take",
     "a-schedule-without-total-steps",
     "multirun-preset-typo",

@@ -197,6 +197,11 @@ def _check_added(key: str, keys: dict[str, Any], read: str, node: bool) -> None:
     if parent in READ_BY_NAME and isinstance(keys.get(parent), dict):  # (oom.recovery=null: +oom.recovery.KEY is on)
         taken = ", ".join(sorted(str(other) for other in keys[parent]))
         raise ConfigError(f"+{key}: {READ_BY_NAME[parent]} reads no {key}, only the settings it has: {taken}")
+    if parent == "logger" and name in LOGGER_SET_HERE and _logger_arguments(keys):
+        raise ConfigError(
+            f"+{key}: the training sets it itself (one wandb run per training, its restarts continuing it, with the "
+            "resolved config): name the training with run_id=NAME, its wandb run with +logger.name=NAME"
+        )
     if parent == "logger" and (taken := _logger_arguments(keys)) and name not in taken:
         near = difflib.get_close_matches(name, taken, n=1, cutoff=0.75)
         hint = f"did you mean logger.{near[0]}? " if near else ""
@@ -209,6 +214,11 @@ NO_LOGGER = (
     "logger=none has no logger to take it; a logger of your own is a preset, configs/logger/NAME.yaml (its _target_ "
     "and arguments), chosen with logger=NAME"
 )
+
+
+# wandb.init's arguments (and Lightning's WandbLogger's) that the training sets (tracking/wandb_run.py): taken from
+# the command line, Lightning refused them with a Python error, the Accelerate engine dropped them
+LOGGER_SET_HERE = {"id", "resume", "resume_from", "fork_from", "settings", "config", "version", "save_dir", "offline"}
 
 
 def _logger_arguments(keys: dict[str, Any]) -> set[str]:
@@ -225,7 +235,7 @@ def _logger_arguments(keys: dict[str, Any]) -> set[str]:
         for cls in inspect.getmro(get_object(target)):
             if "__init__" in vars(cls):
                 taken |= set(named_arguments(cls.__init__))
-    return taken - {"self"}
+    return taken - {"self"} - LOGGER_SET_HERE
 
 
 def _takes_arguments(node: str, keys: dict[str, Any]) -> bool:
