@@ -157,6 +157,9 @@ def test_random_then_tpe_find_a_config_at_least_as_good_as_the_default(search, d
         assert config["model"]["optimizer"]["lr"] == trial.params["model.optimizer.lr"]
         assert trial.value == epochs(result.trial_dir(trial))[-1]["val/loss"]
     assert result.study.best_value <= default_val_loss
+    # the command that started it, checked: it continues (check_only=true was taken for another training override)
+    checked = search(*args, *TINY, "check_only=true", space=LR)
+    assert "check_only: the search passes its checks" in checked.output
 
 
 @pytest.mark.slow
@@ -854,6 +857,8 @@ def test_export_wandb_sweep(search_command, tmp_path):
     assert sweep["command"] == [*launcher, "experiment=s", "strategy=ddp", "trainer.devices=2", "${args_no_hyphens}"]
     code, output = search_command("--export-wandb-sweep", str(tmp_path / "no-such-folder" / "sweep.yaml"))
     assert code == 2 and "there is no folder" in output and "Traceback" not in output, output[-2000:]
+    code, output = search_command("--export-wandb-sweep", "search.n_trials=3")  # (a file of that name, exit 0)
+    assert code == 2 and "--export-wandb-sweep needs a file name" in output
     code, output = search_command("--export-wandb-sweep", str(tmp_path))  # (IsADirectoryError's traceback)
     assert code == 2 and f"{tmp_path} is a folder: give a file name" in output and "Traceback" not in output
 

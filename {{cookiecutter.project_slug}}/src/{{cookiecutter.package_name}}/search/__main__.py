@@ -292,6 +292,8 @@ def study_storage(study_dir: Path) -> optuna.storages.JournalStorage:
 def study_definition(settings: Settings, params: list[Param], overrides: list[str]) -> dict[str, Any]:
     """What a study is continued with only if it is the same: its space, training overrides and metric."""
     space = {param.key: repr(param.distribution) for param in params}
+    # (check_only=true asks whether the study continues with the rest: not a term of it)
+    overrides = [override for override in overrides if override.lstrip("+~").partition("=")[0] != "check_only"]
     return json.loads(json.dumps({"space": space, "overrides": overrides, "metric": settings.metric}))
 
 

@@ -83,7 +83,7 @@ def parse_command_line(args: list[str]) -> tuple[Settings, list[str], str | None
     for arg in args:
         if arg == "--export-wandb-sweep":
             export = next(args, None)
-            if export is None:
+            if export is None or "=" in export:  # (the next setting, taken for a file name, was dropped)
                 raise ConfigError("--export-wandb-sweep needs a file name, e.g. --export-wandb-sweep sweep.yaml")
         elif arg.startswith("--export-wandb-sweep="):
             export = arg.partition("=")[2]
