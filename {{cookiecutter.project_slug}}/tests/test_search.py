@@ -720,6 +720,7 @@ def test_a_second_search_of_a_study_is_refused_while_the_first_holds_it(tmp_path
         # Optuna's ValueError after the study was written (the corrected command then met the written study)
         (None, ["search.seed=-1"], "search.seed must be a whole number from 0 to 4294967295, not -1"),
         (None, ["search.startup_trials=-1"], "search.startup_trials must be at least 0, not -1"),
+        (None, ["search.sampler={a"], "search.sampler={a is not a value: close its quotes and brackets"),  # (yaml's)
         (None, ["search.study=a/b"], "search.study=a/b must name one folder"),  # (each trial refused it, then)
         (None, ["search.dir=/proc/x"], "search.dir=/proc/x cannot be made (No such file or directory)"),
         (None, ["search=nope"], "unknown search space 'nope'; valid: default, gpt, or a path to a .yaml file"),

@@ -112,7 +112,10 @@ def parse_settings(args: list[str]) -> Settings:
         if key != key.lstrip("+~"):  # (the training's check said no part of the training reads a search)
             shown = "search" if name == "space" else f"search.{name}"
             raise ConfigError(f"{key}: the search has every setting already, to be set without + or ~: {shown}=...")
-        values[name] = yaml.safe_load(value) if value else None
+        try:
+            values[name] = yaml.safe_load(value) if value else None
+        except yaml.YAMLError:  # an unclosed quote or bracket: yaml's traceback
+            raise ConfigError(f"{key}={value} is not a value: close its quotes and brackets") from None
     try:
         settings = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Settings), values))
     except OmegaConfBaseException as err:
