@@ -33,7 +33,7 @@ Created {shown}/ ({ENGINE} engine). Next:
   cd {shown}
   pip install torch==2.13.0 && pip install -e '.[dev]' && {train}
   {multi}
-  pytest
+  pytest -m "not slow"   # the fast tests; all of them: pytest -n 2 --dist loadfile (docs/tests.md)
 
 (On a GPU machine, install the torch build for your CUDA version; on a CPU-only one, torch from
 https://download.pytorch.org/whl/cpu: plain PyPI gives the CUDA build on Linux.)

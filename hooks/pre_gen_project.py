@@ -30,7 +30,12 @@ FREE_TEXT = {
 DEPENDENCIES = {"torch", "lightning", "accelerate", "hydra", "omegaconf", "wandb", "rich", "pynvml", "matplotlib"}
 DEPENDENCIES |= {"safetensors", "numpy", "tqdm", "yaml", "google", "lightning_utilities"}
 EXTRAS = {"optuna", "submitit", "transformers", "torchao", "litdata", "torchmetrics", "pytest", "ruff"}
-TAKEN = set(sys.stdlib_module_names) | DEPENDENCIES | EXTRAS | {"test", "tests"}
+# torch's own dependencies, and the modules of the project's tests (tests/ is on their path)
+TORCH_NEEDS = {"sympy", "mpmath", "networkx", "jinja2", "filelock", "fsspec", "typing_extensions", "triton"}
+TEST_MODULES = {"conftest", "layouts", "own_models", "custom_dataset", "fake_nvml", "forked", "hard_kill", "refusals"}
+TEST_MODULES |= {"simulated_oom", "slurm_jobs", "wandb_records", "kill_switch", "engine_specific", "slow_start"}
+TEST_MODULES |= {"failing_callback", "launchers", "nets", "oom_sim", "own_modules", "restarts", "shard_probe"}
+TAKEN = set(sys.stdlib_module_names) | DEPENDENCIES | EXTRAS | TORCH_NEEDS | TEST_MODULES | {"test", "tests"}
 SLUG = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
 WANDB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 

@@ -16,6 +16,8 @@ REJECTED = [
     ({"project_name": "Accelerate", "engine": "accelerate"}, "package_name 'accelerate' would shadow"),
     ({"project_name": "Optuna"}, "package_name 'optuna' would shadow"),
     ({"project_name": "Safetensors"}, "package_name 'safetensors' would shadow"),
+    ({"project_name": "Sympy"}, "package_name 'sympy' would shadow"),  # (torch's: torch's import failed)
+    ({"project_name": "Layouts"}, "package_name 'layouts' would shadow"),  # (the tests': they failed to collect)
     ({"project_name": "Test"}, "package_name 'test' would shadow"),
     ({"project_slug": "café-net"}, "project_slug 'café-net' is not usable"),
     ({"package_name": "my-pkg"}, "package_name 'my-pkg' is not a Python identifier"),
@@ -60,3 +62,12 @@ def test_hostile_project_name_cannot_inject(tmp_path):
     [project] = (tmp_path / "out").iterdir()
     assert project.name.startswith("a-open-tmp-")
     assert hostile in (project / "README.md").read_text()
+
+
+def test_every_module_of_the_projects_tests_is_a_name_the_bake_refuses():
+    """A package named as one of the tests' helper modules (tests/ is on their path) broke their collection."""
+    hook = (TEMPLATE / "hooks" / "pre_gen_project.py").read_text()
+    project = TEMPLATE / "{{cookiecutter.project_slug}}"
+    folders = [project / "tests", *(project / "_engines").glob("*/tests")]
+    helpers = {path.stem for folder in folders for path in folder.glob("*.py") if not path.stem.startswith("test_")}
+    assert helpers and not [name for name in sorted(helpers) if f'"{name}"' not in hook]
