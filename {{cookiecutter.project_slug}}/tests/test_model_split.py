@@ -273,26 +273,23 @@ def test_a_model_that_draws_its_own_weights_starts_sharded_from_singles_weights(
 
 
 @pytest.mark.slow
-def test_such_a_model_trains_under_tensor_parallel_as_on_one_device(train):
+@pytest.mark.parametrize(
+    "net, layout_name",
+    [
+        ("CustomInit", "model_parallel-tp2"),  # weights its own __init__ draws, sharded from single's
+        # zbv cuts each stage's backward in two (the input's gradient, then the weights'): torch (2.13) computes a
+        # stage's weight gradients from its input's, which a frozen first stage sent without one, so the stage after
+        # it never trained, in silence
+        ("FrozenStart", "pipeline-zbv"),
+    ],
+)
+def test_such_a_model_trains_under_the_preset_as_on_one_device(train, net, layout_name):
     parity = [*QUICK, "trainer.max_steps=3", "data.shuffle=false", "trainer.accelerator=cpu", "data.batch_size=64"]
-    parity.append("model.net._target_=own_models.CustomInit")
+    parity.append(f"model.net._target_=own_models.{net}")
     single = train(*parity, "strategy=single")
-    overrides, launcher = command(layout("model_parallel-tp2"))
-    sharded = train(*parity, *overrides, launcher=launcher)
-    assert sharded.losses(3) == pytest.approx(single.losses(3), abs=TOLERANCE)
-
-
-@pytest.mark.slow
-def test_a_pipeline_whose_first_stage_is_frozen_trains_its_other_stages(train):
-    """zbv cuts the backward of each stage in two (the input's gradient, then the weights'): torch (2.13) computes a
-    stage's weight gradients from its input's, which a frozen first stage sends without one, so the next stage was
-    never trained, in silence."""
-    parity = [*QUICK, "trainer.max_steps=3", "data.shuffle=false", "trainer.accelerator=cpu", "data.batch_size=64"]
-    parity.append("model.net._target_=own_models.FrozenStart")
-    single = train(*parity, "strategy=single")
-    overrides, launcher = command(layout("pipeline-zbv"))
-    pipelined = train(*parity, *overrides, launcher=launcher)
-    assert pipelined.losses(3) == pytest.approx(single.losses(3), abs=TOLERANCE)
+    overrides, launcher = command(layout(layout_name))
+    spread = train(*parity, *overrides, launcher=launcher)
+    assert spread.losses(3) == pytest.approx(single.losses(3), abs=TOLERANCE)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this machine has the GPUs the case names")
