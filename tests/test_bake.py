@@ -1,5 +1,6 @@
 """Baking: every combination of choices yields exactly the expected files, fully rendered, quickly."""
 
+import ast
 import os
 import subprocess
 import sys
@@ -157,6 +158,7 @@ def expected_files(package: str, engine: str) -> set[str]:
         "tests/refusals.py",
         "tests/simulated_oom.py",
         "tests/slurm_jobs.py",
+        "tests/slow_start.py",
         "tests/test_activation_checkpointing.py",
         "tests/test_async_checkpoints.py",
         "tests/test_bench.py",
@@ -301,7 +303,7 @@ def test_awkward_answers_still_give_valid_python_and_toml(bake):
     project = bake(project_name='Net """ Two', description="ends in C:\\New\\", author_email="")
     package = project / "src" / "net_two"
     init = (package / "__init__.py").read_text()
-    assert compile(init, "__init__.py", "exec") and 'Net """ Two' in eval(init)
+    assert compile(init, "__init__.py", "exec") and 'Net """ Two' in ast.get_docstring(ast.parse(init))
     authors = tomllib.loads((project / "pyproject.toml").read_text())["project"]["authors"]
     assert authors == [{"name": "Your Name"}], "an empty e-mail is left out, not written as an invalid one"
 
@@ -314,7 +316,7 @@ def test_characters_beyond_the_basic_plane_reach_the_project_whole(bake):
     meta = tomllib.loads((project / "pyproject.toml").read_text())["project"]
     assert meta["description"] == answers["description"]
     assert meta["authors"] == [{"name": answers["author_name"], "email": answers["author_email"]}]
-    docstring = eval((project / "src" / "rocket_net" / "__init__.py").read_text())
+    docstring = ast.get_docstring(ast.parse((project / "src" / "rocket_net" / "__init__.py").read_text()))
     assert docstring == 'Rocket 🚀 Net: Fast 🚀 "quoted"' and docstring.encode()
 
 

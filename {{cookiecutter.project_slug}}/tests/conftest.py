@@ -363,6 +363,11 @@ COMMAND_LINE_REFUSALS = [
         "strategy=single runs one device but trainer.devices=1 x trainer.num_nodes=2 asks for 2; use strategy=ddp for "
         "several",
     ),
+    (  # (Lightning waited for the second node for ever)
+        ["strategy=ddp", "trainer.devices=2", "trainer.num_nodes=2"],
+        "trainer.num_nodes=2: this command starts the processes of one machine; for several, start torchrun on each "
+        "(launch/torchrun_multinode.sh, docs/many-machines.md), or sbatch launch/slurm.sbatch",
+    ),
     # The OOM toolkit (configs/oom/, read by both engines): a value that would have failed mid-training, a preset that
     # cannot run a part of it (a process out of memory would leave the others waiting)
     (["oom=lots"], "unknown oom 'lots'; valid: none, toolkit"),
@@ -479,6 +484,7 @@ COMMAND_LINE_REFUSAL_IDS = [
     "unknown-wandb-mode",
     "wandb-online-without-login",
     "single-on-two-nodes",
+    "ddp-on-two-nodes-without-a-launcher",
     "pipeline-with-accumulation",
     "pipeline-with-clipping",
     "unknown-oom",

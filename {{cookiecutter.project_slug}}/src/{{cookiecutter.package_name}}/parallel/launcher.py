@@ -95,6 +95,11 @@ def fit_layout_to_launcher(
             f"launch, srun) started this one: unset {', '.join(item.partition('=')[0] for item in stray)}, or launch "
             "several processes with strategy=ddp"
         )
+    if launcher is None and num_nodes > 1 and preset != "single":  # (Lightning waited for the other nodes for ever)
+        raise ConfigError(
+            f"trainer.num_nodes={num_nodes}: this command starts the processes of one machine; for several, start "
+            "torchrun on each (launch/torchrun_multinode.sh, docs/many-machines.md), or sbatch launch/slurm.sbatch"
+        )
     if launcher is None:
         return num_nodes, devices
     given = {override.lstrip("+").partition("=")[0] for override in overrides}

@@ -206,11 +206,6 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     if devices in ("auto", -1):  # every visible GPU, as in Lightning (1 on CPU)
         devices = max(torch.cuda.device_count(), 1)
     if launched == 1 and preset in LAUNCHED_PRESETS and int(devices) > 1 and detect_launcher() is None:
-        if cfg.trainer.num_nodes > 1:
-            raise ConfigError(
-                f"trainer.num_nodes={cfg.trainer.num_nodes}: this command starts the processes of one machine; for "
-                "several, start torchrun on each (launch/torchrun_multinode.sh, docs/many-machines.md)"
-            )
         launched = int(devices)  # trainer.devices=N without a launcher: train() starts them (engine/torchrun.py)
     processes = strategy.processes(launched, devices)
     cfg.trainer.devices = int(devices)  # the count this machine runs (a launcher's, or auto's), as the config logs it
