@@ -750,6 +750,12 @@ def test_a_second_search_of_a_study_is_refused_while_the_first_holds_it(tmp_path
             "an argument of your own model: +model",
         ),
         ({"data.batch_size": {"type": "float", "low": 16, "high": 64}}, [], "a whole number (256 now): give type: int"),
+        # (every trial refused it, after the study was written)
+        (
+            {"model.optimizer": {"type": "categorical", "choices": [1, 2]}},
+            [],
+            "model.optimizer in the search space is a ",
+        ),
         ({"model.net.depth": {"type": "int", "low": 1.5, "high": 4}}, [], "low: 1.5 is not a whole number (type: int;"),
         ({"model.optimizer.lr": {"type": "categorical", "choices": 0.001}}, [], "choices: 0.001: give a non-empty"),
         # every trial given it failed, and the search went on (the first trial's, at 64, passed the checks)

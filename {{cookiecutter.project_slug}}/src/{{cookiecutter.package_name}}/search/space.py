@@ -145,7 +145,14 @@ def check_key(key: str, cfg: DictConfig, groups: dict[str, str]) -> None:
     if key in groups or key.startswith("+"):
         return
     missing = object()
-    if OmegaConf.select(cfg, key, default=missing) is not missing:
+    value = OmegaConf.select(cfg, key, default=missing)
+    if isinstance(value, DictConfig):  # (every trial refused it, after the study was written)
+        settings = [str(name) for name in value if not str(name).startswith("_")]
+        raise ConfigError(
+            f"{key} in the search space is a group of settings, not one: search one of them ({', '.join(settings)}), "
+            f"e.g. {key}.{settings[0] if settings else '<setting>'}"
+        )
+    if value is not missing:
         return
     found: list[str] = []  # the longest prefix of the key that is a config node
     for part in key.split(".")[:-1]:
