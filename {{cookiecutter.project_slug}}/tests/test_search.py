@@ -776,6 +776,21 @@ def test_bad_input_is_refused_before_the_first_trial(search_command, tmp_path, s
     assert not (tmp_path / "s").exists()
 
 
+def test_slurm_without_a_controller_is_refused_before_the_first_trial(search_command, tmp_path, monkeypatch):
+    """sbatch installed, its controller down: submitit's traceback at the first trial, the study written with that
+    trial left "running"."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "sbatch").write_text("#!/bin/sh\nexit 1\n")
+    (tools / "sinfo").write_text("#!/bin/sh\necho 'sinfo: error: Unable to contact slurm controller' >&2\nexit 1\n")
+    for tool in tools.iterdir():
+        tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
+    code, output = search_command("search.backend=slurm", "trainer.accelerator=cpu")
+    assert code == 2 and "search.backend=slurm: SLURM does not answer here (sinfo: error: Unable to contact" in output
+    assert "Traceback" not in output and not (tmp_path / "s").exists()
+
+
 def test_check_only_checks_the_search_and_starts_no_trial(search_command, tmp_path):
     """check_only=true reached every trial, which trained nothing, and the search stopped on "trained to its end
     without a validation"."""
