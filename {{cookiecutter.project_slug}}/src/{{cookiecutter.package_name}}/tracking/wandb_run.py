@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import wandb
+from wandb.sdk.mailbox import HandleAbandonedError, MailboxClosedError
 
 from ..errors import ConfigError
 
@@ -55,7 +56,9 @@ def finish_wandb(failed: bool) -> None:
     offline = run.settings.mode == "offline"
     try:
         wandb.finish(exit_code=1 if failed else 0)
-    except ConnectionError:  # its service process got the signal too: SLURM's scancel or requeue signals them all
+    # Its service process got the signal too (SLURM's scancel or requeue signal them all): the connection to it
+    # breaks, or, when it dies while finish waits on its answer, the answer is abandoned (seen once in CI, exit 1)
+    except (ConnectionError, MailboxClosedError, HandleAbandonedError):
         with contextlib.suppress(Exception):
             wandb.teardown()  # first unregisters wandb's exit hook, which would fail the same way, with a traceback
         print(
