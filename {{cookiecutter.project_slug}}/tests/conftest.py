@@ -189,6 +189,7 @@ COMMAND_LINE_REFUSALS = [
     (["+foo=1"], "+foo: no part of the training reads a top-level foo"),
     (["+checkpoint.every=3"], "+checkpoint.every: the training reads no checkpoint.every, only the settings it has: "),
     (["+oom.foo=1"], "+oom.foo: the training reads no oom.foo, only the settings it has: batch_size_finder, find_bat"),
+    (["oom.foo=1"], "unknown setting oom.foo: the training reads only the settings it has: batch_size_finder, find_b"),
     (["+foo.bar=1"], "+foo.bar: no part of the training reads a top-level foo"),  # (a node foo)
     # a traceback once the run folder was made: wandb.init's TypeError, the schedule's at its build
     (["+logger.tag=a"], "+logger.tag: wandb.init takes no tag; did you mean logger.tags? it takes "),
@@ -426,6 +427,7 @@ COMMAND_LINE_REFUSAL_IDS = [
     "add-a-top-level-key",
     "add-a-checkpoint-setting",
     "add-an-oom-setting",
+    "an-oom-setting-it-does-not-have",
     "add-a-top-level-node",
     "add-a-key-wandb-does-not-take",
     "add-a-wandb-key-the-training-sets",

@@ -83,6 +83,10 @@ def check_setting(override: Override, keys: dict[str, Any], groups: set[str], re
             _check_strategy_key(key, keys)
         if _takes_arguments(key.rpartition(".")[0], keys) and not hint:  # (a typo: not a key to add)
             raise ConfigError(f"unknown setting {key} (to add a new key: +{key}=...)")
+        parent = key.rpartition(".")[0]
+        if not hint and parent in READ_BY_NAME and isinstance(keys.get(parent), dict):  # (it named none of them)
+            taken = ", ".join(sorted(str(other) for other in keys[parent]))
+            raise ConfigError(f"unknown setting {key}: {READ_BY_NAME[parent]} reads only the settings it has: {taken}")
         raise ConfigError(f"unknown setting {key}{hint or _other_engines(key)}")
     if kind == OverrideType.DEL:
         parent, _, name = key.rpartition(".")
