@@ -85,8 +85,8 @@ def check_setting(override: Override, keys: dict[str, Any], groups: set[str], re
             raise ConfigError(f"unknown setting {key} (to add a new key: +{key}=...)")
         parent = key.rpartition(".")[0]
         if not hint and parent in READ_BY_NAME and isinstance(keys.get(parent), dict):  # (it named none of them)
-            taken = ", ".join(sorted(str(other) for other in keys[parent]))
-            raise ConfigError(f"unknown setting {key}: {READ_BY_NAME[parent]} reads only the settings it has: {taken}")
+            has = _has(parent, keys)
+            raise ConfigError(f"unknown setting {key}: {READ_BY_NAME[parent]} reads only the settings it has: {has}")
         raise ConfigError(f"unknown setting {key}{hint or _other_engines(key)}")
     if kind == OverrideType.DEL:
         parent, _, name = key.rpartition(".")
@@ -199,14 +199,16 @@ def _check_added(key: str, keys: dict[str, Any], read: str, node: bool) -> None:
         hint = _named_here(key) or _other_engines(key) or preset
         raise ConfigError(f"+{key}: no part of the training reads a top-level {top}{hint}")
     if parent in READ_BY_NAME and isinstance(keys.get(parent), dict):  # (oom.recovery=null: +oom.recovery.KEY is on)
-        taken = ", ".join(sorted(str(other) for other in keys[parent]))
-        raise ConfigError(f"+{key}: {READ_BY_NAME[parent]} reads no {key}, only the settings it has: {taken}")
-    if parent == "logger" and name in LOGGER_SET_HERE and _logger_arguments(keys):
+        raise ConfigError(
+            f"+{key}: {READ_BY_NAME[parent]} reads no {key}, only the settings it has: {_has(parent, keys)}"
+        )
+    taken = _logger_arguments(keys) if parent == "logger" else set()
+    if taken and name in LOGGER_SET_HERE:
         raise ConfigError(
             f"+{key}: the training sets it itself (one wandb run per training, its restarts continuing it, with the "
             "resolved config): name the training with run_id=NAME, its wandb run with +logger.name=NAME"
         )
-    if parent == "logger" and (taken := _logger_arguments(keys)) and name not in taken:
+    if taken and name not in taken:
         near = difflib.get_close_matches(name, taken, n=1, cutoff=0.75)
         hint = f"did you mean logger.{near[0]}? " if near else ""
         raise ConfigError(f"+{key}: wandb.init takes no {name}; {hint}it takes {', '.join(sorted(taken))}")
@@ -218,6 +220,11 @@ NO_LOGGER = (
     "logger=none has no logger to take it; a logger of your own is a preset, configs/logger/NAME.yaml (its _target_ "
     "and arguments), chosen with logger=NAME"
 )
+
+
+def _has(node: str, keys: dict[str, Any]) -> str:
+    """The settings of a node read by name (READ_BY_NAME), listed."""
+    return ", ".join(sorted(str(name) for name in keys[node]))
 
 
 # wandb.init's arguments (and Lightning's WandbLogger's) that the training sets (tracking/wandb_run.py): taken from

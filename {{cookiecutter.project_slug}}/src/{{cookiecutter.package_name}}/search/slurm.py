@@ -76,8 +76,8 @@ def slurm_executor(settings: Settings, tasks: int, gpus: int) -> submitit.Execut
         raise ConfigError("search.backend=slurm submits with sbatch, which is not here; use search.backend=local")
     try:  # (sbatch without a controller: submitit's traceback at the first trial, which stayed "running")
         answer = subprocess.run(["sinfo", "--noheader"], capture_output=True, text=True, timeout=60)
-        problem = answer.stderr.strip().splitlines()[-1] if answer.returncode and answer.stderr.strip() else ""
-        problem = problem or (f"sinfo exited {answer.returncode}" if answer.returncode else "")
+        said = answer.stderr.strip().splitlines() or [f"sinfo exited {answer.returncode}"]
+        problem = said[-1] if answer.returncode else ""
     except (OSError, subprocess.TimeoutExpired) as error:
         problem = str(error)
     if problem:
