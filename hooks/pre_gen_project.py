@@ -58,6 +58,8 @@ def problem() -> str | None:
         return f"package_name {PACKAGE_NAME!r} is a Python keyword; choose another name"
     if PACKAGE_NAME in TAKEN:
         return f"package_name {PACKAGE_NAME!r} would shadow the module of the same name; choose another name"
+    if PACKAGE_NAME.startswith("test_"):  # (the tests import test modules of theirs by name: test_config, ...)
+        return f"package_name {PACKAGE_NAME!r} would shadow the tests' test_* modules; choose a name not starting with 'test_'"
     if not WANDB_NAME.fullmatch(WANDB_PROJECT):
         return f"wandb_project {WANDB_PROJECT!r} is not usable: use letters, digits, '_', '-' and '.'"
     if WANDB_ENTITY and not WANDB_NAME.fullmatch(WANDB_ENTITY):

@@ -1,5 +1,7 @@
 """The pre-generation hook: unusable answers stop the bake with one line; hostile ones cannot inject."""
 
+import ast
+import re
 import subprocess
 import sys
 
@@ -19,6 +21,7 @@ REJECTED = [
     ({"project_name": "Sympy"}, "package_name 'sympy' would shadow"),  # (torch's: torch's import failed)
     ({"project_name": "Layouts"}, "package_name 'layouts' would shadow"),  # (the tests': they failed to collect)
     ({"project_name": "Test"}, "package_name 'test' would shadow"),
+    ({"project_name": "Test Config"}, "package_name 'test_config' would shadow the tests' test_* modules"),
     ({"project_slug": "café-net"}, "project_slug 'café-net' is not usable"),
     ({"package_name": "my-pkg"}, "package_name 'my-pkg' is not a Python identifier"),
     ({"package_name": "pkg\"); import os; os.system('touch /tmp/pwned'); (\""}, "is not a Python identifier"),
@@ -71,3 +74,22 @@ def test_every_module_of_the_projects_tests_is_a_name_the_bake_refuses():
     folders = [project / "tests", *(project / "_engines").glob("*/tests")]
     helpers = {path.stem for folder in folders for path in folder.glob("*.py") if not path.stem.startswith("test_")}
     assert helpers and not [name for name in sorted(helpers) if f'"{name}"' not in hook]
+
+
+def test_every_package_the_project_imports_is_a_name_the_bake_refuses():
+    """The hook's list of dependencies is kept by hand: a package the source or tests came to import (safetensors)
+    and the list did not name let a project take its name and shadow it."""
+    hook = (TEMPLATE / "hooks" / "pre_gen_project.py").read_text()
+    imported = set()
+    for path in (TEMPLATE / "{{cookiecutter.project_slug}}").rglob("*.py"):
+        # (Jinja's statements out, its expressions as a name: the files are templates)
+        code = re.sub(r"\{\{.*?\}\}", "package", re.sub(r"\{%.*?%\}", "", path.read_text()))
+        for node in ast.walk(ast.parse(code)):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                imported.add(node.module.split(".")[0])
+    outside = {name for name in imported - set(sys.stdlib_module_names) if name != "package"}
+    assert {"torch", "safetensors", "conftest"} <= outside  # (the walk found the imports)
+    unlisted = sorted(name for name in outside if f'"{name}"' not in hook and not name.startswith("test_"))
+    assert not unlisted, f"imported by the project but not refused as a package name: {unlisted}"
