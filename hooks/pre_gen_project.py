@@ -47,6 +47,11 @@ def problem() -> str | None:
     for name, text in FREE_TEXT.items():
         if any(unicodedata.category(character) == "Cc" for character in text):
             return f"{name} has a control character (a line break, a tab?); give it on one line of plain text"
+    if PROJECT_SLUG == "_":  # (cookiecutter.json's stand-in for a name that slugifies to nothing)
+        return (
+            "project_name has no letter or digit to name the project's folder after; "
+            "give one that has, or a project_slug such as 'image-classifier'"
+        )
     if not SLUG.fullmatch(PROJECT_SLUG):
         return (
             f"project_slug {PROJECT_SLUG!r} is not usable: it must be ASCII lowercase letters, digits and "

@@ -10,6 +10,8 @@ from conftest import TEMPLATE
 
 REJECTED = [
     ({"project_name": "   "}, "project_name is empty"),
+    ({"project_name": "!!!"}, "project_name has no letter or digit"),  # (it baked into the output folder itself)
+    ({"project_name": "🚀"}, "project_name has no letter or digit"),
     ({"project_name": "3D Net"}, "project_slug '3d-net' is not usable"),
     ({"project_name": "Class"}, "package_name 'class' is a Python keyword"),
     ({"project_name": "Match"}, "package_name 'match' is a Python keyword"),
@@ -54,6 +56,14 @@ def test_unusable_answers_stop_the_bake(tmp_path, answers, message):
     assert result.stderr.startswith("error: ") and message in result.stderr
     assert "SyntaxError" not in result.stderr
     assert not out.exists() or not any(out.rglob("*")), "nothing may be generated"
+
+
+def test_a_long_project_name_gives_a_folder_name_of_64_characters_at_most(tmp_path):
+    """A name of 250+ characters failed in cookiecutter (the folder's name too long for the file system)."""
+    result = bake_cli(tmp_path / "out", project_name=" ".join(["Verylongword"] * 30))
+    assert result.returncode == 0, result.stderr
+    [project] = (tmp_path / "out").iterdir()
+    assert project.name == "-".join(["verylongword"] * 5)
 
 
 def test_hostile_project_name_cannot_inject(tmp_path):
