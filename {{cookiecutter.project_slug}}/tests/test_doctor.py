@@ -333,6 +333,15 @@ class TestRecommendation:
         assert unpriced(step=0.4, busbw=None, elsewhere=False, per_node=8, memory_gb=80).endswith("sizes_mb=[])")
         assert unpriced(step=0.4, busbw=100.0, elsewhere=False, per_node=8, memory_gb=80) is None
 
+    def test_ddp_over_fewer_devices_than_the_node_says_why(self):
+        """doctor.devices=3 with the global batch 256: ddp over 2, and the command said trainer.devices=2 unexplained."""
+        why = unpriced(step=0.4, busbw=100.0, elsewhere=True, per_node=3, memory_gb=80)
+        advice = self.advise(usable=1e12, per_node=3, speed=Speed(0.4, 100.0, unknown=why))
+        assert advice["preset"] == "ddp" and advice["devices_per_node"] == 2
+        assert "does not divide over 3; give a multiple of 3" in advice["why"]
+        advice = self.advise(usable=1e12, per_node=4, speed=Speed(0.4, 100.0, unknown=why))
+        assert advice["devices_per_node"] == 4 and "divide" not in advice["why"]
+
     def test_fsdp_when_a_replica_does_not_fit(self):
         usable = 1.05 * self.need("fsdp", 2)
         assert self.need("single", 1) > usable and self.need("ddp", 4) > usable

@@ -261,6 +261,13 @@ def recommend(
         }
 
     data_parallel = max((n for n in range(1, per_node + 1) if batch % n == 0), default=1)
+    # Said wherever ddp is recommended over fewer devices than the node has
+    not_all = (
+        f" (over {data_parallel} of the {per_node}: data.batch_size={batch}, the global batch, does not divide over "
+        f"{per_node}; give a multiple of {per_node} to train on all of them)"
+        if 1 < data_parallel < per_node
+        else ""
+    )
     if fits("single", 1):
         if data_parallel == 1 and per_node == 1:
             return advice("single", 1, 1, "the model fits on one device and there is one device to use")
@@ -275,7 +282,7 @@ def recommend(
             why = f"the model fits on one device, and {held}; give that layer its sizes to train on {data_parallel}"
             return advice("single", 1, 1, why)
         if speed.unknown:
-            why = f"a replica fits on each device; ddp's speed-up over one device is not estimated: {speed.unknown}"
+            why = f"a replica fits on each device{not_all}; ddp's speed-up over one device is not estimated: {speed.unknown}"
             return advice("ddp", data_parallel, 1, why)
         step = speed.step_seconds
         all_reduce = gradient_traffic(facts.parameters, data_parallel, speed.busbw_gbs)["ring_seconds"]
@@ -288,10 +295,10 @@ def recommend(
         if speedup < plan.min_speedup:
             why = f"it fits on one device and ddp over {data_parallel} would be only {speedup:.2f}x faster"
             return {**advice("single", 1, 1, why), "basis": basis}
-        why = f"it fits on one device; ddp over {data_parallel} is ~{speedup:.1f}x faster"
+        why = f"it fits on one device; ddp over {data_parallel} is ~{speedup:.1f}x faster{not_all}"
         return {**advice("ddp", data_parallel, 1, why), "basis": basis}
     if fits("ddp", data_parallel):
-        return advice("ddp", data_parallel, 1, "one replica plus its share of the batch fits on each device")
+        return advice("ddp", data_parallel, 1, f"one replica plus its share of the batch fits on each device{not_all}")
     # Tensor parallelism all-reduces in every block: over PCIe only, a pipeline (point-to-point between stages).
     unknown_links = (
         "; this assumes NVLink or NVSwitch between the GPUs (not seen here): over PCIe only, prefer strategy=pipeline"
