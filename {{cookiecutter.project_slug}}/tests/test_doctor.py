@@ -334,7 +334,7 @@ class TestRecommendation:
         assert unpriced(step=0.4, busbw=100.0, elsewhere=False, per_node=8, memory_gb=80) is None
 
     def test_ddp_over_fewer_devices_than_the_node_says_why(self):
-        """doctor.devices=3 with the global batch 256: ddp over 2, and the command said trainer.devices=2 unexplained."""
+        """doctor.devices=3 and the global batch 256: ddp over 2, and the command said trainer.devices=2 unexplained."""
         why = unpriced(step=0.4, busbw=100.0, elsewhere=True, per_node=3, memory_gb=80)
         advice = self.advise(usable=1e12, per_node=3, speed=Speed(0.4, 100.0, unknown=why))
         assert advice["preset"] == "ddp" and advice["devices_per_node"] == 2

@@ -282,7 +282,8 @@ def recommend(
             why = f"the model fits on one device, and {held}; give that layer its sizes to train on {data_parallel}"
             return advice("single", 1, 1, why)
         if speed.unknown:
-            why = f"a replica fits on each device{not_all}; ddp's speed-up over one device is not estimated: {speed.unknown}"
+            why = f"a replica fits on each device{not_all}; ddp's speed-up over one device is not estimated: "
+            why += speed.unknown
             return advice("ddp", data_parallel, 1, why)
         step = speed.step_seconds
         all_reduce = gradient_traffic(facts.parameters, data_parallel, speed.busbw_gbs)["ring_seconds"]
