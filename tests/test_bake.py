@@ -2,12 +2,14 @@
 
 import ast
 import os
+import re
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import CHOICES, TEMPLATE, every_choice
 
 COMBINATIONS = list(every_choice())
@@ -280,6 +282,20 @@ def test_choices_cover_every_strategy_preset(engine):
     )
     assert set(CHOICES["default_strategy"]) == {path.stem for path in presets.glob("*.yaml")} == set(PRESETS)
     assert CHOICES["default_strategy"][0] == "single", "the default must run on any machine"
+
+
+def test_each_preset_gives_the_same_device_count_in_both_engines():
+    """Same flag, same meaning: `strategy=pipeline` alone trained 2 processes in the Lightning project and was refused
+    in the Accelerate one, and `strategy=ddp` took every GPU in one and a single process in the other."""
+
+    def devices(engine: str, preset: str) -> object:
+        folder = TEMPLATE / "{{cookiecutter.project_slug}}/_engines" / engine / "src/{{cookiecutter.package_name}}"
+        text = re.sub(r"\{\{.*?\}\}", "package", (folder / "configs/strategy" / f"{preset}.yaml").read_text())
+        return (yaml.safe_load(text).get("trainer") or {}).get("devices", 1)
+
+    counts = {engine: [devices(engine, preset) for preset in PRESETS] for engine in CHOICES["engine"]}
+    assert counts["lightning"] == counts["accelerate"], dict(zip(PRESETS, zip(*counts.values()), strict=True))
+    assert counts["lightning"][PRESETS.index("pipeline")] == 2
 
 
 def test_answers_reach_the_project(bake):

@@ -67,6 +67,12 @@ def test_a_stopped_fsdp_training_continues_exactly_from_its_shards(tmp_path, tra
     one = train(*SETTINGS, "strategy=fsdp", "trainer.devices=1")
     assert one.losses(STEPS) == pytest.approx(single, abs=TOLERANCE)
     assert "note: strategy=fsdp runs 1 process here" in one.output and "nothing is sharded" in one.output
+    # The other presets of several processes, given none (devices=auto: one on the CPU), train as single does in both
+    # engines, said in a note (the Accelerate engine refused ddp, ddp_spawn and model_parallel, Lightning trained them).
+    for preset in ("ddp", "ddp_spawn", "model_parallel"):
+        alone = train(*SETTINGS, f"strategy={preset}")
+        assert alone.losses(STEPS) == pytest.approx(single, abs=TOLERANCE), preset
+        assert f"note: strategy={preset} runs 1 process here" in alone.output, alone.output[-2000:]
 
     # Every process killed in the forward of step 7, right after the checkpoint of step 6. The net has a head its
     # forward leaves out: AdamW keeps no state for it, which neither the continued run nor the test pass after it (the

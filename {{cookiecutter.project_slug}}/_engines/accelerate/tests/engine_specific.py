@@ -27,14 +27,7 @@ SWEEP_COMMAND = [
 ]
 OPTIMIZATION_REFUSALS = []
 STREAMING_REFUSALS = []
-# What this engine alone refuses in the search: a one-process ddp (Lightning would start the second process itself)
-SEARCH_REFUSALS = [
-    (  # the training's advice (launch it with accelerate launch) would not apply: the search starts its processes
-        None,
-        ["strategy=ddp", "trainer.accelerator=cpu"],
-        "strategy=ddp needs 2+ processes but this is 1: give trainer.devices=N, the processes started for each trial",
-    ),
-]
+SEARCH_REFUSALS = []
 
 
 def optimizer_of(cfg, net: nn.Module):

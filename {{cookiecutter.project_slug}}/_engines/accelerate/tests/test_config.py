@@ -47,7 +47,6 @@ def test_the_notes_of_the_checks_are_said_once(monkeypatch):
 # (overrides, the one error line); each refused before training (conftest's `refused` runs them)
 BAD_INPUT = [
     (["strategy=warp_drive"], "unknown strategy 'warp_drive'; valid: " + ", ".join(PRESETS)),
-    (["strategy=ddp"], "strategy=ddp needs 2+ processes but this is 1: give trainer.devices=N (this command starts"),
     (
         ["strategy=ddp_spawn", "trainer.devices=2", "data.batch_size=255"],
         "data.batch_size=255 is the global batch and must be a positive multiple of the 2 data-parallel replicas",
@@ -58,11 +57,10 @@ BAD_INPUT = [
         f"the run folder {Path(__file__)}/run cannot be made: {Path(__file__)} is",
     ),
     (["trainer.precision=8"], "trainer.precision=8 is unknown; valid: auto, 32-true, bf16-mixed, 16-mixed"),
-    (
-        ["strategy=pipeline"],
+    (  # (its preset's trainer.devices is 2)
+        ["strategy=pipeline", "trainer.devices=1"],
         "strategy=pipeline runs one stage per process; 1 process given, use 2+: give trainer.devices=N (this command",
     ),
-    (["strategy=model_parallel"], "strategy=model_parallel (mode=tensor) needs 2+ processes"),
     (["strategy=model_parallel", "strategy.mode=pipes"], "strategy.mode='pipes' is unknown; valid: tensor, layers"),
     (
         ["strategy=pipeline", *unsplit_net()],
@@ -90,8 +88,8 @@ BAD_INPUT = [
     (["data.shuffle=sometimes"], "data.shuffle=sometimes is not true or false (the default is true)"),
     (["trainer.accelerator=gpuu"], "trainer.accelerator=gpuu is unknown; valid: auto, cpu, gpu, cuda"),
     (  # accelerate launch without its config ran the command itself, once: the advice names that
-        ["env:ACCELERATE_MIXED_PRECISION=no", "strategy=ddp"],
-        "strategy=ddp needs 2+ processes but this is 1: accelerate launch started 1 (it does with --cpu, or without",
+        ["env:ACCELERATE_MIXED_PRECISION=no", "strategy=pipeline", "trainer.devices=1"],
+        "strategy=pipeline runs one stage per process; 1 process given, use 2+: accelerate launch started 1 (it does",
     ),
     (["trainer.devices=0"], "trainer.devices=0 is not a device count; valid: 1, 2, ..., or auto (or -1)"),
     (  # (the GPUs given, not 0 and 1 whatever they were)
@@ -123,17 +121,14 @@ BAD_INPUT = [
 if not torch.cuda.is_available():  # what a machine without GPUs refuses
     BAD_INPUT += [
         (["trainer.accelerator=gpu"], "trainer.accelerator=gpu, but torch sees no CUDA device"),
-        (["strategy=ddp_spawn", "trainer.devices=auto"], "strategy=ddp_spawn needs 2+ processes but trainer.devices"),
     ]
 BAD_INPUT_IDS = [
     "unknown-strategy",
-    "ddp-without-launcher",
     "indivisible-batch",
     "missing-checkpoint",
     "run-folder-under-a-file",
     "unknown-precision",
     "pipeline-one-stage",
-    "tensor-parallel-one-process",
     "unknown-mode",
     "pipeline-without-split",
     "model-parallel-without-split",
@@ -144,7 +139,7 @@ BAD_INPUT_IDS = [
     "unknown-setting",
     "not-true-or-false",
     "unknown-accelerator",
-    "ddp-of-one-accelerate-launch-process",
+    "pipeline-of-one-accelerate-launch-process",
     "no-devices",
     "gpu-indices",
     "devices-not-a-number",
@@ -154,7 +149,7 @@ BAD_INPUT_IDS = [
     "lightning-model-class",
     "lightning-callbacks-group",
     *COMMAND_LINE_REFUSAL_IDS,
-    *(["gpu-without-one", "ddp-spawn-of-one-process"] if not torch.cuda.is_available() else []),
+    *(["gpu-without-one"] if not torch.cuda.is_available() else []),
 ]
 
 

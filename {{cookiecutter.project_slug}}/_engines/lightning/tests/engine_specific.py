@@ -20,7 +20,7 @@ OPTIMIZATION_REFUSALS = [
         "strategy=pipeline computes BatchNorm statistics per micro-batch",
     ),
     (  # shared code (tests/test_fsdp.py checks it for both engines); data_parallel_size and tensor_parallel_size
-        # "auto": 1 x 2 on one machine of 2. (Accelerate's in-process refusal is one process: "needs 2+ processes".)
+        # "auto": 1 x 2 on one machine of 2.
         ["strategy=model_parallel", "trainer.devices=2", "strategy.replicas=2"],
         "strategy.replicas=2 must divide strategy.data_parallel_size=1 (the 2 processes = data_parallel_size x "
         "strategy.tensor_parallel_size=2): HSDP shards within data_parallel_size / replicas groups and replicates "

@@ -252,8 +252,12 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
         check_layer_devices(build(cfg.model.net), first_input(data), len(strategy.layer_devices))
     if tensor_parallel > 1:  # (model_parallel, pipeline) a plan that changes what the net computes?
         check_plan_values(lambda: build(cfg.model.net), first_sample(data), tensor_parallel)
-    if strategy.name == "fsdp" and processes == 1 and says_notes():  # (ddp, model_parallel: refused)
-        print(one_process_note("fsdp"), file=sys.stderr)
+    layers = strategy.name == "model_parallel" and cfg.strategy.mode == "layers"  # one process, always
+    if strategy.name in ("ddp", "ddp_spawn", "fsdp", "model_parallel") and not layers and processes == 1:
+        # Not refused, as in the Lightning engine: devices=auto on a one-GPU machine is a fair choice. Said, because
+        # on the CPU devices=auto means one process, which a user asking for ddp (fsdp, ...) rarely means.
+        if says_notes():
+            print(one_process_note(strategy.name), file=sys.stderr)
     on_cpu = cfg.trainer.accelerator == "cpu" or not torch.cuda.is_available()
     if on_cpu and says_notes() and (note := oversubscribed_note(int(devices))):
         print(note, file=sys.stderr)

@@ -21,11 +21,11 @@ from torch import nn
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from ...errors import ConfigError, Interrupted, TooFewProcesses, TrainingStopped, spawned_failure
+from ...errors import ConfigError, Interrupted, TrainingStopped, spawned_failure
 from ...parallel.batchnorm import needs_sync, synchronise, synchronised_message
 from ...parallel.launcher import free_port
 from ...runtime.interrupt import continuing
-from . import Strategy, more_processes
+from . import Strategy
 
 
 class DDP(Strategy):
@@ -43,9 +43,7 @@ class DDP(Strategy):
         return kwargs
 
     def check_layout(self, processes: int, net: nn.Module, cfg: DictConfig) -> None:
-        if processes < 2:
-            # (`accelerate launch --cpu --num_processes 2` starts ONE process: more_processes says so.)
-            raise TooFewProcesses("strategy=ddp needs 2+ processes but this is 1", more_processes(self.name))
+        # (One process trains as single does, noted by check_config, as in the Lightning engine.)
         # The net has BatchNorm layers and trainer.sync_batchnorm (set by the preset) asks for it.
         self.sync_batchnorm = cfg.trainer.sync_batchnorm and needs_sync(net, processes)
 
@@ -61,20 +59,15 @@ class DDP(Strategy):
 class DDPSpawn(DDP):
     name = "ddp_spawn"
 
-    def check_layout(self, processes: int, net: nn.Module, cfg: DictConfig) -> None:
-        if processes < 2:
-            raise ConfigError(
-                f"strategy=ddp_spawn needs 2+ processes but trainer.devices={cfg.trainer.devices} gives {processes} "
-                "here; pass trainer.devices=N (on the CPU too: N gloo processes)"
-            )
-        super().check_layout(processes, net, cfg)
-
     def processes(self, launched: int, devices: int) -> int:
         if launched > 1:
             raise ConfigError("strategy=ddp_spawn starts its own processes: run it with python, not a launcher")
         return devices
 
     def launch(self, run: Callable[[], None], devices: int) -> None:
+        if devices == 1:  # (noted by check_config: it trains as single does, in this process)
+            run()
+            return
         # The launcher logs a failed process's traceback, wrapped in its own; this command reports it instead (an
         # out-of-memory stop or a refusal in one line, a crash with the process's traceback).
         launcher_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")

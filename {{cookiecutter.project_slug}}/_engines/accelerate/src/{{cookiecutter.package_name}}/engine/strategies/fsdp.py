@@ -6,14 +6,12 @@ fully_shard, which also runs on CPU/gloo, where Accelerate's FSDP plugin needs G
 """
 
 import os
-from collections.abc import Callable
 from typing import Any
 
 from omegaconf import DictConfig
 from torch import nn
 
 from ...errors import ConfigError
-from ...parallel.launcher import free_port
 from ...parallel.sharding import FsdpSettings, check_fsdp, check_precision
 from .model_parallel import ModelParallel
 
@@ -39,16 +37,6 @@ class Fsdp(ModelParallel):
             )
         self.sizes = (launched, 1)
         return launched
-
-    def launch(self, run: Callable[[], None], devices: int) -> None:
-        if "LOCAL_RANK" not in os.environ:
-            # python -m: a process group of this one process, as `torchrun --nproc_per_node=1` would start (FSDP2
-            # shards over a DeviceMesh, which needs one; Lightning's engine makes the same). One process sharding
-            # over itself is what strategy.offload=true needs to train a model larger than its device.
-            port = os.environ.get("MASTER_PORT") or str(free_port())
-            os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
-            os.environ.update(MASTER_ADDR=os.environ.get("MASTER_ADDR", "127.0.0.1"), MASTER_PORT=port)
-        run()
 
     def check_layout(self, processes: int, net: nn.Module, cfg: DictConfig) -> None:
         check_precision(self.name, cfg.trainer.precision)

@@ -26,7 +26,8 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 
-from ...errors import ConfigError, TooFewProcesses
+from ...errors import ConfigError
+from ...parallel.launcher import free_port
 from ...parallel.layout import Layout
 from ...parallel.sharding import (
     FsdpSettings,
@@ -58,7 +59,7 @@ from ...runtime.checkpoint_forms import (
 )
 from ...runtime.resuming import write_mesh
 from ..checkpoints import read_whole, saved_by_layers
-from . import Strategy, more_processes
+from . import Strategy
 
 
 class ModelParallel(Strategy):
@@ -96,6 +97,16 @@ class ModelParallel(Strategy):
         self.sizes = mesh_sizes(*self.requested, max(launched // per_node, 1), per_node)
         return launched
 
+    def launch(self, run: Callable[[], None], devices: int) -> None:
+        if self.mode == "tensor" and "LOCAL_RANK" not in os.environ:
+            # python -m: a process group of this one process, as `torchrun --nproc_per_node=1` would start (FSDP2
+            # shards over a DeviceMesh, which needs one; Lightning's engine makes the same). One process sharding
+            # over itself is what fsdp's strategy.offload=true needs to train a model larger than its device.
+            port = os.environ.get("MASTER_PORT") or str(free_port())
+            os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+            os.environ.update(MASTER_ADDR=os.environ.get("MASTER_ADDR", "127.0.0.1"), MASTER_PORT=port)
+        run()
+
     def check_layout(self, processes: int, net: nn.Module, cfg: DictConfig) -> None:
         check_precision(self.name, cfg.trainer.precision)
         self.precision = cfg.trainer.precision
@@ -103,11 +114,7 @@ class ModelParallel(Strategy):
         if self.mode == "layers":
             check_layer_split(net, self.layer_devices)
             return
-        dp, tp = self.sizes
-        if processes < 2:
-            raise TooFewProcesses(
-                "strategy=model_parallel (mode=tensor) needs 2+ processes but this is 1", more_processes(self.name)
-            )
+        dp, tp = self.sizes  # (one process: FSDP2 over a group of itself, noted by check_config)
         if dp < 1 or tp < 1 or dp * tp != processes:
             raise ConfigError(
                 f"strategy.data_parallel_size={dp} x strategy.tensor_parallel_size={tp} must equal the {processes} "
