@@ -47,6 +47,17 @@ def test_resume_continues_the_global_step(train):
     assert resumed.wandb.steps("train/loss") == [8, 9, 10, 11]
 
 
+def test_callbacks_none_still_resumes_and_no_checkpointing_saves_none(train, tmp_path):
+    """The checkpoint a restart resumes from was an entry of configs/callbacks/: callbacks=none trained every restart
+    from scratch, saying nothing; trainer.enable_checkpointing=false stopped with Lightning's error instead."""
+    run_dir = tmp_path / "bare"
+    train(*QUICK, "callbacks=none", "trainer.max_steps=4", "logger=none", run_dir=run_dir)
+    again = train(*QUICK, "callbacks=none", "trainer.max_steps=6", run_dir=run_dir)
+    assert "resuming from" in again.output and again.wandb.steps("train/loss") == [4, 5]
+    unsaved = train(*QUICK, "trainer.enable_checkpointing=false", "trainer.max_steps=2", "logger=none")
+    assert not (unsaved.run_dir / "checkpoints").exists() and (unsaved.run_dir / "finished").is_file()
+
+
 def test_fast_dev_run_logs_nothing_as_lightning_says(train):
     """Lightning's smoke test of one batch per split says it logs nothing; the project's wandb logger, set after the
     Trainer was built, replaced its DummyLogger and logged a wandb run and a metrics file anyway."""

@@ -16,7 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.callbacks import DeviceStatsMonitor, LearningRateMonitor, ProgressBar
+from lightning.pytorch.callbacks import DeviceStatsMonitor, LearningRateMonitor, ModelCheckpoint, ProgressBar
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 from torch.multiprocessing.spawn import ProcessRaisedException
@@ -264,13 +264,20 @@ def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningD
 
 def build_callbacks(cfg: DictConfig) -> list[L.Callback]:
     """configs/callbacks/ and the OOM toolkit's (configs/oom/), each told its setting and how to turn it off, and the
-    ones the run's settings add or leave out."""
+    ones the run's settings add or leave out: the checkpoint the run resumes from (unless
+    trainer.enable_checkpointing=false), the epoch metrics file."""
     callbacks = []
     for name, config in (cfg.callbacks or {}).items():
         callbacks.append(callback := build(config))
         if callback is not None:  # what a refusal names, and tells to drop
             callback.setting, callback.turn_off = f"callbacks.{name}", f"~callbacks.{name}"
     callbacks += oom_callbacks(cfg.oom)
+    if not cfg.trainer.enable_checkpointing:  # (Lightning refuses a checkpoint callback with it)
+        callbacks = [callback for callback in callbacks if not isinstance(callback, ModelCheckpoint)]
+    else:  # not a callback of the config, which callbacks=none dropped, and with it every restart's resuming
+        # (select: the search checks a trial's config, whose run folder is not named yet, as ${hydra:...} does)
+        checkpoints = Path(OmegaConf.select(HydraConfig.get(), "runtime.output_dir") or ".") / "checkpoints"
+        callbacks.append(ResumeCheckpoint(str(checkpoints), cfg.checkpoint.every_n_steps, cfg.checkpoint.keep_last))
     for callback in callbacks if not cfg.logger else []:  # (Lightning finds out once fit has started)
         if isinstance(callback, (LearningRateMonitor, DeviceStatsMonitor)):
             raise ConfigError(
