@@ -228,6 +228,8 @@ def validate(
 ) -> None:
     """Evaluate on the validation split, log, and checkpoint: the latest state, and the best by checkpoint.monitor."""
     if batches(cfg.trainer.limit_val_batches, len(loader)) == 0:  # validation turned off: the latest state only
+        if cfg.oom.log_memory:  # (each epoch, as Lightning's callback logs it at the epoch's end)
+            log_device_memory(accelerator, strategy, progress.global_step)
         checkpoints.save(progress.global_step)
         return
     metrics = evaluate(accelerator, model, loader, loss_fn, cfg.trainer.limit_val_batches)
