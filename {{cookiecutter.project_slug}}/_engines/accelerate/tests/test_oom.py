@@ -184,7 +184,9 @@ def test_one_rank_out_of_memory_makes_every_rank_shrink(train):
     one_rank_40 = ["+model.net.max_batch=40", "+model.net.oom_rank=1"]
     sqrt = "oom.batch_size_finder.lr_scaling=sqrt"  # the learning rate scaled with the global batch's root
     # (no validation: the epoch's memory was logged by the validation only)
-    run = train(*FINDER, "strategy=ddp", *one_rank_40, sqrt, "trainer.limit_val_batches=0", launcher=accelerate_launch())
+    run = train(
+        *FINDER, "strategy=ddp", *one_rank_40, sqrt, "trainer.limit_val_batches=0", launcher=accelerate_launch()
+    )
     wandb = run.wandb
     assert wandb.metric("batch_size_finder/largest_fitting") == [40]
     assert wandb.metric("batch_size_finder/per_device_batch_size") == [36]
