@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from conftest import PARITY, QUICK, TOLERANCE, K, unsplit_net
 from engine_specific import DDP, OPTIMIZATION_REFUSALS, best_step, launcher_of, optimizer_of, step_checkpoint
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
@@ -25,6 +26,7 @@ from {{ cookiecutter.package_name }}.config import CONFIG_DIR
 from {{ cookiecutter.package_name }}.config.groups import check_group_choices
 from {{ cookiecutter.package_name }}.config.objects import register_resolvers
 from {{ cookiecutter.package_name }}.config.overrides import check_overrides
+from {{ cookiecutter.package_name }}.config.settings import check_strategy_settings
 from {{ cookiecutter.package_name }}.errors import ConfigError, Interrupted
 from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
 from {{ cookiecutter.package_name }}.parallel.batchnorm import SynchronisedBatchNorm, accumulation_note, unsynchronised_note
@@ -341,6 +343,20 @@ CASE_NAMES = [
     "batchnorm-under-pipeline",
     "hsdp-replicas-that-do-not-divide-the-data-parallel-size",
 ]
+
+
+@pytest.mark.parametrize("preset", ["ddp", "ddp_spawn"])
+def test_ddp_takes_the_options_of_torchs_ddp_but_no_other_added_setting(preset):
+    """torch's DistributedDataParallel's options stay open (+strategy.static_graph=true) in both engines: Lightning's
+    DDPStrategy hands them on, and the Accelerate engine's DDP those accelerate passes on (it refused them). Anything
+    else is refused before the run folder; the pipeline passes none on."""
+    ddp = OmegaConf.load(CONFIG_DIR / "strategy" / f"{preset}.yaml").strategy
+    check_strategy_settings(preset, ddp, ["strategy.static_graph", "strategy.gradient_as_bucket_view"])
+    with pytest.raises(ConfigError, match=f"strategy={preset} has no strategy.replicas; its settings: "):
+        check_strategy_settings(preset, ddp, ["strategy.replicas"])
+    pipeline = OmegaConf.load(CONFIG_DIR / "strategy" / "pipeline.yaml").strategy
+    with pytest.raises(ConfigError, match="strategy=pipeline has no strategy.find_unused_parameters"):
+        check_strategy_settings("pipeline", pipeline, ["strategy.find_unused_parameters"])
 
 
 def test_accumulation_with_batchnorm_is_said():

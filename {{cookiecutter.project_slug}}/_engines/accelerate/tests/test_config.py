@@ -7,6 +7,7 @@ import torch
 from conftest import COMMAND_LINE_REFUSAL_IDS, COMMAND_LINE_REFUSALS, refuse_all, unsplit_net
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
 from {{ cookiecutter.package_name }}.config import CONFIG_DIR
 from {{ cookiecutter.package_name }}.config.objects import register_resolvers
@@ -190,3 +191,13 @@ def test_a_model_setting_an_interpolation_reads_is_taken():
     check_settings_read(read)
     with pytest.raises(ConfigError, match="model.colour is not a setting of this loop; it reads: net, optimizer, no_"):
         check_settings_read(unread)
+
+
+def test_ddps_options_reach_accelerates_ddp_handler():
+    """+strategy.static_graph=true (taken as in the Lightning engine) reaches DistributedDataParallel's arguments."""
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    ddp = instantiate(OmegaConf.load(CONFIG_DIR / "strategy" / "ddp.yaml").strategy, static_graph=True)
+    [handler] = [h for h in ddp.accelerator_kwargs()["kwargs_handlers"] if isinstance(h, DistributedDataParallelKwargs)]
+    assert handler.static_graph and not handler.find_unused_parameters
+    assert set(ddp.passed_on) <= set(DistributedDataParallelKwargs.__dataclass_fields__)

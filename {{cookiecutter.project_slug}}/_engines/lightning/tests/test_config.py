@@ -8,12 +8,11 @@ from conftest import COMMAND_LINE_REFUSAL_IDS, COMMAND_LINE_REFUSALS, unsplit_ne
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from omegaconf import OmegaConf, open_dict
+from omegaconf import open_dict
 
 from {{ cookiecutter.package_name }}.config import CONFIG_DIR
 from {{ cookiecutter.package_name }}.config.objects import register_resolvers
 from {{ cookiecutter.package_name }}.config.overrides import check_overrides
-from {{ cookiecutter.package_name }}.config.settings import check_strategy_settings
 from {{ cookiecutter.package_name }}.engine.training import check_checkpoint_path
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
@@ -327,18 +326,6 @@ def test_keys_added_to_the_logger_and_callbacks_are_refused_only_where_nothing_r
         ["logger._target_=lightning.pytorch.loggers.CSVLogger", "+logger.flush_logs_every_n_steps=5"], "train"
     )
     check_overrides(["+logger.tags=[a,b]", "+logger.notes=first", "+logger.prefix=run"], "train")
-
-
-def test_ddp_takes_the_options_of_torchs_ddp_but_no_other_added_setting():
-    """Lightning's DDPStrategy hands keyword arguments it does not know to torch's DistributedDataParallel: those
-    stay open (+strategy.static_graph=true); anything else is refused before the run folder."""
-    ddp = OmegaConf.load(CONFIG_DIR / "strategy" / "ddp.yaml").strategy
-    check_strategy_settings("ddp", ddp, ["strategy.static_graph", "strategy.gradient_as_bucket_view"])
-    with pytest.raises(ConfigError, match="strategy=ddp has no strategy.replicas; its settings: find_unused_parame"):
-        check_strategy_settings("ddp", ddp, ["strategy.replicas"])
-    pipeline = OmegaConf.load(CONFIG_DIR / "strategy" / "pipeline.yaml").strategy  # a DDPStrategy that passes none on
-    with pytest.raises(ConfigError, match="strategy=pipeline has no strategy.find_unused_parameters"):
-        check_strategy_settings("pipeline", pipeline, ["strategy.find_unused_parameters"])
 
 
 def test_weights_alone_are_refused_as_a_checkpoint_to_continue(tmp_path):

@@ -398,9 +398,11 @@ def check_strategy_settings(preset: str, declared: Any, added: list[str]) -> Non
     naming them. Taken in, it reached the strategy's class: a TypeError (fsdp's tensor_parallel_size "got multiple
     values"), or, where Lightning's DDPStrategy passes it on to torch's DistributedDataParallel, a traceback inside
     the training processes after the run folder and the wandb run were made. DistributedDataParallel's own options
-    (e.g. static_graph) stay open under a preset whose class is Lightning's DDPStrategy."""
+    (e.g. static_graph) stay open under ddp and ddp_spawn (passed_on)."""
     settings = set(declared) - {"_target_"} if isinstance(declared, DictConfig) else set()
-    unknown = [key for key in added if key.split(".")[1] not in settings | passed_on(declared)]
+    unknown = [key for key in added if key.split(".")[1] not in settings]
+    if unknown:  # (only then: the strategy's class is imported, which imports torch)
+        unknown = [key for key in unknown if key.split(".")[1] not in passed_on(declared)]
     if unknown:
         names = ", ".join(unknown)
         valid = f"its settings: {', '.join(sorted(settings))}" if settings else "it has no settings"
@@ -408,13 +410,19 @@ def check_strategy_settings(preset: str, declared: Any, added: list[str]) -> Non
 
 
 def passed_on(declared: Any) -> set[str]:
-    """The keyword arguments a preset's strategy class hands to what it wraps: Lightning's DDPStrategy (itself, not a
-    subclass), torch's DistributedDataParallel's."""
+    """The keyword arguments a preset's strategy class hands to torch's DistributedDataParallel: Lightning's
+    DDPStrategy (itself, not a subclass) every one of them; a class of this project the ones its `passed_on` names
+    (the Accelerate engine's DDP: those accelerate passes on)."""
     target = declared.get("_target_") if isinstance(declared, DictConfig) else None
-    if target != "lightning.pytorch.strategies.DDPStrategy":
+    if target == "lightning.pytorch.strategies.DDPStrategy":
+        ddp = get_object("torch.nn.parallel.DistributedDataParallel")
+        return set(inspect.signature(ddp.__init__).parameters) - {"self", "module"}
+    if not isinstance(target, str) or target.split(".")[0] != __name__.split(".")[0]:
         return set()
-    ddp = get_object("torch.nn.parallel.DistributedDataParallel")
-    return set(inspect.signature(ddp.__init__).parameters) - {"self", "module"}
+    try:
+        return set(getattr(get_object(target), "passed_on", ()))
+    except (ImportError, AttributeError, ValueError):  # (a _target_ that does not import is refused where it is built)
+        return set()
 
 
 def is_key(override: Override) -> bool:

@@ -30,16 +30,19 @@ from . import Strategy
 
 class DDP(Strategy):
     name = "ddp"
+    # torch's DistributedDataParallel's options that accelerate passes on (DistributedDataParallelKwargs), taken as
+    # `+strategy.static_graph=true` as the Lightning engine's DDPStrategy takes them (config/settings.passed_on)
+    passed_on = ("broadcast_buffers", "bucket_cap_mb", "check_reduction", "gradient_as_bucket_view", "static_graph")
 
-    def __init__(self, timeout: timedelta = timedelta(minutes=10), find_unused_parameters: bool = False) -> None:
+    def __init__(
+        self, timeout: timedelta = timedelta(minutes=10), find_unused_parameters: bool = False, **ddp_options: Any
+    ) -> None:
         super().__init__(timeout)
-        self.find_unused_parameters = find_unused_parameters
+        self.ddp_options = {"find_unused_parameters": find_unused_parameters, **ddp_options}
 
     def accelerator_kwargs(self) -> dict[str, Any]:
         kwargs = super().accelerator_kwargs()
-        kwargs["kwargs_handlers"].append(
-            DistributedDataParallelKwargs(find_unused_parameters=self.find_unused_parameters)
-        )
+        kwargs["kwargs_handlers"].append(DistributedDataParallelKwargs(**self.ddp_options))
         return kwargs
 
     def check_layout(self, processes: int, net: nn.Module, cfg: DictConfig) -> None:
