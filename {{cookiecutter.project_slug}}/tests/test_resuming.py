@@ -52,7 +52,8 @@ def training(**changes):
             "resume": True,
             "strategy": {"_target_": "lightning.pytorch.strategies.DDPStrategy"},
             "model": {"net": {"hidden": 128, "depth": 4}, "optimizer": {"_target_": "torch.optim.AdamW", "lr": 0.001}},
-            "data": {"batch_size": 32, "num_workers": 0},
+            "seed": 42,
+            "data": {"batch_size": 32, "num_workers": 0, "shuffle": True, "seed": 42, "dataset": {"size": 9, "dir": "a"}},
             "trainer": {"accumulate_grad_batches": 1, "max_epochs": 2},
             "scheduler": {"_target_": "x.optimization.constant", "warmup_steps": 0},
         }
@@ -116,9 +117,17 @@ def test_checkpoints_of_another_training_are_refused_naming_what_differs(run_dir
         starting_point(run_dir, training(**{"model._target_": "my_models.Regressor"}), last)  # a module of your own
     named = {"model._target_": "{{ cookiecutter.package_name }}.engine.module.Classifier"}  # (older layouts named it)
     assert starting_point(run_dir, training(**named), last) == (None, True)
-    # What a checkpoint does not depend on may change, the preset too (test_resume_layouts.py); afresh, or from a
-    # given checkpoint, nothing is compared.
-    allowed = {"trainer.max_epochs": 5, "model.optimizer.lr": 0.01, "data.num_workers": 2, "strategy": "auto"}
+    # The rest of the run on other data, or with optimizer settings its state would not take (and its config.yaml
+    # then misreport): both were taken in silence
+    with pytest.raises(ConfigError, match="model.optimizer.lr: 0.001 then, 0.01 now"):
+        starting_point(run_dir, training(**{"model.optimizer.lr": 0.01}), last)
+    with pytest.raises(ConfigError, match="data.seed: 42 then, 1 now; seed: 42 then, 1 now"):
+        starting_point(run_dir, training(**{"seed": 1, "data.seed": 1}), last)  # (the synthetic data's generator)
+    with pytest.raises(ConfigError, match="data.dataset.size: 9 then, 10 now; data.shuffle: True then, False now"):
+        starting_point(run_dir, training(**{"data.dataset.size": 10, "data.shuffle": False}), last)
+    # What a checkpoint does not depend on may change, the preset and where the data is too (test_resume_layouts.py);
+    # afresh, or from a given checkpoint, nothing is compared.
+    allowed = {"trainer.max_epochs": 5, "data.num_workers": 2, "strategy": "auto", "data.dataset.dir": "moved"}
     assert starting_point(run_dir, training(**allowed), last) == (None, True)
     pipeline = {"strategy._target_": "x.strategies.pipeline.Pipe"}
     assert starting_point(run_dir, training(**pipeline), last) == (None, True)

@@ -13,20 +13,28 @@ from ..errors import ConfigError, said_once
 from ..parallel.launcher import is_first_process
 from .checkpoint_files import damage, looks_like_checkpoint
 
-# What a checkpoint is made of: changed, it cannot be loaded (the net's shapes) or not continued where it stopped (its
-# position in the epoch counts global batches and micro-batches). Anything else may change between starts: more
-# epochs, another learning rate, more processes, another preset (checkpoint_forms.py; but see check_same_mesh).
-# The optimizer's class too: its saved state is another's (SGD's momentum buffers are no AdamW's), a KeyError at the
-# first step; its settings (lr, ...) may change. And the Lightning engine's LightningModule of your own
-# (+model._target_): its own parameters, loss and metrics are another training's.
+# What a run's checkpoints are made of, which the run continued in its own folder must keep: changed, a checkpoint
+# cannot be loaded (the net's shapes) or not continued where it stopped (its position in the epoch counts global
+# batches and micro-batches of that data, in that order). The optimizer's class: its saved state is another's (SGD's
+# momentum buffers are no AdamW's), a KeyError at the first step; its settings: the state keeps the saved ones
+# (kept_optimizer_note), which the run's config.yaml would then misreport. The seed and the data's own settings: the
+# rest of the run would train on other samples (the seed generates the synthetic data) or in another order. And the
+# Lightning engine's LightningModule of your own (+model._target_). Anything else may change between starts: more
+# epochs, more processes, another preset (checkpoint_forms.py; but see check_same_mesh), and where the data is.
 MUST_MATCH = (
     "model.net",
     "model._target_",
-    "model.optimizer._target_",
+    "model.optimizer",
     "data.batch_size",
     "trainer.accumulate_grad_batches",
     "scheduler._target_",  # another schedule's saved state: a KeyError at the load, or its learning rate kept
+    "seed",
+    "data.seed",
+    "data.shuffle",
+    "data.dataset",
 )
+# Where the data is (its folder moved, a bucket mirrored) and where it is cached: the same data (the last part of a key)
+MAY_MOVE = ("dir", "root", "path", "data_dir", "cache_dir", "max_cache_size")
 PACKAGE = __package__.partition(".")[0]
 # Where a `_target_` of a run folder saved before the package was laid out in folders (its config.yaml) lives now.
 # The old module names are not kept as aliases: `data` and `tracking` are packages now, so aliases would collide.
@@ -152,7 +160,7 @@ def check_same_training(run_dir: Path, cfg: DictConfig) -> None:
     """Refuse, in one line, to resume the checkpoints in `run_dir` with settings they cannot continue under
     (MUST_MATCH), as the run's config.yaml has them. A plain run inside a SLURM allocation (salloc) is named
     after the job: two different trainings there meet in one folder."""
-    if differ := differences(run_dir / "config.yaml", cfg, MUST_MATCH):
+    if differ := differences(run_dir / "config.yaml", cfg, MUST_MATCH, ignored=MAY_MOVE):
         raise ConfigError(
             f"{run_dir} has checkpoints of a training that differs from this one in {differ}: give "
             "resume=false to start afresh there (its checkpoints are deleted), or run_id=NAME for a new run folder"
@@ -307,16 +315,16 @@ def schedule_length_note(saved: Path, cfg: DictConfig) -> str | None:
     return None
 
 
-def differences(saved: Path, cfg: DictConfig, keys: tuple[str, ...]) -> str:
-    """How `cfg` differs from the config saved at `saved` in the settings under `keys`, in a few words ("" if
-    alike, or if nothing was saved there)."""
+def differences(saved: Path, cfg: DictConfig, keys: tuple[str, ...], ignored: tuple[str, ...] = ()) -> str:
+    """How `cfg` differs from the config saved at `saved` in the settings under `keys` (but those named as `ignored`
+    ones), in a few words ("" if alike, or if nothing was saved there)."""
     if not saved.is_file():
         return ""
     then, now = flat(load_saved_config(saved), keys), flat(cfg, keys)
     for values in (then, now):  # the Lightning engine's own module, named (an older layout) or not
         if values.get("model._target_") == f"{PACKAGE}.engine.module.Classifier":
             values["model._target_"] = None
-    names = sorted(then.keys() | now.keys())
+    names = sorted(key for key in then.keys() | now.keys() if key.rpartition(".")[2] not in ignored)
     differ = [f"{key}: {then.get(key)} then, {now.get(key)} now" for key in names if then.get(key) != now.get(key)]
     if len(differ) > 4:  # another model altogether: its first few keys say enough
         differ[3:] = [f"{len(differ) - 3} more"]
