@@ -441,6 +441,23 @@ def test_a_folder_of_presets_of_your_own_is_added_with_a_plus(tmp_path, monkeypa
         check_group_choices(["experiment=quick"])
 
 
+def test_a_config_folder_of_your_own_is_searched_and_a_runs_record_is_refused_as_a_config(tmp_path):
+    """Presets kept outside the package: `--config-dir DIR` was refused for every command line ("Cannot find primary
+    config 'train'"), `hydra.searchpath=[file://DIR] +recipe=quick` as a setting no part of the training reads. A
+    run's config.yaml given as the config to run ended in a traceback and left a run folder."""
+    (tmp_path / "recipe").mkdir()
+    (tmp_path / "recipe" / "quick.yaml").write_text("# @package _global_\ntrainer:\n  max_epochs: 3\n")
+    check_overrides(["--config-dir", str(tmp_path), "+recipe=quick", "trainer.max_epochs=2"], "train")
+    check_overrides([f"hydra.searchpath=[file://{tmp_path}]", "+recipe=quick", "trainer.max_epochs=2"], "train")
+    with pytest.raises(ConfigError, match="unknown setting trainer.max_epoch; did you mean trainer.max_epochs"):
+        check_overrides([f"--config-dir={tmp_path}", "+recipe=quick", "trainer.max_epoch=2"], "train")
+    (tmp_path / "config.yaml").write_text("seed: 1\ntrainer:\n  max_epochs: 3\n")  # (a run folder's record)
+    with pytest.raises(
+        ConfigError, match=r"--config-name config: .*config.yaml does not compose the training's config"
+    ):
+        check_overrides(["--config-dir", str(tmp_path), "--config-name", "config", "trainer.max_epochs=2"], "train")
+
+
 @pytest.mark.parametrize("case", range(len(BAD_INPUT)), ids=CASE_NAMES[: len(BAD_INPUT)])
 def test_bad_input_fails_in_one_line(refused, case):
     refused[case].assert_rejected(BAD_INPUT[case][1])

@@ -53,7 +53,13 @@ def training(**changes):
             "strategy": {"_target_": "lightning.pytorch.strategies.DDPStrategy"},
             "model": {"net": {"hidden": 128, "depth": 4}, "optimizer": {"_target_": "torch.optim.AdamW", "lr": 0.001}},
             "seed": 42,
-            "data": {"batch_size": 32, "num_workers": 0, "shuffle": True, "seed": 42, "dataset": {"size": 9, "dir": "a"}},
+            "data": {
+                "batch_size": 32,
+                "num_workers": 0,
+                "shuffle": True,
+                "seed": 42,
+                "dataset": {"size": 9, "dir": "a"},
+            },
             "trainer": {"accumulate_grad_batches": 1, "max_epochs": 2},
             "scheduler": {"_target_": "x.optimization.constant", "warmup_steps": 0},
         }

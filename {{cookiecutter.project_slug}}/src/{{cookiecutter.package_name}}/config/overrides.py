@@ -11,7 +11,7 @@ from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType
 from hydra.errors import HydraException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationToMissingValueError
 
 from ..errors import ConfigError, fail
@@ -66,21 +66,29 @@ def check_overrides(overrides: list[str], config_name: str, defer: bool = False)
     (checked_when_hydra_composes: that compose, not one more).
     """
     args = [arg for arg in overrides if arg not in MULTIRUN]
-    args, config_dir, config_name = _primary_config(args, config_name)  # (best.yaml of a search: --config-dir ...)
+    args, config_dir, config_name, added = _primary_config(args, config_name)  # (a search's best.yaml: --config-dir)
     if any(arg.startswith("-") for arg in args):  # --cfg, --help ...: Hydra's to check
         return None
-    extra = [f"hydra.searchpath=[file://{CONFIG_DIR}]"] if config_dir != CONFIG_DIR else []  # (its `train`)
     try:
         parsed = OverridesParser.create().parse_overrides(args)
     except HydraException:
         raise unparsable(args) from None  # (Hydra's report: 4 lines, exit 1)
-    settings = [o for o in parsed if is_key(o) and not o.key_or_group.startswith("hydra")]
+    added += searched_folders(parsed)  # hydra.searchpath=[file://DIR]: presets of yours kept outside the package
+    # The package's configs (the `train` a best.yaml composes) and a --config-dir that adds presets, searched too
+    extra = [f"hydra.searchpath=[{', '.join(f'file://{path}' for path in added)}]"] if added else []
+    folders = (config_dir, *added)
+    settings = [o for o in parsed if is_key(o, folders) and not o.key_or_group.startswith("hydra")]
     groups = training_groups()
     for override in parsed:
         group = override.key_or_group
-        if not is_key(override) and override.type == OverrideType.DEL:
+        if not is_key(override, folders) and override.type == OverrideType.DEL:
             raise ConfigError(f"~{group}: {not_removable(group, groups)}")
-        if not is_key(override) and override.type == OverrideType.ADD and group in groups and not override.package:
+        if (
+            not is_key(override, folders)
+            and override.type == OverrideType.ADD
+            and group in groups
+            and not override.package
+        ):
             raise ConfigError(f"+{group}: a preset of {group} is chosen already; choose another without +: {group}=...")
     if not settings:
         return None
@@ -100,8 +108,9 @@ def check_overrides(overrides: list[str], config_name: str, defer: bool = False)
             note_switched_off(settings, keys)
 
     plain = all(o.type == OverrideType.CHANGE and not o.is_sweep_override() for o in settings)
-    if defer and plain and config_dir == CONFIG_DIR and len(args) == len(overrides):  # (no -m, no --config-name)
+    if defer and plain and not added and len(args) == len(overrides):  # (no -m, --config-*, hydra.searchpath)
         return check
+    parsed = [o for o in parsed if o.key_or_group != "hydra.searchpath"]  # (in `extra`, with the folders it adds)
     with initialize_config_dir(version_base="1.3", config_dir=str(config_dir), job_name=config_name):
         presets = [_first_value(o) for o in parsed if o not in settings]
         check(_compose(config_name, [*extra, *(arg for arg in presets if arg)], args, return_hydra_config=True))
@@ -136,9 +145,12 @@ def checked_when_hydra_composes(check: Callable[[DictConfig], None] | None) -> I
         ConfigLoaderImpl._apply_overrides_to_config = staticmethod(apply)
 
 
-def _primary_config(args: list[str], config_name: str) -> tuple[list[str], Path, str]:
-    """The command line without Hydra's --config-dir/-cd and --config-name/-cn, the folder and name of the primary
-    config they give (a search's best.yaml, which composes `train`), else this package's and `config_name`."""
+def _primary_config(args: list[str], config_name: str) -> tuple[list[str], Path, str, list[Path]]:
+    """The command line without Hydra's --config-dir/-cd and --config-name/-cn; the folder and name of the primary
+    config they give (a search's best.yaml, which composes `train`), else this package's and `config_name`; and the
+    config folders to search besides the primary's: the package's, or a --config-dir of presets (Hydra searches it
+    for the package's `train` too). A primary config of another folder that does not compose `train` (a run's
+    config.yaml, a record of one run) is refused: it has none of the presets the training reads."""
     rest, given = [], {}
     flags = {"--config-dir": "dir", "-cd": "dir", "--config-name": "name", "-cn": "name"}
     pending = None
@@ -152,8 +164,27 @@ def _primary_config(args: list[str], config_name: str) -> tuple[list[str], Path,
             pending = flags[arg]
         else:
             rest.append(arg)
+    name = given.get("name", config_name)
     folder = Path(given["dir"]).resolve() if "dir" in given else CONFIG_DIR
-    return rest, folder, given.get("name", config_name)
+    if folder == CONFIG_DIR:
+        return rest, folder, name, []
+    primary = folder / f"{name.removesuffix('.yaml')}.yaml"
+    if not primary.is_file():  # a folder of presets of yours, searched for this command's own config
+        return rest, CONFIG_DIR, name, [folder]
+    defaults = OmegaConf.load(primary).get("defaults") or []
+    if "train" not in defaults:
+        raise ConfigError(
+            f"--config-name {name}: {primary} does not compose the training's config (its defaults list has no "
+            "`train`, as a search's best.yaml has): a run's config.yaml records that run; run it again with its "
+            "command line, or continue it with run_id=<its folder's name>"
+        )
+    return rest, folder, name, [CONFIG_DIR]
+
+
+def searched_folders(parsed: list[Override]) -> list[Path]:
+    """The folders a `hydra.searchpath=[file://DIR, ...]` of the command line adds."""
+    paths = [o.value() for o in parsed if o.key_or_group == "hydra.searchpath" and not o.is_sweep_override()]
+    return [Path(str(p).removeprefix("file://")) for value in paths for p in value if str(p).startswith("file://")]
 
 
 def _compose(config_name: str, overrides: list[str], args: list[str], **kwargs: Any) -> DictConfig:

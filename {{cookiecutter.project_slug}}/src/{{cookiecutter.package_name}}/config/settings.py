@@ -5,6 +5,7 @@ import difflib
 import inspect
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from hydra.core.override_parser.types import ChoiceSweep, Override, OverrideType
@@ -425,9 +426,10 @@ def passed_on(declared: Any) -> set[str]:
         return set()
 
 
-def is_key(override: Override) -> bool:
-    """A setting (trainer.max_epochs=2), not a preset choice (strategy=ddp): config groups are folders."""
-    return not (CONFIG_DIR / override.key_or_group).is_dir()
+def is_key(override: Override, folders: tuple[Path, ...] = (CONFIG_DIR,)) -> bool:
+    """A setting (trainer.max_epochs=2), not a preset choice (strategy=ddp): config groups are folders, of the
+    package's configs or of the config folders the command line adds (--config-dir, hydra.searchpath)."""
+    return not any((folder / override.key_or_group).is_dir() for folder in folders)
 
 
 def leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
