@@ -479,3 +479,8 @@ class Masked(nn.Module):
 
 
 register_split(Masked, Split(first=["embed"], blocks=["blocks.*"], last=["head"]))
+
+
+def schedule_without_its_return(optimizer: torch.optim.Optimizer, total_steps: int) -> None:
+    """A schedule of one's own that forgets to return what it makes (the training then had none to step)."""
+    torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - step / total_steps)

@@ -306,6 +306,14 @@ BAD_INPUT = [
         "~model.optimizer.fused, or give one the class takes",
     ),
     (["model.optimizer.weight_decay=-0.1"], "model.optimizer: Invalid weight_decay value: -0.1"),
+    (  # a traceback (Lightning), or every step taken twice (Accelerate, for a schedule returning the optimizer)
+        [
+            "scheduler._target_=own_models.schedule_without_its_return",
+            "~scheduler.warmup_steps",
+            "~scheduler.min_lr_ratio",
+        ],
+        "scheduler: schedule_without_its_return(optimizer, total_steps=N) returned NoneType, not a learning-rate",
+    ),
     *OPTIMIZATION_REFUSALS,
 ]
 CASE_NAMES = [
@@ -340,6 +348,7 @@ CASE_NAMES = [
     "learning-rate-floor-above-1",
     "optimizer-without-fused",
     "negative-weight-decay",
+    "schedule-not-returned",
     "batchnorm-under-pipeline",
     "hsdp-replicas-that-do-not-divide-the-data-parallel-size",
 ]

@@ -127,6 +127,8 @@ def test_checkpoints_of_another_training_are_refused_naming_what_differs(run_dir
     # then misreport): both were taken in silence
     with pytest.raises(ConfigError, match="model.optimizer.lr: 0.001 then, 0.01 now"):
         starting_point(run_dir, training(**{"model.optimizer.lr": 0.01}), last)
+    with pytest.raises(ConfigError, match="scheduler.warmup_steps: 0 then, 2 now"):
+        starting_point(run_dir, training(**{"scheduler.warmup_steps": 2}), last)
     with pytest.raises(ConfigError, match="data.seed: 42 then, 1 now; seed: 42 then, 1 now"):
         starting_point(run_dir, training(**{"seed": 1, "data.seed": 1}), last)  # (the synthetic data's generator)
     with pytest.raises(ConfigError, match="data.dataset.size: 9 then, 10 now; data.shuffle: True then, False now"):
@@ -164,10 +166,12 @@ def test_a_given_checkpoint_of_another_net_is_refused_before_loading(run_dir, tm
             here, training(ckpt_path=str(checkpoint), **{"scheduler._target_": "x.optimization.cosine"}), last
         )
     changes = {"data.batch_size": 64, "model.optimizer.lr": 0.1, "strategy._target_": "x.strategies.pipeline.P"}
-    fine_tuned = training(ckpt_path=str(checkpoint), **changes)
+    fine_tuned = training(ckpt_path=str(checkpoint), **changes, **{"scheduler.warmup_steps": 5})
     assert starting_point(here, fine_tuned, last) == (str(checkpoint), True)
-    # The optimizer's state holds its settings: a new learning rate was taken in silence, and not used
-    assert capsys.readouterr().out.startswith("note: model.optimizer.lr: 0.001 then, 0.1 now: a training continued")
+    # The optimizer's and the schedule's states hold their settings: new ones were taken in silence, and not used
+    assert capsys.readouterr().out.startswith(
+        "note: model.optimizer.lr: 0.001 then, 0.1 now; scheduler.warmup_steps: 0 then, 5 now: a training continued"
+    )
 
 
 def test_a_checkpoint_resumes_on_any_mesh_but_not_with_another_tensor_parallel_size(tmp_path):

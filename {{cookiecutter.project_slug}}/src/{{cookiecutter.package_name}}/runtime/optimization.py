@@ -64,9 +64,16 @@ def check_optimization(cfg: DictConfig, optimizer: OptimizerFactory, schedule: S
     except RuntimeError:  # e.g. a fused kernel for the training's device only: its build there decides
         pass
     try:  # (a bad argument was a traceback when the training built the schedule, after the run folder was made)
-        schedule(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0), total_steps=10)
+        built = schedule(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0), total_steps=10)
     except (TypeError, ValueError) as error:
         raise ConfigError(f"scheduler: {error}; {schedule_advice(error)}") from None
+    if not isinstance(built, torch.optim.lr_scheduler.LRScheduler):  # a function of yours without its `return`, or
+        # one returning the optimizer: a traceback in Lightning; in the Accelerate loop every step stepped twice
+        raise ConfigError(
+            f"scheduler: {getattr(schedule, 'func', schedule).__name__}(optimizer, total_steps=N) returned "
+            f"{type(built).__name__}, not a learning-rate schedule: return the torch.optim.lr_scheduler it makes "
+            "(e.g. LambdaLR(optimizer, ...)), as runtime/optimization.py's constant and cosine do"
+        )
 
 
 def unexpected(error: TypeError) -> str:

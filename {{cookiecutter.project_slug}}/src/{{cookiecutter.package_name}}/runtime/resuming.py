@@ -16,18 +16,18 @@ from .checkpoint_files import damage, looks_like_checkpoint
 # What a run's checkpoints are made of, which the run continued in its own folder must keep: changed, a checkpoint
 # cannot be loaded (the net's shapes) or not continued where it stopped (its position in the epoch counts global
 # batches and micro-batches of that data, in that order). The optimizer's class: its saved state is another's (SGD's
-# momentum buffers are no AdamW's), a KeyError at the first step; its settings: the state keeps the saved ones
-# (kept_optimizer_note), which the run's config.yaml would then misreport. The seed and the data's own settings: the
-# rest of the run would train on other samples (the seed generates the synthetic data) or in another order. And the
-# Lightning engine's LightningModule of your own (+model._target_). Anything else may change between starts: more
-# epochs, more processes, another preset (checkpoint_forms.py; but see check_same_mesh), and where the data is.
+# momentum buffers are no AdamW's), a KeyError at the first step; its settings and the schedule's: the state keeps
+# the saved ones (kept_optimizer_note), which the run's config.yaml would then misreport. The seed and the data's own
+# settings: the rest of the run would train on other samples (the seed generates the synthetic data) or in another
+# order. And the Lightning engine's LightningModule of your own (+model._target_). Anything else may change between
+# starts: more epochs, more processes, another preset (checkpoint_forms.py; but see check_same_mesh), where the data is.
 MUST_MATCH = (
     "model.net",
     "model._target_",
     "model.optimizer",
     "data.batch_size",
     "trainer.accumulate_grad_batches",
-    "scheduler._target_",  # another schedule's saved state: a KeyError at the load, or its learning rate kept
+    "scheduler",  # another schedule's saved state: a KeyError at the load, or its learning rate kept; its settings kept
     "seed",
     "data.seed",
     "data.shuffle",
@@ -144,14 +144,15 @@ def saved_config(checkpoint: Path) -> Path:
 
 
 def kept_optimizer_note(saved: Path, cfg: DictConfig) -> str | None:
-    """model.optimizer's settings changed for a continued training: it trains with the checkpoint's, which its
-    optimizer state holds (the learning rate, as the base of its schedule; weight decay, betas ...), and nothing
-    said so. A note, not a refusal: a checkpoint may well be meant to go on as it was."""
-    if differ := differences(saved, cfg, ("model.optimizer",)):
+    """model.optimizer's or the schedule's settings changed for a training continued from a checkpoint (ckpt_path=):
+    it trains with the checkpoint's, which its optimizer and schedule states hold (the learning rate, as the base of
+    its schedule; weight decay, betas, warmup ...), and nothing said so. A note, not a refusal: a checkpoint may well
+    be meant to go on as it was."""
+    if differ := differences(saved, cfg, ("model.optimizer", "scheduler")):
         return (
-            f"note: {differ}: a training continued from a checkpoint keeps the optimizer settings its state holds "
-            "(the learning rate the schedule starts from included); for new ones, start a new training from its "
-            "weights (docs/your-model.md, pretrained weights)"
+            f"note: {differ}: a training continued from a checkpoint keeps the optimizer and schedule settings its "
+            "state holds (the learning rate the schedule starts from included); for new ones, start a new training "
+            "from its weights (docs/your-model.md, pretrained weights)"
         )
     return None
 
