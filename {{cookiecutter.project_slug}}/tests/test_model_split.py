@@ -140,6 +140,16 @@ def test_a_split_naming_a_missing_layer_is_refused():
         check_tensor_parallel(Reused(), tensor_parallel_size=2)
 
 
+def test_weights_tied_to_a_tensor_parallel_layer_are_refused_under_tensor_parallelism():
+    """torch gives each sharded layer new parameters: two blocks sharing one weight trained two copies, the losses off
+    single's from the second step, in silence (fsdp, ddp and pipeline keep the tie)."""
+    net = ResidualMLP(in_features=8, num_classes=3, hidden=16, depth=2)
+    net.blocks[1].fc_in.weight = net.blocks[0].fc_in.weight
+    check_tensor_parallel(net, tensor_parallel_size=1)
+    with pytest.raises(ConfigError, match=r"blocks.0.fc_in.weight is tied to blocks.1.fc_in.weight \(one parameter\)"):
+        check_tensor_parallel(net, tensor_parallel_size=2)
+
+
 def test_tensor_parallelism_over_a_split_that_shards_nothing_is_refused():
     """Each process would hold the whole model and compute what the others compute (a Split for pipeline only)."""
     check_tensor_parallel(PositionSummed(in_features=8, num_classes=3), tensor_parallel_size=1)  # FSDP-like: fine

@@ -94,6 +94,14 @@ def check_tensor_parallel(model: nn.Module, tensor_parallel_size: int, processes
         if not layers:
             raise ConfigError(f"the Split of {type(net).__name__} names {pattern!r}, which matches no submodule")
         for name, layer in layers:
+            if tp > 1 and (tied := _tied_elsewhere(net, name, layer)):
+                # torch's parallelize_module gives each sharded layer new parameters of its own: the tie is undone,
+                # and the copies trained apart (losses off single's from the second step) in silence
+                raise ConfigError(
+                    f"{name}.{tied[0]} is tied to {tied[1]} (one parameter), and tensor parallelism gives {name} a "
+                    "sharded copy of its own, which would train apart from it: untie them, leave both out of the "
+                    "Split's tensor_parallel plan, or use a preset without tensor parallelism (fsdp, ddp, pipeline)"
+                )
             if isinstance(style, ColwiseParallel | RowwiseParallel) and not isinstance(layer, nn.Linear | nn.Embedding):
                 raise ConfigError(
                     f"the Split of {type(net).__name__} shards {name} ({type(layer).__name__}) with "
@@ -124,6 +132,18 @@ def check_tensor_parallel(model: nn.Module, tensor_parallel_size: int, processes
             allowed = _divisors(math.gcd(common, processes))
             valid = f"valid with the {processes} processes: {allowed} (the model allows {_divisors(common)})"
         raise ConfigError(f"{failing[0]}, which strategy.tensor_parallel_size={tp} does not divide; {valid}")
+
+
+def _tied_elsewhere(net: nn.Module, name: str, layer: nn.Module) -> tuple[str, str] | None:
+    """(the parameter's name in `layer`, another name of it in `net`) for a parameter of `layer` that the net uses
+    elsewhere too (tied weights), else None."""
+    names: dict[nn.Parameter, list[str]] = {}
+    for other, param in net.named_parameters(remove_duplicate=False):
+        names.setdefault(param, []).append(other)
+    for own, param in layer.named_parameters(recurse=False):
+        if others := [other for other in names.get(param, []) if other != f"{name}.{own}"]:
+            return own, others[0]
+    return None
 
 
 def _divisors(number: int) -> str:
