@@ -1,11 +1,13 @@
 """Layouts given by a launcher (torchrun, SLURM), checked against the command line before training."""
 
 import contextlib
+import json
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
+from engine_specific import DDP
 from layouts import torchrun
 
 from {{ cookiecutter.package_name }}.errors import ConfigError
@@ -142,6 +144,22 @@ def test_a_refusal_under_torchrun_is_said_once_per_machine_and_named_as_the_root
     assert run.returncode != 0 and len(said) == 1, run.output
     root_cause = run.output.split("Root Cause (first observed failure):")[1]
     assert f"traceback : {refusal}" in root_cause and "To enable traceback" not in run.output
+
+
+@pytest.mark.slow
+def test_a_multirun_of_ddp_trainings_trains_each_job_in_its_own_folder(train, tmp_path):
+    """Lightning started a ddp job's other process with the whole command line: it ran the whole sweep, in a sweep
+    folder of its own, its second job joining the next job's first process (whose LOCAL_RANK, left set, said its
+    processes were started already: alone, it waited for ever)."""
+    sweep = ["hydra.mode=MULTIRUN", "model.optimizer.lr=0.001,0.003", *DDP, "trainer.accelerator=cpu", "trainer.max_steps=2"]
+    # (as typed: a new interpreter, whose children are too, not the tests' forks of one)
+    run = train(*sweep, "trainer.log_every_n_steps=1", "test_after_fit=false", env={"STARTS_NEW_INTERPRETER": "1"})
+    [folder] = (tmp_path / "outputs" / "default").iterdir()
+    assert sorted(path.name for path in folder.iterdir()) == ["0", "1", "multirun.yaml"], run.output[-3000:]
+    for job, lr in enumerate((0.001, 0.003)):
+        logged = [json.loads(line) for line in (folder / str(job) / "metrics.jsonl").read_text().splitlines()]
+        assert (folder / str(job) / "finished").is_file()
+        assert [row["train/lr"] for row in logged if "train/lr" in row][0] == pytest.approx(lr / 10)  # (warmup)
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.loops.fit_loop import _FitLoop
 from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+from lightning.pytorch.strategies.launchers import subprocess_script
 
 from {{ cookiecutter.package_name }}.engine.lightning_private import PRIVATE_MEMBERS
 
@@ -19,6 +20,7 @@ def instances(tmp_path) -> dict[type, object]:
         ModelCheckpoint: ModelCheckpoint(dirpath=tmp_path),
         WandbLogger: WandbLogger(save_dir=tmp_path, offline=True),
         L.LightningModule: L.LightningModule(),
+        subprocess_script: subprocess_script,
     }
 
 

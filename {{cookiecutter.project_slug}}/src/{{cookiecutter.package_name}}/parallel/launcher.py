@@ -266,3 +266,18 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def this_job() -> list[str]:
+    """This job's command line, for the other processes a training command starts: as typed (with --config-dir,
+    --config-name and hydra.* overrides), or, one job of a --multirun, its own overrides and the config it was
+    composed from (the whole command line would run the whole sweep in each of them)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hydra = HydraConfig.get()
+    if hydra.mode == RunMode.RUN:
+        return sys.argv[1:]
+    folders = [source.path for source in hydra.runtime.config_sources if source.provider == "command-line"]
+    where = [f"--config-dir={folder.removeprefix('file://')}" for folder in folders]
+    return [*where, f"--config-name={hydra.job.config_name}", *hydra.overrides.task]

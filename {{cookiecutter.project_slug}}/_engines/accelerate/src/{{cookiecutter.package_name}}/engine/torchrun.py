@@ -8,10 +8,9 @@ import sys
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 
 from ..errors import Interrupted, TrainingStopped
-from ..parallel.launcher import PACKAGE, die_with_parent
+from ..parallel.launcher import PACKAGE, die_with_parent, this_job
 from ..runtime.interrupt import continuing
 from ..runtime.run_folder import HELD_BY_THE_COMMAND
 
@@ -56,14 +55,3 @@ def start_processes(processes: int, run_dir: Path, run_id: str) -> None:
     if code:  # (a worker killed, a bug: once fixed, the run continues from its last checkpoint)
         again = continuing(run_id, run_dir)
         raise TrainingStopped(f"a training process failed (torchrun exit code {code}; its error is above): {again}")
-
-
-def this_job() -> list[str]:
-    """This job's command line for the processes: as typed (with --config-dir, --config-name and hydra.* overrides),
-    or, one job of a --multirun, its own overrides and the config it was composed from."""
-    hydra = HydraConfig.get()
-    if hydra.mode == RunMode.RUN:
-        return sys.argv[1:]
-    folders = [source.path for source in hydra.runtime.config_sources if source.provider == "command-line"]
-    where = [f"--config-dir={folder.removeprefix('file://')}" for folder in folders]
-    return [*where, f"--config-name={hydra.job.config_name}", *hydra.overrides.task]

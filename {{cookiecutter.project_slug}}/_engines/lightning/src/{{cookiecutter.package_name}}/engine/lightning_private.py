@@ -6,14 +6,21 @@ written) and `ModelCheckpoint._remove_checkpoint` (the keep_last newest stay) ar
 are listed in PRIVATE_MEMBERS and checked too.
 """
 
+import os
+import sys
 from datetime import timedelta
 from typing import Any
 
 import lightning as L
+import torch
+from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.loops.fit_loop import _FitLoop
 from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+from lightning.pytorch.strategies.launchers import subprocess_script
+
+from ..parallel.launcher import this_job
 
 PRIVATE_MEMBERS = {  # what the test checks is still there, and where it is used
     _FitLoop: ("_should_accumulate",),
@@ -30,6 +37,7 @@ PRIVATE_MEMBERS = {  # what the test checks is still there, and where it is used
     ),
     WandbLogger: ("_experiment", "_wandb_init"),
     L.LightningModule: ("_trainer", "_device"),
+    subprocess_script: ("_hydra_subprocess_cmd",),
 }
 
 
@@ -147,3 +155,40 @@ def has_trainer(module: L.LightningModule) -> bool:
 def set_device(module: L.LightningModule, device) -> None:
     """`module.device` of a DataParallel replica (a shallow copy of the root's module, which copies its device)."""
     module._device = device
+
+
+# What Lightning's launcher sets in the first process of a ddp training, and leaves set, as this process started with
+LAUNCH_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
+STARTED_WITH = {name: os.environ.get(name) for name in LAUNCH_VARIABLES}
+
+
+def launch_this_job() -> None:
+    """Lightning's launcher, ready for this training, one job of a --multirun maybe. It starts a ddp training's other
+    processes with the command line this process was started with: each of them ran the whole sweep, with a sweep
+    folder of its own, its later jobs joining the next job's first process (which, its LOCAL_RANK left set by the
+    launcher, took them for started already). They run this job's command, in this job's folder; each job starts its
+    own, with a process group of its own (the previous job's, left by Lightning, has lost its other processes)."""
+    subprocess_script._hydra_subprocess_cmd = job_command  # (Trainer's launcher: its import of fabric's function)
+    for name, value in STARTED_WITH.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def job_command(local_rank: int) -> tuple[list[str], str]:
+    """(The command of the process of `local_rank`, the folder to start it in): Lightning's own, for this job."""
+    import __main__
+
+    hydra = HydraConfig.get()
+    command = [sys.executable, "-m", __main__.__spec__.name, *this_job()]
+    # (quoted: a folder with spaces; no config.yaml of Hydra's, which the first process writes)
+    run_dir = f'"{hydra.runtime.output_dir}"'
+    command += [
+        f"hydra.run.dir={run_dir}",
+        f"hydra.job.name=train_ddp_process_{local_rank}",
+        "hydra.output_subdir=null",
+    ]
+    return command, hydra.runtime.cwd

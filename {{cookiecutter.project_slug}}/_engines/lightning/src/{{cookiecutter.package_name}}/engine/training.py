@@ -74,6 +74,7 @@ from .checkpoints import (
     trained_so_far,
 )
 from .datamodule import DataModule
+from .lightning_private import launch_this_job
 from .module import build_module
 from .profiler import NoProfiler
 from .strategies import (
@@ -108,6 +109,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
 def fit_and_test(cfg: DictConfig) -> dict[str, float]:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     configure_allocator()  # before anything initialises CUDA
+    launch_this_job()  # (a --multirun: ddp's other processes for this job, not the whole sweep in each)
     # A restart continues from the run's last checkpoint; checkpoints of another training are refused.
     cfg.ckpt_path, cfg.resume = starting_point(run_dir, cfg, run_dir / "checkpoints" / LAST)
     trainer, model, datamodule = prepare(cfg)  # checked before anything is written or deleted
