@@ -151,7 +151,13 @@ def test_a_multirun_of_ddp_trainings_trains_each_job_in_its_own_folder(train, tm
     """Lightning started a ddp job's other process with the whole command line: it ran the whole sweep, in a sweep
     folder of its own, its second job joining the next job's first process (whose LOCAL_RANK, left set, said its
     processes were started already: alone, it waited for ever)."""
-    sweep = ["hydra.mode=MULTIRUN", "model.optimizer.lr=0.001,0.003", *DDP, "trainer.accelerator=cpu", "trainer.max_steps=2"]
+    sweep = [
+        "hydra.mode=MULTIRUN",
+        "model.optimizer.lr=0.001,0.003",
+        *DDP,
+        "trainer.accelerator=cpu",
+        "trainer.max_steps=2",
+    ]
     # (as typed: a new interpreter, whose children are too, not the tests' forks of one)
     run = train(*sweep, "trainer.log_every_n_steps=1", "test_after_fit=false", env={"STARTS_NEW_INTERPRETER": "1"})
     [folder] = (tmp_path / "outputs" / "default").iterdir()
