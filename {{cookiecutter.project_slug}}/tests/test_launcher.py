@@ -10,6 +10,7 @@ import pytest
 from engine_specific import DDP
 from layouts import torchrun
 
+from {{ cookiecutter.package_name }}.config.command_line import check_output_folder
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.parallel.launcher import (
     check_run_id,
@@ -146,18 +147,24 @@ def test_a_refusal_under_torchrun_is_said_once_per_machine_and_named_as_the_root
     assert f"traceback : {refusal}" in root_cause and "To enable traceback" not in run.output
 
 
+def test_a_quoted_run_folder_is_checked_as_hydra_reads_it(tmp_path):
+    """hydra.run.dir="..." (a folder with spaces; Lightning gives its other processes the folder so): the quotes were
+    taken as part of the path, a relative one, and from a read-only working folder every ddp run was refused."""
+    a_file = tmp_path / "a file"
+    a_file.touch()
+    check_output_folder([f'hydra.run.dir="{tmp_path}/my runs/1"'])
+    with pytest.raises(ConfigError, match=f"the run folder {a_file}/run cannot be made: {a_file} is a file"):
+        check_output_folder([f'hydra.run.dir="{a_file}/run"'])
+
+
 @pytest.mark.slow
 def test_a_multirun_of_ddp_trainings_trains_each_job_in_its_own_folder(train, tmp_path):
     """Lightning started a ddp job's other process with the whole command line: it ran the whole sweep, in a sweep
     folder of its own, its second job joining the next job's first process (whose LOCAL_RANK, left set, said its
-    processes were started already: alone, it waited for ever)."""
-    sweep = [
-        "hydra.mode=MULTIRUN",
-        "model.optimizer.lr=0.001,0.003",
-        *DDP,
-        "trainer.accelerator=cpu",
-        "trainer.max_steps=2",
-    ]
+    processes were started already: alone, it waited for ever). A folder with a space and an é: its processes are
+    given it quoted."""
+    sweep = ["hydra.mode=MULTIRUN", "model.optimizer.lr=0.001,0.003", *DDP, "trainer.accelerator=cpu"]
+    sweep += ["trainer.max_steps=2", 'run_id="équipe ü"']  # (Accelerate's own launch gave torchrun the é unquoted)
     # (as typed: a new interpreter, whose children are too, not the tests' forks of one)
     run = train(*sweep, "trainer.log_every_n_steps=1", "test_after_fit=false", env={"STARTS_NEW_INTERPRETER": "1"})
     [folder] = (tmp_path / "outputs" / "default").iterdir()

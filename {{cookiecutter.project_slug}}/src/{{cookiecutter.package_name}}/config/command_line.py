@@ -205,7 +205,7 @@ def check_output_folder(overrides: list[str]) -> None:
     nearest folder of the path that exists is a file, or cannot be written (a read-only mount)."""
     given = next(
         (
-            item.partition("=")[2]
+            override_value(item)
             for item in reversed(overrides)
             if item.startswith(("hydra.run.dir=", "hydra.sweep.dir="))
         ),
@@ -220,3 +220,12 @@ def check_output_folder(overrides: list[str]) -> None:
             f"the run folder {given} cannot be made: {existing} cannot be written (read-only); give "
             "hydra.run.dir=FOLDER somewhere writable, or run from such a folder"
         )
+
+
+def override_value(override: str) -> str:
+    """The value of `key=value` as Hydra reads it: a quoted one without its quotes (hydra.run.dir="my runs", and
+    Lightning's other processes are given it quoted), else as given."""
+    try:
+        return str(OverridesParser.create().parse_override(override).value())
+    except HydraException:
+        return override.partition("=")[2]
