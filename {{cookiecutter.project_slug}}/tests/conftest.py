@@ -347,7 +347,13 @@ COMMAND_LINE_REFUSALS = [
     (  # (no launcher: Lightning trained one process, and logged nothing, as "not rank 0")
         ["env:WORLD_SIZE=2", "env:RANK=1"],
         "strategy=single runs one process, but WORLD_SIZE=2 RANK=1 is set and no launcher (torchrun, accelerate "
-        "launch, srun) started this one: unset WORLD_SIZE, RANK, or launch several processes with strategy=ddp",
+        "launch, srun) started this one: unset WORLD_SIZE, RANK (left from another job?); for several processes, "
+        "strategy=ddp trainer.devices=N without them",
+    ),
+    (  # (the processes waited for ever for the others of that job's layout)
+        ["env:WORLD_SIZE=2", "env:RANK=1", "env:LOCAL_RANK=1", "strategy=ddp", "trainer.devices=2"],
+        "WORLD_SIZE=2 RANK=1 is set, but no launcher (torchrun, accelerate launch, srun) started this process: left "
+        "from another job? unset RANK LOCAL_RANK WORLD_SIZE",
     ),
     (  # (wandb's refusal: a traceback after the run folder was made)
         ["env:WANDB_MODE=offlinee"],
@@ -483,6 +489,7 @@ COMMAND_LINE_REFUSAL_IDS = [
     "a-dashed-setting-of-the-data",
     "empty-training-split",
     "stray-world-size-without-a-launcher",
+    "stray-rank-under-ddp-without-a-launcher",
     "unknown-wandb-mode",
     "wandb-online-without-login",
     "single-on-two-nodes",

@@ -92,8 +92,18 @@ def fit_layout_to_launcher(
     if launcher is None and preset == "single" and stray:  # (Lightning's logging went quiet: "not rank 0")
         raise ConfigError(
             f"strategy=single runs one process, but {' '.join(stray)} is set and no launcher (torchrun, accelerate "
-            f"launch, srun) started this one: unset {', '.join(item.partition('=')[0] for item in stray)}, or launch "
-            "several processes with strategy=ddp"
+            f"launch, srun) started this one: unset {', '.join(item.partition('=')[0] for item in stray)} (left from "
+            "another job?); for several processes, strategy=ddp trainer.devices=N without them"
+        )
+    if launcher is None and "RANK" in os.environ and stray and "KUBERNETES_SERVICE_HOST" not in os.environ:
+        # Left from another job in this shell: the processes waited for ever for the others of that job's layout
+        # (Lightning's own processes get no RANK; Kubernetes' PyTorchJob sets it for a pod's one process)
+        left = [
+            name for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if name in os.environ
+        ]
+        raise ConfigError(
+            f"{' '.join(stray)} is set, but no launcher (torchrun, accelerate launch, srun) started this process: "
+            f"left from another job? unset {' '.join(left)} (a launcher sets them for the processes it starts)"
         )
     if launcher is None and num_nodes > 1 and preset != "single":  # (Lightning waited for the other nodes for ever)
         raise ConfigError(

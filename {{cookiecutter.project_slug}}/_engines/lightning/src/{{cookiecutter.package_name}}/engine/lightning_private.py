@@ -157,9 +157,10 @@ def set_device(module: L.LightningModule, device) -> None:
     module._device = device
 
 
-# What Lightning's launcher sets in the first process of a ddp training, and leaves set, as this process started with
+# What Lightning's launcher sets in the first process of a ddp training, and leaves set
 LAUNCH_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
-STARTED_WITH = {name: os.environ.get(name) for name in LAUNCH_VARIABLES}
+# Those variables as this process's last training found them, and whether its launcher started processes since
+LAST_TRAINING: dict[str, Any] = {"found": {}, "started": False}
 
 
 def launch_this_job() -> None:
@@ -169,19 +170,22 @@ def launch_this_job() -> None:
     launcher, took them for started already). They run this job's command, in this job's folder; each job starts its
     own, with a process group of its own (the previous job's, left by Lightning, has lost its other processes)."""
     subprocess_script._hydra_subprocess_cmd = job_command  # (Trainer's launcher: its import of fabric's function)
-    for name, value in STARTED_WITH.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    if LAST_TRAINING["started"]:
+        for name, value in LAST_TRAINING["found"].items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    LAST_TRAINING.update(found={name: os.environ.get(name) for name in LAUNCH_VARIABLES}, started=False)
 
 
 def job_command(local_rank: int) -> tuple[list[str], str]:
     """(The command of the process of `local_rank`, the folder to start it in): Lightning's own, for this job."""
     import __main__
 
+    LAST_TRAINING["started"] = True
     hydra = HydraConfig.get()
     command = [sys.executable, "-m", __main__.__spec__.name, *this_job()]
     # (quoted: a folder with spaces; no config.yaml of Hydra's, which the first process writes)
