@@ -2,6 +2,7 @@
 the first start's ckpt_path= or resume=false, and checkpoints are resumed only by the training that wrote them (on
 any preset, but not with another tensor-parallel size)."""
 
+import errno
 import os
 
 import pytest
@@ -12,7 +13,7 @@ from safetensors.torch import save_file
 
 from {{ cookiecutter.package_name }}.engine.checkpoints import LAST
 from {{ cookiecutter.package_name }}.errors import ConfigError
-from {{ cookiecutter.package_name }}.runtime.checkpoint_files import last_of_run_folder
+from {{ cookiecutter.package_name }}.runtime.checkpoint_files import last_of_run_folder, out_of_space
 from {{ cookiecutter.package_name }}.runtime.interrupt import continue_last, continuing
 from {{ cookiecutter.package_name }}.runtime.resuming import (
     check_not_past_the_end,
@@ -324,3 +325,22 @@ def test_a_run_continued_for_longer_says_its_cosine_schedule_keeps_its_length(tm
     )
     constant = {**cosine, "_target_": "{{ cookiecutter.package_name }}.runtime.optimization.constant"}
     assert schedule_length_note(saved, training(**{"trainer.max_steps": 6, "scheduler": constant})) is None
+
+
+def test_a_write_that_found_the_disk_full_is_told_from_other_failures(tmp_path):
+    """A checkpoint's write on a full disk ended in torch's or safetensors' traceback (60 lines, naming no disk): the
+    training says so in one line (train.py); what else fails stays a crash."""
+    assert out_of_space(OSError(errno.ENOSPC, "No space left on device"), tmp_path)
+    assert out_of_space(
+        RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)"), tmp_path
+    )
+    try:
+        try:
+            raise OSError(errno.EDQUOT, "Disk quota exceeded")
+        except OSError as quota:
+            raise RuntimeError("the save failed") from quota
+    except RuntimeError as wrapped:
+        assert out_of_space(wrapped, tmp_path)
+    # torch.save's words for a short write, with room on the disk: not a full disk
+    assert not out_of_space(RuntimeError("[enforce fail at inline_container.cc:672] unexpected pos 64"), tmp_path)
+    assert not out_of_space(OSError(errno.EACCES, "Permission denied"), tmp_path)

@@ -28,7 +28,7 @@ from .errors import (
     fail,
     remove_if_empty,
 )
-from .runtime.checkpoint_files import last_of_run_folder
+from .runtime.checkpoint_files import last_of_run_folder, out_of_space
 from .runtime.interrupt import continuing
 from .runtime.run_folder import RunFolderInUse, only_training_in
 
@@ -57,7 +57,11 @@ def run(cfg: DictConfig) -> None:
         fail(unresolved(err), run_dir)
     except TrainingStopped as err:  # e.g. out of memory again and again: what to try, in one line (exit 1)
         fail(err)
-    except Exception:  # a crash (a bug, a class of yours raising): its traceback, and no empty run folder left
+    except Exception as err:  # a crash (a bug, a class of yours raising): its traceback, and no empty run folder left
+        if out_of_space(err, run_dir):  # (a checkpoint's write: torch's 60-line traceback, which named no disk)
+            again = continuing(cfg.run_id, run_dir) if (run_dir / "checkpoints" / LAST).exists() else "start it again"
+            fail(TrainingStopped(f"no space left on the disk of {run_dir} (a checkpoint's write failed): free some, "
+                                 f"then {again}"))  # fmt: skip
         remove_if_empty(run_dir)
         raise
     except KeyboardInterrupt:  # Ctrl-C before the training answers it (starting: the data, wandb), or a second one

@@ -3,7 +3,9 @@ that stopped, a full disk) or changed by hand would otherwise fail deep inside t
 traceback. Each check reads a file's index only (a zip's directory, a safetensors header, a DCP folder's
 metadata), not its data: a few milliseconds for any size."""
 
+import errno
 import pickle
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -110,3 +112,23 @@ def dcp_damage(folder: Path) -> str:
         if part.stat().st_size < end:
             return f"places {end} bytes in {name}, which has {part.stat().st_size}: cut short"
     return ""
+
+
+def out_of_space(error: BaseException, run_dir: Path) -> bool:
+    """Whether `error` (or one it came from) is a write that failed for want of space under `run_dir`: the system's
+    ENOSPC or EDQUOT, or torch.save's own words for a short write ("unexpected pos", "file write failed") with the
+    disk full. (A checkpoint cut short so is never `last`: the run continues from the one before.)"""
+    seen = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        words = str(seen)
+        if "No space left on device" in words:  # (safetensors' error says so, with no errno)
+            return True
+        if isinstance(seen, RuntimeError) and ("unexpected pos" in words or "file write failed" in words):
+            try:
+                return shutil.disk_usage(run_dir).free < 2**26  # (64 MiB: no other checkpoint would fit either)
+            except OSError:
+                return False
+        seen = seen.__cause__ or seen.__context__
+    return False
