@@ -3,6 +3,7 @@
 import contextlib
 import json
 import os
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -173,6 +174,8 @@ def test_a_multirun_of_ddp_trainings_trains_each_job_in_its_own_folder(train, tm
         logged = [json.loads(line) for line in (folder / str(job) / "metrics.jsonl").read_text().splitlines()]
         assert (folder / str(job) / "finished").is_file()
         assert [row["train/lr"] for row in logged if "train/lr" in row][0] == pytest.approx(lr / 10)  # (warmup)
+        wandb_folder = shlex.quote(str(folder / str(job) / "wandb"))  # (a command to paste: the space quoted)
+        assert f"upload it with: wandb sync {wandb_folder}\n" in run.output
 
 
 @pytest.mark.parametrize(

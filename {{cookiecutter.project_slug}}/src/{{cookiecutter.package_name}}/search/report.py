@@ -3,6 +3,7 @@ coordinates plot, and a wandb summary run in the study's group with the same tab
 
 import csv
 import hashlib
+import shlex
 import warnings
 from dataclasses import asdict
 from pathlib import Path
@@ -203,4 +204,5 @@ def log_summary_run(
     run.finish()
     if offline:
         study_dir = settings.study_dir
-        print(f"wandb: offline runs saved; upload them with: wandb sync {study_dir}/trials/*/wandb {study_dir}/wandb")
+        folder = shlex.quote(str(study_dir))  # (a folder with a space; the * stays the shell's)
+        print(f"wandb: offline runs saved; upload them with: wandb sync {folder}/trials/*/wandb {folder}/wandb")

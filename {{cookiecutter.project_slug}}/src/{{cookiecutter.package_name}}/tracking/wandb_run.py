@@ -6,6 +6,7 @@ import contextlib
 import netrc
 import os
 import secrets
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -69,7 +70,8 @@ def finish_wandb(failed: bool) -> None:
         )
         return
     if offline:  # the folder of every start of the training: wandb sync uploads those of one run in order
-        print(f"wandb: offline run saved; upload it with: wandb sync {Path(run.settings.sync_dir).parent}")
+        folder = shlex.quote(str(Path(run.settings.sync_dir).parent))  # (for the shell: a folder with a space)
+        print(f"wandb: offline run saved; upload it with: wandb sync {folder}")
 
 
 def wandb_run_id(run_dir: Path) -> str:
