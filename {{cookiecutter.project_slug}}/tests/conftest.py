@@ -350,6 +350,18 @@ COMMAND_LINE_REFUSALS = [
         "launch, srun) started this one: unset WORLD_SIZE, RANK (left from another job?); for several processes, "
         "strategy=ddp trainer.devices=N without them",
     ),
+    (  # Hydra's five lines, exit 1
+        ["experiment=a,b"],
+        "experiment=a,b: several values train one run each with -m (--multirun); for one run give one value",
+    ),
+    (  # (Lightning's engine takes it as GPU indices on a GPU)
+        ["strategy=ddp", "trainer.accelerator=cpu", "trainer.devices='2'"],
+        "trainer.devices='2' is text, not a device count: give trainer.devices=2",
+    ),
+    (  # torch's comparison error, then a made-up ~model.optimizer.KEY to drop
+        ["env:LR=0.01", "model.optimizer.lr=${oc.env:LR}"],
+        "a setting of the wrong kind? (a number read with ${oc.env:NAME} is text: give ${oc.decode:${oc.env:NAME}})",
+    ),
     (  # (the processes waited for ever for the others of that job's layout)
         ["env:WORLD_SIZE=2", "env:RANK=1", "env:LOCAL_RANK=1", "strategy=ddp", "trainer.devices=2"],
         "WORLD_SIZE=2 RANK=1 is set, but no launcher (torchrun, accelerate launch, srun) started this process: left "
@@ -478,6 +490,8 @@ COMMAND_LINE_REFUSAL_IDS = [
     "a-misspelt-class",
     "hydra-group-choice",
     "accuracy-monitor-of-a-regression",
+    "pipeline-with-accumulation",
+    "pipeline-with-clipping",
     "trainer-strategy",
     "trainer-logger",
     "trainer-callbacks",
@@ -489,13 +503,14 @@ COMMAND_LINE_REFUSAL_IDS = [
     "a-dashed-setting-of-the-data",
     "empty-training-split",
     "stray-world-size-without-a-launcher",
+    "a-sweep-without-multirun",
+    "quoted-device-count",
+    "a-number-read-as-text",
     "stray-rank-under-ddp-without-a-launcher",
     "unknown-wandb-mode",
     "wandb-online-without-login",
     "single-on-two-nodes",
     "ddp-on-two-nodes-without-a-launcher",
-    "pipeline-with-accumulation",
-    "pipeline-with-clipping",
     "unknown-oom",
     "a-setting-of-a-part-that-is-off",
     "a-setting-of-a-part-turned-off",

@@ -7,7 +7,8 @@ from conftest import PARITY, TOLERANCE
 from custom_dataset import VariableLength
 from layouts import command, layout
 
-from {{ cookiecutter.package_name }}.data.loading import Data
+from {{ cookiecutter.package_name }}.config.command_line import check_seed_and_names
+from {{ cookiecutter.package_name }}.data.loading import Data, per_device_batch_size
 from {{ cookiecutter.package_name }}.data.synthetic import data_settings
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.runtime.real_targets import RealTargets
@@ -156,3 +157,13 @@ def test_a_padded_batch_has_the_same_loss_and_gradient_however_it_is_split(padde
     shorter = RealTargets(accumulate=2)  # a step of one micro-batch of 2 (an epoch's last, Lightning's loop)
     shorter.count(y[:4])
     assert shorter.factor() == 1  # its own mean, as Lightning scales it (the factor was 2: the gradient doubled)
+
+
+def test_values_read_from_the_environment_are_taken_or_told_how():
+    """`seed=${oc.decode:${oc.env:SEED}}`, the form the refusals advise, was refused as "not a whole number" (the
+    check read its text); `data.batch_size=${oc.env:BATCH}` (text) was "128 must be a whole number"."""
+    check_seed_and_names(["seed=${oc.decode:${oc.env:SEED}}"])
+    with pytest.raises(ConfigError, match=r"seed=1.5 must be a whole number"):
+        check_seed_and_names(["seed=1.5"])
+    with pytest.raises(ConfigError, match=r"data.batch_size=128 must be .*: give \$\{oc.decode:\$\{oc.env:NAME\}\}"):
+        per_device_batch_size("128", 1)

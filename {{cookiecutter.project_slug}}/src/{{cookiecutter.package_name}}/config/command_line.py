@@ -158,7 +158,8 @@ def notes_in_one_line() -> None:
 
 
 def check_seed_and_names(overrides: list[str]) -> None:
-    """Refuse a seed torch and numpy do not take (a traceback after the run folder was made), a run name that
+    """Refuse a seed torch and numpy do not take (a traceback after the run folder was made; one read from elsewhere,
+    `seed=${oc.decode:${oc.env:SEED}}`, is taken as it resolves), a run name that
     leaves outputs/<experiment>/ (run_id=../x wrote beside the project's outputs) and a wandb project wandb refuses
     (a traceback after the run folder was made) or left empty (an unset variable: `logger.project=$PROJECT`)."""
     for override in overrides:
@@ -166,7 +167,7 @@ def check_seed_and_names(overrides: list[str]) -> None:
         if key == "logger.project":
             check_wandb_project(value)
         for given in sweep_values(override, [value]) if key in ("seed", "run_id", "experiment") else []:
-            if key == "seed" and not (given.isdigit() and int(given) < 2**32):
+            if key == "seed" and "${" not in given and not (given.isdigit() and int(given) < 2**32):
                 raise ConfigError(f"seed={given} must be a whole number from 0 to {2**32 - 1} (the default is 42)")
             if key != "seed" and ("/" in given or given in ("", ".", "..") or _parsed(override) in (None, "")):
                 raise ConfigError(

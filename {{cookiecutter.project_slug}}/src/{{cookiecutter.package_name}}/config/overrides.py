@@ -73,6 +73,12 @@ def check_overrides(overrides: list[str], config_name: str, defer: bool = False)
         parsed = OverridesParser.create().parse_overrides(args)
     except HydraException:
         raise unparsable(args) from None  # (Hydra's report: 4 lines, exit 1)
+    multirun = len(args) < len(overrides) or "hydra.mode=MULTIRUN" in args
+    if not multirun and (sweep := next((o for o in parsed if o.is_sweep_override()), None)):  # (Hydra: 5 lines)
+        raise ConfigError(
+            f"{sweep.input_line}: several values train one run each with -m (--multirun); for one run give one value "
+            "(a list: key=[a,b]; text with a comma: key='a,b')"
+        )
     added += searched_folders(parsed)  # hydra.searchpath=[file://DIR]: presets of yours kept outside the package
     # The package's configs (the `train` a best.yaml composes) and a --config-dir that adds presets, searched too
     extra = [f"hydra.searchpath=[{', '.join(f'file://{path}' for path in added)}]"] if added else []

@@ -931,6 +931,8 @@ def per_device_batch_size(global_batch_size: int, replicas: int, accumulate: int
         low = math.floor(global_batch_size) if finite else None
         hint = "" if low is None else f": data.batch_size={low}" if low == global_batch_size else ""
         hint = hint or ("" if low is None else f"; nearest: {low} or {low + 1}")
+        if isinstance(global_batch_size, str):  # (a ${oc.env:NAME} of the command line: text)
+            hint = "; a value read with ${oc.env:NAME} is text: give ${oc.decode:${oc.env:NAME}}"
         raise ConfigError(
             f"data.batch_size={global_batch_size} must be a whole number of samples (the global batch){hint}"
         )

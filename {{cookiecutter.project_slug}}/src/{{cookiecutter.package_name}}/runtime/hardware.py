@@ -42,6 +42,10 @@ def check_device_settings(accelerator: str, devices: Any, gpu_indices: bool = Fa
     indices = gpu_indices and accelerator != "cpu" and (listed or written)
     if devices not in ("auto", -1) and not (type(devices) is int and devices >= 1) and not (indices and devices):
         also = ", or GPU indices ([0, 1])" if gpu_indices else ""
+        if isinstance(devices, str) and devices.isdigit():  # trainer.devices='2' (or a ${oc.env:...}): text
+            raise ConfigError(
+                f"trainer.devices='{devices}' is text, not a device count: give trainer.devices={devices}"
+            )
         if not gpu_indices and (listed or written):  # GPU indices, which this engine does not take
             chosen = ",".join(str(i) for i in devices) if listed else devices.rstrip(",")
             also = f"; choose GPUs with CUDA_VISIBLE_DEVICES={chosen} and trainer.devices=<their count>"

@@ -55,9 +55,11 @@ def check_optimization(cfg: DictConfig, optimizer: OptimizerFactory, schedule: S
     try:
         optimizer([nn.Parameter(torch.zeros(1))])
     except TypeError as error:  # an argument its class does not take (e.g. `fused`: torch.optim.RMSprop)
+        if (name := unexpected(error)) == "KEY":  # a value of the wrong kind: text where a number goes, say
+            text = "a number read with ${oc.env:NAME} is text: give ${oc.decode:${oc.env:NAME}}"
+            raise ConfigError(f"model.optimizer: {error}; a setting of the wrong kind? ({text})") from None
         raise ConfigError(
-            f"model.optimizer: {error}; drop the argument with ~model.optimizer.{unexpected(error)}, or give one the "
-            "class takes"
+            f"model.optimizer: {error}; drop the argument with ~model.optimizer.{name}, or give one the class takes"
         ) from None
     except ValueError as error:  # torch's own checks: a negative learning rate or weight decay, betas outside [0, 1)
         raise ConfigError(f"model.optimizer: {error}") from None

@@ -172,6 +172,8 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
             "run folder"
         )
     check_settings_read(cfg)
+    if cfg.trainer.max_steps is None:  # "no limit" as the docs say (-1 or null): the loop counts with -1
+        cfg.trainer.max_steps = -1
     if cfg.logger:
         wandb_mode()  # a WANDB_MODE wandb would refuse, now
     cfg.trainer.precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # auto: bf16 on GPUs

@@ -183,11 +183,9 @@ def launch_this_job() -> None:
 
 def job_command(local_rank: int) -> tuple[list[str], str]:
     """(The command of the process of `local_rank`, the folder to start it in): Lightning's own, for this job."""
-    import __main__
-
     LAST_TRAINING["started"] = True
     hydra = HydraConfig.get()
-    command = [sys.executable, "-m", __main__.__spec__.name, *this_job()]
+    command = [sys.executable, "-m", sys.modules["__main__"].__spec__.name, *this_job()]
     # (quoted: a folder with spaces; no config.yaml of Hydra's, which the first process writes)
     run_dir = f'"{hydra.runtime.output_dir}"'
     command += [

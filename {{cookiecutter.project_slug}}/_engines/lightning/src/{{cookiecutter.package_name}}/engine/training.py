@@ -216,6 +216,8 @@ def prepare(cfg: DictConfig) -> tuple[L.Trainer, L.LightningModule, L.LightningD
             "data.shuffle=false"
         )
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # (the seed is in the config it logs)
+    if cfg.trainer.max_steps is None:  # "no limit" as the docs say (-1 or null); Lightning takes -1 only
+        cfg.trainer.max_steps = -1
     check_monitor(cfg.checkpoint.monitor)  # (the name; the targets' kind once the data is built)
     for limit in ("limit_train_batches", "limit_val_batches", "limit_test_batches"):
         check_limit(limit, cfg.trainer.get(limit))
@@ -268,18 +270,21 @@ def build_callbacks(cfg: DictConfig) -> list[L.Callback]:
     """configs/callbacks/ and the OOM toolkit's (configs/oom/), each told its setting and how to turn it off, and the
     ones the run's settings add or leave out: the checkpoint the run resumes from (unless
     trainer.enable_checkpointing=false), the epoch metrics file."""
-    callbacks = []
+    callbacks, resume_at = [], 0
     for name, config in (cfg.callbacks or {}).items():
         callbacks.append(callback := build(config))
         if callback is not None:  # what a refusal names, and tells to drop
             callback.setting, callback.turn_off = f"callbacks.{name}", f"~callbacks.{name}"
+        if name == "checkpoint":  # (Lightning runs checkpoint callbacks last, in their order: the best one first)
+            resume_at = len(callbacks)
     callbacks += oom_callbacks(cfg.oom)
     if not cfg.trainer.enable_checkpointing:  # (Lightning refuses a checkpoint callback with it)
         callbacks = [callback for callback in callbacks if not isinstance(callback, ModelCheckpoint)]
     else:  # not a callback of the config, which callbacks=none dropped, and with it every restart's resuming
         # (select: the search checks a trial's config, whose run folder is not named yet, as ${hydra:...} does)
         checkpoints = Path(OmegaConf.select(HydraConfig.get(), "runtime.output_dir") or ".") / "checkpoints"
-        callbacks.append(ResumeCheckpoint(str(checkpoints), cfg.checkpoint.every_n_steps, cfg.checkpoint.keep_last))
+        resume = ResumeCheckpoint(str(checkpoints), cfg.checkpoint.every_n_steps, cfg.checkpoint.keep_last)
+        callbacks.insert(resume_at, resume)  # before the ones the command line adds (+callbacks.X)
     for callback in callbacks if not cfg.logger else []:  # (Lightning finds out once fit has started)
         if isinstance(callback, (LearningRateMonitor, DeviceStatsMonitor)):
             raise ConfigError(
