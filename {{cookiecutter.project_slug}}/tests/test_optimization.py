@@ -404,7 +404,7 @@ def test_a_setting_of_a_part_that_is_off_is_noted():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         check_overrides(["oom.find_batch_size=true", "oom.batch_size_finder.max_batch_size=64"], "train")
-        check_overrides(["oom.find_batch_size=true,false", "oom.batch_size_finder.max_batch_size=64"], "train")
+        check_overrides(["-m", "oom.find_batch_size=true,false", "oom.batch_size_finder.max_batch_size=64"], "train")
         check_overrides(["oom.batch_size_finder.margin=0.5"], "bench")
 
 
