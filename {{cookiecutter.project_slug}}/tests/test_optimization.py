@@ -530,6 +530,11 @@ def test_batchnorm_under_ddp_is_synchronised_and_trains_like_one_device(train, a
     assert "BatchNorm layers synchronised across 2 processes" in ddp.output
     tolerance = TOLERANCE if accelerator == "cpu" else 1e-4  # GPU reductions in another order
     assert ddp.losses(K) == pytest.approx(single.losses(K), abs=tolerance)
+    if accelerator == "cpu":  # one sample per process (ddp's one image per GPU): refused, as if each normalised alone
+        pair = [*QUICK, "trainer.max_steps=2", "data.shuffle=false", "data.batch_size=2", "model.net.norm=batch"]
+        one = train(*pair, "trainer.accelerator=cpu", "strategy=single", "trainer.devices=1")
+        each = train(*pair, "trainer.accelerator=cpu", *DDP, launcher=launcher_of("ddp", 2))
+        assert each.losses(2) == pytest.approx(one.losses(2), abs=1e-4)  # (the variance of 2 values: sensitive)
 
 
 def test_epochs_limited_to_some_batches_train_those_and_validate_after_them(train, single_losses):

@@ -571,6 +571,7 @@ def check_output(
     data: Data,
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     micro_batch_size: int | None = None,
+    synchronised: bool = False,
 ) -> None:
     """Refuse, in one line before training, a net the loss (the engine's, or one of yours) cannot train on this data:
     its forward cannot take the samples, it returns something else than one tensor (a dict, a tuple), the loss
@@ -580,7 +581,8 @@ def check_output(
     shape (unless each process's micro-batch, `micro_batch_size`, is one sample). `net` is on the meta device: the
     forward and the loss run on shapes alone (no memory, no compute), on the training split's first sample; what the
     meta device cannot run (shapes that depend on values) is left to the training. Also a net with nothing to train
-    (a traceback at the first backward), and BatchNorm under micro-batches of one sample (one at the first step)."""
+    (a traceback at the first backward), and BatchNorm under micro-batches of one sample (one at the first step),
+    unless it is `synchronised` over the processes (their samples together: ddp's one image per GPU)."""
     check_trainable(net)
     data.setup()
     dataset = data.splits.get("train")
@@ -613,7 +615,7 @@ def check_output(
             ) from None
     finally:
         net.train(training)
-    if logits is not None and micro_batch_size == 1:
+    if logits is not None and micro_batch_size == 1 and not synchronised:
         check_single_sample_training(net, x)
     samples = [dataset[index] for index in range(1, min(len(dataset), LABELS_READ))]
     for index, sample in enumerate(samples, start=1):

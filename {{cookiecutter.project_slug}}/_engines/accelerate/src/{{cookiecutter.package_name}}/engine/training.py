@@ -236,7 +236,8 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     check_input(net, data, cfg.trainer.precision.endswith("-mixed"))  # e.g. model=gpt and data not token ids
     check_monitor(cfg.checkpoint.monitor, targets_are_values(data))
     check_activation_checkpointing(net, cfg.activation_checkpointing)  # (before the net's other checks, as Lightning)
-    check_output(net, data, loss_fn, micro)  # what the loss can take, for the data's targets (`net` on meta: shapes)
+    # what the loss can take, for the data's targets (`net` on meta: shapes)
+    check_output(net, data, loss_fn, micro, synchronised=strategy.sync_batchnorm)
     check_optimization(cfg, build(cfg.model.optimizer), build(cfg.scheduler))
     for limit in ("limit_train_batches", "limit_val_batches", "limit_test_batches"):
         check_limit(limit, cfg.trainer[limit])

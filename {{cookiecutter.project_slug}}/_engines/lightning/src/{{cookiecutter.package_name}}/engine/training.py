@@ -348,7 +348,8 @@ def check_model_and_data(
     with torch.device("meta"):  # what the loss can take, for the data's targets: a forward on shapes alone
         shapes_only = build(cfg.model.net)
     micro = per_device_batch_size(cfg.data.batch_size, data_parallel_size(trainer), trainer.accumulate_grad_batches)
-    check_output(shapes_only, datamodule.data, model.loss, micro)  # the module's loss (of yours, if you change it)
+    # the module's loss (of yours, if you change it)
+    check_output(shapes_only, datamodule.data, model.loss, micro, synchronised=synchronised)
     if preset(cfg) == "pipeline":  # the stages run the Split's chain, not the model's forward: the same model?
         check_chain(model.net, first_sample(datamodule.data))
     if preset(cfg) == "model_parallel" and cfg.strategy.mode == "layers":  # a skip connection across the devices?
