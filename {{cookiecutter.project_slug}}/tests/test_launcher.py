@@ -158,6 +158,16 @@ def test_a_quoted_run_folder_is_checked_as_hydra_reads_it(tmp_path):
         check_output_folder([f'hydra.run.dir="{a_file}/run"'])
 
 
+def test_a_refused_or_checked_sweep_leaves_no_folder(train, tmp_path):
+    """A --multirun whose first job is refused, or that is only checked (check_only=true writes nothing), left its
+    sweep folder with Hydra's multirun.yaml."""
+    refused = train("hydra.mode=MULTIRUN", "data.batch_size=7,8", *DDP, "trainer.accelerator=cpu", check=False)
+    assert refused.returncode == 2 and "data.batch_size=7 is the global batch" in refused.output, refused.output
+    checked = train("hydra.mode=MULTIRUN", "data.batch_size=8,16", "check_only=true")
+    assert checked.output.count("check_only: the command passes its checks") == 2, checked.output
+    assert not (tmp_path / "outputs").exists(), sorted(tmp_path.rglob("*"))
+
+
 @pytest.mark.slow
 def test_a_multirun_of_ddp_trainings_trains_each_job_in_its_own_folder(train, tmp_path):
     """Lightning started a ddp job's other process with the whole command line: it ran the whole sweep, in a sweep

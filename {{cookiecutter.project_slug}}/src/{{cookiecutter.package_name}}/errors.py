@@ -225,9 +225,11 @@ def first_to_say(message: str) -> bool:
 
 
 def remove_if_empty(run_dir: Path) -> None:
-    """Remove the run folder Hydra made for a run that wrote nothing, and the empty folders above it."""
+    """Remove the run folder Hydra made for a run that wrote nothing, and the empty folders above it: a --multirun's
+    folder too where it holds nothing but Hydra's multirun.yaml (a sweep refused, or checked with check_only)."""
     run_dir, cwd = run_dir.resolve(), Path.cwd().resolve()
-    while run_dir.is_dir() and not any(run_dir.iterdir()) and run_dir != cwd:
+    while run_dir.is_dir() and [path.name for path in run_dir.iterdir()] in ([], ["multirun.yaml"]) and run_dir != cwd:
+        (run_dir / "multirun.yaml").unlink(missing_ok=True)
         run_dir.rmdir()
         if cwd not in run_dir.parents:
             break  # outside the working directory: remove the run folder itself only
