@@ -160,12 +160,15 @@ def test_a_quoted_run_folder_is_checked_as_hydra_reads_it(tmp_path):
 
 def test_a_refused_or_checked_sweep_leaves_no_folder(train, tmp_path):
     """A --multirun whose first job is refused, or that is only checked (check_only=true writes nothing), left its
-    sweep folder with Hydra's multirun.yaml."""
+    sweep folder with Hydra's multirun.yaml; a refused run under hydra.job.chdir=true its run folder."""
     refused = train("hydra.mode=MULTIRUN", "data.batch_size=7,8", *DDP, "trainer.accelerator=cpu", check=False)
     assert refused.returncode == 2 and "data.batch_size=7 is the global batch" in refused.output, refused.output
     checked = train("hydra.mode=MULTIRUN", "data.batch_size=8,16", "check_only=true")
     assert checked.output.count("check_only: the command passes its checks") == 2, checked.output
     assert not (tmp_path / "outputs").exists(), sorted(tmp_path.rglob("*"))
+    # run in its own folder (hydra.job.chdir=true), a refused run left it: the process's working folder
+    moved = train("hydra.job.chdir=true", "data.batch_size=0", check=False)
+    moved.assert_rejected("data.batch_size=0 is the global batch")
 
 
 @pytest.mark.slow

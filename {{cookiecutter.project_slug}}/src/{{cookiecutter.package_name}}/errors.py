@@ -224,10 +224,17 @@ def first_to_say(message: str) -> bool:
     return True
 
 
+def launch_folder() -> Path:
+    """The folder the command was started from (with hydra.job.chdir=true the process works in the run folder)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return Path(HydraConfig.get().runtime.cwd if HydraConfig.initialized() else Path.cwd()).resolve()
+
+
 def remove_if_empty(run_dir: Path) -> None:
     """Remove the run folder Hydra made for a run that wrote nothing, and the empty folders above it: a --multirun's
     folder too where it holds nothing but Hydra's multirun.yaml (a sweep refused, or checked with check_only)."""
-    run_dir, cwd = run_dir.resolve(), Path.cwd().resolve()
+    run_dir, cwd = run_dir.resolve(), launch_folder()
     while run_dir.is_dir() and [path.name for path in run_dir.iterdir()] in ([], ["multirun.yaml"]) and run_dir != cwd:
         (run_dir / "multirun.yaml").unlink(missing_ok=True)
         run_dir.rmdir()
