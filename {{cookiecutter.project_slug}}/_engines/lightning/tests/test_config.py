@@ -192,6 +192,10 @@ BAD_INPUT = [
         "model.colour: OOMClassifier takes model.net, model.optimizer, model.no_decay_norms_and_biases and its own: "
         "oom_above,",
     ),
+    (  # what its training_step logged went missing in silence: the pipeline runs the step itself
+        ["strategy=pipeline", "trainer.accelerator=cpu", "+model._target_=own_modules.StepLogging"],
+        "strategy=pipeline runs each step itself, not StepLogging.training_step (of +model._target_): log a metric of",
+    ),
     (  # a Lightning user's guess: the OOM toolkit as callbacks
         ["callbacks=[oom,batch_size_finder]"],
         "unknown callbacks 'oom'; valid: checkpoint, default, none, progress_bar; the OOM toolkit is oom=toolkit",
@@ -264,6 +268,7 @@ BAD_INPUT_IDS = [
     "module-that-does-not-import",
     "module-that-is-not-a-classifier",
     "module-argument-it-does-not-take",
+    "pipeline-of-a-modules-own-training-step",
     "oom-toolkit-as-callbacks",
     "callback-that-is-not-a-node",
     "accelerate-data-class",
