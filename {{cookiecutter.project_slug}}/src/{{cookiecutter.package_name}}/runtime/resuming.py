@@ -382,3 +382,13 @@ def importable(target: str) -> bool:
         return hasattr(importlib.import_module(module), name)
     except ImportError:
         return False
+
+
+def other_process_count_note(saved: int, processes: int) -> str:
+    """What a checkpoint of `saved` processes' random states, continued on `processes`, cannot restore (both
+    engines say it alike)."""
+    return (
+        f"the checkpoint holds the random state of {saved} processes, this run has {processes}: random numbers drawn "
+        "in the training processes (dropout; not loader workers' augmentation, seeded per sample) continue from the "
+        "seed instead"
+    )

@@ -33,7 +33,7 @@ from torch import nn
 from ..errors import ConfigError
 from ..runtime.checkpoint_files import last_of_run_folder
 from ..runtime.checkpoint_forms import is_numbered, nested, read_parts
-from ..runtime.resuming import check_keep_last, load_saved_config
+from ..runtime.resuming import check_keep_last, load_saved_config, other_process_count_note
 
 LAST = "last"  # checkpoints/last: the link to the run's last complete checkpoint (both engines name it LAST)
 PROGRESS = "custom_checkpoint_0.pkl"  # accelerate's name for the first registered object's state: the loop's Progress
@@ -64,11 +64,7 @@ class Checkpoints:
         """Restore everything `checkpoint` holds. All processes call this."""
         saved, processes = len(list(checkpoint.glob("random_states_*.pkl"))), self.accelerator.num_processes
         if saved != processes and self.accelerator.is_main_process:  # accelerate only logs it, at the INFO level
-            warnings.warn(
-                f"the checkpoint holds the random state of {saved} processes, this run has {processes}: random "
-                "numbers (dropout, augmentation) do not continue as they would have",
-                stacklevel=2,
-            )
+            warnings.warn(other_process_count_note(saved, processes), stacklevel=2)
         if self.sharded is None and (checkpoint / "sharded").is_dir():  # another preset's parts: put together
             with as_whole(checkpoint, self.net) as whole:
                 self.accelerator.load_state(whole)

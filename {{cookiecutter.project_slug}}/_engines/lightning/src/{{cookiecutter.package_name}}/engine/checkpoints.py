@@ -24,6 +24,7 @@ from ..runtime.resuming import (
     afresh_message,
     check_keep_last,
     load_saved_config,
+    other_process_count_note,
     resuming_message,
     starting_from_message,
 )
@@ -215,10 +216,7 @@ class ResumeCheckpoint(ModelCheckpoint):
         if len(states) == trainer.world_size:
             set_random_state(states[trainer.global_rank])
         elif states:
-            rank_zero_warn(
-                f"the checkpoint holds the random state of {len(states)} processes, this run has {trainer.world_size}:"
-                " random numbers (dropout, augmentation) continue from the seed instead"
-            )
+            rank_zero_warn(other_process_count_note(len(states), trainer.world_size))
 
 
 def restored_after_an_epochs_last_batch(loop: Any) -> bool:
