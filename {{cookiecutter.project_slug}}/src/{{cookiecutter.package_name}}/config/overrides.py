@@ -73,7 +73,7 @@ def check_overrides(overrides: list[str], config_name: str, defer: bool = False)
         parsed = OverridesParser.create().parse_overrides(args)
     except HydraException:
         raise unparsable(args) from None  # (Hydra's report: 4 lines, exit 1)
-    multirun = len(args) < len(overrides) or "hydra.mode=MULTIRUN" in args
+    multirun = any(arg in MULTIRUN for arg in overrides) or "hydra.mode=MULTIRUN" in args
     if not multirun and (sweep := next((o for o in parsed if o.is_sweep_override()), None)):  # (Hydra: 5 lines)
         raise ConfigError(
             f"{sweep.input_line}: several values train one run each with -m (--multirun); for one run give one value "
@@ -114,7 +114,7 @@ def check_overrides(overrides: list[str], config_name: str, defer: bool = False)
             note_switched_off(settings, keys)
 
     plain = all(o.type == OverrideType.CHANGE and not o.is_sweep_override() for o in settings)
-    if defer and plain and not added and len(args) == len(overrides):  # (no -m, --config-*, hydra.searchpath)
+    if defer and plain and not added and not multirun and len(args) == len(overrides):  # (no --config-name either)
         return check
     parsed = [o for o in parsed if o.key_or_group != "hydra.searchpath"]  # (in `extra`, with the folders it adds)
     with initialize_config_dir(version_base="1.3", config_dir=str(config_dir), job_name=config_name):

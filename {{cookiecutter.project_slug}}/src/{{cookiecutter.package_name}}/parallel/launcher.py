@@ -291,3 +291,9 @@ def this_job() -> list[str]:
     folders = [source.path for source in hydra.runtime.config_sources if source.provider == "command-line"]
     where = [f"--config-dir={folder.removeprefix('file://')}" for folder in folders]
     return [*where, f"--config-name={hydra.job.config_name}", *hydra.overrides.task]
+
+
+def hydra_quoted(value: str) -> str:
+    """`value` as a quoted string of Hydra's override grammar, which takes any character there (an é, a space): for
+    the command lines of the processes a training starts."""
+    return '"' + value.replace('"', '\\"') + '"'

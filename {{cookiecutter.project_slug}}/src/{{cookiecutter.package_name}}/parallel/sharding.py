@@ -85,6 +85,9 @@ def check_tensor_parallel(model: nn.Module, tensor_parallel_size: int, processes
             "tensor_parallel_size=1) to spread the model over the processes"
         )
     must_divide: list[tuple[str, int]] = []  # (what, its count): every one checked, the valid sizes named at once
+    names: dict[nn.Parameter, list[str]] = {}  # every name of each parameter (a tied one has several)
+    for other, param in net.named_parameters(remove_duplicate=False):
+        names.setdefault(param, []).append(other)
     for pattern, style in split.tensor_parallel.items():
         if isinstance(style, RefusedStyle):
             if tp > 1:
@@ -94,7 +97,7 @@ def check_tensor_parallel(model: nn.Module, tensor_parallel_size: int, processes
         if not layers:
             raise ConfigError(f"the Split of {type(net).__name__} names {pattern!r}, which matches no submodule")
         for name, layer in layers:
-            if tp > 1 and (tied := _tied_elsewhere(net, name, layer)):
+            if tp > 1 and (tied := _tied_elsewhere(names, name, layer)):
                 # torch's parallelize_module gives each sharded layer new parameters of its own: the tie is undone,
                 # and the copies trained apart (losses off single's from the second step) in silence
                 raise ConfigError(
@@ -134,12 +137,9 @@ def check_tensor_parallel(model: nn.Module, tensor_parallel_size: int, processes
         raise ConfigError(f"{failing[0]}, which strategy.tensor_parallel_size={tp} does not divide; {valid}")
 
 
-def _tied_elsewhere(net: nn.Module, name: str, layer: nn.Module) -> tuple[str, str] | None:
-    """(the parameter's name in `layer`, another name of it in `net`) for a parameter of `layer` that the net uses
-    elsewhere too (tied weights), else None."""
-    names: dict[nn.Parameter, list[str]] = {}
-    for other, param in net.named_parameters(remove_duplicate=False):
-        names.setdefault(param, []).append(other)
+def _tied_elsewhere(names: dict[nn.Parameter, list[str]], name: str, layer: nn.Module) -> tuple[str, str] | None:
+    """(the parameter's name in `layer`, another of its `names` in the net) for a parameter of the layer `name` that
+    the net uses elsewhere too (tied weights), else None."""
     for own, param in layer.named_parameters(recurse=False):
         if others := [other for other in names.get(param, []) if other != f"{name}.{own}"]:
             return own, others[0]

@@ -121,16 +121,17 @@ def starting_point(run_dir: Path, cfg: DictConfig, last: Path) -> tuple[str | No
             )
         ckpt_path = None
     if last.exists() and resume and not ckpt_path:
-        check_same_training(run_dir, cfg)
+        check_same_training(run_dir, cfg)  # (the optimizer's and schedule's settings included: no note for them)
         check_whole(last.resolve(), given=False)
-        saved = run_dir / "config.yaml"
+        notes = [schedule_length_note(run_dir / "config.yaml", cfg)]
     elif ckpt_path:
         check_loadable(Path(ckpt_path), cfg)
         check_whole(Path(ckpt_path).resolve(), given=True)
         saved = saved_config(Path(ckpt_path))
+        notes = [schedule_length_note(saved, cfg), kept_optimizer_note(saved, cfg)]
     else:
         return ckpt_path, resume
-    for note in filter(None, (schedule_length_note(saved, cfg), kept_optimizer_note(saved, cfg))):
+    for note in filter(None, notes):
         if is_first_process():
             print(note)
     return ckpt_path, resume

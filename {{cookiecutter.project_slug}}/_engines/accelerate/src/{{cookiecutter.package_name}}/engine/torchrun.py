@@ -10,7 +10,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 
 from ..errors import Interrupted, TrainingStopped
-from ..parallel.launcher import PACKAGE, die_with_parent, this_job
+from ..parallel.launcher import PACKAGE, die_with_parent, hydra_quoted, this_job
 from ..runtime.interrupt import continuing
 from ..runtime.run_folder import HELD_BY_THE_COMMAND
 
@@ -27,7 +27,7 @@ def start_processes(processes: int, run_dir: Path, run_id: str) -> None:
     main = f"{PACKAGE}.engine.torchrun_main"  # torchrun's, without its traceback of the Ctrl-C it is given
     torchrun = [sys.executable, "-m", main, "--standalone", f"--nproc-per-node={processes}"]
     # (after the command's: the last value is taken; quoted: Hydra refuses a bare é, a space)
-    here = [f"hydra.run.dir={quoted(str(run_dir))}", f"run_id={quoted(run_id)}"]
+    here = [f"hydra.run.dir={hydra_quoted(str(run_dir))}", f"run_id={hydra_quoted(run_id)}"]
     env = {**os.environ, HELD_BY_THE_COMMAND: str(run_dir), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's value, set here: it prints a banner when it sets it
     # A session of its own: the terminal's Ctrl-C reaches this process alone, which passes it on once (torchrun given
@@ -56,8 +56,3 @@ def start_processes(processes: int, run_dir: Path, run_id: str) -> None:
     if code:  # (a worker killed, a bug: once fixed, the run continues from its last checkpoint)
         again = continuing(run_id, run_dir)
         raise TrainingStopped(f"a training process failed (torchrun exit code {code}; its error is above): {again}")
-
-
-def quoted(value: str) -> str:
-    """`value` as a quoted string of Hydra's override grammar, which takes any character there."""
-    return '"' + value.replace('"', '\\"') + '"'

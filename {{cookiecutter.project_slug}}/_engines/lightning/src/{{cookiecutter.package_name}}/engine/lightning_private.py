@@ -20,7 +20,7 @@ from lightning.pytorch.loops.fit_loop import _FitLoop
 from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 from lightning.pytorch.strategies.launchers import subprocess_script
 
-from ..parallel.launcher import this_job
+from ..parallel.launcher import hydra_quoted, this_job
 
 PRIVATE_MEMBERS = {  # what the test checks is still there, and where it is used
     _FitLoop: ("_should_accumulate",),
@@ -186,10 +186,9 @@ def job_command(local_rank: int) -> tuple[list[str], str]:
     LAST_TRAINING["started"] = True
     hydra = HydraConfig.get()
     command = [sys.executable, "-m", sys.modules["__main__"].__spec__.name, *this_job()]
-    # (quoted: a folder with spaces; no config.yaml of Hydra's, which the first process writes)
-    run_dir = f'"{hydra.runtime.output_dir}"'
+    # (no config.yaml of Hydra's, which the first process writes)
     command += [
-        f"hydra.run.dir={run_dir}",
+        f"hydra.run.dir={hydra_quoted(hydra.runtime.output_dir)}",
         f"hydra.job.name=train_ddp_process_{local_rank}",
         "hydra.output_subdir=null",
     ]
