@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 
 from {{ cookiecutter.package_name }}.engine.checkpoints import LAST
 from {{ cookiecutter.package_name }}.errors import ConfigError
-from {{ cookiecutter.package_name }}.runtime.checkpoint_files import last_of_run_folder, out_of_space
+from {{ cookiecutter.package_name }}.runtime.checkpoint_files import last_of_run_folder, out_of_space, permission_denied
 from {{ cookiecutter.package_name }}.runtime.interrupt import continue_last, continuing
 from {{ cookiecutter.package_name }}.runtime.resuming import (
     check_not_past_the_end,
@@ -344,3 +344,24 @@ def test_a_write_that_found_the_disk_full_is_told_from_other_failures(tmp_path):
     # torch.save's words for a short write, with room on the disk: not a full disk
     assert not out_of_space(RuntimeError("[enforce fail at inline_container.cc:672] unexpected pos 64"), tmp_path)
     assert not out_of_space(OSError(errno.EACCES, "Permission denied"), tmp_path)
+
+
+def test_a_file_the_user_may_not_open_is_named_from_any_library_s_error(tmp_path):
+    """Another user's checkpoints folder (a shared cluster account) ended in torch's, fsspec's or safetensors'
+    traceback: the training names the file in one line (train.py); other failures stay crashes."""
+    saved = tmp_path / "checkpoints" / "last.ckpt"
+    assert permission_denied(PermissionError(errno.EACCES, "Permission denied", str(saved)), tmp_path) == saved
+    try:
+        try:
+            raise OSError(errno.EROFS, "Read-only file system", str(saved))
+        except OSError as read_only:
+            raise RuntimeError("the save failed") from read_only
+    except RuntimeError as wrapped:
+        assert permission_denied(wrapped, tmp_path) == saved
+    safetensors_words = 'Error while serializing: IoError(Os { code: 13, kind: PermissionDenied, message: "x" })'
+    assert permission_denied(RuntimeError(safetensors_words), tmp_path) == tmp_path
+    # torch.save's words, in a folder this user may write (or none): not a permission (a path too long, say)
+    assert permission_denied(RuntimeError(f"File {saved} cannot be opened."), tmp_path) is None
+    saved.parent.mkdir()
+    assert permission_denied(RuntimeError(f"File {saved} cannot be opened."), tmp_path) is None
+    assert permission_denied(OSError(errno.ENOSPC, "No space left on device"), tmp_path) is None

@@ -1,6 +1,7 @@
 """Run ids, wandb modes, wandb runs that survive restarts: the engine-neutral parts of launcher.py and tracking.py."""
 
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -103,3 +104,19 @@ def test_wandb_goes_offline_without_credentials_and_obeys_wandb_mode(monkeypatch
     netrc.unlink()
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
     assert wandb_mode() == "online"
+
+
+def test_wandb_started_without_home_keeps_its_own_logs_off_the_terminal(tmp_path):
+    """A bare environment (no HOME: a container's, a batch system's) made wandb's service print some 20 lines of its
+    own logs around the training's output; wandb_mode(), which every start of wandb calls, gives it a cache."""
+    start = (
+        "import wandb; from {{ cookiecutter.package_name }}.tracking.wandb_run import wandb_mode; "
+        f"wandb.init(mode=wandb_mode(), dir={str(tmp_path)!r}, project='p'); wandb.finish()"
+    )
+    bare = {name: value for name, value in os.environ.items() if name not in ("HOME", "XDG_CACHE_HOME")}
+    started = subprocess.run(
+        [sys.executable, "-c", start], env={**bare, "WANDB_MODE": "offline", "TMPDIR": str(tmp_path)},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    assert " INFO " not in started.stderr and " ERROR " not in started.stderr, started.stderr

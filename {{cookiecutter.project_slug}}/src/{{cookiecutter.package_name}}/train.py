@@ -28,7 +28,7 @@ from .errors import (
     fail,
     remove_if_empty,
 )
-from .runtime.checkpoint_files import last_of_run_folder, out_of_space
+from .runtime.checkpoint_files import last_of_run_folder, out_of_space, permission_denied
 from .runtime.interrupt import continuing
 from .runtime.run_folder import RunFolderInUse, only_training_in
 
@@ -62,6 +62,11 @@ def run(cfg: DictConfig) -> None:
             again = continuing(cfg.run_id, run_dir) if (run_dir / "checkpoints" / LAST).exists() else "start it again"
             fail(TrainingStopped(f"no space left on the disk of {run_dir} (a checkpoint's write failed): free some, "
                                  f"then {again}"))  # fmt: skip
+        if denied := permission_denied(err, run_dir):  # (torch's, fsspec's or safetensors' traceback otherwise)
+            ours = denied.resolve().is_relative_to(run_dir.resolve())
+            fail(TrainingStopped(f"permission denied: this user may not open {denied} (another user's, or a read-only "
+                                 "mount): change its permissions" + (", or train in a run folder of your own "
+                                 "(hydra.run.dir=FOLDER)" if ours else "")))  # fmt: skip
         remove_if_empty(run_dir)
         raise
     except KeyboardInterrupt:  # Ctrl-C before the training answers it (starting: the data, wandb), or a second one

@@ -4,7 +4,9 @@ traceback. Each check reads a file's index only (a zip's directory, a safetensor
 metadata), not its data: a few milliseconds for any size."""
 
 import errno
+import os
 import pickle
+import re
 import shutil
 import zipfile
 from pathlib import Path
@@ -132,3 +134,22 @@ def out_of_space(error: BaseException, run_dir: Path) -> bool:
                 return False
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def permission_denied(error: BaseException, run_dir: Path) -> Path | None:
+    """The file or folder that `error` (or one it came from) could not open for want of permission (another user's,
+    a read-only mount), else None: Python's and fsspec's PermissionError name it; torch.save says "File X cannot be
+    opened" and safetensors "PermissionDenied", naming no cause, so those count when X's folder (or the run folder)
+    is not writable. (Root may write anywhere: a user's shared cluster account may not.)"""
+    seen = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return Path(seen.filename) if seen.filename else run_dir
+        opened = re.search(r"File (.+) cannot be opened", str(seen))
+        folder = Path(opened.group(1)).parent if opened else None
+        if folder and folder.is_dir() and not os.access(folder, os.W_OK):
+            return Path(opened.group(1))
+        if "PermissionDenied" in str(seen):
+            return run_dir
+        seen = seen.__cause__ or seen.__context__
+    return None

@@ -8,6 +8,7 @@ import os
 import secrets
 import shlex
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -35,6 +36,7 @@ WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")  # wh
 def wandb_mode() -> str:
     """WANDB_MODE if set; else online with credentials, offline without (never a login prompt). A mode wandb
     refuses is refused here in one line (wandb's refusal was a traceback once the run folder was made)."""
+    give_wandb_a_cache()
     mode = os.environ.get("WANDB_MODE")
     if mode and mode not in WANDB_MODES:
         raise ConfigError(
@@ -47,6 +49,13 @@ def wandb_mode() -> str:
             "login`): log in, or leave WANDB_MODE unset to log offline (wandb sync uploads it later)"
         )
     return mode or ("online" if has_wandb_credentials() else "offline")
+
+
+def give_wandb_a_cache() -> None:
+    """Without HOME (a container's or a batch system's bare environment) wandb's service finds no cache folder and
+    logged its own 20 lines to the terminal: it gets one in the temporary folder, as XDG_CACHE_HOME."""
+    if not os.environ.get("HOME") and not os.environ.get("XDG_CACHE_HOME"):
+        os.environ["XDG_CACHE_HOME"] = os.path.join(tempfile.gettempdir(), f"cache-{os.getuid()}")
 
 
 def finish_wandb(failed: bool) -> None:
