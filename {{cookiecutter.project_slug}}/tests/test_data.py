@@ -8,7 +8,8 @@ from custom_dataset import VariableLength
 from layouts import command, layout
 
 from {{ cookiecutter.package_name }}.config.command_line import check_seed_and_names
-from {{ cookiecutter.package_name }}.data.loading import Data, per_device_batch_size
+from {{ cookiecutter.package_name }}.data.batch_sizes import per_device_batch_size
+from {{ cookiecutter.package_name }}.data.loading import Data
 from {{ cookiecutter.package_name }}.data.synthetic import data_settings
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.runtime.real_targets import RealTargets

@@ -16,8 +16,9 @@ from custom_dataset import NoisyParity, Parity
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from {{ cookiecutter.package_name }}.data.checks import check_input, check_output
 from {{ cookiecutter.package_name }}.data.files import FilesDataset, describe, resolve
-from {{ cookiecutter.package_name }}.data.loading import Data, check_input, check_output
+from {{ cookiecutter.package_name }}.data.loading import Data
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.models.gpt import GPT
 from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP

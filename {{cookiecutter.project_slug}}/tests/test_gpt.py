@@ -12,8 +12,9 @@ from conftest import PARITY, QUICK, TOLERANCE, K, checkpoint_files, make_runner
 from engine_specific import LAST, MODEL, SHARDED
 from layouts import command, layout
 
+from {{ cookiecutter.package_name }}.data.checks import check_input, check_output
 from {{ cookiecutter.package_name }}.data.files import FilesDataset, describe
-from {{ cookiecutter.package_name }}.data.loading import Data, check_input, check_output
+from {{ cookiecutter.package_name }}.data.loading import Data
 from {{ cookiecutter.package_name }}.data.tokens import TokenData
 from {{ cookiecutter.package_name }}.engine.checkpoints import load_trained
 from {{ cookiecutter.package_name }}.errors import ConfigError

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.testing._internal.distributed.fake_pg import FakeStore  # torch's one-process stand-in for N ranks
 
-from {{ cookiecutter.package_name }}.data.loading import IGNORED, Data
+from {{ cookiecutter.package_name }}.data import IGNORED
+from {{ cookiecutter.package_name }}.data.loading import Data
 from {{ cookiecutter.package_name }}.data.synthetic import data_settings
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP

@@ -228,7 +228,7 @@ def test_layer_groups_whose_forward_mixes_devices_are_refused_on_the_cpu():
     check_layer_devices(ResidualMLP(in_features=8, num_classes=3, hidden=16, depth=4), torch.randn(2, 8), 4)
     gpt = GPT(vocab_size=32, max_seq_len=8, dim=16, depth=2, num_heads=2)  # its head reuses the embedding's matrix
     check_layer_devices(gpt, torch.randint(0, 32, (2, 8)), 2)
-    # A dict input (a batch of one, as data.loading.first_input gives it): it went unchecked, and trained on [cpu,cpu]
+    # A dict input (a batch of one, as data.checks.first_input gives it): it went unchecked, and trained on [cpu,cpu]
     with pytest.raises(ConfigError, match="but `add` in the net's own forward"):
         check_layer_devices(DictInput(in_features=8, num_classes=3, hidden=16, depth=2), {"x": torch.randn(1, 8)}, 2)
     check_layer_devices(DictInputChain(in_features=8, num_classes=3, hidden=16, depth=2), {"x": torch.randn(1, 8)}, 2)

@@ -13,7 +13,8 @@ from launchers import accelerate_launch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from {{ cookiecutter.package_name }}.data.loading import Data, check_limit
+from {{ cookiecutter.package_name }}.data.batch_sizes import check_limit
+from {{ cookiecutter.package_name }}.data.loading import Data
 from {{ cookiecutter.package_name }}.data.synthetic import SyntheticData
 from {{ cookiecutter.package_name }}.data.tokens import TokenData
 from {{ cookiecutter.package_name }}.engine.checkpoints import load_trained

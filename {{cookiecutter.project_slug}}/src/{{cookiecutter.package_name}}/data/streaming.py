@@ -32,7 +32,7 @@ from litdata.utilities.env import _DistributedEnv
 from torch.utils.data import Dataset
 
 from ..errors import ConfigError
-from . import batches_per_epoch
+from .batch_sizes import batches_per_epoch
 from .files import as_trained, describe, read_split, split_file
 from .streaming_shapes import SHAPES_FILE
 
@@ -92,7 +92,7 @@ def flat(sample: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch
 
 class StreamingLoader(StreamingDataLoader):
     """litdata's loader of one data-parallel replica's share of the training stream, with what the engines ask of
-    a training loader (data.loading.ResumableLoader has the same): whole optimizer steps per epoch, `batches_done`,
+    a training loader (data.sampling.ResumableLoader has the same): whole optimizer steps per epoch, `batches_done`,
     `global_batch_size`, and a state that starts a fresh epoch from {"epoch", "samples_done": 0} or continues
     from a saved one, which holds litdata's own position under "stream"."""
 

@@ -562,7 +562,7 @@ def check_layer_devices(model: nn.Module, example: Any, groups: int) -> None:
     """Refuse, before training, a net whose forward would mix devices once its layer groups sit on `groups` devices
     (a skip connection from one group into another: on GPUs a RuntimeError at the first step, on [cpu,cpu] nothing).
     Runs the net's forward on `example` (a batch of one, as the loader gives it: a tensor, or a dict or tuple of them;
-    data.loading.first_input) in eval mode without gradients, its tensors followed by _Devices. A net on the meta
+    data.checks.first_input) in eval mode without gradients, its tensors followed by _Devices. A net on the meta
     device, or no example, is not checked."""
     net, _ = find_split(model, "model_parallel")
     if groups < 2 or example is None or any(param.is_meta for param in net.parameters()):

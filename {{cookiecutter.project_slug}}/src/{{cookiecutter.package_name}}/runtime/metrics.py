@@ -6,7 +6,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ..data.loading import counted
+from ..data.sampling import counted
 from ..errors import ConfigError, TrainingStopped
 
 # The validation metrics both engines log (val/acc and val/perplexity for class targets), each with the way it
@@ -50,7 +50,7 @@ def summed_loss(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """An evaluation batch's loss summed over its targets, and their number, by the engine's own loss (a mean over
     the targets it counts; a loss of yours too): the sums add up exactly over batches and processes. The samples the
-    eval sampler padded with (data.loading.padding_target) are left out before the loss sees them."""
+    eval sampler padded with (data.sampling.padding_target) are left out before the loss sees them."""
     real_targets = counted(target)
     count = real_targets.sum()
     real = real_targets.reshape(len(target), -1).any(dim=1)  # per sample

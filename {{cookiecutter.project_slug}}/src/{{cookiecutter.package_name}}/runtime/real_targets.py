@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ..data.loading import counted
+from ..data.sampling import counted
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 

@@ -20,7 +20,9 @@ from omegaconf import DictConfig
 from torch import nn
 
 from ..config.objects import build_object
-from ..data.loading import Data, first_sample, not_logits, per_device_batch_size
+from ..data.batch_sizes import per_device_batch_size
+from ..data.checks import first_sample, not_logits
+from ..data.loading import Data
 from ..engine.launching import DP_GATHERS_OUTPUTS
 from ..errors import ConfigError
 from ..parallel.batchnorm import uses_batchnorm

@@ -47,7 +47,7 @@ def evaluate(
 
 def batches(limit: int | float | None, available: int) -> int:
     """How many of a loader's batches a limit lets through, as Lightning counts them: a float is a share (one that
-    leaves none is refused before the training: data.loading.check_evaluation_batches), an int a count."""
+    leaves none is refused before the training: data.checks.check_evaluation_batches), an int a count."""
     if limit is None:
         return available
     if isinstance(limit, float):

@@ -22,19 +22,16 @@ from torch import nn
 from ..config import CONFIG_DIR
 from ..config.objects import build_object as build
 from ..config.settings import LIGHTNING_TRAINER_ONLY, interpolations, is_read, leaves
-from ..data.loading import (
-    batches_per_epoch,
-    check_epoch_batches,
+from ..data.batch_sizes import batches_per_epoch, check_epoch_batches, check_limit, per_device_batch_size
+from ..data.checks import (
     check_evaluation_batches,
     check_input,
-    check_limit,
     check_output,
-    check_position,
     first_input,
     first_sample,
-    per_device_batch_size,
     targets_are_values,
 )
+from ..data.sampling import check_position
 from ..errors import ConfigError, Interrupted, said_once, unused_parameters
 from ..models.activation_checkpointing import check_activation_checkpointing, checkpoint_blocks
 from ..models.compilation import compile_net

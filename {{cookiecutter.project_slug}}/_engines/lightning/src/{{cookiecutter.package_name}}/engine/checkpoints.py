@@ -73,7 +73,7 @@ class ResumeCheckpoint(ModelCheckpoint):
     link before making the new one, and the old checkpoint before both.)
 
     Lightning saves model, optimizer, LR schedulers, gradient scaler, loop counters (global step, epoch, batch in
-    the epoch), the stateful callbacks and the training loader's position (data.loading.ResumableLoader). It does
+    the epoch), the stateful callbacks and the training loader's position (data.sampling.ResumableLoader). It does
     not save random number generators: this adds every rank's.
     """
 

@@ -6,7 +6,8 @@ import lightning as L
 from lightning.pytorch.accelerators import CUDAAccelerator
 from torch.utils.data import DataLoader
 
-from ..data.loading import Data, per_device_batch_size
+from ..data.batch_sizes import per_device_batch_size
+from ..data.loading import Data
 from .strategies import data_parallel_rank, data_parallel_size
 
 

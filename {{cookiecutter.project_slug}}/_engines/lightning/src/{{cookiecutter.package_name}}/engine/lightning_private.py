@@ -85,7 +85,7 @@ def count_this_runs_micro_batches(checkpoint: dict[str, Any], samples_per_micro_
     Lightning ended this run's optimizer steps where that count says (from 1 micro-batch a step to 4 accumulated,
     the first step trained one, with a quarter of the loss) and its epoch where that count runs out (also the next
     epoch's, from a checkpoint of an epoch's last step: 16 of its 32 batches of 32 after 16 of 64). The training
-    loader continues after the same samples (data.loading.ResumableLoader). The `loops` layout is Lightning's own."""
+    loader continues after the same samples (data.sampling.ResumableLoader). The `loops` layout is Lightning's own."""
     loops = checkpoint.get("loops", {}).get("fit_loop", {})
     batches = loops.get("epoch_loop.batch_progress")
     position = (loops.get("state_dict", {}).get("combined_loader") or [{}])[0]

@@ -12,7 +12,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from torch import nn
 
 from ..config.objects import build_object
-from ..data.loading import batches_per_epoch
+from ..data.batch_sizes import batches_per_epoch
 from ..errors import ConfigError, located
 from ..models.activation_checkpointing import checkpoint_blocks
 from ..models.compilation import compile_net

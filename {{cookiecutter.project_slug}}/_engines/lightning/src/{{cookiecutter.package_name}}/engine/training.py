@@ -22,19 +22,16 @@ from omegaconf import DictConfig, OmegaConf
 from torch.multiprocessing.spawn import ProcessRaisedException
 
 from ..config.objects import build_object
-from ..data.loading import (
-    batches_per_epoch,
-    check_epoch_batches,
+from ..data.batch_sizes import batches_per_epoch, check_epoch_batches, check_limit, per_device_batch_size
+from ..data.checks import (
     check_evaluation_batches,
     check_input,
-    check_limit,
     check_output,
-    check_position,
     first_input,
     first_sample,
-    per_device_batch_size,
     targets_are_values,
 )
+from ..data.sampling import check_position
 from ..errors import EXIT_INTERRUPTED, ConfigError, Interrupted, said_once, spawned_failure, unused_parameters
 from ..models.activation_checkpointing import check_activation_checkpointing
 from ..models.float8 import check_float8, check_float8_layers

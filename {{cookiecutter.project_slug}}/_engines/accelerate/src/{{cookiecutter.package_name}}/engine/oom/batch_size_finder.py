@@ -11,7 +11,8 @@ from torch import nn
 from torch.utils._pytree import tree_map
 from torch.utils.data import DataLoader
 
-from ...data.loading import Data, batch_parts, global_batch_size, per_device_batch_size
+from ...data.batch_sizes import batch_parts, global_batch_size, per_device_batch_size
+from ...data.loading import Data
 from ...runtime import memory
 from ...runtime.memory import LR_SCALINGS, changed_batch_message, is_oom_error, with_margin
 from ...runtime.optimization import scale_lr

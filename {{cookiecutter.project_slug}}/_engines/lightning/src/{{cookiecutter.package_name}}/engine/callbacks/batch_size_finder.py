@@ -14,7 +14,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
-from ...data.loading import batch_parts, global_batch_size, per_device_batch_size
+from ...data.batch_sizes import batch_parts, global_batch_size, per_device_batch_size
 from ...errors import ConfigError
 from ...parallel.batchnorm import oom_handling_problem
 from ...runtime import memory

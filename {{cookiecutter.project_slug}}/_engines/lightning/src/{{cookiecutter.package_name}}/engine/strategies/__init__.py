@@ -12,7 +12,7 @@ from lightning.pytorch.plugins import TorchSyncBatchNorm
 from lightning.pytorch.strategies import SingleDeviceStrategy
 from torch import nn
 
-from ...data.loading import per_device_batch_size
+from ...data.batch_sizes import per_device_batch_size
 from ...errors import ConfigError
 from ...parallel.batchnorm import synchronise
 from ...parallel.launcher import one_process_note
