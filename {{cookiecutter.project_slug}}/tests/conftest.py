@@ -226,7 +226,10 @@ COMMAND_LINE_REFUSALS = [
     ),
     (["+model.net.dropuot=0.1"], "argument 'dropuot'; it takes in_features, num_classes, hidden, depth, expansion"),
     (["model.net.depth=0"], "model.net.depth=0 must be a whole number >= 1"),  # trained a net of no blocks
-    (["~logger.entity"], "~logger.entity: logger.entity is null, which Hydra cannot remove; leave it as it is"),
+    (
+        ["logger.entity=null", "~logger.entity"],
+        "~logger.entity: logger.entity is null, which Hydra cannot remove; leave it as it is",
+    ),
     (
         ["+trainer.max_epochs=2"],
         "+trainer.max_epochs: trainer.max_epochs exists; set it without +: trainer.max_epochs=2",
@@ -556,12 +559,19 @@ def refused(request, tmp_path_factory, train_env) -> list[Run]:
     return refuse_all(tmp_path_factory.mktemp("refused"), train_env, cases)
 
 
+def as_single(overrides: list[str]) -> list[str]:
+    """`overrides` under strategy=single where they name no preset (the default preset is the bake's answer)."""
+    named = any(item.lstrip("+~").startswith(("strategy=", "strategy@")) or item == "~strategy" for item in overrides)
+    return overrides if named else [*overrides, "strategy=single"]  # (last: `-m` is the command's flag, first)
+
+
 def refuse_all(base_dir: Path, env: dict[str, str], cases: list[list[str]]) -> list[Run]:
     """Each case (a list of overrides) given to the training command, all in ONE process (tests/refusals.py, forked
     as a training is: CI time), for input the training must refuse before it starts; a Run per case, each with its
-    own run folder."""
+    own run folder. A case that names no strategy preset is strategy=single's, whatever preset the project was
+    baked with as its default (its words are single's)."""
     run_dirs = [base_dir / f"case{index}" for index in range(len(cases))]
-    argvs = [[f"hydra.run.dir={run_dir}", *case] for run_dir, case in zip(run_dirs, cases, strict=True)]
+    argvs = [[f"hydra.run.dir={run_dir}", *as_single(case)] for run_dir, case in zip(run_dirs, cases, strict=True)]
     (base_dir / "cases.json").write_text(json.dumps(argvs))
     log = base_dir / "refusals.log"
     driver = start_module("refusals", [str(base_dir / "cases.json")], env, base_dir, log, preload=f"{PACKAGE}.train")

@@ -6,9 +6,13 @@ which has everything, never shows it."""
 import ast
 import re
 import sys
-import tomllib
 from importlib.metadata import packages_distributions
 from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10 (a project baked for it): the same parser, as tomli (the dev extra's)
+    import tomli as tomllib
 
 PROJECT = Path(__file__).resolve().parents[1]
 PACKAGE_DIR = PROJECT / "src" / "{{ cookiecutter.package_name }}"

@@ -5,6 +5,7 @@ import json
 import os
 import shlex
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from engine_specific import DDP
 from layouts import torchrun
 
 from {{ cookiecutter.package_name }}.config.command_line import check_output_folder
-from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.errors import ERROR_FILE, ConfigError, first_to_say
 from {{ cookiecutter.package_name }}.parallel.launcher import (
     check_run_id,
     detect_launcher,
@@ -296,3 +297,20 @@ def test_the_command_lines_settings_are_checked_in_hydras_own_compose(monkeypatc
     assert refused.value.code == 2 and ConfigLoaderImpl._apply_overrides_to_config is apply
     said = capsys.readouterr().err.strip()
     assert said.startswith("error: unknown setting model.net.depthz; did you mean model.net.depth?"), said
+
+
+def test_a_refusal_every_srun_task_reaches_is_said_once_per_start(monkeypatch, tmp_path):
+    """srun's tasks (launch/slurm.sbatch's tasks-per-node form) each reach the same refusal before they can talk to
+    each other: the job's log had it once per task. The first task of the job step's start says it; a requeued job
+    (the same job id) says it again."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.delenv(ERROR_FILE, raising=False)
+    for name, value in {**SLURM_1x2, "SLURM_STEP_ID": "0", "SLURM_RESTART_COUNT": "0"}.items():
+        monkeypatch.setenv(name, value)
+    assert first_to_say("error: x"), "the first task"
+    assert not first_to_say("error: x"), "the second task, the same words"
+    assert first_to_say("error: y"), "other words: a refusal of that task only"
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    assert first_to_say("error: x"), "requeued: a new start of the job"
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")
+    assert first_to_say("error: x") and first_to_say("error: x"), "one task: nothing to share"

@@ -12,6 +12,7 @@ import os
 import pydoc
 import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -209,12 +210,17 @@ def tell_launcher(message: str) -> None:
 
 
 def first_to_say(message: str) -> bool:
-    """Whether this is the first process on this machine to say `message` under torchrun (a refusal every process
-    reaches before they can talk to each other): the console shows it once per machine, not once per process. A
-    message only some processes have (a file missing on one node) is still said by each of them."""
-    if not (path := os.environ.get(ERROR_FILE)):
+    """Whether this is the first process on this machine to say `message` under torchrun or srun (a refusal every
+    process reaches before they can talk to each other): the console shows it once per machine, not once per
+    process. A message only some processes have (a file missing on one node) is still said by each of them."""
+    digest = hashlib.sha256(message.encode()).hexdigest()[:16]
+    if path := os.environ.get(ERROR_FILE):
+        said = Path(path).parents[1] / f"said-{digest}"
+    elif int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1:  # srun's tasks: a mark kept for this job step's start
+        step = "-".join(os.environ.get(name, "") for name in ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT"))
+        said = Path(tempfile.gettempdir()) / f"said-slurm-{step}-{digest}"
+    else:
         return True
-    said = Path(path).parents[1] / f"said-{hashlib.sha256(message.encode()).hexdigest()[:16]}"
     try:
         said.touch(exist_ok=False)
     except FileExistsError:
