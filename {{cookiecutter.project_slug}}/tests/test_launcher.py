@@ -16,6 +16,7 @@ from {{ cookiecutter.package_name }}.config.command_line import check_output_fol
 from {{ cookiecutter.package_name }}.errors import ERROR_FILE, ConfigError, first_to_say
 from {{ cookiecutter.package_name }}.parallel.launcher import (
     check_run_id,
+    check_srun_tasks_joined,
     detect_launcher,
     fit_layout_to_launcher,
     shipped_devices,
@@ -88,9 +89,18 @@ def test_one_process_of_a_launcher_is_told_how_that_launcher_starts_more(launche
     assert started_alone().startswith("torchrun started 1: give it --nproc-per-node=N (NPROC_PER_NODE=N for")
     launched_by({"SLURM_JOB_ID": "7"})  # launch/slurm.sbatch: torchrun on each machine
     assert started_alone().startswith("SLURM gave it 1 per machine: give sbatch --ntasks-per-node=N")
-    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
-    launched_by({"SLURM_STEP_NUM_TASKS": "4"})  # srun's tasks, each a training of its own
-    assert started_alone().startswith("srun started 4 tasks that did not join one training")
+
+
+def test_srun_tasks_that_would_each_train_alone_are_refused(monkeypatch):
+    """srun -n 2 of a command whose processes do not join one training (Accelerate's without torchrun, Lightning's
+    single, or in a job Lightning does not take for SLURM: salloc's): each task trained alone into the one run
+    folder, every metric row twice, two wandb runs. It was a note."""
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "2")
+    with pytest.raises(ConfigError, match=r"^srun started 2 tasks that do not join one training: each would train"):
+        check_srun_tasks_joined(joined=False)
+    check_srun_tasks_joined(joined=True)  # launch/slurm.sbatch's: under torchrun, or Lightning's SLURM processes
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")
+    check_srun_tasks_joined(joined=False)  # srun -n1, a plain sbatch: one training
 
 
 def test_more_processes_than_cores_are_said(monkeypatch):

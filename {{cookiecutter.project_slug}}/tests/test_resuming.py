@@ -13,11 +13,14 @@ from safetensors.torch import save_file
 
 from {{ cookiecutter.package_name }}.engine.checkpoints import LAST
 from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.models.gpt import GPT
+from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
 from {{ cookiecutter.package_name }}.runtime.checkpoint_files import last_of_run_folder, out_of_space, permission_denied
 from {{ cookiecutter.package_name }}.runtime.interrupt import continue_last, continuing
 from {{ cookiecutter.package_name }}.runtime.resuming import (
     check_not_past_the_end,
     check_same_mesh,
+    check_same_shapes,
     check_saved_run,
     schedule_length_note,
     starting_point,
@@ -173,6 +176,38 @@ def test_a_given_checkpoint_of_another_net_is_refused_before_loading(run_dir, tm
     assert capsys.readouterr().out.startswith(
         "note: model.optimizer.lr: 0.001 then, 0.1 now; scheduler.warmup_steps: 0 then, 5 now: a training continued"
     )
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # dcp.save in one process, as meant
+def test_a_checkpoint_of_another_net_away_from_its_run_folder_is_refused_by_its_shapes(tmp_path):
+    """A checkpoint copied out of its run folder has no config.yaml to compare: another model size or model went
+    on to the engine's loading, a traceback once the run folder and the wandb run were made. Each engine's formats,
+    as their presets write them: Lightning's .ckpt (state_dict, "net." names) and folder of shards (DCP,
+    "state_dict.net."), Accelerate's folder (model.safetensors, names as the net's; optimizer.bin beside it) and
+    its folder of shards (DCP, "model.")."""
+    saved = ResidualMLP(32, 8, hidden=128).state_dict()
+    lightning_file = tmp_path / "step000064.ckpt"
+    torch.save({"epoch": 1, "state_dict": {f"net.{name}": value for name, value in saved.items()}}, lightning_file)
+    accelerate_folder = tmp_path / "step-0000064"
+    accelerate_folder.mkdir()
+    save_file({name: value.contiguous() for name, value in saved.items()}, accelerate_folder / "model.safetensors")
+    torch.save({"state": {0: {"exp_avg": torch.zeros(3)}}, "param_groups": []}, accelerate_folder / "optimizer.bin")
+    lightning_shards, accelerate_shards = tmp_path / "step000008.ckpt", tmp_path / "step-0000008"
+    dcp.save({"state_dict": {"net": saved}}, checkpoint_id=lightning_shards)
+    dcp.save({"model": saved}, checkpoint_id=accelerate_shards / "sharded")
+    for checkpoint in (lightning_file, accelerate_folder, lightning_shards, accelerate_shards):
+        check_same_shapes(checkpoint, ResidualMLP(32, 8, hidden=128))  # the same net: taken
+        with pytest.raises(ConfigError) as refused:
+            check_same_shapes(checkpoint, ResidualMLP(32, 8, hidden=64))
+        assert str(refused.value).startswith(f"ckpt_path={checkpoint} holds tensors of other sizes than this net's (")
+        assert str(refused.value).endswith(
+            "more): it was trained with other model settings; give those (its run's config.yaml has them), or "
+            "another checkpoint"
+        )
+        with pytest.raises(ConfigError, match=r"holds \d of this net's \d+ tensors \(.*: it is another model's; give"):
+            check_same_shapes(checkpoint, GPT(vocab_size=50, max_seq_len=16))
+    with pytest.raises(ConfigError, match=r"\(embed.weight: \[128, 32\] there, \[64, 32\] here; "):
+        check_same_shapes(lightning_file, ResidualMLP(32, 8, hidden=64))
 
 
 def test_a_checkpoint_resumes_on_any_mesh_but_not_with_another_tensor_parallel_size(tmp_path):

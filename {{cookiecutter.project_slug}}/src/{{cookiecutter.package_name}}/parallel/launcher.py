@@ -121,8 +121,8 @@ def fit_layout_to_launcher(
     if (nodes_given or devices_given) and int(num_nodes) * int(devices) != launcher.world_size:
         raise ConfigError(
             f"trainer.num_nodes={num_nodes} x trainer.devices={devices} = {int(num_nodes) * int(devices)} processes, "
-            f"but {launcher.name} runs {launcher.world_size} ({launcher.num_nodes} nodes x {launcher.per_node}); "
-            "leave both out to use the launcher's layout"
+            f"but {launcher.name} runs {launcher.world_size} ({launcher.num_nodes} node"
+            f"{'s' * (launcher.num_nodes != 1)} x {launcher.per_node}); leave both out to use the launcher's layout"
         )
     if configured != devices and configured != shipped_devices(preset) and is_first_process():  # (yours only)
         print(
@@ -162,17 +162,24 @@ def started_alone() -> str | None:
         return "accelerate launch started 1: give it --num_processes N"
     if "TORCHELASTIC_RUN_ID" in env:
         return "torchrun started 1: give it --nproc-per-node=N (NPROC_PER_NODE=N for launch/torchrun_multinode.sh)"
-    if int(env.get("SLURM_STEP_NUM_TASKS", "1")) > 1:  # srun's tasks, which did not join one training
-        return (
-            f"srun started {env['SLURM_STEP_NUM_TASKS']} tasks that did not join one training: run "
-            "launch/slurm.sbatch (one torchrun per machine)"
-        )
     if "ACCELERATE_MIXED_PRECISION" in env:  # accelerate's launcher ran the command itself: one process
         return (
             "accelerate launch started 1 (it does with --cpu, or without a config on a machine of fewer than 2 "
             "GPUs): launch it with `accelerate launch --config_file launch/multi_process.yaml ...`"
         )
     return None
+
+
+def check_srun_tasks_joined(joined: bool) -> None:
+    """Refuse srun's tasks that do not join one training (`joined`: the engine's process group spans them): each
+    trained alone, as many copies as tasks in one run folder (every metric row twice, a wandb run each, the same
+    checkpoint files written by each)."""
+    tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS", "1"))
+    if tasks > 1 and not joined:
+        raise ConfigError(
+            f"srun started {tasks} tasks that do not join one training: each would train alone, {tasks} copies in one "
+            "run folder; run launch/slurm.sbatch, which joins them, or start one task (srun -n1)"
+        )
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h

@@ -10,7 +10,9 @@ import re
 import shutil
 import zipfile
 from pathlib import Path
+from typing import Any
 
+import torch
 import torch.distributed.checkpoint as dcp
 from safetensors import SafetensorError, safe_open
 
@@ -153,3 +155,37 @@ def permission_denied(error: BaseException, run_dir: Path) -> Path | None:
             return run_dir
         seen = seen.__cause__ or seen.__context__
     return None
+
+
+def saved_shapes(checkpoint: Path) -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor `checkpoint` holds, by its key there, read from the files' indexes (a DCP folder's
+    metadata, safetensors headers) or, for torch.save's files, memory-mapped (their tensors' bytes are not read).
+    A torch file's nested dicts give dotted keys; Lightning's state_dict is read alone."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    files = [checkpoint] if checkpoint.is_file() else sorted(path for path in checkpoint.rglob("*") if path.is_file())
+    for path in files:
+        if path.name == DCP_INDEX:
+            for key, entry in dcp.FileSystemReader(path.parent).read_metadata().state_dict_metadata.items():
+                if (size := getattr(entry, "size", None)) is not None:  # (a tensor's; bytes entries have none)
+                    shapes[key] = tuple(size)
+        elif path.suffix == ".safetensors":
+            with safe_open(str(path), "pt") as tensors:
+                shapes.update({key: tuple(tensors.get_slice(key).get_shape()) for key in tensors.keys()})
+        elif path.suffix in (".ckpt", ".bin", ".pt") and zipfile.is_zipfile(path):
+            saved = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+            if isinstance(saved, dict) and isinstance(saved.get("state_dict"), dict):  # Lightning's
+                saved = saved["state_dict"]
+            shapes.update(tensor_shapes(saved))
+    return shapes
+
+
+def tensor_shapes(saved: Any, prefix: str = "") -> dict[str, tuple[int, ...]]:
+    if isinstance(saved, torch.Tensor):
+        return {prefix.rstrip("."): tuple(saved.shape)}
+    if isinstance(saved, dict):
+        return {
+            key: shape
+            for name, value in saved.items()
+            for key, shape in tensor_shapes(value, f"{prefix}{name}.").items()
+        }
+    return {}

@@ -4,14 +4,16 @@ run's own last checkpoint, and a run folder's checkpoints are resumed only by th
 import importlib
 import json
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+from torch import nn
 
 from ..errors import ConfigError, said_once
 from ..parallel.launcher import is_first_process
-from .checkpoint_files import damage, looks_like_checkpoint
+from .checkpoint_files import damage, looks_like_checkpoint, saved_shapes
 
 # What a run's checkpoints are made of, which the run continued in its own folder must keep: changed, a checkpoint
 # cannot be loaded (the net's shapes) or not continued where it stopped (its position in the epoch counts global
@@ -299,6 +301,42 @@ def check_loadable(checkpoint: Path, cfg: DictConfig) -> None:
         raise ConfigError(
             f"ckpt_path={checkpoint} was saved by a training that differs from this one in {differ}: give the "
             f"settings of {saved}, or another checkpoint"
+        )
+
+
+def check_same_shapes(checkpoint: Path, net: nn.Module) -> None:
+    """Refuse, in one line, an explicit `ckpt_path=` that holds another net's tensors: other sizes, or few of this
+    net's names (another model). A checkpoint copied out of its run folder has no config.yaml for check_loadable to
+    compare, and the engine's loading failed with a traceback once the run folder and the wandb run were made. Names
+    the checkpoint lacks are left to the loading: a tied weight is saved once (safetensors)."""
+    expected = {
+        name: tuple(tensor.shape)
+        for name, tensor in net.state_dict().items()
+        if not isinstance(tensor, nn.parameter.UninitializedTensorMixin)  # (a lazy layer's: no size yet)
+    }
+    saved = saved_shapes(checkpoint)
+    # What the checkpoint puts before the net's names: "net." (Lightning), "model." (a DCP folder), or nothing
+    prefixes = Counter(
+        key[: len(key) - len(name)] for key in saved for name in expected if key == name or key.endswith("." + name)
+    )
+    prefix = prefixes.most_common(1)[0][0] if prefixes else ""
+    found = sum(prefix + name in saved for name in expected)
+    if saved and found < len(expected) / 2:  # (a tied weight is saved once: a name or two may be missing)
+        raise ConfigError(
+            f"ckpt_path={checkpoint} holds {found} of this net's {len(expected)} tensors (it has "
+            f"{next(iter(saved))}, the net {next(iter(expected))}): it is another model's; give the model it was "
+            "trained with (model=...), or another checkpoint"
+        )
+    differ = [
+        f"{name}: {list(saved[prefix + name])} there, {list(shape)} here"
+        for name, shape in expected.items()
+        if prefix + name in saved and saved[prefix + name] != shape
+    ]
+    if differ:
+        more = f" and {len(differ) - 2} more" if len(differ) > 2 else ""
+        raise ConfigError(
+            f"ckpt_path={checkpoint} holds tensors of other sizes than this net's ({'; '.join(differ[:2])}{more}): it "
+            "was trained with other model settings; give those (its run's config.yaml has them), or another checkpoint"
         )
 
 

@@ -44,6 +44,7 @@ from ..parallel.batchnorm import (
     uses_batchnorm,
 )
 from ..parallel.launcher import (
+    check_srun_tasks_joined,
     detect_launcher,
     die_with_launcher,
     fit_layout_to_launcher,
@@ -66,6 +67,7 @@ from ..runtime.precision import resolve_precision, use_tensor_cores
 from ..runtime.resuming import (
     afresh_message,
     check_not_past_the_end,
+    check_same_shapes,
     check_saved_run,
     resuming_message,
     starting_from_message,
@@ -207,12 +209,15 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     if launched == 1 and preset in LAUNCHED_PRESETS and int(devices) > 1 and detect_launcher() is None:
         launched = int(devices)  # trainer.devices=N without a launcher: train() starts them (engine/torchrun.py)
     processes = strategy.processes(launched, devices)
+    check_srun_tasks_joined("TORCHELASTIC_RUN_ID" in os.environ)  # (srun's tasks join under torchrun only)
     cfg.trainer.devices = int(devices)  # the count this machine runs (a launcher's, or auto's), as the config logs it
     check_async(cfg.checkpoint.get("async", False), preset, strategy.writes_checkpoint_parts)
     with torch.device("meta"):  # shapes and hooks only: the real net is built in each process
         net = build(cfg.model.net)
         check_sized_parameters(net, preset)  # (before the preset's own checks, which read the sizes)
         strategy.check_layout(processes, net, cfg)
+    if cfg.ckpt_path:  # another net's tensors? (a checkpoint away from its run folder: no config.yaml says)
+        check_same_shapes(Path(cfg.ckpt_path), net)
     if strategy.sync_batchnorm and recovery:
         off = ", or turn it off with oom.recovery=null"
         raise ConfigError(oom_handling_problem("oom.recovery", splits_batches=True) + off)

@@ -6,6 +6,7 @@ command, `python -m {{ cookiecutter.package_name }}.train`, calls train() and re
 """
 
 import functools
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from ..models.activation_checkpointing import check_activation_checkpointing
 from ..models.float8 import check_float8, check_float8_layers
 from ..parallel.batchnorm import accumulation_note, needs_sync, synchronised_message, unsynchronised_note
 from ..parallel.launcher import (
+    check_srun_tasks_joined,
     detect_launcher,
     die_with_launcher,
     fit_layout_to_launcher,
@@ -55,7 +57,13 @@ from ..runtime.memory import configure_allocator
 from ..runtime.metrics import check_monitor
 from ..runtime.optimization import check_optimization
 from ..runtime.precision import resolve_precision
-from ..runtime.resuming import check_not_past_the_end, check_same_mesh, check_saved_run, starting_point
+from ..runtime.resuming import (
+    check_not_past_the_end,
+    check_same_mesh,
+    check_same_shapes,
+    check_saved_run,
+    starting_point,
+)
 from ..tracking.wandb_run import finish_wandb, wandb_mode, write_atomically
 from .callbacks.batch_size_finder import BatchSizeFinder
 from .callbacks.epoch_metrics import EpochMetricsFile
@@ -306,7 +314,10 @@ def build_plugins(cfg: DictConfig) -> list[Any]:
         # Lightning's auto-requeue saves a checkpoint in its SIGUSR1 handler, wherever the signal lands: with the
         # other processes inside the step's gradient all-reduce, the save's collectives waited for ever (a job
         # deadlocked until its time limit). launch/slurm.sbatch requeues the job itself, and its tasks ignore USR1.
-        plugins.append(SLURMEnvironment(auto_requeue=False))
+        try:
+            plugins.append(SLURMEnvironment(auto_requeue=False))
+        except RuntimeError as err:  # srun -n N without --ntasks-per-node: Lightning's hint, in one line
+            raise ConfigError(str(err).replace("\n", " ")) from err
     return plugins
 
 
@@ -314,7 +325,11 @@ def check_model_and_data(
     cfg: DictConfig, trainer: L.Trainer, model: L.LightningModule, datamodule: L.LightningDataModule
 ) -> None:
     """Everything that can refuse the built trainer, model and data together, and the notes about them."""
+    slurm = isinstance(getattr(trainer.strategy, "cluster_environment", None), SLURMEnvironment)
+    check_srun_tasks_joined("TORCHELASTIC_RUN_ID" in os.environ or (slurm and trainer.world_size > 1))
     check_sized_parameters(model.net, preset(cfg))  # (before the presets' own checks, which read the sizes)
+    if cfg.ckpt_path:  # another net's tensors? (a checkpoint away from its run folder: no config.yaml says)
+        check_same_shapes(Path(cfg.ckpt_path), model.net)
     if (note := accumulation_note(model.net, cfg.trainer.accumulate_grad_batches)) and is_first_process():
         print(note, file=sys.stderr)
     unsynchronised = preset(cfg) in ("ddp", "ddp_spawn") and not cfg.trainer.sync_batchnorm
