@@ -18,6 +18,7 @@ from {{ cookiecutter.package_name }}.models.mlp import ResidualMLP
 from {{ cookiecutter.package_name }}.runtime.checkpoint_files import last_of_run_folder, out_of_space, permission_denied
 from {{ cookiecutter.package_name }}.runtime.interrupt import continue_last, continuing
 from {{ cookiecutter.package_name }}.runtime.resuming import (
+    ENGINE_LASTS,
     check_not_past_the_end,
     check_same_mesh,
     check_same_shapes,
@@ -39,13 +40,36 @@ def test_a_run_folder_as_ckpt_path_is_the_checkpoint_its_link_points_to(tmp_path
     (run / "config.yaml").write_text("seed: 1\n")
     assert last_of_run_folder(run, LAST) == run
     with pytest.raises(ConfigError, match=f"ckpt_path={run} is a run folder without a complete checkpoint"):
-        check_saved_run(run)
+        check_saved_run(run, LAST)
     (run / "checkpoints" / "step000004").mkdir()
     (run / "checkpoints" / LAST).symlink_to("step000004")
     assert last_of_run_folder(run, LAST) == (run / "checkpoints" / "step000004").resolve()
     # its checkpoints folder too (Lightning's load_trained read it as a checkpoint: FileNotFoundError <run>/../config)
     assert last_of_run_folder(run / "checkpoints", LAST) == (run / "checkpoints" / "step000004").resolve()
-    check_saved_run(run / "checkpoints" / "step000004")  # a checkpoint itself: not a run folder
+    check_saved_run(run / "checkpoints" / "step000004", LAST)  # a checkpoint itself: not a run folder
+
+
+def test_a_run_folder_of_the_other_engine_is_refused_not_trained_over(tmp_path):
+    """The run folder of a project of the other engine (hydra.run.dir= it, or the same run_id in a shared outputs
+    folder): its checkpoints were not read, and the training started again from step 0 in silence, mixing both
+    engines' checkpoints and continuing its metrics and wandb run as if resumed. As ckpt_path=, it was called a run
+    folder without a complete checkpoint."""
+    [(other, engine)] = [(name, engine) for name, engine in ENGINE_LASTS.items() if name != LAST]
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step").mkdir(parents=True)
+    (run / "checkpoints" / other).symlink_to("step")
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(training()))
+    with pytest.raises(ConfigError) as refused:
+        starting_point(run, training(), run / "checkpoints" / LAST)
+    assert str(refused.value) == (
+        f"{run} holds checkpoints of a project of the {engine} engine, which this project cannot continue: give "
+        "another run folder (run_id=NAME), or resume=false to train afresh there (removing them)"
+    )
+    assert starting_point(run, training(resume=False), run / "checkpoints" / LAST) == (None, False)
+    with pytest.raises(ConfigError, match=f"^ckpt_path={run} is a run folder of a project of the {engine} engine"):
+        check_saved_run(run, LAST)
+    (run / "checkpoints" / LAST).symlink_to("step")  # its own too (a folder used by both): this engine's continue
+    assert starting_point(run, training(), run / "checkpoints" / LAST) == (None, True)
 
 
 def training(**changes):

@@ -63,9 +63,27 @@ MOVED_MODULES = {
 }
 
 
-def check_saved_run(path: Path) -> None:
-    """ckpt_path= a run folder (its config.yaml) with no complete checkpoint yet: said so, where the refusal of
-    anything else that is not a checkpoint says to give one or a run folder."""
+# Each engine's link to a run's last checkpoint (engine/checkpoints.LAST), and that engine's name: a run folder of
+# the other engine's project holds checkpoints this one cannot read.
+ENGINE_LASTS = {"last.ckpt": "Lightning", "last": "Accelerate"}
+
+
+def other_engines_run(run_dir: Path, last: str) -> str | None:
+    """The other engine's name where `run_dir` holds its checkpoints and none of this engine's (`last`: its link)."""
+    folder = run_dir / "checkpoints"
+    if (folder / last).exists():
+        return None
+    return next((engine for name, engine in ENGINE_LASTS.items() if name != last and (folder / name).exists()), None)
+
+
+def check_saved_run(path: Path, last: str) -> None:
+    """ckpt_path= a run folder (its config.yaml) with no complete checkpoint yet, or with the other engine's: said
+    so, where the refusal of anything else that is not a checkpoint says to give one or a run folder."""
+    if (path / "config.yaml").is_file() and (engine := other_engines_run(path, last)):
+        raise ConfigError(
+            f"ckpt_path={path} is a run folder of a project of the {engine} engine, whose checkpoints this project "
+            "cannot read: give a run folder or checkpoint of this project"
+        )
     if (path / "config.yaml").is_file():
         raise ConfigError(
             f"ckpt_path={path} is a run folder without a complete checkpoint (yet): give another run's, or leave "
@@ -107,6 +125,11 @@ def starting_point(run_dir: Path, cfg: DictConfig, last: Path) -> tuple[str | No
     (check_same_training).
     """
     ckpt_path, resume = cfg.ckpt_path, cfg.resume
+    if resume and (engine := other_engines_run(run_dir, last.name)):  # (it trained from step 0, in silence)
+        raise ConfigError(
+            f"{run_dir} holds checkpoints of a project of the {engine} engine, which this project cannot continue: "
+            "give another run folder (run_id=NAME), or resume=false to train afresh there (removing them)"
+        )
     restarts = restart_count()
     if restarts and last.exists() and (ckpt_path or not resume):
         given = f"ckpt_path={ckpt_path}" if ckpt_path else "resume=false"

@@ -165,7 +165,7 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
     if cfg.ckpt_path:  # a run folder: its last checkpoint (train.py took it already; the search's trials not yet)
         cfg.ckpt_path = str(last_of_run_folder(Path(cfg.ckpt_path), LAST))
     if cfg.ckpt_path and not (Path(cfg.ckpt_path) / PROGRESS).is_file():
-        check_saved_run(Path(cfg.ckpt_path))
+        check_saved_run(Path(cfg.ckpt_path), LAST)
         raise ConfigError(
             f"ckpt_path={cfg.ckpt_path} is not a checkpoint folder; give one, e.g. <run dir>/checkpoints/last, or a "
             "run folder"

@@ -381,7 +381,7 @@ def check_checkpoint_path(path: Path) -> None:
         raise ConfigError(
             f"ckpt_path={path} does not exist; give a .ckpt file (e.g. a run's last.ckpt) or a run folder"
         )
-    check_saved_run(path)
+    check_saved_run(path, LAST)
     if (path.is_dir() and not (path / DCP_INDEX).is_file()) or (path.is_file() and not written_by_torch(path)):
         raise ConfigError(
             f"ckpt_path={path} is not a checkpoint (a .ckpt file, or the .ckpt folder of a preset that writes parts); "
