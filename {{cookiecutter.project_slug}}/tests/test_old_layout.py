@@ -32,6 +32,29 @@ def test_old_targets_are_renamed():
     assert moved_target("my_pkg.model.Net") == "my_pkg.model.Net"  # not ours: never renamed
 
 
+def test_load_trained_says_what_is_not_a_checkpoint_and_where_the_config_comes_from(tmp_path):
+    """load_trained (docs/outputs.md) of a checkpoint copied out of its run folder, of a file or folder that is no
+    checkpoint of this project: FileNotFoundErrors for a config.yaml one or two folders up, or (Lightning) DCP's
+    "metadata is None"; now what it is, and for a copied checkpoint its `config=` argument."""
+    run_dir = tmp_path / "old-run"
+    shutil.copytree(OLD_RUN, run_dir)
+    for link, target in OLD_RUN_LINKS.items():
+        (run_dir / link).symlink_to(target)
+    saved = (run_dir / LAST).resolve()
+    copied = tmp_path / "copied" / saved.name  # (a downloaded checkpoint, say)
+    copied.parent.mkdir()
+    shutil.copytree(saved, copied) if saved.is_dir() else shutil.copy2(saved, copied)
+    with pytest.raises(FileNotFoundError, match=r"config.yaml is missing \(.* is not in its run folder's checkpoints/"):
+        load_trained(copied)
+    net = load_trained(copied, config=run_dir / "config.yaml")
+    assert isinstance(net if isinstance(net, ResidualMLP) else net.net, ResidualMLP)
+    (tmp_path / "junk.ckpt").write_text("not a checkpoint")
+    (tmp_path / "empty").mkdir()
+    for not_one in (tmp_path / "junk.ckpt", tmp_path / "empty"):
+        with pytest.raises(FileNotFoundError, match="is not a checkpoint of this project: give a run folder"):
+            load_trained(not_one)
+
+
 @pytest.mark.slow
 def test_a_run_folder_of_the_old_layout_resumes_exactly_and_loads(tmp_path, train_env):
     run_dir = tmp_path / "old-run"

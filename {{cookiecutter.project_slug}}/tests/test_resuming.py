@@ -133,6 +133,27 @@ def test_ckpt_path_and_resume_false_apply_to_the_first_start_only(run_dir, monke
     assert capsys.readouterr().out == ""
 
 
+def test_a_restart_another_machine_caused_is_a_restart_though_this_agent_did_not_count_it(
+    run_dir, tmp_path_factory, monkeypatch, capsys
+):
+    """Two machines under torchrun, a process of the second killed: each agent counts its own processes' failures
+    only, so the first machine's processes started again with TORCHELASTIC_RESTART_COUNT=0, took it for the first
+    start, and resume=false wiped the checkpoints the second machine's processes were resuming from (a hang, or a
+    crash and the run trained again from step 0). The agent's folder keeps the first start's mark."""
+    agent_folder = tmp_path_factory.mktemp("torchelastic") / "run_abc"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(agent_folder / "attempt_0" / "0" / "error.json"))
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    agent_folder.mkdir()
+    last = run_dir / "checkpoints" / "last"
+    assert starting_point(run_dir, training(resume=False), last) == (None, False), "the first start"
+    assert starting_point(run_dir, training(resume=False), last) == (None, False), "the same process, again"
+    (agent_folder / "started-rank0").write_text("1")  # what the first start's process (another pid) left
+    assert starting_point(run_dir, training(resume=False), last) == (None, True)
+    assert capsys.readouterr().out == (
+        "restart 1: resuming from the run's last checkpoint (resume=false was for the first start only)\n"
+    )
+
+
 def test_checkpoints_of_another_training_are_refused_naming_what_differs(run_dir):
     last = run_dir / "checkpoints" / "last"
     with pytest.raises(ConfigError) as refused:

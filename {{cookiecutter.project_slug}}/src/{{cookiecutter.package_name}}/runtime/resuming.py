@@ -109,9 +109,28 @@ def afresh_message(run_dir: Path) -> str:
 
 def restart_count() -> int:
     """How often a launcher has started this training again: torchrun's restarts of its processes
-    (--max-restarts), SLURM's requeues of its job."""
+    (--max-restarts), SLURM's requeues of its job; 1 for a restart that torchrun's agent did not count."""
     env = os.environ
-    return max(int(env.get("TORCHELASTIC_RESTART_COUNT", "0")), int(env.get("SLURM_RESTART_COUNT", "0")))
+    counted = max(int(env.get("TORCHELASTIC_RESTART_COUNT", "0")), int(env.get("SLURM_RESTART_COUNT", "0")))
+    return counted or int(started_before_by_this_agent())
+
+
+def started_before_by_this_agent() -> bool:
+    """Under torchrun: whether this machine's agent started this process's rank before. Each agent counts only the
+    restarts its own processes' failure caused: when another machine's process dies, this one's are started again
+    with TORCHELASTIC_RESTART_COUNT still 0, and took the restart for a first start (resume=false then wiped the
+    checkpoints the other machine resumed from). The mark, the first start's process id, is kept in the agent's
+    folder (torchrun's per-launch log folder, where it asks for error files), which lives as long as the agent."""
+    if not (error_file := os.environ.get("TORCHELASTIC_ERROR_FILE")):
+        return False
+    mark = Path(error_file).parents[2] / f"started-rank{os.environ.get('LOCAL_RANK', '0')}"
+    try:
+        if mark.exists():
+            return mark.read_text() != str(os.getpid())
+        mark.write_text(str(os.getpid()))
+    except OSError:  # an unexpected folder: the agent's count alone, as before
+        return False
+    return False
 
 
 def starting_point(run_dir: Path, cfg: DictConfig, last: Path) -> tuple[str | None, bool]:
@@ -407,6 +426,20 @@ def leaves(prefix: str, value: object) -> dict[str, object]:
     if isinstance(value, dict):
         return {name: leaf for key, item in value.items() for name, leaf in leaves(f"{prefix}.{key}", item).items()}
     return {prefix: value}
+
+
+def trained_config(checkpoint: Path, config: str | Path | None) -> DictConfig:
+    """The config a checkpoint was trained with, for load_trained: `config` if given, else the config.yaml of the run
+    folder it is in (<run dir>/checkpoints/<checkpoint>). A checkpoint copied out of its run folder has none there:
+    said, with how to give it (a FileNotFoundError for a config.yaml two folders up, which it never named)."""
+    path = Path(config) if config else checkpoint.parent.parent / "config.yaml"
+    if not path.is_file():
+        where = "" if config else f" ({checkpoint} is not in its run folder's checkpoints/)"
+        raise FileNotFoundError(
+            f"{path} is missing{where}: give the config.yaml of the run that trained it, "
+            "load_trained(checkpoint, config=PATH)"
+        )
+    return load_saved_config(path)
 
 
 def load_saved_config(path: Path) -> DictConfig:

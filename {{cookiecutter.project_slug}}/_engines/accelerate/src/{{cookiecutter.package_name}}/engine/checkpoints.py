@@ -33,7 +33,7 @@ from torch import nn
 from ..errors import ConfigError
 from ..runtime.checkpoint_files import last_of_run_folder
 from ..runtime.checkpoint_forms import is_numbered, nested, read_parts
-from ..runtime.resuming import check_keep_last, load_saved_config, other_process_count_note
+from ..runtime.resuming import check_keep_last, other_process_count_note, trained_config
 
 LAST = "last"  # checkpoints/last: the link to the run's last complete checkpoint (both engines name it LAST)
 PROGRESS = "custom_checkpoint_0.pkl"  # accelerate's name for the first registered object's state: the loop's Progress
@@ -204,8 +204,7 @@ def load_trained(checkpoint: str | Path, config: str | Path | None = None) -> nn
             f"{checkpoint} is not a checkpoint of this project: give a run folder or one of its checkpoints "
             "(<run dir>/checkpoints/last)"
         )
-    config = Path(config) if config else checkpoint.parent.parent / "config.yaml"
-    net = instantiate(load_saved_config(config).model.net)
+    net = instantiate(trained_config(checkpoint, config).model.net)
     if (checkpoint / "model.safetensors").is_file():
         # safetensors' loader: the file holds a tied parameter (model=gpt's embedding and head) under one name only
         load_model(net, checkpoint / "model.safetensors")

@@ -18,15 +18,15 @@ from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpo
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from ..parallel.launcher import is_first_process
-from ..runtime.checkpoint_files import last_of_run_folder
+from ..runtime.checkpoint_files import DCP_INDEX, last_of_run_folder, written_by_torch
 from ..runtime.interrupt import Interrupt
 from ..runtime.resuming import (
     afresh_message,
     check_keep_last,
-    load_saved_config,
     other_process_count_note,
     resuming_message,
     starting_from_message,
+    trained_config,
 )
 from ..tracking.wandb_run import forget_wandb_run
 from .lightning_private import (
@@ -347,13 +347,13 @@ def load_trained(checkpoint: str | Path, config: str | Path | None = None) -> Cl
     stages) write, put together here.
     """
     checkpoint = last_of_run_folder(Path(checkpoint), LAST)
-    if not checkpoint.exists():
+    whole_file = checkpoint.is_file() and written_by_torch(checkpoint)
+    if not whole_file and not (checkpoint / DCP_INDEX).is_file():  # (missing, the other engine's, a folder of yours)
         raise FileNotFoundError(
             f"{checkpoint} is not a checkpoint of this project: give a run folder or one of its checkpoints "
             "(<run dir>/checkpoints/last.ckpt)"
         )
-    config = Path(config) if config else checkpoint.parent.parent / "config.yaml"
-    model = build_module(load_saved_config(config).model)
+    model = build_module(trained_config(checkpoint, config).model)
     if checkpoint.is_dir():
         state = {"state_dict": model.state_dict()}
         with warnings.catch_warnings():  # that it reads in one process: what no_dist asks for
