@@ -121,10 +121,11 @@ def next_main_port() -> int:
 
 
 def make_runner(base_dir: Path, base_env: dict[str, str]):
-    """runner(*overrides, launcher=None, check=True, env=None, run_dir=None) -> Run, each run in a new folder of
-    base_dir, or in `run_dir` (a restart of the training there).
+    """runner(*overrides, launcher=None, check=True, env=None, run_dir=None, as_baked=False) -> Run, each run in a
+    new folder of base_dir, or in `run_dir` (a restart of the training there).
 
-    `env` changes the environment of that run only; a None value removes the variable.
+    `env` changes the environment of that run only; a None value removes the variable. Overrides that name no
+    strategy preset run strategy=single (as_single), unless `as_baked`: the project's default preset.
     """
     counter = iter(range(1000))
 
@@ -135,8 +136,10 @@ def make_runner(base_dir: Path, base_env: dict[str, str]):
         timeout: int = 300,
         env: dict[str, str | None] | None = None,
         run_dir: Path | None = None,
+        as_baked: bool = False,
     ) -> Run:
         run_dir = run_dir or base_dir / f"run{next(counter)}"
+        overrides = list(overrides) if as_baked else as_single(list(overrides))
         command = (launcher or [sys.executable, "-m"]) + [f"{PACKAGE}.train", f"hydra.run.dir={run_dir}", *overrides]
         run_env = {**base_env, **(env or {})}
         run_env = {name: value for name, value in run_env.items() if value is not None}
@@ -560,9 +563,11 @@ def refused(request, tmp_path_factory, train_env) -> list[Run]:
 
 
 def as_single(overrides: list[str]) -> list[str]:
-    """`overrides` under strategy=single where they name no preset (the default preset is the bake's answer)."""
+    """`overrides` under strategy=single where they name no preset (the default preset is the bake's answer, and the
+    tests' expectations are single's); as given where they name one, or give a flag (--config-dir: its configs')."""
     named = any(item.lstrip("+~").startswith(("strategy=", "strategy@")) or item == "~strategy" for item in overrides)
-    return overrides if named else [*overrides, "strategy=single"]  # (last: `-m` is the command's flag, first)
+    flagged = any(item.startswith("-") and item != "-m" for item in overrides)
+    return overrides if named or flagged else [*overrides, "strategy=single"]  # (last: `-m` is the command's flag)
 
 
 def refuse_all(base_dir: Path, env: dict[str, str], cases: list[list[str]]) -> list[Run]:

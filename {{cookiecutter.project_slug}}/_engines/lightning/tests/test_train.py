@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 def test_default_training_learns_and_logs_offline_to_wandb(train, tmp_path):
     # The documented default run, as a user without a wandb account starts it: no WANDB_MODE, no credentials.
     no_account = {"WANDB_MODE": None, "WANDB_API_KEY": None, "NETRC": str(tmp_path / "no-netrc")}
-    run = train(env=no_account)
+    run = train(env=no_account, as_baked=True)
     wandb = run.wandb  # exactly one run, written offline because there are no credentials
     assert wandb.metric("val/acc")[-1] >= 0.8, "chance is 1/8; the README promises about 0.85"
     assert wandb.metric("test/acc"), "test runs after fit by default"
