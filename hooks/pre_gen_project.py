@@ -29,13 +29,22 @@ FREE_TEXT = {
 # extras, and the standard library with its `test` package).
 DEPENDENCIES = {"torch", "lightning", "accelerate", "hydra", "omegaconf", "wandb", "rich", "pynvml", "matplotlib"}
 DEPENDENCIES |= {"safetensors", "numpy", "tqdm", "yaml", "google", "lightning_utilities"}
-EXTRAS = {"optuna", "submitit", "transformers", "torchao", "litdata", "torchmetrics", "pytest", "ruff"}
+EXTRAS = {"optuna", "submitit", "transformers", "torchao", "litdata", "torchmetrics", "pytest", "ruff", "tomli"}
 # torch's own dependencies, and the modules of the project's tests (tests/ is on their path)
 TORCH_NEEDS = {"sympy", "mpmath", "networkx", "jinja2", "filelock", "fsspec", "typing_extensions", "triton"}
+# what the dependencies import in turn (hydra, wandb, lightning, matplotlib, optuna...): `packaging` failed every
+# command inside Hydra, `pydantic` inside wandb, `click` on its first use
+THEIR_NEEDS = {"packaging", "pydantic", "pydantic_core", "click", "requests", "psutil", "platformdirs", "six", "idna"}
+THEIR_NEEDS |= {"antlr4", "certifi", "charset_normalizer", "urllib3", "httpx", "httpcore", "h11", "anyio", "sniffio"}
+THEIR_NEEDS |= {"annotated_types", "typing_inspection", "setuptools", "markupsafe", "pygments", "markdown_it", "mdurl"}
+THEIR_NEEDS |= {"PIL", "contourpy", "cycler", "dateutil", "fontTools", "kiwisolver", "pyparsing", "mpl_toolkits"}
+THEIR_NEEDS |= {"alembic", "sqlalchemy", "mako", "colorlog", "cloudpickle", "huggingface_hub", "xxhash", "distro"}
+THEIR_NEEDS |= {"lightning_fabric", "pytorch_lightning", "torchgen", "functorch", "opentelemetry", "truststore"}
 TEST_MODULES = {"conftest", "layouts", "own_models", "custom_dataset", "fake_nvml", "forked", "hard_kill", "refusals"}
 TEST_MODULES |= {"simulated_oom", "slurm_jobs", "wandb_records", "kill_switch", "engine_specific", "slow_start"}
 TEST_MODULES |= {"failing_callback", "launchers", "nets", "oom_sim", "own_modules", "restarts", "shard_probe"}
-TAKEN = set(sys.stdlib_module_names) | DEPENDENCIES | EXTRAS | TORCH_NEEDS | TEST_MODULES | {"test", "tests"}
+TAKEN = set(sys.stdlib_module_names) | DEPENDENCIES | EXTRAS | TORCH_NEEDS | THEIR_NEEDS | TEST_MODULES
+TAKEN |= {"test", "tests"}
 SLUG = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
 WANDB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 

@@ -21,6 +21,8 @@ REJECTED = [
     ({"project_name": "Optuna"}, "package_name 'optuna' would shadow"),
     ({"project_name": "Safetensors"}, "package_name 'safetensors' would shadow"),
     ({"project_name": "Sympy"}, "package_name 'sympy' would shadow"),  # (torch's: torch's import failed)
+    ({"project_name": "Packaging"}, "package_name 'packaging' would shadow"),  # (Hydra's: every command failed)
+    ({"project_name": "Pydantic"}, "package_name 'pydantic' would shadow"),  # (wandb's)
     ({"project_name": "Layouts"}, "package_name 'layouts' would shadow"),  # (the tests': they failed to collect)
     ({"project_name": "Test"}, "package_name 'test' would shadow"),
     ({"project_name": "Test Config"}, "package_name 'test_config' would shadow the tests' test_* modules"),
