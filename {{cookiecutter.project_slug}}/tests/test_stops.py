@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PACKAGE, QUICK, TOLERANCE, make_runner, next_main_port, refuse_all
+from conftest import PACKAGE, QUICK, TOLERANCE, as_single, make_runner, next_main_port, refuse_all
 from engine_specific import DDP, DDP_LAUNCH, LAST, kept_checkpoints
 from forked import ForkedCommand, can_fork, start_module
 from own_models import paused
@@ -88,6 +88,7 @@ def test_a_checkpoint_cut_mid_epoch_continues_exactly_with_its_batch_accumulated
 
 def train_in(cwd, env, *overrides: str, launcher: list[str] | None = None) -> tuple[int, str]:
     """The training command run in `cwd` as a user runs it: its run folder is outputs/<experiment>/<run id>/."""
+    overrides = tuple(as_single(list(overrides)))  # (the bake's default preset may be another)
     if can_fork(env) and launcher is None:
         proc = ForkedCommand(f"{PACKAGE}.train", list(overrides), env, cwd, cwd / f"log{len(list(cwd.glob('log*')))}")
         return proc.wait(300), proc.output()

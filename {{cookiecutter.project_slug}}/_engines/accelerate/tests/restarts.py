@@ -4,7 +4,7 @@ of a training that took several starts, read back from its wandb run."""
 import sys
 from pathlib import Path
 
-from conftest import PACKAGE, QUICK
+from conftest import PACKAGE, QUICK, as_single
 from forked import run_module
 from wandb_records import offline_runs
 
@@ -25,6 +25,7 @@ STEPS = 16
 def run_in(run_dir: Path, env: dict[str, str], *overrides: str, launcher: list[str] | None = None, timeout=300):
     """One attempt of a training whose run folder is `run_dir`; the finished process. Past `timeout` seconds it is
     killed with every process it started (a launcher's workers too) and subprocess.TimeoutExpired is raised."""
+    overrides = tuple(as_single(list(overrides)))  # (the bake's default preset may be another)
     command = [*(launcher or [sys.executable, "-m"]), f"{PACKAGE}.train", f"hydra.run.dir={run_dir}", *overrides]
     assert command[:2] == [sys.executable, "-m"], command
     return run_module(command[2], command[3:], env, run_dir.parent, timeout, preload=f"{PACKAGE}.train")
