@@ -328,6 +328,17 @@ def test_a_damaged_checkpoint_is_refused_naming_the_newest_whole_one(run_dir, tm
         ConfigError, match=f"\\.metadata: names {data.name}, which is missing; give another checkpoint$"
     ):
         starting_point(elsewhere, training(ckpt_path=str(parts)), elsewhere / "checkpoints" / "last")
+    # Its index missing (DCP's "metadata is None" traceback), in a subfolder as accelerate's sharded/ too; a Lightning
+    # folder (.ckpt) without the meta.pt beside its shards (a FileNotFoundError)
+    lightning_like = tmp_path_factory.mktemp("lightning") / "step000016.ckpt"
+    dcp.save(state, checkpoint_id=lightning_like)
+    with pytest.raises(ConfigError, match=r"cannot be read: no meta.pt \(the training's state beside the shards\)"):
+        starting_point(elsewhere, training(ckpt_path=str(lightning_like)), elsewhere / "checkpoints" / "last")
+    sharded = tmp_path_factory.mktemp("sharded") / "step-0000016"
+    dcp.save(state, checkpoint_id=sharded / "sharded")
+    (sharded / "sharded" / ".metadata").unlink()
+    with pytest.raises(ConfigError, match=r"cannot be read: sharded: 1 shard files but no \.metadata \(their index\)"):
+        starting_point(elsewhere, training(ckpt_path=str(sharded)), elsewhere / "checkpoints" / "last")
 
     accelerate_like = tmp_path_factory.mktemp("folder") / "step-0000016"
     accelerate_like.mkdir()

@@ -192,7 +192,7 @@ def test_a_worker_stops_when_its_torchrun_agent_is_killed(tmp_path, train_env):
     with it. It trained on as an orphan, writing checkpoints and metrics that the restarted run disagreed with."""
     net = ["model.net._target_=own_models.PausedOnce", f"+model.net.marker={tmp_path / 'pause'}"]
     agent_command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", "-m"]
-    command = [*agent_command, f"{PACKAGE}.train", f"hydra.run.dir={tmp_path / 'run'}", *SETTINGS, *net]
+    command = [*agent_command, f"{PACKAGE}.train", f"hydra.run.dir={tmp_path / 'run'}", *as_single([*SETTINGS, *net])]
     with open(tmp_path / "agent.log", "w") as log:
         agent = subprocess.Popen(command, env=train_env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -214,7 +214,13 @@ def test_a_worker_whose_agent_died_while_it_started_stops(tmp_path, train_env):
     worker's session): the worker stops once started, writing nothing. It took the process that adopted it for its
     agent, and trained the whole run as an orphan, beside the same command started again."""
     agent_command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", "-m"]
-    command = [*agent_command, "slow_start", f"{PACKAGE}.train", f"hydra.run.dir={tmp_path / 'run'}", *SETTINGS]
+    command = [
+        *agent_command,
+        "slow_start",
+        f"{PACKAGE}.train",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        *as_single(SETTINGS),
+    ]
     env = {**train_env, "SLOW_START_MARKER": str(tmp_path / "start")}
     with open(tmp_path / "agent.log", "w") as log:
         agent = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
@@ -250,7 +256,7 @@ def test_a_second_training_in_the_run_folder_of_a_running_one_is_refused(tmp_pat
     """The same command twice at once (one run_id): the second is refused in one line and writes nothing; the first
     trains on, its steps each logged once, as if alone."""
     net = ["model.net._target_=own_models.PausedOnce", f"+model.net.marker={tmp_path / 'pause'}"]
-    command = ["experiment=twice", "run_id=one", *SETTINGS, *net]
+    command = as_single(["experiment=twice", "run_id=one", *SETTINGS, *net])
     first = start_module(f"{PACKAGE}.train", command, train_env, tmp_path, tmp_path / "first.log", f"{PACKAGE}.train")
     try:
         assert paused(tmp_path / "pause", first), (tmp_path / "first.log").read_text()[-3000:]

@@ -18,6 +18,7 @@ from safetensors import SafetensorError, safe_open
 
 TORCH_FILES = (".ckpt", ".pt", ".bin", ".pkl")  # torch.save's (a zip archive): Lightning's, accelerate's
 DCP_INDEX = ".metadata"  # a torch.distributed.checkpoint folder's: which file holds which bytes of each entry
+LIGHTNING_META = "meta.pt"  # what Lightning's ModelParallelStrategy keeps beside a .ckpt folder's shards
 
 
 def last_of_run_folder(path: Path, last: str) -> Path:
@@ -34,6 +35,19 @@ def damage(checkpoint: Path) -> str:
     for path in files:
         if problem := file_damage(path):
             return problem if path == checkpoint else f"{path.relative_to(checkpoint)}: {problem}"
+    return missing_index(checkpoint) if checkpoint.is_dir() else ""
+
+
+def missing_index(checkpoint: Path) -> str:
+    """What a folder checkpoint lacks that its loader opens first (its loaders' tracebacks: DCP's "metadata is None",
+    Lightning's FileNotFoundError): the DCP index of a folder of shards, a Lightning folder's meta.pt."""
+    for folder in [checkpoint, *(path for path in checkpoint.rglob("*") if path.is_dir())]:
+        shards = sum(1 for _ in folder.glob("*.distcp"))
+        if shards and not (folder / DCP_INDEX).is_file():
+            where = "" if folder == checkpoint else f"{folder.relative_to(checkpoint)}: "
+            return f"{where}{shards} shard files but no {DCP_INDEX} (their index): cut short"
+    if checkpoint.suffix == ".ckpt" and not (checkpoint / LIGHTNING_META).is_file():
+        return f"no {LIGHTNING_META} (the training's state beside the shards): cut short"
     return ""
 
 
