@@ -19,6 +19,7 @@ from {{ cookiecutter.package_name }}.parallel.launcher import (
     check_srun_tasks_joined,
     detect_launcher,
     fit_layout_to_launcher,
+    lost_peer,
     shipped_devices,
     started_alone,
     warn_if_restarts_can_hang,
@@ -324,3 +325,20 @@ def test_a_refusal_every_srun_task_reaches_is_said_once_per_start(monkeypatch, t
     assert first_to_say("error: x"), "requeued: a new start of the job"
     monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")
     assert first_to_say("error: x") and first_to_say("error: x"), "one task: nothing to share"
+
+
+def test_a_collective_broken_by_another_process_s_death_is_told_from_other_errors():
+    """A process killed under torchrun: each survivor's collective fails with gloo's words, and each printed Hydra's
+    40-line traceback before torchrun started them again (train.py now says it in one line)."""
+    gloo = "[../pair.cc:553] Connection closed by peer [127.0.0.1]:9098. This is typically caused by a remote worker"
+    try:
+        try:
+            raise RuntimeError(gloo)
+        except RuntimeError as broken:
+            raise ValueError("the step failed") from broken
+    except ValueError as wrapped:
+        assert lost_peer(wrapped) == "Connection closed by peer"
+    assert (
+        lost_peer(RuntimeError("Read error [127.0.0.1]:56004: Connection reset by peer.")) == "Connection reset by peer"
+    )
+    assert lost_peer(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None

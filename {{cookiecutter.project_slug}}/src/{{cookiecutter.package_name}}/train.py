@@ -28,6 +28,7 @@ from .errors import (
     fail,
     remove_if_empty,
 )
+from .parallel.launcher import lost_peer
 from .runtime.checkpoint_files import last_of_run_folder, out_of_space, permission_denied
 from .runtime.interrupt import continuing
 from .runtime.run_folder import RunFolderInUse, only_training_in
@@ -67,6 +68,8 @@ def run(cfg: DictConfig) -> None:
             fail(TrainingStopped(f"permission denied: this user may not open {denied} (another user's, or a read-only "
                                  "mount): change its permissions" + (", or train in a run folder of your own "
                                  "(hydra.run.dir=FOLDER)" if ours else "")))  # fmt: skip
+        if peer := lost_peer(err):  # (under torchrun: it starts them all again, if restarts are left)
+            fail(TrainingStopped(f"another process of this training stopped (gloo: {peer}): its output says why"))
         remove_if_empty(run_dir)
         raise
     except KeyboardInterrupt:  # Ctrl-C before the training answers it (starting: the data, wandb), or a second one

@@ -224,6 +224,7 @@ def test_torchrun_restarts_a_killed_worker_and_the_training_continues_exactly(tr
     run = train(*overrides, launcher=launcher, env=fresh_stores, timeout=180)
     assert (tmp_path / "killed").exists(), "rank 1 was killed"
     assert "resuming from" in run.output and "warning: torchrun --max-restarts" not in run.output
+    assert "Error executing job" not in run.output, "rank 0's collective failing: one line, not 40 (lost_peer)"
     assert_continues_exactly(run, uninterrupted, starts=2, tolerance=TOLERANCE)
 
 

@@ -170,6 +170,21 @@ def started_alone() -> str | None:
     return None
 
 
+# gloo's words when the process at the other end of a collective is gone (killed, crashed): the survivors' own error
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
+
+
+def lost_peer(error: BaseException) -> str | None:
+    """gloo's words, where `error` (or one it came from) is this process's collective failing because another
+    process of the training died: that one's output says why; this one's 40-line traceback said nothing more."""
+    seen = error
+    while seen is not None:
+        if found := next((words for words in PEER_GONE if words in str(seen)), None):
+            return found
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def check_srun_tasks_joined(joined: bool) -> None:
     """Refuse srun's tasks that do not join one training (`joined`: the engine's process group spans them): each
     trained alone, as many copies as tasks in one run folder (every metric row twice, a wandb run each, the same
