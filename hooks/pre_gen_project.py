@@ -40,6 +40,7 @@ THEIR_NEEDS |= {"annotated_types", "typing_inspection", "setuptools", "markupsaf
 THEIR_NEEDS |= {"PIL", "contourpy", "cycler", "dateutil", "fontTools", "kiwisolver", "pyparsing", "mpl_toolkits"}
 THEIR_NEEDS |= {"alembic", "sqlalchemy", "mako", "colorlog", "cloudpickle", "huggingface_hub", "xxhash", "distro"}
 THEIR_NEEDS |= {"lightning_fabric", "pytorch_lightning", "torchgen", "functorch", "opentelemetry", "truststore"}
+THEIR_NEEDS |= {"regex", "attr", "attrs", "tabulate", "colorama", "opt_einsum", "zstandard", "lz4", "boto3", "botocore"}
 TEST_MODULES = {"conftest", "layouts", "own_models", "custom_dataset", "fake_nvml", "forked", "hard_kill", "refusals"}
 TEST_MODULES |= {"simulated_oom", "slurm_jobs", "wandb_records", "kill_switch", "engine_specific", "slow_start"}
 TEST_MODULES |= {"failing_callback", "launchers", "nets", "oom_sim", "own_modules", "restarts", "shard_probe"}

@@ -12,8 +12,10 @@ import pytest
 from engine_specific import DDP
 from layouts import torchrun
 
+from {{ cookiecutter.package_name }} import errors
 from {{ cookiecutter.package_name }}.config.command_line import check_output_folder
 from {{ cookiecutter.package_name }}.errors import ERROR_FILE, ConfigError, first_to_say
+from {{ cookiecutter.package_name }}.parallel import launcher
 from {{ cookiecutter.package_name }}.parallel.launcher import (
     check_run_id,
     check_srun_tasks_joined,
@@ -97,11 +99,15 @@ def test_srun_tasks_that_would_each_train_alone_are_refused(monkeypatch):
     single, or in a job Lightning does not take for SLURM: salloc's): each task trained alone into the one run
     folder, every metric row twice, two wandb runs. It was a note."""
     monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "2")
+    monkeypatch.setattr(launcher, "started_by_slurm_step", lambda: True)  # (srun's tasks: slurmstepd's children)
     with pytest.raises(ConfigError, match=r"^srun started 2 tasks that do not join one training: each would train"):
         check_srun_tasks_joined(joined=False)
     check_srun_tasks_joined(joined=True)  # launch/slurm.sbatch's: under torchrun, or Lightning's SLURM processes
     monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")
     check_srun_tasks_joined(joined=False)  # srun -n1, a plain sbatch: one training
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "2")
+    monkeypatch.setattr(launcher, "started_by_slurm_step", lambda: False)
+    check_srun_tasks_joined(joined=False)  # a command typed in `srun -n 2 --pty bash`'s shell: one process
 
 
 def test_more_processes_than_cores_are_said(monkeypatch):
@@ -316,6 +322,7 @@ def test_a_refusal_every_srun_task_reaches_is_said_once_per_start(monkeypatch, t
     (the same job id) says it again."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.delenv(ERROR_FILE, raising=False)
+    monkeypatch.setattr(errors, "started_by_slurm_step", lambda: True)  # (srun's tasks: slurmstepd's children)
     for name, value in {**SLURM_1x2, "SLURM_STEP_ID": "0", "SLURM_RESTART_COUNT": "0"}.items():
         monkeypatch.setenv(name, value)
     assert first_to_say("error: x"), "the first task"
@@ -325,6 +332,9 @@ def test_a_refusal_every_srun_task_reaches_is_said_once_per_start(monkeypatch, t
     assert first_to_say("error: x"), "requeued: a new start of the job"
     monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")
     assert first_to_say("error: x") and first_to_say("error: x"), "one task: nothing to share"
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "2")
+    monkeypatch.setattr(errors, "started_by_slurm_step", lambda: False)  # typed in `srun -n 2 --pty bash`'s shell
+    assert first_to_say("error: x") and first_to_say("error: x"), "each command typed there says its own"
 
 
 def test_a_collective_broken_by_another_process_s_death_is_told_from_other_errors():

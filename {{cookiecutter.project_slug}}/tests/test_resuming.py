@@ -229,7 +229,7 @@ def test_a_checkpoint_of_another_net_away_from_its_run_folder_is_refused_by_its_
     on to the engine's loading, a traceback once the run folder and the wandb run were made. Each engine's formats,
     as their presets write them: Lightning's .ckpt (state_dict, "net." names) and folder of shards (DCP,
     "state_dict.net."), Accelerate's folder (model.safetensors, names as the net's; optimizer.bin beside it) and
-    its folder of shards (DCP, "model.")."""
+    its folder of shards (DCP, "model.") and its layer mode's custom object file."""
     saved = ResidualMLP(32, 8, hidden=128).state_dict()
     lightning_file = tmp_path / "step000064.ckpt"
     torch.save({"epoch": 1, "state_dict": {f"net.{name}": value for name, value in saved.items()}}, lightning_file)
@@ -240,7 +240,11 @@ def test_a_checkpoint_of_another_net_away_from_its_run_folder_is_refused_by_its_
     lightning_shards, accelerate_shards = tmp_path / "step000008.ckpt", tmp_path / "step-0000008"
     dcp.save({"state_dict": {"net": saved}}, checkpoint_id=lightning_shards)
     dcp.save({"model": saved}, checkpoint_id=accelerate_shards / "sharded")
-    for checkpoint in (lightning_file, accelerate_folder, lightning_shards, accelerate_shards):
+    layers = tmp_path / "step-0000004"  # model_parallel's layer mode: the net in accelerate's custom object file
+    layers.mkdir()
+    torch.save({"global_step": 4}, layers / "custom_checkpoint_0.pkl")
+    torch.save({"model": saved, "optimizer": {"state": {}}}, layers / "custom_checkpoint_1.pkl")
+    for checkpoint in (lightning_file, accelerate_folder, lightning_shards, accelerate_shards, layers):
         check_same_shapes(checkpoint, ResidualMLP(32, 8, hidden=128))  # the same net: taken
         with pytest.raises(ConfigError) as refused:
             check_same_shapes(checkpoint, ResidualMLP(32, 8, hidden=64))

@@ -19,6 +19,8 @@ from typing import Any
 
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
+from . import STARTED_BY
+
 EXIT_REFUSED = 2  # a predictable mistake: nothing was trained
 EXIT_STOPPED = 1  # a crash, or a training that stopped itself: its checkpoints are kept
 EXIT_INTERRUPTED = 130  # Ctrl-C: stopped with a checkpoint, to be continued (as shells count SIGINT: 128 + 2)
@@ -210,13 +212,13 @@ def tell_launcher(message: str) -> None:
 
 
 def first_to_say(message: str) -> bool:
-    """Whether this is the first process on this machine to say `message` under torchrun or srun (a refusal every
+    """Whether this process is the one on this machine to say `message` under torchrun or srun (a refusal every
     process reaches before they can talk to each other): the console shows it once per machine, not once per
     process. A message only some processes have (a file missing on one node) is still said by each of them."""
     digest = hashlib.sha256(message.encode()).hexdigest()[:16]
     if path := os.environ.get(ERROR_FILE):
         said = Path(path).parents[1] / f"said-{digest}"
-    elif int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1:  # srun's tasks: a mark kept for this job step's start
+    elif int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1 and started_by_slurm_step():  # srun's tasks
         step = "-".join(os.environ.get(name, "") for name in ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT"))
         said = Path(tempfile.gettempdir()) / f"said-slurm-{step}-{digest}"
     else:
@@ -228,6 +230,16 @@ def first_to_say(message: str) -> bool:
     except OSError:  # an unexpected folder: better twice than never
         return True
     return True
+
+
+def started_by_slurm_step() -> bool:
+    """Whether srun started this process as one of its step's tasks (its parent is SLURM's step daemon), not a
+    command typed in a shell that srun started (`srun -n 4 --pty bash`: the shell's step's variables, one process),
+    nor one a task's script or a search's trial started."""
+    try:
+        return Path(f"/proc/{STARTED_BY}/comm").read_text().strip() == "slurmstepd"
+    except OSError:
+        return False
 
 
 def launch_folder() -> Path:

@@ -90,7 +90,7 @@ def test_limit_val_batches_evaluates_that_many_batches_as_lightning_counts_them(
 
 @pytest.mark.slow
 def test_default_training_learns_and_logs_offline_to_wandb(train):
-    run = train("trainer.accelerator=cpu")
+    run = train("trainer.accelerator=cpu", as_baked=True)  # (the project's default preset)
     wandb = run.wandb
     assert wandb.metric("val/acc")[-1] >= 0.8, "chance is 1/8: the model must learn the task"
     assert len(wandb.metric("val/loss")) == 3 and len(wandb.metric("test/acc")) == 1

@@ -159,13 +159,13 @@ def permission_denied(error: BaseException, run_dir: Path) -> Path | None:
     is not writable. (Root may write anywhere: a user's shared cluster account may not.)"""
     seen = error
     while seen is not None:
-        if isinstance(seen, OSError) and seen.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-            return Path(seen.filename) if seen.filename else run_dir
+        if isinstance(seen, OSError) and seen.errno in (errno.EACCES, errno.EPERM, errno.EROFS) and seen.filename:
+            return Path(seen.filename)  # (without one, not a file's: a signal or a port refused)
         opened = re.search(r"File (.+) cannot be opened", str(seen))
         folder = Path(opened.group(1)).parent if opened else None
         if folder and folder.is_dir() and not os.access(folder, os.W_OK):
             return Path(opened.group(1))
-        if "PermissionDenied" in str(seen):
+        if "PermissionDenied" in str(seen) and "serializ" in str(seen):  # (safetensors' save names no file)
             return run_dir
         seen = seen.__cause__ or seen.__context__
     return None
@@ -185,7 +185,7 @@ def saved_shapes(checkpoint: Path) -> dict[str, tuple[int, ...]]:
         elif path.suffix == ".safetensors":
             with safe_open(str(path), "pt") as tensors:
                 shapes.update({key: tuple(tensors.get_slice(key).get_shape()) for key in tensors.keys()})
-        elif path.suffix in (".ckpt", ".bin", ".pt") and zipfile.is_zipfile(path):
+        elif path.suffix in TORCH_FILES and zipfile.is_zipfile(path):  # (.pkl: accelerate's custom objects)
             saved = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
             if isinstance(saved, dict) and isinstance(saved.get("state_dict"), dict):  # Lightning's
                 saved = saved["state_dict"]

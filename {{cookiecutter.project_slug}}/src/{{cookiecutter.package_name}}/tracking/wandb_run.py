@@ -5,6 +5,7 @@ run."""
 import contextlib
 import netrc
 import os
+import pwd
 import secrets
 import shlex
 import sys
@@ -53,9 +54,16 @@ def wandb_mode() -> str:
 
 def give_wandb_a_cache() -> None:
     """Without HOME (a container's or a batch system's bare environment) wandb's service finds no cache folder and
-    logged its own 20 lines to the terminal: it gets one in the temporary folder, as XDG_CACHE_HOME."""
-    if not os.environ.get("HOME") and not os.environ.get("XDG_CACHE_HOME"):
-        os.environ["XDG_CACHE_HOME"] = os.path.join(tempfile.gettempdir(), f"cache-{os.getuid()}")
+    logged its own 20 lines to the terminal: it gets, as XDG_CACHE_HOME, the one Python's libraries use there (the
+    user's home's .cache, from the password database), or a new temporary folder for a user without a home."""
+    if os.environ.get("HOME") or os.environ.get("XDG_CACHE_HOME"):
+        return
+    try:
+        home = pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:  # (a container's arbitrary user id)
+        home = ""
+    writable = bool(home) and os.path.isdir(home) and os.access(home, os.W_OK)
+    os.environ["XDG_CACHE_HOME"] = os.path.join(home, ".cache") if writable else tempfile.mkdtemp(prefix="cache-")
 
 
 def finish_wandb(failed: bool) -> None:
