@@ -31,7 +31,7 @@ from safetensors.torch import load_file, load_model, save_model
 from torch import nn
 
 from ..errors import ConfigError
-from ..runtime.checkpoint_files import last_of_run_folder
+from ..runtime.checkpoint_files import last_of_run_folder, pickled_keys_include
 from ..runtime.checkpoint_forms import is_numbered, nested, read_parts
 from ..runtime.resuming import check_keep_last, other_process_count_note, trained_config
 
@@ -185,6 +185,21 @@ def trained_so_far(checkpoint: Path) -> tuple[int, int]:
 def saved_by_layers(checkpoint: Path) -> bool:
     """Whether `checkpoint` was saved by model_parallel mode=layers: its net and optimizer in save_state's first custom
     object after the progress (WholeState), where the other presets keep their learning-rate schedule."""
+    whole_state = checkpoint / "custom_checkpoint_1.pkl"
+    return has_no_weights(checkpoint) and whole_state.is_file() and bool(pickled_keys_include(whole_state, "model"))
+
+
+def no_net(checkpoint: Path) -> ConfigError:
+    """The refusal of a checkpoint folder with no net in it (a copy that stopped): accelerate's traceback else."""
+    return ConfigError(
+        f"{checkpoint} holds no net: neither model.safetensors nor sharded/, nor model_parallel's layer-mode state (a "
+        "copy cut short?); give another checkpoint"
+    )
+
+
+def has_no_weights(checkpoint: Path) -> bool:
+    """Whether a checkpoint folder holds neither model.safetensors nor sharded/, where the presets but
+    model_parallel's layer mode keep the net."""
     return (
         checkpoint.is_dir() and not (checkpoint / "sharded").is_dir() and not (checkpoint / SAFE_WEIGHTS_NAME).exists()
     )

@@ -23,7 +23,7 @@ from ...parallel.layout import Layout
 from ...runtime.checkpoint_forms import keep_state_by_name, parameter_names
 from ...runtime.hardware import check_device_settings
 from ...runtime.resuming import check_same_mesh
-from ..checkpoints import saved_by_layers
+from ..checkpoints import has_no_weights, no_net, saved_by_layers
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda")  # gpu and cuda alike, as in Lightning
@@ -91,6 +91,8 @@ class Strategy:
                     f"{checkpoint} was saved by strategy=model_parallel strategy.mode=layers, whose checkpoint keeps "
                     "the net where the other presets keep their schedule: it resumes under that preset only"
                 )
+            if has_no_weights(checkpoint):
+                raise no_net(checkpoint)
 
     def device_layout(self, processes: int) -> Layout:
         """The run's replicas x shards x tensor_parallel x stages (parallel/layout.py): data parallel over every

@@ -58,7 +58,7 @@ from ...runtime.checkpoint_forms import (
     saved_entries,
 )
 from ...runtime.resuming import write_mesh
-from ..checkpoints import read_whole, saved_by_layers
+from ..checkpoints import has_no_weights, no_net, read_whole, saved_by_layers
 from . import Strategy
 
 
@@ -170,6 +170,8 @@ class ModelParallel(Strategy):
         if self.mode == "tensor":
             super().check_resume(checkpoint, processes, given)
         elif checkpoint is not None and not saved_by_layers(checkpoint):
+            if has_no_weights(checkpoint):
+                raise no_net(checkpoint)
             raise ConfigError(
                 f"{checkpoint} was saved by another preset than strategy=model_parallel strategy.mode=layers, whose "
                 "checkpoint keeps the net where the others keep their schedule: resume it under another preset"
