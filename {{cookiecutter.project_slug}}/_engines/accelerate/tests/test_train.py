@@ -153,3 +153,12 @@ def test_a_failing_run_still_closes_its_wandb_run(train, layout):
         assert run.output.rstrip().splitlines()[-1].startswith("error: training process ")
         assert run.output.rstrip().endswith("failed: RuntimeError: FailingNet: simulated crash (traceback above)")
         assert "ChildFailedError" not in run.output
+
+
+def test_a_multirun_of_in_process_trainings_with_other_precisions_trains_each_job(train, tmp_path):
+    """accelerate's state is the process's: a --multirun sweep over trainer.precision (its jobs one after another in
+    one process) trained its first job, then ended with accelerate's "already been initialized" traceback."""
+    sweep = ["hydra.mode=MULTIRUN", "trainer.precision=32-true,bf16-mixed", "trainer.accelerator=cpu"]
+    run = train(*sweep, "trainer.max_steps=2", "test_after_fit=false", "run_id=precisions")
+    [folder] = (tmp_path / "outputs" / "default").iterdir()
+    assert all((folder / job / "finished").is_file() for job in ("0", "1")), run.output[-3000:]

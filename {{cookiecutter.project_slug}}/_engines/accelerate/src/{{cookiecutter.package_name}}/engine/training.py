@@ -14,6 +14,7 @@ from pathlib import Path
 import accelerate.optimizer
 import torch
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState
 from accelerate.utils import set_seed
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
@@ -127,7 +128,13 @@ def train(cfg: DictConfig) -> None:
     def process() -> None:  # a named function: notebook_launcher (ddp_spawn) needs one
         fit_and_test(cfg, strategy, run_dir, recovery)
 
-    strategy.launch(process, processes)
+    try:
+        strategy.launch(process, processes)
+    finally:
+        # accelerate keeps its state per process (AcceleratorState, a singleton; no public reset): a next training in
+        # this process (a --multirun's next job, a notebook's next cell) with another precision, or ddp_spawn's
+        # notebook_launcher, refused to start ("already been initialized")
+        AcceleratorState._reset_state(reset_partial_state=True)
 
 
 # The model's settings this loop reads: it builds model.net and model.optimizer; the loss is loop.py's loss_fn.
