@@ -18,6 +18,7 @@ from layouts import command, layout
 from torch.utils.data import TensorDataset
 
 from {{ cookiecutter.package_name }}.data.loading import Data
+from {{ cookiecutter.package_name }}.data.sampling import check_position
 from {{ cookiecutter.package_name }}.errors import ConfigError
 
 pytest.importorskip("litdata", reason="data=streaming needs litdata (docs/your-data.md)")
@@ -73,6 +74,13 @@ def test_replicas_stream_disjoint_parts_and_resume_from_a_saved_position(streame
             state = loader.state_dict()  # after 4 batches of the first epoch
             break
     assert (state["epoch"], state["samples_done"]) == (0, 4 * BATCH)
+    # litdata's position is for its layout: 1 -> 2 processes ended in its traceback from a loader worker, 2 -> 1
+    # read other samples in silence; refused before the training (both engines call check_position)
+    check_position(state, BATCH, replicas=1, workers=0)
+    for replicas, workers in ((2, 0), (1, 2)):
+        with pytest.raises(ConfigError, match="stopped inside a streamed epoch read by 1 data-parallel process"):
+            check_position(state, BATCH, replicas=replicas, workers=workers)
+    check_position(state, BATCH, replicas=1, workers="auto")  # (auto: the node's count, not compared)
     resumed = stream_data(streamed).loader("train")
     resumed.load_state_dict(state)
     rest = [x for x, _ in resumed]

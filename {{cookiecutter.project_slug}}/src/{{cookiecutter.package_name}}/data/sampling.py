@@ -186,15 +186,29 @@ class ResumableLoader(DataLoader):
         self._resume = (epoch, samples // self.global_batch_size)
 
 
-def check_position(position: dict[str, int], global_batch_size: int) -> None:
+def check_position(
+    position: dict[str, int], global_batch_size: int, replicas: int | None = None, workers: int | str | None = None
+) -> None:
     """Refuse to continue a checkpoint whose training loader stopped mid-epoch (`position`: its state, {} at an
-    epoch's start) after a number of samples that batches of `global_batch_size` do not end on. Every process finds
-    it: the first says it."""
+    epoch's start) after a number of samples that batches of `global_batch_size` do not end on, or, a stream's
+    (data=streaming), with another number of data-parallel `replicas` or loader `workers` (data.num_workers=auto,
+    whose count is the node's, is not compared): litdata's position is for its own layout (1 -> 2 processes:
+    litdata's traceback from a loader worker; 2 -> 1: other samples, in silence). Every process finds it: the first
+    says it."""
     samples, epoch = position.get("samples_done", 0), position.get("epoch", 0)
     if samples % global_batch_size:
         message = (
             f"the checkpoint stopped after {samples} samples of epoch {epoch}, which is not a whole number of global "
             f"batches of {global_batch_size}: continue with a data.batch_size that divides {samples} (the one it was "
             "trained with does)"
+        )
+        raise said_once(ConfigError(message), is_first_process())
+    saved = position.get("replicas"), position.get("workers")
+    other = saved[0] != replicas or (isinstance(workers, int) and saved[1] != workers)
+    if samples and "stream" in position and replicas is not None and saved[0] is not None and other:
+        message = (
+            f"the checkpoint stopped inside a streamed epoch read by {saved[0]} data-parallel process(es) with "
+            f"data.num_workers={saved[1]}, this run has {replicas} with {workers}: litdata continues a stream's "
+            "position on its own layout only; resume with those, or from a checkpoint of an epoch's end"
         )
         raise said_once(ConfigError(message), is_first_process())

@@ -135,7 +135,9 @@ class StreamingLoader(StreamingDataLoader):
         # litdata counts epochs from 1 (it adds one as each epoch starts); the engines from 0.
         epoch = self.current_epoch - 1
         samples_done = self.batches_done * self.global_batch_size
-        return {"epoch": epoch, "samples_done": samples_done, "stream": super().state_dict()}
+        # (the layout litdata's position is for: data.sampling.check_position refuses another one mid-epoch)
+        layout = {"replicas": self.replicas, "workers": self.num_workers}
+        return {"epoch": epoch, "samples_done": samples_done, "stream": super().state_dict(), **layout}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "stream" in state:

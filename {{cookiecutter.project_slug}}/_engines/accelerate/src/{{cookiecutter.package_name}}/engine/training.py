@@ -330,7 +330,8 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
         if cfg.ckpt_path:  # another run's: this run's best starts afresh, as Lightning's in another folder does
             progress.best = None
         if not (cfg.oom.find_batch_size and progress.found_batch_size):  # (a batch found is continued with)
-            check_position(progress.loader, data.batch_size)  # before wandb starts: mid-epoch, a whole step ahead?
+            # before wandb starts: mid-epoch, a whole step ahead? a stream's on another layout?
+            check_position(progress.loader, data.batch_size, replicas, cfg.data.num_workers)
         if cfg.ckpt_path:  # (after its refusals: one line alone)
             accelerator.print(starting_from_message(start))
     if recovery:  # the micro-batch size that fitted before a restart, agreed by all processes

@@ -122,7 +122,8 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
     saved = saved_state(start) if start else {}  # read once: its counters and its loader's position
     if start:  # a global batch that continues the epoch a whole step ahead? (Lightning would find out after wandb)
         finder = any(isinstance(callback, BatchSizeFinder) for callback in trainer.callbacks)
-        check_position(mid_epoch_position(saved, finder), cfg.data.batch_size)
+        position = mid_epoch_position(saved, finder)
+        check_position(position, cfg.data.batch_size, data_parallel_size(trainer), cfg.data.num_workers)
     if start and (done := trained_so_far(saved)):
         limits = cfg.trainer.max_epochs, cfg.trainer.max_steps
         if note := check_not_past_the_end(Path(start), *done, *limits, bool(cfg.ckpt_path)):
