@@ -443,6 +443,11 @@ COMMAND_LINE_REFUSALS = [
         ["strategy=pipeline", "trainer.accelerator=cpu", "trainer.devices=2", "oom.find_batch_size=true"],
         "oom.find_batch_size works under strategy=single|ddp|ddp_spawn",  # (Accelerate: |dp, whose trials split)
     ),
+    (  # (a ValueError's traceback)
+        ["model=gpt", "data=tokens", "data.vocab_size=3"],
+        "data.dataset.branching=4 must be between 1 and data.vocab_size=3: give data.dataset.branching=3 or a larger",
+    ),
+    (["model=gpt", "data=tokens", "data.seq_len=0"], "data.vocab_size=64 and data.seq_len=0 must be 1 or more"),
 ]
 COMMAND_LINE_REFUSAL_IDS = [
     "data-setting-nothing-takes",
@@ -530,6 +535,8 @@ COMMAND_LINE_REFUSAL_IDS = [
     "recovery-under-fsdp",
     "recovery-under-dp",
     "finder-under-pipeline",
+    "token-vocabulary-below-its-branching",
+    "token-sequences-of-no-length",
 ]
 
 

@@ -9,6 +9,8 @@ falling val/loss shows learning. Each sample is one sequence: x = tokens 0..T-1,
 import torch
 from torch.utils.data import TensorDataset
 
+from ..errors import ConfigError
+
 
 class TokenData(TensorDataset):
     def __init__(
@@ -25,8 +27,13 @@ class TokenData(TensorDataset):
         sizes = {"train": train_size, "val": val_size, "test": test_size}
         if split not in sizes:
             raise ValueError(f"split={split!r}; valid: {', '.join(sizes)}")
+        if vocab_size < 1 or seq_len < 1:  # (seq_len=0: the run started, then a reshape's traceback at the first step)
+            raise ConfigError(f"data.vocab_size={vocab_size} and data.seq_len={seq_len} must be 1 or more")
         if not 1 <= branching <= vocab_size:
-            raise ValueError(f"branching={branching} must be between 1 and vocab_size={vocab_size}")
+            raise ConfigError(
+                f"data.dataset.branching={branching} must be between 1 and data.vocab_size={vocab_size}: give "
+                f"data.dataset.branching={max(1, min(branching, vocab_size))} or a larger vocabulary"
+            )
         # One generator for the chain and all splits in order: each split is the same whichever is asked for.
         generator = torch.Generator().manual_seed(seed)
         # Drawn per token (repeats allowed), not by sorting a vocab_size x vocab_size table: that took minutes and
