@@ -126,7 +126,7 @@ class Data:
         """Refuse, before training, a layout this data cannot feed: a stream is dealt out to the processes, each
         its own part, so processes that must read the same batches (tensor-parallel or pipeline ranks) cannot
         share one; and a training split smaller than one global batch (whole batches only: no step would train)."""
-        if "train" in self.split_names:  # (a stream's length is its index's count: a stream too trained 0 steps)
+        if "train" in self.split_names and not self.streams:
             self.setup()
             if (samples := len(self.splits["train"])) < self.batch_size:
                 smaller = f"data.batch_size={samples} or less, or " if samples else ""  # (none: "=0 or less")
