@@ -338,6 +338,12 @@ def prepare_run_folder(run_dir: Path, ckpt_path: str | None, resume: bool) -> No
         forget_wandb_run(run_dir)
 
 
+def loadable_form(path: Path) -> bool:
+    """Whether `path` has a form Lightning loads: a file torch.save wrote, or the folder of a preset that writes
+    parts (fsdp, model_parallel, pipeline: DCP's, with its .metadata)."""
+    return (path.is_file() and written_by_torch(path)) or (path / DCP_INDEX).is_file()
+
+
 def load_trained(checkpoint: str | Path, config: str | Path | None = None) -> Classifier:
     """The model of a run, with the weights of `checkpoint`, on the CPU and in eval mode.
 
@@ -347,8 +353,7 @@ def load_trained(checkpoint: str | Path, config: str | Path | None = None) -> Cl
     stages) write, put together here.
     """
     checkpoint = last_of_run_folder(Path(checkpoint), LAST)
-    whole_file = checkpoint.is_file() and written_by_torch(checkpoint)
-    if not whole_file and not (checkpoint / DCP_INDEX).is_file():  # (missing, the other engine's, a folder of yours)
+    if not loadable_form(checkpoint):  # (missing, the other engine's, a folder of yours)
         raise FileNotFoundError(
             f"{checkpoint} is not a checkpoint of this project: give a run folder or one of its checkpoints "
             "(<run dir>/checkpoints/last.ckpt)"

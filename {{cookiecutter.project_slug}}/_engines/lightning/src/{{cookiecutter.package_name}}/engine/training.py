@@ -50,7 +50,7 @@ from ..parallel.presets import built_in_preset
 from ..parallel.sharding import check_layer_devices, check_sized_parameters
 from ..parallel.split import check_chain
 from ..runtime.async_saves import check_async
-from ..runtime.checkpoint_files import DCP_INDEX, last_of_run_folder, pickled_keys_include, written_by_torch
+from ..runtime.checkpoint_files import last_of_run_folder, pickled_keys_include
 from ..runtime.hardware import check_device_settings
 from ..runtime.interrupt import interrupted, mark_finished
 from ..runtime.memory import configure_allocator
@@ -72,6 +72,7 @@ from .checkpoints import (
     LAST,
     AnyPresetCheckpointIO,
     ResumeCheckpoint,
+    loadable_form,
     mid_epoch_position,
     prepare_run_folder,
     resume_from,
@@ -383,7 +384,7 @@ def check_checkpoint_path(path: Path) -> None:
             f"ckpt_path={path} does not exist; give a .ckpt file (e.g. a run's last.ckpt) or a run folder"
         )
     check_saved_run(path, LAST)
-    if (path.is_dir() and not (path / DCP_INDEX).is_file()) or (path.is_file() and not written_by_torch(path)):
+    if not loadable_form(path):
         raise ConfigError(
             f"ckpt_path={path} is not a checkpoint (a .ckpt file, or the .ckpt folder of a preset that writes parts); "
             "give one, e.g. <run dir>/checkpoints/last.ckpt, or a run folder"
