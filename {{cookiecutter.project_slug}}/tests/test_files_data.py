@@ -268,8 +268,8 @@ def test_a_net_the_loss_cannot_train_on_this_data_is_refused_before_training(tmp
     with pytest.raises(ConfigError) as refused:
         check_output(on_meta(lambda: ResidualMLP(12, 2, hidden=8, depth=1)), data, cross_entropy)
     assert str(refused.value) == (
-        f"the data has target {largest} (in its first 10 training samples), but model.net ResidualMLP gives 2 "
-        "classes (0 to 1): set data.num_classes (or the model's size) to the largest target + 1"
+        f"the data has target {largest} (in its train split), but model.net ResidualMLP gives 2 classes (0 to 1): "
+        "set data.num_classes (or the model's size) to the largest target + 1"
     )
     with pytest.raises(ConfigError, match="model.net DictOutput returns a dict, but the loss takes one tensor of"):
         check_output(on_meta(DictOutput), data, cross_entropy)
@@ -313,11 +313,11 @@ def test_a_net_the_loss_cannot_train_on_this_data_is_refused_before_training(tmp
     # token ids past the embedding: an IndexError in the first step
     ids = torch.randint(0, 8, (6, 5)).index_fill(0, torch.tensor([4]), 9)
     tokens = Data(partial(tensors, ids, torch.zeros(6, 5, dtype=torch.long)), splits=["train", "val"])
-    with pytest.raises(ConfigError, match=r"the data has token id 9 \(in x of its first 6 training samples\), but"):
+    with pytest.raises(ConfigError, match=r"the data has token id 9 \(in x of its train split\), but"):
         check_output(on_meta(lambda: GPT(8, 40, dim=8, depth=1, num_heads=2)), tokens, cross_entropy)
     # ...also by a net the meta device cannot run (model=causal_lm: its forward reads a value), as samples of
     # different lengths without a collate: the checks of the data's values were skipped, a traceback at step 0
-    with pytest.raises(ConfigError, match=r"the data has token id 9 \(in x of its first 6 training samples\), but"):
+    with pytest.raises(ConfigError, match=r"the data has token id 9 \(in x of its train split\), but"):
         check_output(on_meta(ReadsAValue), tokens, cross_entropy)
     ragged = Data(partial(tensors, [torch.zeros(5 + i % 2, dtype=torch.long) for i in range(6)], torch.zeros(6)))
     with pytest.raises(ConfigError, match=r"samples of different shapes \(\(5,\), \(6,\), ...\), which torch's"):
@@ -391,8 +391,8 @@ def test_data_a_training_cannot_use_is_refused_before_it_starts(tmp_path):
                         "label, (positions, vocabulary) for a sequence) (labels of shape (1,): return each as a"),
         (x.index_fill(0, torch.tensor([3]), math.nan), y, "TensorDataset(split='train'): sample 3's x has NaN or "
                                                             "infinite values, which make the loss NaN"),
-        (x, y.index_fill(0, torch.tensor([2]), -1), "the data has target -1 (in its first 8 training samples): class "
-                                                     "targets are 0 to the number of classes - 1 (-100: left out"),
+        (x, y.index_fill(0, torch.tensor([2]), -1), "the data has target -1 (in its train split): class targets are 0 "
+                                                     "to the number of classes - 1 (-100: left out"),
         (x, y.index_fill(0, torch.tensor([2]), -100), None),  # cross-entropy leaves -100 out: fine
         (x, y.index_fill(0, torch.tensor([2]), -100).index_fill(0, torch.tensor([4]), 9), "the data has target 9 ("),
         ([torch.randn(length, 12) for length in (2, 2, 3)], y[:3], "data.dataset list(split='train'): samples of "
@@ -519,6 +519,29 @@ def test_the_loss_is_checked_on_what_the_net_gives_for_the_datas_targets():
     )
 
 
+def late_outlier(split: str, in_x: bool) -> TensorDataset:
+    """Token sequences whose validation split has an id (or a target) of 9 in its 151st sequence."""
+    x, y = torch.randint(0, 8, (200, 5)), torch.randint(0, 8, (200, 5))
+    if split == "val":
+        (x if in_x else y)[150, 2] = 9
+    return TensorDataset(x, y)
+
+
+def test_ids_and_targets_held_in_memory_are_checked_whole():
+    """data=files and data=tokens hold each split as two tensors: an id or a target past the model's sizes anywhere
+    in them is refused before training (past the first training samples it was an IndexError at its step, a
+    device-side assert on a GPU, at the first validation). A Dataset of yours is read for its first samples only."""
+    gpt = on_meta(lambda: GPT(8, 40, dim=8, depth=1, num_heads=2))  # a vocabulary of 8: ids and classes 0 to 7
+    with pytest.raises(ConfigError, match=r"^the data has token id 9 \(in x of its val split\), but model.net GPT "):
+        check_output(gpt, Data(partial(late_outlier, in_x=True), splits=["train", "val"]), cross_entropy)
+    with pytest.raises(ConfigError, match=r"^the data has target 9 \(in its val split\), but model.net GPT gives 8 "):
+        check_output(gpt, Data(partial(late_outlier, in_x=False), splits=["train", "val"]), cross_entropy)
+    ids = torch.randint(0, 8, (100, 5)).index_fill(0, torch.tensor([3]), 9)
+    own = Data(partial(tensors, list(ids), torch.zeros(100, 5, dtype=torch.long)), splits=["train", "val"])
+    with pytest.raises(ConfigError, match=r"^the data has token id 9 \(in x of its first 64 training samples\)"):
+        check_output(gpt, own, cross_entropy)
+
+
 def binary(split: str, largest: int = 1) -> TensorDataset:
     """A binary classification split: labels 0 and 1 (or up to `largest`)."""
     return TensorDataset(torch.randn(8, 12), torch.arange(8) % (largest + 1))
@@ -530,7 +553,7 @@ def test_a_binary_classifier_with_one_logit_trains_with_a_loss_of_its_own():
     one_logit = on_meta(lambda: nn.Sequential(nn.Linear(12, 1), nn.Flatten(0)))
     bce = lambda logits, y: F.binary_cross_entropy_with_logits(logits, y.float())  # noqa: E731
     check_output(one_logit, Data(binary, splits=["train"]), bce)
-    two = r"the data has target 2 \(in its first 8 training samples\), but model.net Sequential gives one logit per "
+    two = r"the data has target 2 \(in its train split\), but model.net Sequential gives one logit per "
     with pytest.raises(ConfigError, match=two + r"sample, a binary classifier's \(classes 0 and 1\)"):
         check_output(one_logit, Data(partial(binary, largest=2), splits=["train"]), bce)
     with pytest.raises(ConfigError, match=r"the loss takes one row of logits per target .*; a binary classifier's one "

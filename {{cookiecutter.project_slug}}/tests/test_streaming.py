@@ -5,6 +5,7 @@ import contextlib
 import functools
 import io
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -111,7 +112,8 @@ TRAIN = [
 
 @pytest.mark.slow
 def test_a_stopped_streamed_training_continues_exactly(streamed, train, tmp_path):
-    """Two replicas, each with a loader worker: litdata's position is per replica and per worker.
+    """Two replicas, each with a loader worker: litdata's position is per replica and per worker. The data is
+    moved to another folder before the run continues (litdata's position names the folder).
 
     Each training in a new interpreter, as a user's is, not forked from the tests' helper process (tests/forked.py):
     in three of about twelve CI runs under load a training of this test hung until its 300 s limit (it never hung
@@ -120,14 +122,17 @@ def test_a_stopped_streamed_training_continues_exactly(streamed, train, tmp_path
     """
     ddp, launcher = command(layout("ddp"))
     fresh = {"STARTS_NEW_INTERPRETER": "1"}
-    train = functools.partial(train, *TRAIN, *ddp, f"data.dir={streamed}", launcher=launcher, env=fresh)
-    uninterrupted = train()
+    train = functools.partial(train, *TRAIN, *ddp, launcher=launcher, env=fresh)
+    uninterrupted = train(f"data.dir={streamed}")
     wandb = uninterrupted.wandb
     assert wandb.steps("train/loss") == list(range(20)) and len(wandb.metric("val/loss")) == 2
     assert wandb.config["model"]["net"]["in_features"] == 12, "the model sized from the streamed folder"
 
-    stopped = train("trainer.max_steps=6")  # mid-epoch, after a checkpoint
-    resumed = train(run_dir=stopped.run_dir)
+    before, after = tmp_path / "data", tmp_path / "moved"  # the data moved between the starts (MAY_MOVE)
+    shutil.copytree(streamed, before)
+    stopped = train(f"data.dir={before}", "trainer.max_steps=6")  # mid-epoch, after a checkpoint
+    before.rename(after)
+    resumed = train(f"data.dir={after}", run_dir=stopped.run_dir)
     assert "resuming from" in resumed.output
     history = resumed.wandb
     assert history.steps("train/loss") == list(range(20)), "each step once, none missing"
@@ -151,12 +156,21 @@ BAD_INPUT = [
         ["data=streaming", "data.dir=s3://bucket/data"],
         "is not read from s3://bucket/data: give data.num_features, data.num_classes and data.splits",
     ),
+    (
+        ["data=streaming", "data.dir=SHAPES", f"data.batch_size={TRAIN_SIZE + 1}"],
+        f"the training split has {TRAIN_SIZE} samples, fewer than one global batch (data.batch_size={TRAIN_SIZE + 1})",
+    ),
+    (["data=streaming", "data.dir=UNINDEXED"], "/train: no index.json, so not a split written by python -m"),
     *STREAMING_REFUSALS,
 ]
 
 
 def test_what_streaming_refuses(streamed, tmp_path_factory, train_env):
-    cases = [[arg.replace("SHAPES", str(streamed)) for arg in case] for case, _ in BAD_INPUT]
+    unindexed = tmp_path_factory.mktemp("unindexed") / "data"  # a split's index.json lost in a copy
+    shutil.copytree(streamed, unindexed)
+    (unindexed / "train" / "index.json").unlink()
+    placed = lambda arg: arg.replace("SHAPES", str(streamed)).replace("UNINDEXED", str(unindexed))  # noqa: E731
+    cases = [[placed(arg) for arg in case] for case, _ in BAD_INPUT]
     runs = refuse_all(tmp_path_factory.mktemp("refused"), train_env, cases)
     for run, (_, message) in zip(runs, BAD_INPUT, strict=True):
         run.assert_rejected(message)

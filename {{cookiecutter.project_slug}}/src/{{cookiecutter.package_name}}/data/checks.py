@@ -225,7 +225,12 @@ def check_output(
     samples = [dataset[index] for index in range(1, min(len(dataset), LABELS_READ))]
     for index, sample in enumerate(samples, start=1):
         check_finite(data.source("train"), index, sample)
-    check_token_ids(net, [item[0], *(sample[0] for sample in samples)])
+    held = whole_splits(data)  # all of each split's ids and targets, where they are two tensors in memory
+    for split, (inputs, _) in held.items():
+        check_token_ids(net, [inputs], f"its {split} split")
+    if not held:
+        inputs = [item[0], *(sample[0] for sample in samples)]
+        check_token_ids(net, inputs, f"its first {len(inputs)} training samples")
     first = tuple(x.shape[1:])
     other = next((shape for sample in samples if (shape := tuple(torch.as_tensor(sample[0]).shape)) != first), None)
     if other is not None and data.collate_fn is None and micro_batch_size != 1:  # torch's collate: "stack expects"
@@ -243,28 +248,55 @@ def check_output(
     binary = logits.dim() == 1 and logits.shape == y.shape  # one logit per sample, for a loss of yours (BCE's)
     if not (binary or rows_per_target(logits, y)):  # one score per sample, say: "gives 1 classes (0 to 0)" before
         raise logits_per_target(name, logits, y)
-    labels = [torch.as_tensor(target) for target in [y[0], *(sample[1] for sample in samples)]]
-    labels = [label[label != IGNORED] for label in labels]  # (-100: a target cross-entropy leaves out)
-    labels = [label for label in labels if label.numel()]
-    if not labels:
+    if held:
+        for split, (_, targets) in held.items():
+            check_targets(name, [targets], f"its {split} split", logits.shape[-1], binary)
+    else:
+        labels = [torch.as_tensor(target) for target in [y[0], *(sample[1] for sample in samples)]]
+        check_targets(name, labels, f"its first {len(labels)} training samples", logits.shape[-1], binary)
+
+
+def whole_splits(data: Data) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The splits held as (x, y) tensors in memory (data=files, data=tokens, a TensorDataset of yours): their ids
+    and targets are checked whole, a pass over memory, where a Dataset of yours is read for its first samples only
+    (an id or target past the model's sizes after them: an IndexError at its step, a device-side assert on a GPU)."""
+    pairs = {split: dataset.tensors for split, dataset in data.splits.items() if isinstance(dataset, TensorDataset)}
+    return pairs if len(pairs) == len(data.splits) and all(len(pair) == 2 for pair in pairs.values()) else {}
+
+
+def extremes(values: torch.Tensor) -> tuple[int, int] | None:
+    """The smallest and largest of integer `values` but the ignored target (-100), read in slices (a split of a
+    billion tokens is not copied whole); None when there are none."""
+    flat, found = values.reshape(-1), []
+    for start in range(0, flat.numel(), 1 << 24):
+        part = flat[start : start + (1 << 24)]
+        part = part[part != IGNORED]  # (-100: a target cross-entropy leaves out)
+        if part.numel():
+            found += [int(part.min()), int(part.max())]
+    return (min(found), max(found)) if found else None
+
+
+def check_targets(name: str, labels: list[torch.Tensor], where: str, classes: int, binary: bool) -> None:
+    """Class targets from 0 to the net's classes - 1 (one logit per sample, `binary`: 0 and 1)."""
+    ranges = [found for label in labels if (found := extremes(torch.as_tensor(label))) is not None]
+    if not ranges:
         return
-    if (smallest := min(int(label.min()) for label in labels)) < 0:
+    if (smallest := min(low for low, _ in ranges)) < 0:
         raise ConfigError(
-            f"the data has target {smallest} (in its first {len(labels)} training samples): class targets are 0 to "
-            f"the number of classes - 1 ({IGNORED}: left out of the loss)"
+            f"the data has target {smallest} (in {where}): class targets are 0 to the number of classes - 1 "
+            f"({IGNORED}: left out of the loss)"
         )
-    largest = max(int(label.max()) for label in labels)
+    largest = max(high for _, high in ranges)
     if binary and largest > 1:
         raise ConfigError(
-            f"the data has target {largest} (in its first {len(labels)} training samples), but model.net {name} gives "
-            "one logit per sample, a binary classifier's (classes 0 and 1): give it a row of logits per sample, one "
-            "per class, for the template's cross-entropy, or, for values (a regression), store y as floats"
+            f"the data has target {largest} (in {where}), but model.net {name} gives one logit per sample, a binary "
+            "classifier's (classes 0 and 1): give it a row of logits per sample, one per class, for the template's "
+            "cross-entropy, or, for values (a regression), store y as floats"
         )
-    if not binary and largest >= logits.shape[-1]:
+    if not binary and largest >= classes:
         raise ConfigError(
-            f"the data has target {largest} (in its first {len(labels)} training samples), but model.net {name} "
-            f"gives {logits.shape[-1]} classes (0 to {logits.shape[-1] - 1}): set data.num_classes (or the model's "
-            "size) to the largest target + 1"
+            f"the data has target {largest} (in {where}), but model.net {name} gives {classes} classes (0 to "
+            f"{classes - 1}): set data.num_classes (or the model's size) to the largest target + 1"
         )
 
 
@@ -344,9 +376,9 @@ def collated(collate_fn: Callable[[list[Any]], Any], item: Any) -> Any:
     return batch
 
 
-def check_token_ids(net: nn.Module, inputs: list[Any]) -> None:
+def check_token_ids(net: nn.Module, inputs: list[Any], where: str) -> None:
     """Integer samples are ids a net's first nn.Embedding looks up: one past its size was an IndexError in the
-    first step (labels are checked against the classes apart)."""
+    first step (labels are checked against the classes apart). `where`: the samples', for the refusal."""
     embedding = next((module for module in net.modules() if isinstance(module, nn.Embedding)), None)
     ids = [torch.as_tensor(x) for x in inputs if isinstance(x, torch.Tensor | list | int)]
     ids = [x for x in ids if x.numel() and not x.is_floating_point() and x.dtype != torch.bool]
@@ -356,9 +388,9 @@ def check_token_ids(net: nn.Module, inputs: list[Any]) -> None:
     size = embedding.num_embeddings
     if smallest < 0 or largest >= size:
         raise ConfigError(
-            f"the data has token id {smallest if smallest < 0 else largest} (in x of its first {len(ids)} training "
-            f"samples), but model.net {type(net).__name__} embeds {size} (0 to {size - 1}): set the vocabulary "
-            "(data.num_classes, or model.net.vocab_size) to the largest id + 1"
+            f"the data has token id {smallest if smallest < 0 else largest} (in x of {where}), but model.net "
+            f"{type(net).__name__} embeds {size} (0 to {size - 1}): set the vocabulary (data.num_classes, or "
+            "model.net.vocab_size) to the largest id + 1"
         )
 
 

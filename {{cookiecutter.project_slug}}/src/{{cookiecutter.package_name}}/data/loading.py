@@ -126,9 +126,12 @@ class Data:
         """Refuse, before training, a layout this data cannot feed: a stream is dealt out to the processes, each
         its own part, so processes that must read the same batches (tensor-parallel or pipeline ranks) cannot
         share one; and a training split smaller than one global batch (whole batches only: no step would train)."""
-        if "train" in self.split_names and not self.streams:
+        if "train" in self.split_names:
             self.setup()
-            if (samples := len(self.splits["train"])) < self.batch_size:
+            train = self.splits["train"]
+            # (a stream's length asks litdata to lay it out for this process: its index's count instead)
+            samples = train.indexed_samples if self.streams else len(train)
+            if samples is not None and samples < self.batch_size:
                 smaller = f"data.batch_size={samples} or less, or " if samples else ""  # (none: "=0 or less")
                 raise ConfigError(
                     f"the training split has {samples} samples, fewer than one global batch (data.batch_size="

@@ -57,6 +57,7 @@ class StreamedSplit(StreamingDataset):
         cache_dir: str | None = None,
         max_cache_size: str | None = None,
     ) -> None:
+        self.indexed_samples = indexed_samples(f"{dir.rstrip('/')}/{split}")
         super().__init__(
             f"{dir.rstrip('/')}/{split}",
             cache_dir=cache_dir,
@@ -72,6 +73,23 @@ class StreamedSplit(StreamingDataset):
         """A map-style view, for validation and test: each sample once over the replicas (data.EvalSampler), in
         order, so that their metrics are exact (a stream would drop some to keep the replicas even)."""
         return ByIndex(self)
+
+
+def indexed_samples(split_dir: str) -> int | None:
+    """The samples of a local split folder, counted from its litdata index.json without reading a chunk (what
+    the check of a split smaller than one global batch needs, before the loader lays the stream out); None for a
+    bucket, whose index litdata downloads itself. A folder without one is refused here: litdata's own error is a
+    traceback that names its internals."""
+    if "://" in split_dir:
+        return None
+    index = Path(split_dir).expanduser() / "index.json"
+    if not index.is_file():
+        convert = "python -m {{ cookiecutter.package_name }}.data.streaming FILES_DIR DIR"
+        raise ConfigError(
+            f"{index.parent}: no index.json, so not a split written by {convert} (data.dir=DIR holds one such "
+            "folder per split of data.splits)"
+        )
+    return sum(chunk["chunk_size"] for chunk in json.loads(index.read_text())["chunks"])
 
 
 class ByIndex(Dataset):
@@ -141,7 +159,10 @@ class StreamingLoader(StreamingDataLoader):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "stream" in state:
-            super().load_state_dict(state["stream"])
+            # litdata's position names the folder it was read from and refuses any other (a traceback at the first
+            # batch), but the data may move between starts (runtime/resuming.MAY_MOVE): this run's folder instead.
+            here = {"input_dir_path": self.dataset.input_dir.path, "input_dir_url": self.dataset.input_dir.url}
+            super().load_state_dict({**state["stream"], "dataset": {**state["stream"]["dataset"], **here}})
             self._loaded = state["samples_done"] // self.global_batch_size
         elif state["samples_done"]:
             raise ValueError("a streamed epoch can only be resumed from the loader's own state (its 'stream' key)")
