@@ -9,8 +9,10 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from conftest import QUICK
 from engine_specific import DDP
 from layouts import torchrun
+from slurm_jobs import ENDED, job_state, wait_for
 
 from {{ cookiecutter.package_name }} import errors
 from {{ cookiecutter.package_name }}.config.command_line import check_output_folder
@@ -352,3 +354,22 @@ def test_a_collective_broken_by_another_process_s_death_is_told_from_other_error
         lost_peer(RuntimeError("Read error [127.0.0.1]:56004: Connection reset by peer.")) == "Connection reset by peer"
     )
     assert lost_peer(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None
+
+
+def test_a_time_limit_too_short_to_requeue_at_ends_the_job_instead_of_requeueing_it_for_ever(slurm, tmp_path, train_env):
+    """launch/slurm.sbatch under a --time shorter than its 90 s warning's margin: SLURM signals every start at once,
+    which the script's requeue made a loop. The signal (sent here as soon as the script runs, as SLURM soon would)
+    is said, and the job trains to its end, once."""
+    script = Path(__file__).resolve().parents[1] / "launch/slurm.sbatch"
+    submit = ["sbatch", "--parsable", "--time=2", "--nodes=1", "--ntasks-per-node=1", f"--chdir={tmp_path}"]
+    training = [*QUICK, "trainer.max_steps=3", "logger=none"]
+    done = subprocess.run([*submit, str(script), *training], env=train_env, capture_output=True, text=True, check=True)
+    job = done.stdout.strip().split(";")[0]
+    log = tmp_path / f"slurm-{job}.out"
+    wait_for(lambda: log.exists() and log.stat().st_size > 0, job, log, "the script to run (its trap set)")
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)
+    wait_for(lambda: job_state(job) in ENDED, job, log, "the job to end")
+    output = log.read_text()
+    assert job_state(job) in ("COMPLETED", "GONE"), output[-4000:]
+    assert f"time limit near: job {job} not requeued: --time=2:00 leaves under 90 s" in output, output[-4000:]
+    assert "requeueing" not in output and "resuming from" not in output, "one start, not requeued"
