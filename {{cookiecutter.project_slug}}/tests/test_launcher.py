@@ -356,7 +356,9 @@ def test_a_collective_broken_by_another_process_s_death_is_told_from_other_error
     assert lost_peer(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None
 
 
-def test_a_time_limit_too_short_to_requeue_at_ends_the_job_instead_of_requeueing_it_for_ever(slurm, tmp_path, train_env):
+def test_a_time_limit_too_short_to_requeue_at_ends_the_job_instead_of_requeueing_it_for_ever(
+    slurm, tmp_path, train_env
+):
     """launch/slurm.sbatch under a --time shorter than its 90 s warning's margin: SLURM signals every start at once,
     which the script's requeue made a loop. The signal (sent here as soon as the script runs, as SLURM soon would)
     is said, and the job trains to its end, once."""
