@@ -92,6 +92,9 @@ def test_one_process_of_a_launcher_is_told_how_that_launcher_starts_more(launche
     assert started_alone() == "accelerate launch started 1: give it --num_processes N"
     monkeypatch.delenv("ACCELERATE_MIXED_PRECISION")
     assert started_alone().startswith("torchrun started 1: give it --nproc-per-node=N (NPROC_PER_NODE=N for")
+    launched_by({"TORCHELASTIC_RESTART_COUNT": "1"})  # the one process left of an elastic job, or one restarted
+    assert started_alone().startswith("torchrun restarted it as 1 (all that is left of an elastic --nnodes=MIN:MAX")
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT")
     launched_by({"SLURM_JOB_ID": "7"})  # launch/slurm.sbatch: torchrun on each machine
     assert started_alone().startswith("SLURM gave it 1 per machine: give sbatch --ntasks-per-node=N")
 

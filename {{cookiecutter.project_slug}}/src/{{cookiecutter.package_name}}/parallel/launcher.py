@@ -160,6 +160,11 @@ def started_alone() -> str | None:
         return "SLURM gave it 1 per machine: give sbatch --ntasks-per-node=N (launch/slurm.sbatch starts N)"
     if "TORCHELASTIC_RUN_ID" in env and "ACCELERATE_MIXED_PRECISION" in env:
         return "accelerate launch started 1: give it --num_processes N"
+    if "TORCHELASTIC_RUN_ID" in env and env.get("TORCHELASTIC_RESTART_COUNT", "0") not in ("", "0"):
+        return (  # (torchrun does not say how many machines the group had before: its size now is all it tells)
+            "torchrun restarted it as 1 (all that is left of an elastic --nnodes=MIN:MAX job when the other "
+            "machines left; otherwise give torchrun --nproc-per-node=N)"
+        )
     if "TORCHELASTIC_RUN_ID" in env:
         return "torchrun started 1: give it --nproc-per-node=N (NPROC_PER_NODE=N for launch/torchrun_multinode.sh)"
     if "ACCELERATE_MIXED_PRECISION" in env:  # accelerate's launcher ran the command itself: one process
