@@ -1,18 +1,26 @@
 """A training killed anywhere, even while it writes a checkpoint, continues exactly when the same command runs
 again: from its last complete checkpoint, by itself, with the same per-step losses (bit-identical on CPU)."""
 
+import re
+import shutil
 import signal
 
 import pytest
+import torch
+from accelerate import Accelerator
+from accelerate.utils import OPTIMIZER_NAME
 from conftest import PACKAGE, QUICK, Run, make_runner
+from engine_specific import reset_engine_state
 from forked import start_module
 from launchers import accelerate_launch
 from own_models import paused
 from restarts import RESTARTABLE, STEPS, losses_by_step, run_in
+from torch import nn
 from wandb_records import offline_runs, sync_dry_run
 
-from {{ cookiecutter.package_name }}.engine.checkpoints import load_trained
+from {{ cookiecutter.package_name }}.engine.checkpoints import Checkpoints, load_trained
 from {{ cookiecutter.package_name }}.engine.loop import Progress
+from {{ cookiecutter.package_name }}.errors import ConfigError
 
 pytestmark = pytest.mark.slow
 
@@ -127,3 +135,25 @@ def test_where_the_loop_stood_is_read_from_older_checkpoints_and_keeps_its_best_
     again = Progress()
     again.load_state_dict(older.state_dict())
     assert again.state_dict() == older.state_dict()
+
+
+def test_a_checkpoint_folder_missing_a_file_accelerate_opens_is_refused_in_one_line(tmp_path):
+    """A registered object's state, the optimizer's, every random state: missing (a copy cut short, a file deleted),
+    accelerate's load_state raised its RuntimeError or FileNotFoundError, or, without the random states, went on
+    with other random numbers than the uninterrupted run's."""
+    accelerator = Accelerator(cpu=True)
+    try:
+        net = nn.Linear(2, 2)
+        net, optimizer = accelerator.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+        accelerator.register_for_checkpointing(Progress(), Progress())  # (the loop's progress, a schedule's place)
+        checkpoints = Checkpoints(accelerator, tmp_path / "checkpoints")
+        checkpoints.save(1)
+        whole = tmp_path / "checkpoints" / "step-0000001"
+        checkpoints.load(whole)
+        for name in ("custom_checkpoint_1.pkl", f"{OPTIMIZER_NAME}.bin", "random_states_0.pkl"):
+            copy = shutil.copytree(whole, tmp_path / name)
+            (copy / name).unlink()
+            with pytest.raises(ConfigError, match=f"^{copy}: {re.escape(name)} missing \\(a copy cut short, a file"):
+                checkpoints.load(copy)
+    finally:
+        reset_engine_state()

@@ -30,7 +30,7 @@ from hydra.utils import instantiate
 from safetensors.torch import load_file, load_model, save_model
 from torch import nn
 
-from ..errors import ConfigError
+from ..errors import ConfigError, said_once
 from ..runtime.checkpoint_files import last_of_run_folder, pickled_keys_include
 from ..runtime.checkpoint_forms import is_numbered, nested, read_parts
 from ..runtime.resuming import check_keep_last, other_process_count_note, trained_config
@@ -62,6 +62,7 @@ class Checkpoints:
 
     def load(self, checkpoint: Path) -> None:
         """Restore everything `checkpoint` holds. All processes call this."""
+        self.check_complete(checkpoint)
         saved, processes = len(list(checkpoint.glob("random_states_*.pkl"))), self.accelerator.num_processes
         if saved != processes and self.accelerator.is_main_process:  # accelerate only logs it, at the INFO level
             warnings.warn(other_process_count_note(saved, processes), stacklevel=2)
@@ -72,6 +73,26 @@ class Checkpoints:
             self.accelerator.load_state(checkpoint)
         if self.sharded is not None:
             self.sharded.load(checkpoint)
+
+    def check_complete(self, checkpoint: Path) -> None:
+        """Refuse a checkpoint folder missing a file accelerate's load_state opens: the state of a registered object
+        (its RuntimeError counting them), the optimizer's (a FileNotFoundError), or every random state (a resume
+        that went on with other random numbers than the uninterrupted run's, without a word). A copy cut short, a
+        file deleted: said in one line, with what to do."""
+        expected = [f"custom_checkpoint_{index}.pkl" for index in range(len(self.accelerator._custom_objects))]
+        if self.sharded is not None or not (checkpoint / "sharded").is_dir():  # (else put together: as_whole)
+            optimizers = range(len(self.accelerator._optimizers))  # those it prepared: one file each
+            expected += [f"{OPTIMIZER_NAME}{f'_{index}' if index else ''}.bin" for index in optimizers]
+        if not any(checkpoint.glob("random_states_*.pkl")):
+            expected += ["random_states_0.pkl"]
+        if missing := [name for name in expected if not (checkpoint / name).is_file()]:
+            raise said_once(
+                ConfigError(
+                    f"{checkpoint}: {', '.join(missing)} missing (a copy cut short, a file deleted?): give another "
+                    "checkpoint (ckpt_path=), or resume=false to train afresh"
+                ),
+                self.accelerator.is_main_process,
+            )
 
     @property
     def last(self) -> Path | None:
