@@ -9,7 +9,9 @@ import keyword
 import re
 import sys
 import unicodedata
+from pathlib import Path
 
+ENGINE = {{ cookiecutter.engine | tojson }}
 PROJECT_NAME = {{ cookiecutter.project_name | tojson }}
 PROJECT_SLUG = {{ cookiecutter.project_slug | tojson }}
 PACKAGE_NAME = {{ cookiecutter.package_name | tojson }}
@@ -46,6 +48,9 @@ TEST_MODULES |= {"simulated_oom", "slurm_jobs", "wandb_records", "kill_switch", 
 TEST_MODULES |= {"failing_callback", "launchers", "nets", "oom_sim", "own_modules", "restarts", "shard_probe"}
 TAKEN = set(sys.stdlib_module_names) | DEPENDENCIES | EXTRAS | TORCH_NEEDS | THEIR_NEEDS | TEST_MODULES
 TAKEN |= {"test", "tests"}
+# A file each engine alone puts in the package. cookiecutter -f bakes over an existing folder (the hook runs in it)
+# and deletes nothing: over a project of the other engine, both engines' files were left mixed.
+ENGINE_FILES = {"lightning": "engine/datamodule.py", "accelerate": "engine/loop.py"}
 SLUG = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
 WANDB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
@@ -81,6 +86,13 @@ def problem() -> str | None:
         return f"wandb_entity {WANDB_ENTITY!r} is not usable: leave it empty or use letters, digits, '_', '-' and '.'"
     if AUTHOR_EMAIL and not re.fullmatch(r"[^@\s\"]+@[^@\s\"]+", AUTHOR_EMAIL):
         return f"author_email {AUTHOR_EMAIL!r} is not an e-mail address"
+    if other := next((name for name, file in ENGINE_FILES.items() if Path("src", PACKAGE_NAME, file).is_file()), None):
+        if other != ENGINE:
+            return (
+                f"{Path.cwd()} holds this project baked with engine={other}: baking engine={ENGINE} over it would "
+                f"leave the {other} engine's files beside the new ones (cookiecutter deletes none); bake into a new "
+                "folder, or remove this one first"
+            )
     return None
 
 

@@ -37,11 +37,11 @@ REJECTED = [
 ]
 
 
-def bake_cli(tmp_path, **answers) -> subprocess.CompletedProcess:
-    """The real command line a user runs, without a terminal."""
+def bake_cli(tmp_path, *flags: str, **answers) -> subprocess.CompletedProcess:
+    """The real command line a user runs, without a terminal (`flags`: cookiecutter's, e.g. -f)."""
     args = [f"{key}={value}" for key, value in answers.items()]
     return subprocess.run(
-        [sys.executable, "-m", "cookiecutter", "--no-input", "-o", str(tmp_path), str(TEMPLATE), *args],
+        [sys.executable, "-m", "cookiecutter", "--no-input", *flags, "-o", str(tmp_path), str(TEMPLATE), *args],
         check=False,
         capture_output=True,
         text=True,
@@ -58,6 +58,19 @@ def test_unusable_answers_stop_the_bake(tmp_path, answers, message):
     assert result.stderr.startswith("error: ") and message in result.stderr
     assert "SyntaxError" not in result.stderr
     assert not out.exists() or not any(out.rglob("*")), "nothing may be generated"
+
+
+def test_a_bake_over_a_project_of_the_other_engine_is_refused_and_deletes_nothing(tmp_path):
+    """cookiecutter -f writes over an existing folder and deletes nothing: the other engine's files stayed."""
+    assert bake_cli(tmp_path, engine="lightning").returncode == 0
+    [project] = tmp_path.iterdir()
+    before = sorted(project.rglob("*"))
+    other = bake_cli(tmp_path, "-f", engine="accelerate")
+    assert other.returncode != 0
+    assert other.stderr.startswith(f"error: {project} holds this project baked with engine=lightning: baking engine=")
+    assert sorted(project.rglob("*")) == before, "the project as it was"
+    again = bake_cli(tmp_path, "-f", engine="lightning")  # the same engine again: cookiecutter's own overwrite
+    assert again.returncode == 0, again.stderr
 
 
 def test_a_long_project_name_gives_a_folder_name_of_64_characters_at_most(tmp_path):
