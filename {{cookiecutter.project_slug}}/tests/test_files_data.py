@@ -143,6 +143,8 @@ BAD = {
     "float labels": ({"val.pt": {"y": np.zeros(10, dtype=np.float32)}}, "val.pt: y is float32; class labels must be"),
     "negative labels": ({"train.npz": {"y": np.full(10, -1)}}, "train.npz: y has negative labels (-1)"),
     "no y": ({"train.npz": {"y": None}}, "train.npz: needs x and y; it has x"),
+    "empty samples": ({"val.pt": {"x": np.zeros((10, 0), dtype=np.int64)}},  # token sequences of length 0
+                      "val.pt: x is shaped [10, 0]: each sample holds no value; give one or more"),
     "shapes": ({"val.pt": {"x": np.zeros((10, 3, 5))}}, "val.pt: samples are shaped x [3, 5], y []; train.npz's are"),
     "two formats": ({"train.pt": {}}, "train.npz: train.pt is there too; keep one train file"),
     "not an archive": ({"val.pt": "garbage"}, "val.pt: cannot be read"),
@@ -536,6 +538,10 @@ def test_ids_and_targets_held_in_memory_are_checked_whole():
         check_output(gpt, Data(partial(late_outlier, in_x=True), splits=["train", "val"]), cross_entropy)
     with pytest.raises(ConfigError, match=r"^the data has target 9 \(in its val split\), but model.net GPT gives 8 "):
         check_output(gpt, Data(partial(late_outlier, in_x=False), splits=["train", "val"]), cross_entropy)
+    padded = Data(partial(tensors, torch.full((6, 5), -1), torch.full((6, 5), -100)), splits=["train", "val"])
+    with pytest.raises(ConfigError, match=r"^the data has token id -1 \(in x of its train split\), but model.net GPT "
+                       r"embeds ids 0 to 7: give every position of x an id of the vocabulary \(padding: one id"):  # fmt: skip
+        check_output(gpt, padded, cross_entropy)  # (it said: set the vocabulary to the largest id + 1)
     ids = torch.randint(0, 8, (100, 5)).index_fill(0, torch.tensor([3]), 9)
     own = Data(partial(tensors, list(ids), torch.zeros(100, 5, dtype=torch.long)), splits=["train", "val"])
     with pytest.raises(ConfigError, match=r"^the data has token id 9 \(in x of its first 64 training samples\)"):

@@ -15,6 +15,7 @@ from torch.utils.data import Dataset, IterableDataset, TensorDataset, default_co
 from ..errors import ConfigError
 from ..runtime.optimization import check_trainable
 from . import IGNORED
+from .files import CHUNK, largest, smallest_label
 from .loading import Data
 
 TOKEN_IDS = (torch.int64, torch.int32)  # what nn.Embedding looks up
@@ -264,38 +265,27 @@ def whole_splits(data: Data) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     return pairs if len(pairs) == len(data.splits) and all(len(pair) == 2 for pair in pairs.values()) else {}
 
 
-def extremes(values: torch.Tensor) -> tuple[int, int] | None:
-    """The smallest and largest of integer `values` but the ignored target (-100), read in slices (a split of a
-    billion tokens is not copied whole); None when there are none."""
-    flat, found = values.reshape(-1), []
-    for start in range(0, flat.numel(), 1 << 24):
-        part = flat[start : start + (1 << 24)]
-        part = part[part != IGNORED]  # (-100: a target cross-entropy leaves out)
-        if part.numel():
-            found += [int(part.min()), int(part.max())]
-    return (min(found), max(found)) if found else None
-
-
 def check_targets(name: str, labels: list[torch.Tensor], where: str, classes: int, binary: bool) -> None:
     """Class targets from 0 to the net's classes - 1 (one logit per sample, `binary`: 0 and 1)."""
-    ranges = [found for label in labels if (found := extremes(torch.as_tensor(label))) is not None]
-    if not ranges:
+    labels = [label for label in (torch.as_tensor(label).reshape(-1) for label in labels) if label.numel()]
+    ranges = [(low, largest(label)) for label in labels if (low := smallest_label(label)) is not None]
+    if not ranges:  # (-100 alone: targets left out of the loss)
         return
     if (smallest := min(low for low, _ in ranges)) < 0:
         raise ConfigError(
             f"the data has target {smallest} (in {where}): class targets are 0 to the number of classes - 1 "
             f"({IGNORED}: left out of the loss)"
         )
-    largest = max(high for _, high in ranges)
-    if binary and largest > 1:
+    top = max(high for _, high in ranges)
+    if binary and top > 1:
         raise ConfigError(
-            f"the data has target {largest} (in {where}), but model.net {name} gives one logit per sample, a binary "
+            f"the data has target {top} (in {where}), but model.net {name} gives one logit per sample, a binary "
             "classifier's (classes 0 and 1): give it a row of logits per sample, one per class, for the template's "
             "cross-entropy, or, for values (a regression), store y as floats"
         )
-    if not binary and largest >= classes:
+    if not binary and top >= classes:
         raise ConfigError(
-            f"the data has target {largest} (in {where}), but model.net {name} gives {classes} classes (0 to "
+            f"the data has target {top} (in {where}), but model.net {name} gives {classes} classes (0 to "
             f"{classes - 1}): set data.num_classes (or the model's size) to the largest target + 1"
         )
 
@@ -384,13 +374,20 @@ def check_token_ids(net: nn.Module, inputs: list[Any], where: str) -> None:
     ids = [x for x in ids if x.numel() and not x.is_floating_point() and x.dtype != torch.bool]
     if embedding is None or not ids:
         return
-    smallest, largest = min(int(x.min()) for x in ids), max(int(x.max()) for x in ids)
+    ids = [x.reshape(-1) for x in ids]  # (files keep ids narrow, uint16 say: read a chunk at a time, as int64)
+    smallest = min(int(part.long().min()) for x in ids for part in x.split(CHUNK))
+    top = max(largest(x) for x in ids)
     size = embedding.num_embeddings
-    if smallest < 0 or largest >= size:
+    if smallest < 0:  # (padding, say: the targets leave it out as -100, but the input must look a row up)
         raise ConfigError(
-            f"the data has token id {smallest if smallest < 0 else largest} (in x of {where}), but model.net "
-            f"{type(net).__name__} embeds {size} (0 to {size - 1}): set the vocabulary (data.num_classes, or "
-            "model.net.vocab_size) to the largest id + 1"
+            f"the data has token id {smallest} (in x of {where}), but model.net {type(net).__name__} embeds ids 0 to "
+            f"{size - 1}: give every position of x an id of the vocabulary (padding: one id of its own, and -100 at "
+            "its targets)"
+        )
+    if top >= size:
+        raise ConfigError(
+            f"the data has token id {top} (in x of {where}), but model.net {type(net).__name__} embeds {size} "
+            f"(0 to {size - 1}): set the vocabulary (data.num_classes, or model.net.vocab_size) to the largest id + 1"
         )
 
 

@@ -163,6 +163,11 @@ def read_split(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
         raise ConfigError(f"{path}: x has {len(x)} samples, y has {len(y)}")
     if len(x) == 0:
         raise ConfigError(f"{path}: no samples")
+    for name, value in (("x", x), ("y", y)):
+        if value[0].numel() == 0:  # (token sequences of length 0: the vocabulary's size failed on an empty max())
+            raise ConfigError(
+                f"{path}: {name} is shaped {list(value.shape)}: each sample holds no value; give one or more"
+            )
     if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
         raise ConfigError(f"{path}: y is {str(y.dtype).removeprefix('torch.')}; class labels must be integers")
     if (smallest := smallest_label(y)) is not None and smallest < 0:  # (-100: padding, left out of loss and metrics)
