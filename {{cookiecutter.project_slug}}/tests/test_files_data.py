@@ -539,8 +539,8 @@ def test_ids_and_targets_held_in_memory_are_checked_whole():
     with pytest.raises(ConfigError, match=r"^the data has target 9 \(in its val split\), but model.net GPT gives 8 "):
         check_output(gpt, Data(partial(late_outlier, in_x=False), splits=["train", "val"]), cross_entropy)
     padded = Data(partial(tensors, torch.full((6, 5), -1), torch.full((6, 5), -100)), splits=["train", "val"])
-    with pytest.raises(ConfigError, match=r"^the data has token id -1 \(in x of its train split\), but model.net GPT "
-                       r"embeds ids 0 to 7: give every position of x an id of the vocabulary \(padding: one id"):  # fmt: skip
+    negative = r"^the data has token id -1 \(in x of its train split\), but model.net GPT embeds ids 0 to 7: give "
+    with pytest.raises(ConfigError, match=negative + r"every position of x an id of the vocabulary \(padding: one id"):
         check_output(gpt, padded, cross_entropy)  # (it said: set the vocabulary to the largest id + 1)
     ids = torch.randint(0, 8, (100, 5)).index_fill(0, torch.tensor([3]), 9)
     own = Data(partial(tensors, list(ids), torch.zeros(100, 5, dtype=torch.long)), splits=["train", "val"])
