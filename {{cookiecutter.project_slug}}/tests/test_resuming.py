@@ -4,6 +4,7 @@ any preset, but not with another tensor-parallel size)."""
 
 import errno
 import os
+import shutil
 
 import pytest
 import torch
@@ -11,6 +12,8 @@ import torch.distributed.checkpoint as dcp
 from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
+from {{ cookiecutter.package_name }}.config import CONFIG_DIR, command_line
+from {{ cookiecutter.package_name }}.config.command_line import composed_experiment
 from {{ cookiecutter.package_name }}.engine.checkpoints import LAST
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.models.gpt import GPT
@@ -383,12 +386,21 @@ def test_how_to_continue_is_said_only_where_a_checkpoint_was_saved(tmp_path):
 
 
 def test_run_id_last_looks_in_the_experiment_hydra_uses(tmp_path, monkeypatch):
-    """Given twice (a launch script's `experiment=` before the user's), Hydra takes the last `experiment=`."""
+    """Given twice (a launch script's `experiment=` before the user's), Hydra takes the last `experiment=`; a recipe
+    of yours may set it (run_id=last looked in outputs/default/, and continued another run there)."""
     monkeypatch.chdir(tmp_path)
-    for experiment in ("script", "mine"):
+    for experiment in ("script", "mine", "default"):
         (tmp_path / "outputs" / experiment / f"{experiment}-run" / "checkpoints").mkdir(parents=True)
     argv = ["experiment=script", "run_id=last", "experiment=mine"]
-    assert continue_last(argv) == ["experiment=script", "run_id=mine-run", "experiment=mine"]
+    assert continue_last(argv, composed_experiment(argv, "train")) == [*argv[:1], "run_id=mine-run", *argv[2:]]
+    configs = tmp_path / "configs"
+    shutil.copytree(CONFIG_DIR, configs)
+    (configs / "recipe").mkdir(exist_ok=True)
+    (configs / "recipe" / "cnn.yaml").write_text("# @package _global_\nexperiment: mine\n")
+    monkeypatch.setattr(command_line, "CONFIG_DIR", configs)
+    assert composed_experiment(["+recipe=cnn", "run_id=last"], "train") == "mine"
+    assert composed_experiment(["+recipe=cnn", "experiment=script"], "train") == "script"
+    assert composed_experiment(["run_id=last"], "train") == "default"
 
 
 def test_a_run_trained_to_its_end_says_so_and_one_past_it_is_refused(tmp_path):

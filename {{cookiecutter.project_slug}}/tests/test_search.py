@@ -4,6 +4,7 @@ the trials' run folders and their offline wandb files."""
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -18,12 +19,16 @@ import yaml
 from conftest import PACKAGE
 from engine_specific import DDP, QUIET, SEARCH_REFUSALS, SWEEP_COMMAND
 from forked import run_module
+from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+from optuna.distributions import IntDistribution
 from optuna.trial import TrialState
 from wandb_records import offline_runs
 
+from {{ cookiecutter.package_name }}.config import CONFIG_DIR
 from {{ cookiecutter.package_name }}.config.overrides import check_overrides
 from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.search import report
 from {{ cookiecutter.package_name }}.search.__main__ import (
     baseline_values,
     changed_definition,
@@ -35,7 +40,7 @@ from {{ cookiecutter.package_name }}.search.__main__ import (
     requeue_interrupted,
 )
 from {{ cookiecutter.package_name }}.search.__main__ import main as search_main
-from {{ cookiecutter.package_name }}.search.report import parallel_coordinate, trial_table
+from {{ cookiecutter.package_name }}.search.report import parallel_coordinate, trial_table, write_best_config
 from {{ cookiecutter.package_name }}.search.settings import Settings, parse_command_line, parse_settings
 from {{ cookiecutter.package_name }}.search.slurm import gpus_per_trial
 from {{ cookiecutter.package_name }}.search.space import default_grid, load_space
@@ -200,6 +205,25 @@ def test_grid_enumerates_its_grid_two_trials_at_a_time_one_wandb_run_each(search
     config = yaml.safe_load(printed.stdout)
     assert config["model"]["optimizer"]["lr"] == result.study.best_params["model.optimizer.lr"]
     assert config["data"]["train_size"] == 512 and config["experiment"] == "grid"
+
+
+def test_best_yaml_keeps_a_recipe_the_search_added_with_a_plus(tmp_path, monkeypatch):
+    """A search given +recipe=NAME (a preset folder of yours): best.yaml overrode /recipe, which train.yaml's defaults
+    do not have, and its re-run was refused ("Could not override 'recipe'"), blaming the command line's last key."""
+    configs = tmp_path / "configs"
+    shutil.copytree(CONFIG_DIR, configs)
+    (configs / "recipe").mkdir(exist_ok=True)
+    (configs / "recipe" / "wide.yaml").write_text("# @package _global_\nmodel:\n  net:\n    hidden: 32\n")
+    monkeypatch.setattr(report, "CONFIG_DIR", configs)
+    study = optuna.create_study()
+    study.add_trial(
+        optuna.trial.create_trial(params={"seed": 3}, distributions={"seed": IntDistribution(1, 9)}, value=0.5)
+    )
+    overrides = ["+recipe=wide", "strategy=ddp"]
+    write_best_config(configs / "best.yaml", study, overrides, {"recipe": "wide", "strategy": "ddp"}, ["train"])
+    with initialize_config_dir(str(configs), version_base="1.3"):
+        best = compose("best", return_hydra_config=True)
+    assert (best.model.net.hidden, best.seed, best.hydra.runtime.choices.strategy) == (32, 3, "ddp")
 
 
 @pytest.mark.slow

@@ -36,12 +36,25 @@ def run_cli(run: Callable[[], None], config_name: str = "train") -> None:
         check_run_id(sys.argv[1:])
         check_output_folder(sys.argv[1:])
         check_seed_and_names(sys.argv[1:])
-        sys.argv[1:] = continue_last(sys.argv[1:])
+        if "run_id=last" in sys.argv[1:]:
+            sys.argv[1:] = continue_last(sys.argv[1:], composed_experiment(sys.argv[1:], config_name))
     except ConfigError as err:
         fail(err)
     skip_the_hydra_mode_probe(sys.argv[1:])
     with checked_when_hydra_composes(deferred):
         run()
+
+
+def composed_experiment(args: list[str], config_name: str) -> str:
+    """The experiment these overrides train: the command line's last `experiment=`, or what the config makes of
+    them (a recipe of yours, +recipe=NAME, may set it: run_id=last looked in outputs/default/ and continued, or
+    began, another run)."""
+    overrides = [arg for arg in args if "=" in arg and not arg.startswith("-") and arg != "run_id=last"]
+    try:
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            return str(compose(config_name, overrides=overrides).experiment)
+    except Exception:  # noqa: BLE001 (another config, --config-dir: its training composes it; the command line's)
+        return next((arg.partition("=")[2] for arg in reversed(args) if arg.startswith("experiment=")), "default")
 
 
 # Hydra's options that name another config (a search's best.yaml: --config-dir ... --config-name best), the long

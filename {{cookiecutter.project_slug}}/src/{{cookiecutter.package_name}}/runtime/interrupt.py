@@ -157,12 +157,12 @@ def ending_limit(run_dir: Path) -> str:
     return "trainer.max_steps" if isinstance(steps, int) and steps > 0 else "trainer.max_epochs"
 
 
-def continue_last(argv: list[str]) -> list[str]:
-    """The command line with `run_id=last` replaced by the id of the experiment's newest run, if it has a checkpoint
-    and did not finish (outputs/<experiment>/<run id>/, the default run folders). Raises ConfigError otherwise."""
+def continue_last(argv: list[str], experiment: str) -> list[str]:
+    """The command line with `run_id=last` replaced by the id of `experiment`'s newest run (the config's, which a
+    recipe of yours may set), if it has a checkpoint and did not finish (outputs/<experiment>/<run id>/, the default
+    run folders). Raises ConfigError otherwise."""
     if "run_id=last" not in argv:
         return argv
-    experiment = next((arg.partition("=")[2] for arg in reversed(argv) if arg.startswith("experiment=")), "default")
     folder = Path("outputs") / experiment
     runs = [run for run in folder.glob("*") if (run / "checkpoints").is_dir()]
     if not runs:

@@ -18,6 +18,7 @@ import optuna  # noqa: E402
 import wandb  # noqa: E402
 import yaml  # noqa: E402
 from hydra.core.override_parser.overrides_parser import OverridesParser  # noqa: E402
+from hydra.core.override_parser.types import OverrideType  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 from optuna.visualization.matplotlib import plot_parallel_coordinate  # noqa: E402
 
@@ -121,8 +122,9 @@ def write_best_config(
         key = override.key_or_group
         if override.is_delete() or override.is_sweep_override() or key.startswith("hydra"):
             rest.append(override.input_line)
-        elif key in groups and (CONFIG_DIR / key).is_dir():
-            defaults.append({f"override /{key}": override.value()})
+        elif key in groups and (CONFIG_DIR / key).is_dir():  # a group train.yaml has: overridden; one added
+            added = override.type == OverrideType.ADD  # with + (a recipe of yours): added to the list, as given
+            defaults.append({f"{'' if added else 'override '}/{key}": override.value()})
         else:
             OmegaConf.update(values, key, override.value(), force_add=True)
     body = {"defaults": [*defaults, "_self_"], **OmegaConf.to_container(values)}
