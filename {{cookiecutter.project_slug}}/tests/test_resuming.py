@@ -408,6 +408,10 @@ def test_a_run_trained_to_its_end_says_so_and_one_past_it_is_refused(tmp_path):
     restarted after its end must): it says so now. Past the end (fewer epochs or steps asked) is refused."""
     last = tmp_path / "last"
     assert check_not_past_the_end(last, 1, 10, 2, -1) is None  # more to train
+    assert check_not_past_the_end(last, 1, 10, 3, -1, given=True) == (  # ckpt_path=: its test is of other weights
+        "note: last has trained 10 steps; this run trains it on to trainer.max_epochs=3 before its test: to test it "
+        "as it is, give trainer.max_steps=10"
+    )
     note = check_not_past_the_end(last, 2, 20, 2, -1)
     assert note == (
         "note: this run has trained to trainer.max_epochs=2 already (20 steps): nothing left to train; to train it "

@@ -220,7 +220,8 @@ def check_not_past_the_end(
     nothing (Lightning refuses fewer epochs itself, but only once the wandb run started). `epochs`, `steps`: the
     whole epochs and the optimizer steps it has done; -1 (or None) for a limit: none. `given`: named by ckpt_path=.
     Returns the note to print when it has trained exactly to the end: the run goes on (a job restarted after it
-    finished ends at once, exit 0), with nothing to train but the test pass."""
+    finished ends at once, exit 0), with nothing to train but the test pass; or, for a checkpoint `given`, when
+    it has more to train before the test (a user testing a checkpoint again tested other weights, unsaid)."""
     over = []
     if max_epochs not in (None, -1) and epochs > max_epochs:
         over.append(f"trainer.max_epochs={max_epochs}")
@@ -238,6 +239,15 @@ def check_not_past_the_end(
         )
     reached = [f"trainer.max_epochs={max_epochs}"] if max_epochs not in (None, -1) and epochs == max_epochs else []
     reached += [f"trainer.max_steps={max_steps}"] if max_steps not in (None, -1) and steps == max_steps else []
+    if not reached and given:  # (its test numbers would be other weights': testing it again is done so, see docs)
+        ends = " and ".join(
+            f"trainer.{key}={limit}" for key, limit in (("max_epochs", max_epochs), ("max_steps", max_steps))
+            if limit not in (None, -1)
+        )  # fmt: skip
+        return (
+            f"note: {checkpoint.name} has trained {steps} steps; this run trains it on to {ends or 'no end'} before "
+            f"its test: to test it as it is, give trainer.max_steps={steps}"
+        )
     if not reached:
         return None
     return (
