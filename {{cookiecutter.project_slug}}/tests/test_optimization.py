@@ -421,6 +421,14 @@ def test_a_typo_is_told_its_setting_and_a_finished_run_the_limit_that_ended_it(t
         check_overrides(["trainer.gradient_accumulation_steps=2"], "train")
     with pytest.raises(ConfigError, match="top-level resume_from_checkpoint; this project's name for it: ckpt_path"):
         check_overrides(["+resume_from_checkpoint=x"], "train")
+    # a lightning-hydra-template user's top-level settings (test=false: "unknown setting test"; train=false: "did
+    # you mean trainer?")
+    with pytest.raises(ConfigError, match=r"^unknown setting test; this project's name for it: test_after_fit \("):
+        check_overrides(["test=false"], "train")
+    with pytest.raises(ConfigError, match=r"^unknown setting train; this project's name for it: none: the command"):
+        check_overrides(["train=false"], "train")
+    with pytest.raises(ConfigError, match=r"top-level tags; this project's name for it: \+logger.tags=\[a,b\]"):
+        check_overrides(["+tags=[dev]"], "train")
     with pytest.raises(ConfigError, match=r"^unknown setting model.net.batch_size \(to add a new key"):
         check_overrides(["model.net.batch_size=4"], "train")  # a net of yours may take it: no other name told
     (tmp_path / "config.yaml").write_text("trainer:\n  max_epochs: 3\n  max_steps: 6\n")

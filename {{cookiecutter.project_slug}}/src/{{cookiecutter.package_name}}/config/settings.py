@@ -78,7 +78,7 @@ def check_setting(override: Override, keys: dict[str, Any], groups: set[str], re
             raise ConfigError(f"~{key}: there is no setting {key} to remove{hint}")
         if lightning_only := _lightning_only(key, keys):
             raise ConfigError(lightning_only)
-        hint = hint or ("" if key.startswith(("model.net.", "data.dataset.")) else _named_here(key))  # (yours: theirs)
+        hint = ("" if key.startswith(("model.net.", "data.dataset.")) else _named_here(key)) or hint  # (yours: theirs)
         hint = hint or _off_in_this_preset(key, keys)
         if key.startswith("strategy.") and not hint:  # (+strategy.KEY is refused too, unless DDP takes KEY)
             _check_strategy_key(key, keys)
@@ -291,10 +291,23 @@ NAMES_HERE = {
 }
 
 
+# lightning-hydra-template's top-level settings: a user of it types them first (`test=false` was "unknown setting
+# test", `train=false` "did you mean trainer?").
+TOP_LEVEL_NAMES_HERE = {
+    "tags": "+logger.tags=[a,b] (the wandb run's tags)",
+    "test": "test_after_fit (false: no test pass after training)",
+    "train": "none: the command trains; to test a checkpoint alone, see docs/outputs.md (testing a checkpoint again)",
+    "debug": "none: a quick run is trainer.max_steps=5 trainer.limit_val_batches=2",
+    "accelerator": "trainer.accelerator",
+    "data_dir": "data.dir",
+}
+
+
 def _named_here(key: str) -> str:
-    """ "; this project's name for it: ..." for `key`, another library's name of a setting (NAMES_HERE); else ""."""
-    here = NAMES_HERE.get(key.rpartition(".")[2])
-    return f"; this project's name for it: {here}" if here and not here.startswith(key) else ""
+    """ "; this project's name for it: ..." for `key`, another library's name of a setting (NAMES_HERE, and at the
+    top, TOP_LEVEL_NAMES_HERE); else ""."""
+    here = TOP_LEVEL_NAMES_HERE.get(key) or NAMES_HERE.get(key.rpartition(".")[2])
+    return f"; this project's name for it: {here}" if here and here.partition(" ")[0] != key else ""
 
 
 def _off_in_this_preset(key: str, keys: dict[str, Any]) -> str:
