@@ -2,6 +2,7 @@
 strategy=single does, or refuse them in one line before training."""
 
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -51,9 +52,11 @@ class InterruptedOnce(ResidualMLP):
         children: bool = False,
         only_rank: int | None = None,
         to_command: bool = False,
+        in_eval: bool = False,
         **kwargs,
     ) -> None:
         super().__init__(*args, **kwargs)
+        self.in_eval = in_eval  # in the forward of evaluation batch `at` instead (Lightning's sanity check first)
         rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or "0"  # Lightning's own workers: LOCAL_RANK
         self.marker, self.at, self.calls = Path(f"{marker}.{rank}"), at, 0
         if only_rank is not None and int(rank) != only_rank:  # the signal reaches that process alone
@@ -63,7 +66,7 @@ class InterruptedOnce(ResidualMLP):
         self.with_children = children  # its child processes too (wandb's service), as SLURM signals every one of a step
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.training and not self.marker.exists():
+        if self.training != self.in_eval and x.device.type != "meta" and not self.marker.exists():  # (meta: checks)
             if self.calls == self.at:
                 self.marker.touch()
                 for pid in child_processes() if self.with_children else []:
@@ -317,12 +320,29 @@ class WithLambda(ResidualMLP):
 
 class CtrlCWhileBuilt(ResidualMLP):
     """Ctrl-C while the training starts (built on the device, after the checks on the meta device), before the
-    training answers Ctrl-C itself."""
+    training answers Ctrl-C itself; `signal_name=SIGTERM`: a `kill PID` then."""
+
+    def __init__(self, *args: object, signal_name: str = "SIGINT", **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        if self.head.weight.device.type != "meta":
+            os.kill(os.getpid(), getattr(signal, signal_name))
+
+
+class RemovesItsRunFolder(ResidualMLP):
+    """A training whose run folder is removed under it (by someone cleaning up outputs/) in training step 2."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
-        if self.head.weight.device.type != "meta":
-            raise KeyboardInterrupt
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and x.device.type != "meta":
+            self.calls += 1
+            if self.calls == 3:
+                from hydra.core.hydra_config import HydraConfig
+
+                shutil.rmtree(HydraConfig.get().runtime.output_dir)
+        return super().forward(x)
 
 
 class WithUnusedHead(ResidualMLP):

@@ -187,6 +187,34 @@ def test_ctrl_c_while_the_training_starts_says_how_to_continue(tmp_path, train_e
     )
 
 
+@pytest.mark.parametrize(
+    "net",
+    [
+        ["model.net._target_=own_models.CtrlCWhileBuilt"],  # before any step
+        ["model.net._target_=own_models.InterruptedOnce", "+model.net.in_eval=true", "+model.net.at=0"],
+    ],
+    ids=["starting", "first-evaluation"],
+)
+def test_sigterm_outside_the_steps_stops_in_one_line_with_a_non_zero_exit(tmp_path, train_env, net):
+    """`kill PID` while the training starts (the Accelerate engine's process ended silently, exit 143) or in its first
+    evaluation (Lightning's sanity check, before its steps answer it: exit 0 after training nothing, which a
+    scheduler counts a success)."""
+    marker = [f"+model.net.marker={tmp_path / 'once'}"] if "in_eval" in str(net) else []
+    code, output = train_in(tmp_path, train_env, *SETTINGS, *net, *marker, "+model.net.signal_name=SIGTERM", "run_id=t")
+    assert code == 130 and "Traceback" not in output, output[-3000:]
+    assert output.strip().splitlines()[-1].startswith("interrupted"), output[-3000:]
+
+
+def test_a_run_folder_removed_under_the_training_is_said_in_one_line(tmp_path, train_env):
+    """It was the 40-line traceback of the next file written there (metrics.jsonl's). Where every later write makes
+    the folder again (Lightning's, here), the training goes on."""
+    code, output = train_in(tmp_path, train_env, *SETTINGS, "model.net._target_=own_models.RemovesItsRunFolder")
+    assert "Traceback" not in output, output[-3000:]
+    said = output.strip().splitlines()[-1]
+    assert code == 0 or (code == 1 and said.startswith("error: the run folder ")), output[-3000:]
+    assert code == 0 or said.endswith(" was removed while the training ran: start it again")
+
+
 def test_a_worker_stops_when_its_torchrun_agent_is_killed(tmp_path, train_env):
     """kill -9 of a node's torchrun (its agent): the worker, which torchrun starts in a session of its own, stops
     with it. It trained on as an orphan, writing checkpoints and metrics that the restarted run disagreed with."""

@@ -30,7 +30,7 @@ from .errors import (
 )
 from .parallel.launcher import lost_peer
 from .runtime.checkpoint_files import last_of_run_folder, out_of_space, permission_denied
-from .runtime.interrupt import continuing
+from .runtime.interrupt import continuing, sigterm_as_ctrl_c
 from .runtime.run_folder import RunFolderInUse, only_training_in
 
 register_resolvers()
@@ -46,7 +46,7 @@ def run(cfg: DictConfig) -> None:
     try:
         # check_only writes nothing: it may check a command for a folder in use (a launch script re-run on a node
         # that replaces a dead one, while the other nodes' processes hold the folder)
-        with nullcontext() if cfg.check_only else only_training_in(run_dir):
+        with nullcontext() if cfg.check_only else only_training_in(run_dir), sigterm_as_ctrl_c():
             train(cfg)
         if cfg.check_only:
             remove_if_empty(run_dir)
@@ -68,6 +68,8 @@ def run(cfg: DictConfig) -> None:
             fail(TrainingStopped(f"permission denied: this user may not open {denied} (another user's, or a read-only "
                                  "mount): change its permissions" + (", or train in a run folder of your own "
                                  "(hydra.run.dir=FOLDER)" if ours else "")))  # fmt: skip
+        if not run_dir.exists():  # (a FileNotFoundError's traceback from whichever file was written next)
+            fail(TrainingStopped(f"the run folder {run_dir} was removed while the training ran: start it again"))
         if peer := lost_peer(err):  # (under torchrun: it starts them all again, if restarts are left)
             fail(TrainingStopped(f"another process of this training stopped (gloo: {peer}): its output says why"))
         remove_if_empty(run_dir)

@@ -101,6 +101,27 @@ def stops_at_once(what: str) -> Iterator[None]:
             signal.signal(signal.SIGINT, previous)
 
 
+@contextmanager
+def sigterm_as_ctrl_c() -> Iterator[None]:
+    """SIGTERM (a `kill PID`, where no launcher started the training) outside the steps Interrupt answers, such as
+    the start (restoring a checkpoint) and the test pass: a Ctrl-C, said in one line with how to continue. It ended
+    the Accelerate engine's process without a word (exit 143), and Lightning's with exit 0, nothing trained."""
+    main = threading.current_thread() is threading.main_thread() and multiprocessing.parent_process() is None
+    if not main or detect_launcher():  # (a launcher's SIGTERM keeps its meaning: stop now)
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _as_keyboard_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _as_keyboard_interrupt(signum: int, frame: object) -> None:
+    if multiprocessing.parent_process() is None:  # (a loader worker forked with it: the training answers)
+        raise KeyboardInterrupt
+
+
 def how_to_continue(run_id: str) -> str:
     """The same command with its run id (the folder's name was a --multirun job's number, which started a new
     sweep); run_id=last finds single runs only."""

@@ -19,6 +19,7 @@ from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvir
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import DeviceStatsMonitor, LearningRateMonitor, ModelCheckpoint, ProgressBar
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 from torch.multiprocessing.spawn import ProcessRaisedException
 
@@ -173,6 +174,10 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
         failed = False
         if trainer.is_global_zero:
             mark_finished(run_dir, True)  # run_id=last continues unfinished runs only
+    except SystemExit as stop:  # Lightning's answer to a Ctrl-C (or SIGTERM) outside the steps ResumeCheckpoint's
+        if isinstance(stop.__context__, KeyboardInterrupt) or isinstance(stop, SIGTERMException):  # answer: exit 1
+            raise KeyboardInterrupt from None  # (or 0, nothing trained) without a word; now as any Ctrl-C is
+        raise
     finally:
         finish_wandb(failed)
     return {name: float(value) for name, value in trainer.callback_metrics.items()}
