@@ -82,7 +82,11 @@ def training(**changes):
             "ckpt_path": None,
             "resume": True,
             "strategy": {"_target_": "lightning.pytorch.strategies.DDPStrategy"},
-            "model": {"net": {"hidden": 128, "depth": 4}, "optimizer": {"_target_": "torch.optim.AdamW", "lr": 0.001}},
+            "model": {
+                "net": {"hidden": 128, "depth": 4},
+                "optimizer": {"_target_": "torch.optim.AdamW", "lr": 0.001},
+                "no_decay_norms_and_biases": True,
+            },
             "seed": 42,
             "data": {
                 "batch_size": 32,
@@ -181,6 +185,8 @@ def test_checkpoints_of_another_training_are_refused_naming_what_differs(run_dir
         starting_point(run_dir, training(**{"model.optimizer.lr": 0.01}), last)
     with pytest.raises(ConfigError, match="scheduler.warmup_steps: 0 then, 2 now"):
         starting_point(run_dir, training(**{"scheduler.warmup_steps": 2}), last)
+    with pytest.raises(ConfigError, match="model.no_decay_norms_and_biases: True then, False now"):  # 2 groups, 1
+        starting_point(run_dir, training(**{"model.no_decay_norms_and_biases": False}), last)  # (a zip() error)
     with pytest.raises(ConfigError, match="data.seed: 42 then, 1 now; seed: 42 then, 1 now"):
         starting_point(run_dir, training(**{"seed": 1, "data.seed": 1}), last)  # (the synthetic data's generator)
     with pytest.raises(ConfigError, match="data.dataset.size: 9 then, 10 now; data.shuffle: True then, False now"):
@@ -217,6 +223,8 @@ def test_a_given_checkpoint_of_another_net_is_refused_before_loading(run_dir, tm
         starting_point(
             here, training(ckpt_path=str(checkpoint), **{"scheduler._target_": "x.optimization.cosine"}), last
         )
+    with pytest.raises(ConfigError, match="in model.no_decay_norms_and_biases: True then, False now: give the"):
+        starting_point(here, training(ckpt_path=str(checkpoint), **{"model.no_decay_norms_and_biases": False}), last)
     changes = {"data.batch_size": 64, "model.optimizer.lr": 0.1, "strategy._target_": "x.strategies.pipeline.P"}
     fine_tuned = training(ckpt_path=str(checkpoint), **changes, **{"scheduler.warmup_steps": 5})
     assert starting_point(here, fine_tuned, last) == (str(checkpoint), True)

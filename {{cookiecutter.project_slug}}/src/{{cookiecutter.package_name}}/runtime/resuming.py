@@ -27,6 +27,7 @@ MUST_MATCH = (
     "model.net",
     "model._target_",
     "model.optimizer",
+    "model.no_decay_norms_and_biases",  # the optimizer's parameter groups: 2 or 1 (a zip() error at the first step)
     "data.batch_size",
     "trainer.accumulate_grad_batches",
     "scheduler",  # another schedule's saved state: a KeyError at the load, or its learning rate kept; its settings kept
@@ -345,11 +346,12 @@ def check_same_mesh(
 
 def check_loadable(checkpoint: Path, cfg: DictConfig) -> None:
     """Refuse, in one line, an explicit `ckpt_path=` whose training (the config.yaml of the run folder it was saved
-    in, if there is one) had another net, optimizer or schedule class: loading it would fail deep inside the engine (or
-    keep the saved schedule's learning rate). The batch and the accumulation may change: a checkpoint given by hand
+    in, if there is one) had another net, optimizer or schedule class, or other parameter groups
+    (model.no_decay_norms_and_biases): loading it would fail deep inside the engine (or keep the saved schedule's learning rate). The batch and the accumulation may change: a checkpoint given by hand
     may be fine-tuned differently."""
     saved = saved_config(checkpoint)
-    if differ := differences(saved, cfg, ("model.net", "model.optimizer._target_", "scheduler._target_")):
+    keys = ("model.net", "model.optimizer._target_", "model.no_decay_norms_and_biases", "scheduler._target_")
+    if differ := differences(saved, cfg, keys):
         raise ConfigError(
             f"ckpt_path={checkpoint} was saved by a training that differs from this one in {differ}: give the "
             f"settings of {saved}, or another checkpoint"
