@@ -297,6 +297,7 @@ BAD_INPUT = [
     # Taken in silence before: gradient ascent, a learning rate above lr; or a traceback at the first step.
     (["trainer.gradient_clip_val=-1"], "trainer.gradient_clip_val=-1 is not a gradient norm: give the largest norm"),
     (["trainer.log_every_n_steps=0"], "trainer.log_every_n_steps=0: give 1 or more (train/loss every that many"),
+    (["trainer.gradient_clip_algorithm=scale"], "trainer.gradient_clip_algorithm=scale: give norm or value"),
     (["trainer.max_epochs=0"], "trainer.max_epochs=0: give 1 or more, or -1 (null) for no limit of that kind"),
     (["trainer.max_epochs=-1"], "trainer.max_epochs and trainer.max_steps set no end"),  # LinearLR's traceback
     (["checkpoint.every_n_steps=-3"], "checkpoint.every_n_steps=-3: give 1 or more"),
@@ -343,6 +344,7 @@ CASE_NAMES = [
     "items-that-are-not-pairs",
     "negative-gradient-clipping",
     "logging-every-0-steps",
+    "unknown-clipping-algorithm",
     "no-epoch",
     "no-end",
     "checkpoints-every-negative-steps",

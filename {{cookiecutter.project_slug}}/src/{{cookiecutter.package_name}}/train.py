@@ -61,7 +61,7 @@ def run(cfg: DictConfig) -> None:
     except Exception as err:  # a crash (a bug, a class of yours raising): its traceback, and no empty run folder left
         if out_of_space(err, run_dir):  # (a checkpoint's write: torch's 60-line traceback, which named no disk)
             again = continuing(cfg.run_id, run_dir) if (run_dir / "checkpoints" / LAST).exists() else "start it again"
-            fail(TrainingStopped(f"no space left on the disk of {run_dir} (a checkpoint's write failed): free some, "
+            fail(TrainingStopped(f"no space left on the disk of {run_dir} (a file's write there failed): free some, "
                                  f"then {again}"))  # fmt: skip
         if denied := permission_denied(err, run_dir):  # (torch's, fsspec's or safetensors' traceback otherwise)
             ours = denied.resolve().is_relative_to(run_dir.resolve())

@@ -107,10 +107,10 @@ BAD_INPUT = [
         ["trainer.min_steps=5"],
         "trainer.min_steps is a setting of Lightning's Trainer, not of this loop; it reads: accelerator,",
     ),
-    (  # Hydra adds it, and the loop ignored it: value clipping was silently norm clipping
-        ["+trainer.gradient_clip_algorithm=value"],
-        "trainer.gradient_clip_algorithm is a setting of Lightning's Trainer, not of this loop; it reads: "
-        "accelerator, accumulate_grad_batches,",
+    (  # Hydra adds it, and the loop ignored it: anomaly detection silently off
+        ["+trainer.detect_anomaly=true"],
+        "trainer.detect_anomaly is a setting of Lightning's Trainer, not of this loop; it reads: accelerator, "
+        "accumulate_grad_batches,",
     ),
     (  # the Lightning engine's way to another loss: taken in, and the loop trained with its own
         ["+model._target_=my_module.SmoothedLoss"],

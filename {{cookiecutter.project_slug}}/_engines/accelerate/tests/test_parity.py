@@ -83,6 +83,9 @@ def test_accumulated_half_batches_train_like_the_whole_batch(train):
     expected = weights(whole)
     unclipped = weights(train(*(o for o in whole_batch if "clip" not in o), "strategy=single"))
     assert not all(torch.allclose(expected[name], unclipped[name], atol=1e-4) for name in expected), "no clipping"
+    by_value = weights(train(*whole_batch, "trainer.gradient_clip_algorithm=value", "strategy=single"))
+    for other in (unclipped, expected):  # each element to +-0.05: neither the norm's clip nor none (it was refused)
+        assert not all(torch.allclose(by_value[name], other[name], atol=1e-4) for name in expected)
 
     halves = [*whole_batch, "trainer.accumulate_grad_batches=2"]
     for overrides, launcher in [(["strategy=single"], None), (["strategy=ddp"], accelerate_launch()),

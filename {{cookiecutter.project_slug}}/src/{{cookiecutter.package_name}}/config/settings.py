@@ -42,7 +42,6 @@ LIGHTNING_TRAINER_ONLY = {
     "num_sanity_val_steps",
     "check_val_every_n_epoch",
     "val_check_interval",
-    "gradient_clip_algorithm",
     "detect_anomaly",
     "deterministic",
     "benchmark",

@@ -41,6 +41,8 @@ def check_optimization(cfg: DictConfig, optimizer: OptimizerFactory, schedule: S
             f"trainer.gradient_clip_val={clip} is not a gradient norm: give the largest norm to clip to (e.g. 1.0), "
             "or null for no clipping"
         )
+    if (algorithm := cfg.trainer.get("gradient_clip_algorithm", "norm")) not in ("norm", "value"):
+        raise ConfigError(f"trainer.gradient_clip_algorithm={algorithm}: give norm or value")
     if not (is_number(every) and int(every) == every >= 1):
         raise ConfigError(f"trainer.log_every_n_steps={every}: give 1 or more (train/loss every that many steps)")
     check_training_length(cfg.trainer.max_epochs, cfg.trainer.max_steps, cfg.checkpoint.every_n_steps)

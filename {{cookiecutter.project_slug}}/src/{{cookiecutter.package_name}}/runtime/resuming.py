@@ -347,8 +347,9 @@ def check_same_mesh(
 def check_loadable(checkpoint: Path, cfg: DictConfig) -> None:
     """Refuse, in one line, an explicit `ckpt_path=` whose training (the config.yaml of the run folder it was saved
     in, if there is one) had another net, optimizer or schedule class, or other parameter groups
-    (model.no_decay_norms_and_biases): loading it would fail deep inside the engine (or keep the saved schedule's learning rate). The batch and the accumulation may change: a checkpoint given by hand
-    may be fine-tuned differently."""
+    (model.no_decay_norms_and_biases): loading it would fail deep inside the engine (or keep the saved schedule's
+    learning rate). The batch and the accumulation may change: a checkpoint given by hand may be fine-tuned
+    differently."""
     saved = saved_config(checkpoint)
     keys = ("model.net", "model.optimizer._target_", "model.no_decay_norms_and_biases", "scheduler._target_")
     if differ := differences(saved, cfg, keys):

@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from ..data.loading import Data
 from ..errors import ConfigError
-from ..parallel.sharding import clip_grad_norm_
+from ..parallel.sharding import clip_grad_norm_, clip_grad_value_
 from ..runtime.interrupt import Interrupt
 from ..runtime.memory import OutOfMemoryStop
 from ..runtime.metrics import best_mode, check_val_loss, cross_entropy
@@ -111,7 +111,8 @@ def fit(
                         # Lightning engine: accelerator.clip_grad_norm_ handles shards only in accelerate releases
                         # newer than this project's minimum, 1.10), of the 16-mixed gradients once unscaled.
                         accelerator.unscale_gradients()
-                        clip_grad_norm_(model.parameters(), trainer.gradient_clip_val)
+                        clip = clip_grad_value_ if trainer.gradient_clip_algorithm == "value" else clip_grad_norm_
+                        clip(model.parameters(), trainer.gradient_clip_val)
                     lr = current_lr(optimizer)
                     if loss is not None or not recovery:  # a skipped batch left no gradient: no step (16-mixed's
                         optimizer.step()  # gradient scaler refuses a step without its inf checks), as in Lightning
