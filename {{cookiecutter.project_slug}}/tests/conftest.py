@@ -177,72 +177,114 @@ def make_runner(base_dir: Path, base_env: dict[str, str]):
     return run
 
 
-# Command-line mistakes both engines refuse alike, each in one line before anything is written: (overrides, the
-# line), in each engine's test_config.py table (BAD_INPUT), with their ids.
-COMMAND_LINE_REFUSALS = [
-    (  # taken in, it was dropped without a word
+# Command-line mistakes both engines refuse alike, each in one line before anything is written: id -> (overrides,
+# the line), in each engine's test_config.py table (BAD_INPUT_BY_ID). The ids sit beside their rows: kept in a list
+# apart, they slipped out of line with the rows once.
+COMMAND_LINE_REFUSALS_BY_ID = {
+    "data-setting-nothing-takes": (  # taken in, it was dropped without a word
         ["+data.root=/data"],
         "+data.root is not a setting the data loaders take (batch_size, collate_fn, num_workers, prefetch_factor, "
         "seed, shuffle, splits) and no setting reads it; one for your dataset's class goes under data.dataset: "
         "+data.dataset.root=...",
     ),
-    (["search=gpt"], "search=gpt: the search presets are for `python -m {{ cookiecutter.package_name }}.search`, not"),
-    (["foo=1"], "unknown setting foo"),  # not a far-fetched `did you mean oom?`
+    "preset-of-another-command": (
+        ["search=gpt"],
+        "search=gpt: the search presets are for `python -m {{ cookiecutter.package_name }}.search`, not",
+    ),
+    "unknown-setting-like-none": (["foo=1"], "unknown setting foo"),  # not a far-fetched `did you mean oom?`
     # taken in, nothing read them: a top-level key, or one the checkpoint or oom settings (read by name) do not have
-    (["+foo=1"], "+foo: no part of the training reads a top-level foo"),
-    (["+checkpoint.every=3"], "+checkpoint.every: the training reads no checkpoint.every, only the settings it has: "),
-    (["+oom.foo=1"], "+oom.foo: the training reads no oom.foo, only the settings it has: batch_size_finder, find_bat"),
-    (["oom.foo=1"], "unknown setting oom.foo: the training reads only the settings it has: batch_size_finder, find_b"),
-    (["+foo.bar=1"], "+foo.bar: no part of the training reads a top-level foo"),  # (a node foo)
+    "add-a-top-level-key": (["+foo=1"], "+foo: no part of the training reads a top-level foo"),
+    "add-a-checkpoint-setting": (
+        ["+checkpoint.every=3"],
+        "+checkpoint.every: the training reads no checkpoint.every, only the settings it has: ",
+    ),
+    "add-an-oom-setting": (
+        ["+oom.foo=1"],
+        "+oom.foo: the training reads no oom.foo, only the settings it has: batch_size_finder, find_bat",
+    ),
+    "an-oom-setting-it-does-not-have": (
+        ["oom.foo=1"],
+        "unknown setting oom.foo: the training reads only the settings it has: batch_size_finder, find_b",
+    ),
+    "add-a-top-level-node": (["+foo.bar=1"], "+foo.bar: no part of the training reads a top-level foo"),  # (a node foo)
     # a traceback once the run folder was made: wandb.init's TypeError, the schedule's at its build
-    (["+logger.tag=a"], "+logger.tag: wandb.init takes no tag; did you mean logger.tags? it takes "),
-    (  # (Lightning: its WandbLogger's "got multiple values for keyword argument 'id'"; Accelerate dropped it)
+    "add-a-key-wandb-does-not-take": (
+        ["+logger.tag=a"],
+        "+logger.tag: wandb.init takes no tag; did you mean logger.tags? it takes ",
+    ),
+    # (Lightning: its WandbLogger's "got multiple values for keyword argument 'id'"; Accelerate dropped it)
+    "add-a-wandb-key-the-training-sets": (
         ["+logger.id=mine"],
         "+logger.id: the training sets it itself (one wandb run per training, its restarts continuing it, with the "
         "resolved config): name the training with run_id=NAME, its wandb run with +logger.name=NAME",
     ),
-    (["+scheduler.min_lr=0.1"], "scheduler: cosine() got an unexpected keyword argument 'min_lr'; drop the argument"),
-    (  # torch's own class: the training gives every schedule its total steps
+    "add-a-key-the-schedule-does-not-take": (
+        ["+scheduler.min_lr=0.1"],
+        "scheduler: cosine() got an unexpected keyword argument 'min_lr'; drop the argument",
+    ),
+    "a-schedule-without-total-steps": (  # torch's own class: the training gives every schedule its total steps
         ["scheduler._target_=torch.optim.lr_scheduler.StepLR", "+scheduler.step_size=3"]
         + ["~scheduler.warmup_steps", "~scheduler.min_lr_ratio"],
         "argument 'total_steps'; the training calls it as scheduler(optimizer, total_steps=N): give a function that",
     ),
     # each value of a --multirun sweep, checked as one value is (Hydra: its own lines, exit 1, a multirun folder)
-    (["-m", "strategy=single,ddpp"], "unknown strategy 'ddpp'; valid: ddp, "),  # (then presets of yours too)
-    (["-m", "trainer.max_epoch=1,2"], "unknown setting trainer.max_epoch; did you mean trainer.max_epochs?"),
-    (["-m", "model.optimizer.lr=0.1,abc"], "model.optimizer.lr=abc is not a number (the default is 0.001)"),
+    "multirun-preset-typo": (
+        ["-m", "strategy=single,ddpp"],
+        "unknown strategy 'ddpp'; valid: ddp, ",
+    ),  # (then presets of yours too)
+    "multirun-key-typo": (
+        ["-m", "trainer.max_epoch=1,2"],
+        "unknown setting trainer.max_epoch; did you mean trainer.max_epochs?",
+    ),
+    "multirun-value-not-a-number": (
+        ["-m", "model.optimizer.lr=0.1,abc"],
+        "model.optimizer.lr=abc is not a number (the default is 0.001)",
+    ),
     # ~ of what the training reads: a traceback (ConfigAttributeError) after the run folder was made
-    (["~trainer"], "~trainer: the training needs its trainer settings; choose a preset (trainer=default) or set"),
-    (["~data.batch_size"], "~data.batch_size: the training reads data.batch_size; set it instead"),
+    "remove-a-config-group": (
+        ["~trainer"],
+        "~trainer: the training needs its trainer settings; choose a preset (trainer=default) or set",
+    ),
+    "remove-a-setting-the-training-reads": (
+        ["~data.batch_size"],
+        "~data.batch_size: the training reads data.batch_size; set it instead",
+    ),
     # a ~ before a typo: Hydra's "Could not override", not the typo's line; a typo in a ~: "Could not delete"
-    (
+    "typo-after-a-removal": (
         ["data=custom", "data.num_features=768", "data.num_classes=4", "~model.net.in_features", "model.net.width=5"],
         "unknown setting model.net.width; did you mean model.net.depth?",
     ),
-    (
+    "typo-in-a-removal": (
         ["~model.net.nrom"],
         "~model.net.nrom: there is no setting model.net.nrom to remove; did you mean model.net.norm?",
     ),
-    (
+    "removal-before-what-it-reads": (
         ["data=custom", "~model.net.in_features", "data.num_features=4", "data.num_classes=3"],
         "~model.net.in_features reads data.num_features, which is not set yet at that point of the command line: give",
     ),
-    (["+model.net.dropuot=0.1"], "argument 'dropuot'; it takes in_features, num_classes, hidden, depth, expansion"),
-    (["model.net.depth=0"], "model.net.depth=0 must be a whole number >= 1"),  # trained a net of no blocks
-    (
+    "argument-the-net-does-not-take": (
+        ["+model.net.dropuot=0.1"],
+        "argument 'dropuot'; it takes in_features, num_classes, hidden, depth, expansion",
+    ),
+    "a-net-of-no-blocks": (
+        ["model.net.depth=0"],
+        "model.net.depth=0 must be a whole number >= 1",
+    ),  # trained a net of no blocks
+    "remove-a-null-setting": (
         ["logger.entity=null", "~logger.entity"],
         "~logger.entity: logger.entity is null, which Hydra cannot remove; leave it as it is",
     ),
-    (
+    "add-a-key-that-exists": (
         ["+trainer.max_epochs=2"],
         "+trainer.max_epochs: trainer.max_epochs exists; set it without +: trainer.max_epochs=2",
     ),
-    (  # a traceback, and an empty run folder left behind
+    "dataset-whose-files-are-not-there": (  # a traceback, and an empty run folder left behind
         ["data=custom", "data.dataset._target_=custom_dataset.Saved", "+data.dataset.root=nowhere"]
         + ["data.num_features=4", "data.num_classes=2"],
         "data.dataset Saved(split='train', ...): FileNotFoundError: [Errno 2] No such file or directory: 'nowhere/tr",
     ),
-    (  # a skip connection across the layer groups: on GPUs a RuntimeError at the first step, [cpu,cpu] ran it
+    # a skip connection across the layer groups: on GPUs a RuntimeError at the first step, [cpu,cpu] ran it
+    "layers-of-a-forward-that-skips-across-devices": (
         [
             "strategy=model_parallel",
             "strategy.mode=layers",
@@ -252,292 +294,273 @@ COMMAND_LINE_REFUSALS = [
         "strategy.mode=layers puts LongSkip's 2 layer groups on devices one after another, but `add` in the net's own "
         "forward (between its parts) takes tensors of layer groups 0 and 1, which would be on two devices",
     ),
-    (  # FSDP2's ValueError in every process, after the run folder and wandb had started
+    "fsdp-of-a-0-dim-parameter": (  # FSDP2's ValueError in every process, after the run folder and wandb had started
         ["strategy=fsdp", "model.net._target_=own_models.LearnedTemperature"],
         "strategy=fsdp shards the parameters with torch's FSDP2, which cannot shard the 0-dim parameter temperature:",
     ),
-    (  # DDP's RuntimeError in every process after the run folder (FSDP: a traceback of the check below); check_only
+    # DDP's RuntimeError in every process after the run folder (FSDP: a traceback of the check below); check_only
+    "ddp-of-a-lazy-layer": (
         # passed it. single and dp size it at the first step.
         ["strategy=ddp", "model.net._target_=own_models.LazyFirstLayer"],
         "model.net LazyFirstLayer's embed.weight (LazyLinear) has no size until the net's first forward, and "
         "strategy=ddp takes the net before it: give the layer its sizes",
     ),
-    (
+    "fsdp-of-a-lazy-layer": (
         ["strategy=fsdp", "model.net._target_=own_models.LazyFirstLayer"],
         "model.net LazyFirstLayer's embed.weight (LazyLinear) has no size until the net's first forward, and "
         "strategy=fsdp takes",
     ),
-    (["logger=none", "+logger.tags=[a]"], "+logger.tags: logger=none has no logger to take it; a logger of your own"),
+    "add-a-key-to-no-logger": (
+        ["logger=none", "+logger.tags=[a]"],
+        "+logger.tags: logger=none has no logger to take it; a logger of your own",
+    ),
     # a typo in a ${...}: OmegaConf's traceback of 26 to 76 lines
-    (["model.net.hidden=${data.num_feature}"], "cannot be resolved: Interpolation key 'data.num_feature' not found; a"),
-    (["model.net.hidden=${data_file:x,y}"], "Unsupported interpolation type data_file; the resolvers: data_files, "),
+    "interpolation-of-a-key-that-is-not-there": (
+        ["model.net.hidden=${data.num_feature}"],
+        "cannot be resolved: Interpolation key 'data.num_feature' not found; a",
+    ),
+    "interpolation-of-an-unknown-resolver": (
+        ["model.net.hidden=${data_file:x,y}"],
+        "Unsupported interpolation type data_file; the resolvers: data_files, ",
+    ),
     # what Hydra's grammar cannot parse: its 4 lines, exit 1
-    (
+    "interpolation-unquoted": (
         ["+model.net.shape=${data_files:${data.dir},sample_shape}"],
         "cannot be parsed (extraneous input '}' expecting <EOF>); an interpolation is quoted inside the shell's "
         "quotes: '+model.net.shape=\"${data_files:${data.dir},sample_shape}\"'",
     ),
-    (["trainer.max_steps=[1"], "trainer.max_steps=[1 cannot be parsed (no viable alternative at input '[1'); Hydra's"),
+    "list-unclosed": (
+        ["trainer.max_steps=[1"],
+        "trainer.max_steps=[1 cannot be parsed (no viable alternative at input '[1'); Hydra's",
+    ),
     # a traceback (torch's manual_seed, numpy's seed) after the run folder was made; a run folder outside outputs/
-    (["seed=1.5"], "seed=1.5 must be a whole number from 0 to 4294967295 (the default is 42)"),
-    (["run_id=../escape"], "run_id=../escape must name one folder (outputs/<experiment>/<run_id>): no / or .."),
+    "seed-not-whole": (["seed=1.5"], "seed=1.5 must be a whole number from 0 to 4294967295 (the default is 42)"),
+    "run-id-outside-the-outputs": (
+        ["run_id=../escape"],
+        "run_id=../escape must name one folder (outputs/<experiment>/<run_id>): no / or ..",
+    ),
     # quoted empty: the run wrote into outputs/<experiment>/ itself; null: a run folder named None
-    (["run_id=''"], "run_id='' must name one folder (outputs/<experiment>/<run_id>): no / or .., not empty or null"),
-    (["run_id=null"], "run_id=null must name one folder (outputs/<experiment>/<run_id>): no / or .., not empty or"),
+    "run-id-quoted-empty": (
+        ["run_id=''"],
+        "run_id='' must name one folder (outputs/<experiment>/<run_id>): no / or .., not empty or null",
+    ),
+    "run-id-null": (
+        ["run_id=null"],
+        "run_id=null must name one folder (outputs/<experiment>/<run_id>): no / or .., not empty or",
+    ),
     # Lightning's words: "'<=' not supported between instances of 'int' and 'str'"
-    (
+    "evaluation-limit-negative": (
         ["trainer.limit_val_batches=-1"],
         "trainer.limit_val_batches=-1 must be a number of batches (0 or more) or a share from 0.0 to 1.0",
     ),
     # wandb's traceback after the run folder was made; an empty one (an unset variable) went to wandb as it was
-    (["logger.project=team/idea"], "logger.project=team/idea: cannot contain characters"),
-    (["logger.project="], "logger.project is empty: give a wandb project name, or leave it out for the default"),
+    "wandb-project-wandb-refuses": (
+        ["logger.project=team/idea"],
+        "logger.project=team/idea: cannot contain characters",
+    ),
+    "wandb-project-empty": (
+        ["logger.project="],
+        "logger.project is empty: give a wandb project name, or leave it out for the default",
+    ),
     # a float batch reached the DataLoader (a traceback); a list, the optimizer ("'<=' not supported ...")
-    (["data.batch_size=12.0"], "data.batch_size=12.0 must be a whole number of samples (the global batch)"),
-    (["model.optimizer.lr=[1,2]"], "model.optimizer.lr=[1,2] is not a number (the default is 0.001)"),
-    (  # Lightning stepped after the epoch's last micro-batch: a smaller global batch every epoch
+    "batch-size-not-whole": (
+        ["data.batch_size=12.0"],
+        "data.batch_size=12.0 must be a whole number of samples (the global batch)",
+    ),
+    "lr-a-list": (["model.optimizer.lr=[1,2]"], "model.optimizer.lr=[1,2] is not a number (the default is 0.001)"),
+    # Lightning stepped after the epoch's last micro-batch: a smaller global batch every epoch
+    "epoch-limit-inside-an-optimizer-step": (
         ["trainer.limit_train_batches=5", "trainer.accumulate_grad_batches=2", "data.batch_size=64"],
         "trainer.limit_train_batches=5 makes epochs of 5 micro-batches, which trainer.accumulate_grad_batches=2 does",
     ),
-    (["trainer.limit_train_batches=0.0001"], "trainer.limit_train_batches=0.0001 leaves no training batch in an epoch"),
+    "epoch-limit-of-no-batch": (
+        ["trainer.limit_train_batches=0.0001"],
+        "trainer.limit_train_batches=0.0001 leaves no training batch in an epoch",
+    ),
     # Lightning refused them once the wandb run was made (validation) or after the training (test); Accelerate ran one
-    (["trainer.limit_val_batches=0.01"], "trainer.limit_val_batches=0.01 leaves none of the 4 val batches each"),
-    (["trainer.limit_test_batches=0.1"], "trainer.limit_test_batches=0.1 leaves none of the 4 test batches"),
+    "validation-share-of-no-batch": (
+        ["trainer.limit_val_batches=0.01"],
+        "trainer.limit_val_batches=0.01 leaves none of the 4 val batches each",
+    ),
+    "test-share-of-no-batch": (
+        ["trainer.limit_test_batches=0.1"],
+        "trainer.limit_test_batches=0.1 leaves none of the 4 test batches",
+    ),
     # Lightning's words named neither the setting nor what is valid
-    (["trainer.devices=two"], "trainer.devices=two is not a device count; valid: 1, 2, ..., or auto (or -1)"),
-    (  # a misspelt class of a module that imports: Hydra's words said the module was not a package
+    "devices-that-are-not-a-count": (
+        ["trainer.devices=two"],
+        "trainer.devices=two is not a device count; valid: 1, 2, ..., or auto (or -1)",
+    ),
+    "a-misspelt-class": (  # a misspelt class of a module that imports: Hydra's words said the module was not a package
         ["data.dataset._target_=torch.utils.data.TensorDatset"],
         "(torch.utils.data has no TensorDatset; did you mean torch.utils.data.TensorDataset?)",
     ),
-    (["hydra/launcher=joblib"], "unknown hydra/launcher 'joblib'; valid: basic"),  # Hydra's: ten lines, exit 1
-    (  # regression targets log no accuracy: refused at the first validation, after an epoch of training
+    "hydra-group-choice": (
+        ["hydra/launcher=joblib"],
+        "unknown hydra/launcher 'joblib'; valid: basic",
+    ),  # Hydra's: ten lines, exit 1
+    # regression targets log no accuracy: refused at the first validation, after an epoch of training
+    "accuracy-monitor-of-a-regression": (
         ["data=custom", "data.dataset._target_=custom_dataset.Values", "+data.dataset.size=96", "data.num_classes=1"]
         + ["data.num_features=6", "data.batch_size=32", "checkpoint.monitor=val/acc"],
         "checkpoint.monitor=val/acc, but the data's targets are values (a regression), whose validation logs val/loss",
     ),
-    (  # (what the schedule cannot do, refused naming the setting given)
+    "pipeline-with-accumulation": (  # (what the schedule cannot do, refused naming the setting given)
         ["strategy=pipeline", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.accumulate_grad_batches=2"],
         "strategy=pipeline does not take trainer.accumulate_grad_batches=2: its schedule already runs each batch as",
     ),
-    (
+    "pipeline-with-clipping": (
         ["strategy=pipeline", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.gradient_clip_val=1.0"],
         "strategy=pipeline does not take trainer.gradient_clip_val=1.0: each stage holds part of the gradient",
     ),
     # lightning-hydra-template's habits: Lightning's Trainer took them and the project's own won, without a word
-    (["+trainer.strategy=ddp"], "trainer.strategy is not set through the trainer here: the preset is strategy=<name>"),
-    (["+trainer.logger=false"], "trainer.logger is not set through the trainer here: the logger is logger=wandb or"),
-    (["+trainer.callbacks=[]"], "trainer.callbacks is not set through the trainer here: "),
-    (  # (it said to add it with +, which was then refused)
+    "trainer-strategy": (
+        ["+trainer.strategy=ddp"],
+        "trainer.strategy is not set through the trainer here: the preset is strategy=<name>",
+    ),
+    "trainer-logger": (
+        ["+trainer.logger=false"],
+        "trainer.logger is not set through the trainer here: the logger is logger=wandb or",
+    ),
+    "trainer-callbacks": (["+trainer.callbacks=[]"], "trainer.callbacks is not set through the trainer here: "),
+    "a-setting-the-strategy-preset-lacks": (  # (it said to add it with +, which was then refused)
         ["strategy=fsdp", "trainer.accelerator=cpu", "trainer.devices=2", "strategy.tensor_parallel_size=2"],
         "unknown setting strategy.tensor_parallel_size: the strategy preset has no tensor_parallel_size; its "
         "settings: ",
     ),
-    (["ddp"], "ddp is not a setting: this command takes key=value, e.g. strategy=ddp"),  # (Hydra's 4 lines, exit 1)
-    (  # (Hydra's multi-line instantiation error in the training, exit 1)
+    "a-bare-word": (
+        ["ddp"],
+        "ddp is not a setting: this command takes key=value, e.g. strategy=ddp",
+    ),  # (Hydra's 4 lines, exit 1)
+    "a-value-for-a-group-of-settings": (  # (Hydra's multi-line instantiation error in the training, exit 1)
         ["model.optimizer=0.1"],
         "model.optimizer=0.1: model.optimizer is a group of settings (lr, weight_decay",
     ),
-    (  # (argparse's habit: Hydra printed its usage, eight lines)
+    "a-dashed-option": (  # (argparse's habit: Hydra printed its usage, eight lines)
         ["--max-epochs", "2"],
         "--max-epochs is not an option of this command: its settings are key=value, e.g. trainer.max_epochs=... "
         "(--help lists them)",
     ),
     # a setting's name as a flag: Hydra's --experimental-rerun abbreviated (a traceback), or a key the trainer lacks
-    (["--experiment=x"], "--experiment is not an option of this command: its settings are key=value, e.g. experiment="),
-    (["--batch_size", "8"], "--batch_size is not an option of this command: its settings are key=value, e.g. data.ba"),
-    (  # (it offered data.batch_size=0 or less)
+    "a-dashed-top-level-setting": (
+        ["--experiment=x"],
+        "--experiment is not an option of this command: its settings are key=value, e.g. experiment=",
+    ),
+    "a-dashed-setting-of-the-data": (
+        ["--batch_size", "8"],
+        "--batch_size is not an option of this command: its settings are key=value, e.g. data.ba",
+    ),
+    "empty-training-split": (  # (it offered data.batch_size=0 or less)
         ["data.train_size=0"],
         "the training split has 0 samples, fewer than one global batch (data.batch_size=256): no step would train; "
         "give more data",
     ),
-    (  # (no launcher: Lightning trained one process, and logged nothing, as "not rank 0")
+    # (no launcher: Lightning trained one process, and logged nothing, as "not rank 0")
+    "stray-world-size-without-a-launcher": (
         ["env:WORLD_SIZE=2", "env:RANK=1"],
         "strategy=single runs one process, but WORLD_SIZE=2 RANK=1 is set and no launcher (torchrun, accelerate "
         "launch, srun) started this one: unset WORLD_SIZE, RANK (left from another job?); for several processes, "
         "strategy=ddp trainer.devices=N without them",
     ),
-    (  # Hydra's five lines, exit 1
+    "a-sweep-without-multirun": (  # Hydra's five lines, exit 1
         ["experiment=a,b"],
         "experiment=a,b: several values train one run each with -m (--multirun); for one run give one value",
     ),
-    (  # (Lightning's engine takes it as GPU indices on a GPU)
+    "quoted-device-count": (  # (Lightning's engine takes it as GPU indices on a GPU)
         ["strategy=ddp", "trainer.accelerator=cpu", "trainer.devices='2'"],
         "trainer.devices='2' is text, not a device count: give trainer.devices=2",
     ),
-    (  # torch's comparison error, then a made-up ~model.optimizer.KEY to drop
+    "a-number-read-as-text": (  # torch's comparison error, then a made-up ~model.optimizer.KEY to drop
         ["env:LR=0.01", "model.optimizer.lr=${oc.env:LR}"],
         "a setting of the wrong kind? (a number read with ${oc.env:NAME} is text: give ${oc.decode:${oc.env:NAME}})",
     ),
-    (  # (the processes waited for ever for the others of that job's layout)
+    "stray-rank-under-ddp-without-a-launcher": (  # (the processes waited for ever for the others of that job's layout)
         ["env:WORLD_SIZE=2", "env:RANK=1", "env:LOCAL_RANK=1", "strategy=ddp", "trainer.devices=2"],
         "WORLD_SIZE=2 RANK=1 is set, but no launcher (torchrun, accelerate launch, srun) started this process: left "
         "from another job? unset RANK LOCAL_RANK WORLD_SIZE",
     ),
-    (  # (wandb's refusal: a traceback after the run folder was made)
+    "unknown-wandb-mode": (  # (wandb's refusal: a traceback after the run folder was made)
         ["env:WANDB_MODE=offlinee"],
         "WANDB_MODE=offlinee is not a wandb mode; valid: online, offline, disabled (or leave it unset: online when "
         "logged in, else offline)",
     ),
-    (  # (wandb's UsageError traceback, config.yaml left in the run folder)
+    "wandb-online-without-login": (  # (wandb's UsageError traceback, config.yaml left in the run folder)
         ["env:WANDB_MODE=online", "env:WANDB_API_KEY=", "env:WANDB_IDENTITY_TOKEN_FILE=", "env:NETRC=/nowhere/.netrc"],
         "WANDB_MODE=online needs a wandb login and there is none here (WANDB_API_KEY, or ~/.netrc from `wandb login`): "
         "log in, or leave WANDB_MODE unset to log offline (wandb sync uploads it later)",
     ),
-    (  # (it trained one process, in one engine)
+    "single-on-two-nodes": (  # (it trained one process, in one engine)
         ["trainer.num_nodes=2"],
         "strategy=single runs one device but trainer.devices=1 x trainer.num_nodes=2 asks for 2; use strategy=ddp for "
         "several",
     ),
-    (  # (Lightning waited for the second node for ever)
+    "ddp-on-two-nodes-without-a-launcher": (  # (Lightning waited for the second node for ever)
         ["strategy=ddp", "trainer.devices=2", "trainer.num_nodes=2"],
         "trainer.num_nodes=2: this command starts the processes of one machine; for several, start torchrun on each "
         "(launch/torchrun_multinode.sh, docs/many-machines.md), or sbatch launch/slurm.sbatch",
     ),
     # The OOM toolkit (configs/oom/, read by both engines): a value that would have failed mid-training, a preset that
     # cannot run a part of it (a process out of memory would leave the others waiting)
-    (["oom=lots"], "unknown oom 'lots'; valid: none, toolkit"),
-    (  # (oom=none's recovery is null)
+    "unknown-oom": (["oom=lots"], "unknown oom 'lots'; valid: none, toolkit"),
+    "a-setting-of-a-part-that-is-off": (  # (oom=none's recovery is null)
         ["oom.recovery.policy=skip"],
         "unknown setting oom.recovery.policy; oom.recovery is null (off) here; the oom presets: none, toolkit",
     ),
-    (  # (Hydra's five lines, exit code 1, told to add a +)
+    "a-setting-of-a-part-turned-off": (  # (Hydra's five lines, exit code 1, told to add a +)
         ["oom=toolkit", "oom.recovery=null", "oom.recovery.policy=skip"],
         "unknown setting oom.recovery.policy; oom.recovery is null (off) here; the oom presets: none, toolkit",
     ),
-    (["oom=toolkit", "oom.recovery.policy=halve"], "oom.recovery.policy=halve is unknown; valid: skip, split"),
-    (
+    "unknown-recovery-policy": (
+        ["oom=toolkit", "oom.recovery.policy=halve"],
+        "oom.recovery.policy=halve is unknown; valid: skip, split",
+    ),
+    "finder-margin-not-a-fraction": (
         ["oom.find_batch_size=true", "oom.batch_size_finder.margin=1.5"],
         "oom.batch_size_finder.margin=1.5: give a fraction in [0, 1), e.g. 0.1",
     ),
-    (  # (None < 1: a TypeError in the middle of the search)
+    "finder-margin-null": (  # (None < 1: a TypeError in the middle of the search)
         ["oom.find_batch_size=true", "oom.batch_size_finder.margin=null"],
         "oom.batch_size_finder.margin=null: give a fraction in [0, 1), e.g. 0.1",
     ),
-    (
+    "unknown-lr-scaling": (
         ["oom.find_batch_size=true", "oom.batch_size_finder.lr_scaling=cubic"],
         "oom.batch_size_finder.lr_scaling=cubic is unknown; valid: none, linear, sqrt",
     ),
-    (
+    "recovery-with-accumulation": (
         ["oom=toolkit", "trainer.accumulate_grad_batches=2"],
         "oom.recovery runs the backward itself: use trainer.accumulate_grad_batches=1, or turn it off with "
         "oom.recovery=null",
     ),
-    (
+    "recovery-under-pipeline": (
         ["strategy=pipeline", "trainer.accelerator=cpu", "trainer.devices=2", "oom=toolkit"],
         "oom.recovery works under strategy=single|ddp|ddp_spawn, not strategy=pipeline (its schedule already runs "
         "each batch as strategy.microbatches micro-batches; raise that instead); turn it off with oom.recovery=null",
     ),
-    (
+    "recovery-under-model-parallel": (
         ["strategy=model_parallel", "trainer.accelerator=cpu", "trainer.devices=2", "oom=toolkit"],
         "oom.recovery works under strategy=single|ddp|ddp_spawn, not strategy=model_parallel (its forward is a",
     ),
-    (
+    "recovery-under-fsdp": (
         ["strategy=fsdp", "trainer.accelerator=cpu", "trainer.devices=2", "oom=toolkit"],
         "oom.recovery works under strategy=single|ddp|ddp_spawn, not strategy=fsdp (each layer's forward gathers",
     ),
-    (
+    "recovery-under-dp": (
         ["strategy=dp", "trainer.accelerator=cpu", "oom=toolkit"],
         "oom.recovery works under strategy=single|ddp|ddp_spawn, not strategy=dp (its replicas run in threads",
     ),
-    (
+    "finder-under-pipeline": (
         ["strategy=pipeline", "trainer.accelerator=cpu", "trainer.devices=2", "oom.find_batch_size=true"],
         "oom.find_batch_size works under strategy=single|ddp|ddp_spawn",  # (Accelerate: |dp, whose trials split)
     ),
-    (  # (a ValueError's traceback)
+    "token-vocabulary-below-its-branching": (  # (a ValueError's traceback)
         ["model=gpt", "data=tokens", "data.vocab_size=3"],
         "data.dataset.branching=4 must be between 1 and data.vocab_size=3: give data.dataset.branching=3 or a larger",
     ),
-    (["model=gpt", "data=tokens", "data.seq_len=0"], "data.vocab_size=64 and data.seq_len=0 must be 1 or more"),
-]
-COMMAND_LINE_REFUSAL_IDS = [
-    "data-setting-nothing-takes",
-    "preset-of-another-command",
-    "unknown-setting-like-none",
-    "add-a-top-level-key",
-    "add-a-checkpoint-setting",
-    "add-an-oom-setting",
-    "an-oom-setting-it-does-not-have",
-    "add-a-top-level-node",
-    "add-a-key-wandb-does-not-take",
-    "add-a-wandb-key-the-training-sets",
-    "add-a-key-the-schedule-does-not-take",
-    "a-schedule-without-total-steps",
-    "multirun-preset-typo",
-    "multirun-key-typo",
-    "multirun-value-not-a-number",
-    "remove-a-config-group",
-    "remove-a-setting-the-training-reads",
-    "typo-after-a-removal",
-    "typo-in-a-removal",
-    "removal-before-what-it-reads",
-    "argument-the-net-does-not-take",
-    "a-net-of-no-blocks",
-    "remove-a-null-setting",
-    "add-a-key-that-exists",
-    "dataset-whose-files-are-not-there",
-    "layers-of-a-forward-that-skips-across-devices",
-    "fsdp-of-a-0-dim-parameter",
-    "ddp-of-a-lazy-layer",
-    "fsdp-of-a-lazy-layer",
-    "add-a-key-to-no-logger",
-    "interpolation-of-a-key-that-is-not-there",
-    "interpolation-of-an-unknown-resolver",
-    "interpolation-unquoted",
-    "list-unclosed",
-    "seed-not-whole",
-    "run-id-outside-the-outputs",
-    "run-id-quoted-empty",
-    "run-id-null",
-    "evaluation-limit-negative",
-    "wandb-project-wandb-refuses",
-    "wandb-project-empty",
-    "batch-size-not-whole",
-    "lr-a-list",
-    "epoch-limit-inside-an-optimizer-step",
-    "epoch-limit-of-no-batch",
-    "validation-share-of-no-batch",
-    "test-share-of-no-batch",
-    "devices-that-are-not-a-count",
-    "a-misspelt-class",
-    "hydra-group-choice",
-    "accuracy-monitor-of-a-regression",
-    "pipeline-with-accumulation",
-    "pipeline-with-clipping",
-    "trainer-strategy",
-    "trainer-logger",
-    "trainer-callbacks",
-    "a-setting-the-strategy-preset-lacks",
-    "a-bare-word",
-    "a-value-for-a-group-of-settings",
-    "a-dashed-option",
-    "a-dashed-top-level-setting",
-    "a-dashed-setting-of-the-data",
-    "empty-training-split",
-    "stray-world-size-without-a-launcher",
-    "a-sweep-without-multirun",
-    "quoted-device-count",
-    "a-number-read-as-text",
-    "stray-rank-under-ddp-without-a-launcher",
-    "unknown-wandb-mode",
-    "wandb-online-without-login",
-    "single-on-two-nodes",
-    "ddp-on-two-nodes-without-a-launcher",
-    "unknown-oom",
-    "a-setting-of-a-part-that-is-off",
-    "a-setting-of-a-part-turned-off",
-    "unknown-recovery-policy",
-    "finder-margin-not-a-fraction",
-    "finder-margin-null",
-    "unknown-lr-scaling",
-    "recovery-with-accumulation",
-    "recovery-under-pipeline",
-    "recovery-under-model-parallel",
-    "recovery-under-fsdp",
-    "recovery-under-dp",
-    "finder-under-pipeline",
-    "token-vocabulary-below-its-branching",
-    "token-sequences-of-no-length",
-]
+    "token-sequences-of-no-length": (
+        ["model=gpt", "data=tokens", "data.seq_len=0"],
+        "data.vocab_size=64 and data.seq_len=0 must be 1 or more",
+    ),
+}
 
 
 # Loss parity: same seed, same data order, same GLOBAL batch; the first K train/loss values of every preset

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import COMMAND_LINE_REFUSAL_IDS, COMMAND_LINE_REFUSALS, refuse_all, unsplit_net
+from conftest import COMMAND_LINE_REFUSALS_BY_ID, refuse_all, unsplit_net
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
@@ -46,112 +46,112 @@ def test_the_notes_of_the_checks_are_said_once(monkeypatch):
 
 
 # (overrides, the one error line); each refused before training (conftest's `refused` runs them)
-BAD_INPUT = [
-    (["strategy=warp_drive"], "unknown strategy 'warp_drive'; valid: " + ", ".join(PRESETS)),
-    (
+BAD_INPUT_BY_ID = {
+    "unknown-strategy": (["strategy=warp_drive"], "unknown strategy 'warp_drive'; valid: " + ", ".join(PRESETS)),
+    "indivisible-batch": (
         ["strategy=ddp_spawn", "trainer.devices=2", "data.batch_size=255"],
         "data.batch_size=255 is the global batch and must be a positive multiple of the 2 data-parallel replicas",
     ),
-    (["ckpt_path=missing"], "ckpt_path=missing is not a checkpoint folder"),
-    (
+    "missing-checkpoint": (["ckpt_path=missing"], "ckpt_path=missing is not a checkpoint folder"),
+    "run-folder-under-a-file": (
         [f"hydra.run.dir={Path(__file__)}/run"],
         f"the run folder {Path(__file__)}/run cannot be made: {Path(__file__)} is",
     ),
-    (["trainer.precision=8"], "trainer.precision=8 is unknown; valid: auto, 32-true, bf16-mixed, 16-mixed"),
-    (  # (its preset's trainer.devices is 2)
+    "unknown-precision": (
+        ["trainer.precision=8"],
+        "trainer.precision=8 is unknown; valid: auto, 32-true, bf16-mixed, 16-mixed",
+    ),
+    "pipeline-one-stage": (  # (its preset's trainer.devices is 2)
         ["strategy=pipeline", "trainer.devices=1"],
         "strategy=pipeline runs one stage per process; 1 process given, use 2+: give trainer.devices=N (this command",
     ),
-    (["strategy=model_parallel", "strategy.mode=pipes"], "strategy.mode='pipes' is unknown; valid: tensor, layers"),
-    (
+    "unknown-mode": (
+        ["strategy=model_parallel", "strategy.mode=pipes"],
+        "strategy.mode='pipes' is unknown; valid: tensor, layers",
+    ),
+    "pipeline-without-split": (
         ["strategy=pipeline", *unsplit_net()],
         "strategy=pipeline needs to know how to split Sequential: add register_split(Sequential, Split(",
     ),
-    (
+    "model-parallel-without-split": (
         ["strategy=model_parallel", *unsplit_net()],
         "strategy=model_parallel needs to know how to split Sequential: add register_split(Sequential, Split(",
     ),
-    (  # a forward that adds a position vector after `embed`: the pipeline's chain would train another model
+    # a forward that adds a position vector after `embed`: the pipeline's chain would train another model
+    "pipeline-of-another-forward": (
         ["env:WORLD_SIZE=2", "strategy=pipeline", "model.net._target_=own_models.PositionSummed"],
         "runs PositionSummed's Split as a chain (first, blocks, last, each on the one before's output), but its "
         "forward gives it something else than embed's output for blocks.0: it would train another model",
     ),
-    (
+    "dataset-that-does-not-import": (
         ["data.dataset._target_=nope.Nope"],
         "data.dataset._target_=nope.Nope cannot be imported (No module named 'nope'); give the full import path",
     ),
-    (["strategy=dp", "compile=true"], "strategy=dp does not support compile=true: nn.DataParallel copies the net"),
-    (["model.optimizer.lr=abc"], "model.optimizer.lr=abc is not a number (the default is 0.001)"),
-    (
+    "compile-under-dp": (
+        ["strategy=dp", "compile=true"],
+        "strategy=dp does not support compile=true: nn.DataParallel copies the net",
+    ),
+    "value-of-the-wrong-type": (
+        ["model.optimizer.lr=abc"],
+        "model.optimizer.lr=abc is not a number (the default is 0.001)",
+    ),
+    "unknown-setting": (
         ["trainer.max_epoch=2"],
         "unknown setting trainer.max_epoch; did you mean trainer.max_epochs?",
     ),
-    (["data.shuffle=sometimes"], "data.shuffle=sometimes is not true or false (the default is true)"),
-    (["trainer.accelerator=gpuu"], "trainer.accelerator=gpuu is unknown; valid: auto, cpu, gpu, cuda"),
-    (  # accelerate launch without its config ran the command itself, once: the advice names that
+    "not-true-or-false": (
+        ["data.shuffle=sometimes"],
+        "data.shuffle=sometimes is not true or false (the default is true)",
+    ),
+    "unknown-accelerator": (
+        ["trainer.accelerator=gpuu"],
+        "trainer.accelerator=gpuu is unknown; valid: auto, cpu, gpu, cuda",
+    ),
+    # accelerate launch without its config ran the command itself, once: the advice names that
+    "pipeline-of-one-accelerate-launch-process": (
         ["env:ACCELERATE_MIXED_PRECISION=no", "strategy=pipeline", "trainer.devices=1"],
         "strategy=pipeline runs one stage per process; 1 process given, use 2+: accelerate launch started 1 (it does",
     ),
-    (["trainer.devices=0"], "trainer.devices=0 is not a device count; valid: 1, 2, ..., or auto (or -1)"),
-    (  # (the GPUs given, not 0 and 1 whatever they were)
+    "no-devices": (["trainer.devices=0"], "trainer.devices=0 is not a device count; valid: 1, 2, ..., or auto (or -1)"),
+    "gpu-indices": (  # (the GPUs given, not 0 and 1 whatever they were)
         ["trainer.devices=[2,3]"],
         "is not a device count; valid: 1, 2, ..., or auto (or -1); choose GPUs with CUDA_VISIBLE_DEVICES=2,3 and",
     ),
-    (["strategy=ddp_spawn", "trainer.devices=abc"], "trainer.devices=abc is not a device count; valid: 1, 2,"),
-    (
+    "devices-not-a-number": (
+        ["strategy=ddp_spawn", "trainer.devices=abc"],
+        "trainer.devices=abc is not a device count; valid: 1, 2,",
+    ),
+    "several-devices-under-single": (
         ["trainer.devices=2"],
         "strategy=single runs one device but trainer.devices=2; for 2 processes: strategy=ddp trainer.devices=2 (this "
         "command starts them under torchrun; or `accelerate launch --config_file launch/multi_process.yaml",
     ),
-    (  # it was "did you mean trainer.max_steps?", another setting
+    "lightning-trainer-setting-by-name": (  # it was "did you mean trainer.max_steps?", another setting
         ["trainer.min_steps=5"],
         "trainer.min_steps is a setting of Lightning's Trainer, not of this loop; it reads: accelerator,",
     ),
-    (  # Hydra adds it, and the loop ignored it: anomaly detection silently off
+    "lightning-only-trainer-setting": (  # Hydra adds it, and the loop ignored it: anomaly detection silently off
         ["+trainer.detect_anomaly=true"],
         "trainer.detect_anomaly is a setting of Lightning's Trainer, not of this loop; it reads: accelerator, "
         "accumulate_grad_batches,",
     ),
-    (  # the Lightning engine's way to another loss: taken in, and the loop trained with its own
+    # the Lightning engine's way to another loss: taken in, and the loop trained with its own
+    "lightning-model-class": (
         ["+model._target_=my_module.SmoothedLoss"],
         "model._target_ is not a setting of this loop (a loss of yours: engine/loop.py); it reads: net,",
     ),
-    (["callbacks=oom"], "unknown setting callbacks (callbacks is the Lightning engine's config group; this loop has"),
-    *COMMAND_LINE_REFUSALS,  # (conftest: the same in both engines)
-]
+    "lightning-callbacks-group": (
+        ["callbacks=oom"],
+        "unknown setting callbacks (callbacks is the Lightning engine's config group; this loop has",
+    ),
+    **COMMAND_LINE_REFUSALS_BY_ID,  # (conftest: the same in both engines)
+}
 if not torch.cuda.is_available():  # what a machine without GPUs refuses
-    BAD_INPUT += [
-        (["trainer.accelerator=gpu"], "trainer.accelerator=gpu, but torch sees no CUDA device"),
-    ]
-BAD_INPUT_IDS = [
-    "unknown-strategy",
-    "indivisible-batch",
-    "missing-checkpoint",
-    "run-folder-under-a-file",
-    "unknown-precision",
-    "pipeline-one-stage",
-    "unknown-mode",
-    "pipeline-without-split",
-    "model-parallel-without-split",
-    "pipeline-of-another-forward",
-    "dataset-that-does-not-import",
-    "compile-under-dp",
-    "value-of-the-wrong-type",
-    "unknown-setting",
-    "not-true-or-false",
-    "unknown-accelerator",
-    "pipeline-of-one-accelerate-launch-process",
-    "no-devices",
-    "gpu-indices",
-    "devices-not-a-number",
-    "several-devices-under-single",
-    "lightning-trainer-setting-by-name",
-    "lightning-only-trainer-setting",
-    "lightning-model-class",
-    "lightning-callbacks-group",
-    *COMMAND_LINE_REFUSAL_IDS,
-    *(["gpu-without-one"] if not torch.cuda.is_available() else []),
-]
+    BAD_INPUT_BY_ID["gpu-without-one"] = (
+        ["trainer.accelerator=gpu"],
+        "trainer.accelerator=gpu, but torch sees no CUDA device",
+    )
+BAD_INPUT, BAD_INPUT_IDS = list(BAD_INPUT_BY_ID.values()), list(BAD_INPUT_BY_ID)  # (ids beside their rows)
 
 
 @pytest.mark.parametrize("case", range(len(BAD_INPUT)), ids=BAD_INPUT_IDS)

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import COMMAND_LINE_REFUSAL_IDS, COMMAND_LINE_REFUSALS, unsplit_net
+from conftest import COMMAND_LINE_REFUSALS_BY_ID, unsplit_net
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
@@ -78,79 +78,99 @@ def test_the_best_checkpoint_of_accuracy_is_its_highest(tmp_path, monitor):
 
 
 # (overrides, the one error line); each refused before training (conftest's `refused` runs them)
-BAD_INPUT = [
-    (["strategy=warp_drive"], "unknown strategy 'warp_drive'; valid: " + ", ".join(PRESETS)),
-    (  # (the presets there: a logger preset of yours is one of them)
+BAD_INPUT_BY_ID = {
+    "unknown-strategy": (["strategy=warp_drive"], "unknown strategy 'warp_drive'; valid: " + ", ".join(PRESETS)),
+    "unknown-logger": (  # (the presets there: a logger preset of yours is one of them)
         ["logger=tensorboardx"],
         "unknown logger 'tensorboardx'; valid: "
         + ", ".join(sorted(p.stem for p in (CONFIG_DIR / "logger").glob("*.yaml"))),
     ),
-    (
+    "indivisible-batch": (
         ["strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "data.batch_size=255"],
         "data.batch_size=255 is the global batch and must be a positive multiple of the 2 data-parallel replicas",
     ),
-    (["ckpt_path=missing.ckpt"], "ckpt_path=missing.ckpt does not exist"),
-    ([f"ckpt_path={Path(__file__)}"], f"ckpt_path={Path(__file__)} is not a checkpoint (a .ckpt file, or the"),
-    ([f"ckpt_path={Path(__file__).parent}"], f"ckpt_path={Path(__file__).parent} is not a checkpoint"),
-    (
+    "missing-checkpoint": (["ckpt_path=missing.ckpt"], "ckpt_path=missing.ckpt does not exist"),
+    "checkpoint-that-is-a-source-file": (
+        [f"ckpt_path={Path(__file__)}"],
+        f"ckpt_path={Path(__file__)} is not a checkpoint (a .ckpt file, or the",
+    ),
+    "checkpoint-that-is-a-folder-of-other-files": (
+        [f"ckpt_path={Path(__file__).parent}"],
+        f"ckpt_path={Path(__file__).parent} is not a checkpoint",
+    ),
+    "run-folder-under-a-file": (
         [f"hydra.run.dir={Path(__file__)}/run"],
         f"the run folder {Path(__file__)}/run cannot be made: {Path(__file__)} is",
     ),
-    (["strategy=single", "trainer.accelerator=cpu", "trainer.devices=2"], "use strategy=ddp for several"),
-    (["strategy=dp", "trainer.num_nodes=2"], "strategy=dp runs one process on one node"),
-    (
+    "single-on-two-devices": (
+        ["strategy=single", "trainer.accelerator=cpu", "trainer.devices=2"],
+        "use strategy=ddp for several",
+    ),
+    "dp-on-two-nodes": (["strategy=dp", "trainer.num_nodes=2"], "strategy=dp runs one process on one node"),
+    "mesh-not-world-size": (
         [*MODEL_PARALLEL, "trainer.devices=2", "strategy.tensor_parallel_size=4"],
         "strategy.data_parallel_size=1 x strategy.tensor_parallel_size=4 must equal the processes: "
         "trainer.devices=2 x trainer.num_nodes=1 = 2",
     ),
-    (
+    "hidden-not-divisible": (
         [*MODEL_PARALLEL, "trainer.devices=3"],
         "blocks.0.fc_in has 512 output features, which strategy.tensor_parallel_size=3 does not divide; valid with "
         "the 3 processes: 1 (the model allows 1, 2, 4, 8, 16, 32, ... (the divisors of 512))",
     ),
-    (
+    "gpt-heads-not-divisible": (
         [*MODEL_PARALLEL, "trainer.devices=4", "model=gpt", "model.net.num_heads=2"],
         # (valid: what divides the heads too; a refusal named the 64 features of a projection, then the heads)
         "blocks.0.attn has 2 attention heads, which strategy.tensor_parallel_size=4 does not divide; valid: 1, 2,",
     ),
-    ([*MODEL_PARALLEL, "strategy.mode=pipes"], "strategy.mode='pipes' is unknown; valid: tensor, layers"),
-    (
+    "unknown-mode": (
+        [*MODEL_PARALLEL, "strategy.mode=pipes"],
+        "strategy.mode='pipes' is unknown; valid: tensor, layers",
+    ),
+    "finder-under-dp": (
         ["strategy=dp", "oom.find_batch_size=true"],
         "oom.find_batch_size works under strategy=single|ddp|ddp_spawn, not strategy=dp (its trials would run on the "
         "first GPU alone and size the global batch by it); turn it off with oom.find_batch_size=false",
     ),
-    (
+    "pipeline-without-split": (
         ["strategy=pipeline", "trainer.accelerator=cpu", *unsplit_net()],
         "strategy=pipeline needs to know how to split Sequential: add register_split(Sequential, Split(",
     ),
-    (
+    "model-parallel-without-split": (
         [*MODEL_PARALLEL, "trainer.devices=2", *unsplit_net()],
         "strategy=model_parallel needs to know how to split Sequential: add register_split(Sequential, Split(",
     ),
-    (
+    "dataset-that-does-not-import": (
         ["data.dataset._target_=nope.Nope"],
         "data.dataset._target_=nope.Nope cannot be imported (No module named 'nope'); give the full import path",
     ),
-    (  # its validation, and the best checkpoint saved there, would land inside an optimizer step
+    # its validation, and the best checkpoint saved there, would land inside an optimizer step
+    "validation-inside-an-optimizer-step": (
         ["trainer.accumulate_grad_batches=2", "trainer.val_check_interval=3", "data.batch_size=64"],
         "trainer.val_check_interval=3 counts micro-batches: give a multiple of trainer.accumulate_grad_batches=2",
     ),
-    (  # a forward that adds a position vector after `embed`: the pipeline's chain would train another model
+    # a forward that adds a position vector after `embed`: the pipeline's chain would train another model
+    "pipeline-of-a-forward-that-is-not-its-chain": (
         ["strategy=pipeline", "trainer.accelerator=cpu", "model.net._target_=own_models.PositionSummed"],
         "runs PositionSummed's Split as a chain (first, blocks, last, each on the one before's output), but its "
         "forward gives it something else than embed's output for blocks.0: it would train another model",
     ),
-    (["model.optimizer.lr=abc"], "model.optimizer.lr=abc is not a number (the default is 0.001)"),
-    (
+    "value-of-the-wrong-type": (
+        ["model.optimizer.lr=abc"],
+        "model.optimizer.lr=abc is not a number (the default is 0.001)",
+    ),
+    "unknown-setting": (
         ["trainer.max_epoch=2"],
         "unknown setting trainer.max_epoch; did you mean trainer.max_epochs?",
     ),
-    (["data.shuffle=sometimes"], "data.shuffle=sometimes is not true or false (the default is true)"),
-    (
+    "not-true-or-false": (
+        ["data.shuffle=sometimes"],
+        "data.shuffle=sometimes is not true or false (the default is true)",
+    ),
+    "fsdp-replicas-not-dividing": (
         ["strategy=fsdp", "trainer.accelerator=cpu", "trainer.devices=2", "strategy.replicas=3"],
         "strategy.replicas=3 must divide the 2 processes: HSDP shards the model within 2 / replicas processes",
     ),
-    (
+    "pipelines-not-dividing-the-processes": (
         [
             *("strategy=pipeline", "trainer.accelerator=cpu", "trainer.devices=2"),
             "strategy.data_parallel_size=3",
@@ -158,7 +178,8 @@ BAD_INPUT = [
         ],  # fmt: skip
         "strategy.data_parallel_size=3 must divide the 2 processes (pipelines x stages); valid: 1, 2",
     ),
-    (  # what the process count decides, from the command line (its logic on both engines: test_pipelining.py)
+    # what the process count decides, from the command line (its logic on both engines: test_pipelining.py)
+    "interleaved-microbatches-in-unequal-rounds": (
         [
             *("strategy=pipeline", "trainer.accelerator=cpu", "trainer.devices=2"),
             "strategy.schedule=interleaved_1f1b",
@@ -168,7 +189,7 @@ BAD_INPUT = [
         "strategy.microbatches=5 does not fit strategy.schedule=interleaved_1f1b over 2 processes per pipeline (torch "
         "runs them in 5 // 2 = 2 equal rounds); valid: 2, 3, 4, 6, 8, ...",
     ),  # fmt: skip
-    (  # 2 processes x 3 stages: the net's 4 blocks cannot make 6 stages
+    "more-stages-than-blocks": (  # 2 processes x 3 stages: the net's 4 blocks cannot make 6 stages
         [
             *("strategy=pipeline", "trainer.accelerator=cpu", "trainer.devices=2"),
             "strategy.schedule=interleaved_1f1b",
@@ -177,110 +198,82 @@ BAD_INPUT = [
         "strategy=pipeline: 6 pipeline stages need at least 6 blocks; the model has 4 (2 processes x "
         "strategy.stages_per_process=3)",
     ),  # fmt: skip
-    (  # a package Lightning asks for (torch_xla) was a multi-line report of Hydra's
+    # a package Lightning asks for (torch_xla) was a multi-line report of Hydra's
+    "accelerator-whose-package-is-missing": (
         ["trainer.accelerator=tpu"],
         "Trainer: Requirement 'torch_xla",
     ),
     # a module of yours (+model._target_): these three were tracebacks, with a run folder left behind
-    (["+model._target_=oom_sim.OOMClasifier"], "model._target_=oom_sim.OOMClasifier does not import ("),
-    (
+    "module-that-does-not-import": (
+        ["+model._target_=oom_sim.OOMClasifier"],
+        "model._target_=oom_sim.OOMClasifier does not import (",
+    ),
+    "module-that-is-not-a-classifier": (
         ["+model._target_=torch.nn.Linear"],
         "model._target_=torch.nn.Linear is not a subclass of engine.module.Classifier",
     ),
-    (
+    "module-argument-it-does-not-take": (
         ["+model._target_=oom_sim.OOMClassifier", "+model.colour=red"],
         "model.colour: OOMClassifier takes model.net, model.optimizer, model.no_decay_norms_and_biases and its own: "
         "oom_above,",
     ),
-    (  # what its training_step logged went missing in silence: the pipeline runs the step itself
+    # what its training_step logged went missing in silence: the pipeline runs the step itself
+    "pipeline-of-a-modules-own-training-step": (
         ["strategy=pipeline", "trainer.accelerator=cpu", "+model._target_=own_modules.StepLogging"],
         "strategy=pipeline runs each step itself, not StepLogging.training_step (of +model._target_): log a metric of",
     ),
-    (  # a Lightning user's guess: the OOM toolkit as callbacks
+    "oom-toolkit-as-callbacks": (  # a Lightning user's guess: the OOM toolkit as callbacks
         ["callbacks=[oom,batch_size_finder]"],
         "unknown callbacks 'oom'; valid: checkpoint, default, none, progress_bar; the OOM toolkit is oom=toolkit",
     ),
-    (["+callbacks.stop=1"], "+callbacks.stop: a callback is a node that names its class: +callbacks.stop._target_="),
-    (  # the Accelerate engine's data class: a traceback, and a run folder left behind
+    "callback-that-is-not-a-node": (
+        ["+callbacks.stop=1"],
+        "+callbacks.stop: a callback is a node that names its class: +callbacks.stop._target_=",
+    ),
+    "accelerate-data-class": (  # the Accelerate engine's data class: a traceback, and a run folder left behind
         ["data._target_={{ cookiecutter.package_name }}.data.loading.Data"],
         "data._target_={{ cookiecutter.package_name }}.data.loading.Data is not this engine's data module: give ",
     ),
-    (  # (Accelerate: by its launch only; test_model_split.py checks the plan's values in both)
+    # (Accelerate: by its launch only; test_model_split.py checks the plan's values in both)
+    "tensor-parallel-plan-that-changes-the-values": (
         ["strategy=model_parallel", "trainer.accelerator=cpu", "trainer.devices=2"]
         + ["model.net._target_=own_models.NormalizedHidden"],
         "the tensor-parallel plan of NormalizedHidden changes what it computes: over 2 ranks, its output on one sample",
     ),
-    (  # each stage's blocks sharded by the same plan: it trained, with other losses than one device's
+    # each stage's blocks sharded by the same plan: it trained, with other losses than one device's
+    "the-same-plan-in-pipeline-stages": (
         ["strategy=pipeline", "trainer.accelerator=cpu", "trainer.devices=4", "strategy.tensor_parallel_size=2"]
         + ["model.net._target_=own_models.NormalizedHidden"],
         "the tensor-parallel plan of NormalizedHidden changes what it computes: over 2 ranks, its output on one sample",
     ),
-    (  # an AttributeError at the first checkpoint (its SequentialSampler has no epoch)
+    "overfit-batches": (  # an AttributeError at the first checkpoint (its SequentialSampler has no epoch)
         ["+trainer.overfit_batches=2"],
         "trainer.overfit_batches replaces the training's sampler (the global batch over the processes, resumable",
     ),
-    (["trainer.val_check_interval=0"], "trainer.val_check_interval=0 must be a number of training batches (1 or mo"),
-    (  # Lightning's ValueError once fit had started: a traceback, and a run folder with a wandb run in it
+    "validation-every-0-batches": (
+        ["trainer.val_check_interval=0"],
+        "trainer.val_check_interval=0 must be a number of training batches (1 or mo",
+    ),
+    # Lightning's ValueError once fit had started: a traceback, and a run folder with a wandb run in it
+    "validation-past-the-epoch": (
         ["trainer.val_check_interval=1000"],
         "trainer.val_check_interval=1000 is past the end of an epoch of 32 training batches: give 1 to 32, or "
         "trainer.check_val_every_n_epoch=null",
     ),
-    (  # (the same, a MisconfigurationException, once fit had started)
+    "learning-rate-monitor-without-logger": (  # (the same, a MisconfigurationException, once fit had started)
         ["logger=none", "+callbacks.lr._target_=lightning.pytorch.callbacks.LearningRateMonitor"],
         "callbacks.lr (LearningRateMonitor) logs to the logger, and logger=none gives none: give logger=wandb, or",
     ),
-    (  # multiprocessing's traceback at the start of fit, after the run folder and its wandb run
+    # multiprocessing's traceback at the start of fit, after the run folder and its wandb run
+    "spawn-of-a-net-it-cannot-pickle": (
         ["strategy=ddp_spawn", "trainer.accelerator=cpu", "trainer.devices=2"]
         + ["model.net._target_=own_models.WithLambda"],
         "strategy=ddp_spawn pickles the training to send it to the processes it starts, and model.net "
         "(own_models.WithLambda) cannot be pickled (Can't pickle local object 'WithLambda.__init__.<locals>.<lambda>')",
     ),
-    *COMMAND_LINE_REFUSALS,  # (conftest: the same in both engines)
-]
-BAD_INPUT_IDS = [
-    "unknown-strategy",
-    "unknown-logger",
-    "indivisible-batch",
-    "missing-checkpoint",
-    "checkpoint-that-is-a-source-file",
-    "checkpoint-that-is-a-folder-of-other-files",
-    "run-folder-under-a-file",
-    "single-on-two-devices",
-    "dp-on-two-nodes",
-    "mesh-not-world-size",
-    "hidden-not-divisible",
-    "gpt-heads-not-divisible",
-    "unknown-mode",
-    "finder-under-dp",
-    "pipeline-without-split",
-    "model-parallel-without-split",
-    "dataset-that-does-not-import",
-    "validation-inside-an-optimizer-step",
-    "pipeline-of-a-forward-that-is-not-its-chain",
-    "value-of-the-wrong-type",
-    "unknown-setting",
-    "not-true-or-false",
-    "fsdp-replicas-not-dividing",
-    "pipelines-not-dividing-the-processes",
-    "interleaved-microbatches-in-unequal-rounds",
-    "more-stages-than-blocks",
-    "accelerator-whose-package-is-missing",
-    "module-that-does-not-import",
-    "module-that-is-not-a-classifier",
-    "module-argument-it-does-not-take",
-    "pipeline-of-a-modules-own-training-step",
-    "oom-toolkit-as-callbacks",
-    "callback-that-is-not-a-node",
-    "accelerate-data-class",
-    "tensor-parallel-plan-that-changes-the-values",
-    "the-same-plan-in-pipeline-stages",
-    "overfit-batches",
-    "validation-every-0-batches",
-    "validation-past-the-epoch",
-    "learning-rate-monitor-without-logger",
-    "spawn-of-a-net-it-cannot-pickle",
-    *COMMAND_LINE_REFUSAL_IDS,
-]
+    **COMMAND_LINE_REFUSALS_BY_ID,  # (conftest: the same in both engines)
+}
+BAD_INPUT, BAD_INPUT_IDS = list(BAD_INPUT_BY_ID.values()), list(BAD_INPUT_BY_ID)  # (ids beside their rows)
 
 
 @pytest.mark.parametrize("case", range(len(BAD_INPUT)), ids=BAD_INPUT_IDS)
