@@ -20,6 +20,20 @@ if ENGINE == "accelerate":
     multi = f"accelerate launch --config_file launch/multi_process.yaml -m {PACKAGE_NAME}.train strategy=ddp"
 else:
     multi = f"python -m {PACKAGE_NAME}.train strategy=ddp trainer.devices=2"
+
+def for_a_comparison() -> bool:
+    """Whether cruft update, diff or check baked this, into a temporary folder to compare with the project (Linux:
+    the parent process's command line): the next steps below are for a new project only."""
+    try:
+        args = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().split(b"\0")
+    except OSError:  # (no /proc: said, as before)
+        return False
+    cruft = any(Path(arg.decode(errors="replace")).name == "cruft" for arg in args[:2])
+    return cruft and any(arg in (b"update", b"diff", b"check") for arg in args)
+
+
+if for_a_comparison():
+    raise SystemExit(0)
 # The project's folder from where cookiecutter was run (the hook runs inside the project; the shell's PWD stays):
 # `-o DIR` puts it in DIR/<slug>, and a bare `cd <slug>` led nowhere. Absolute when it is not below that folder.
 here = Path.cwd()

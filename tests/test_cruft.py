@@ -23,7 +23,8 @@ def run(command: list[str], cwd: Path) -> str:
 def test_cruft_update_brings_a_template_change_and_keeps_the_projects_own(tmp_path):
     template = tmp_path / "template"
     run(["git", "clone", "-q", str(TEMPLATE), str(template)], tmp_path)  # its last commit
-    run(["cruft", "create", "--no-input", str(template), "--output-dir", str(tmp_path)], tmp_path)
+    created = run(["cruft", "create", "--no-input", str(template), "--output-dir", str(tmp_path)], tmp_path)
+    assert "Next:" in created, "the next steps, for a new project"
     project = tmp_path / "scaled-trainer"
     run(["git", "init", "-q"], project)
     run([*GIT, "add", "-A"], project)
@@ -43,7 +44,7 @@ def test_cruft_update_brings_a_template_change_and_keeps_the_projects_own(tmp_pa
     run([*GIT, "commit", "-qam", "a template improvement"], template)
 
     output = run(["cruft", "update", "--skip-apply-ask", "-y"], project)
-    assert "updated" in output
+    assert "updated" in output and "Next:" not in output, "no next steps for cruft's own temporary bakes"
     assert "hidden: int = 96" in model.read_text(), "the project's own edit is kept"
     assert (project / "src" / "scaled_trainer" / "data" / "loading.py").read_text().startswith('"""(improved)')
     assert not list(project.rglob("*.rej")), "no rejected hunks"
