@@ -560,8 +560,8 @@ def test_epochs_limited_to_some_batches_train_those_and_validate_after_them(trai
     accuracies = run.wandb.metric("val/acc")
     best = best_step(run.run_dir)
     assert best == 2 * (1 + accuracies.index(max(accuracies))), accuracies
-    # Testing a checkpoint again (docs/outputs.md): started from it in a new folder, with the epochs it was trained
-    # for, the training has nothing left to train and tests its weights. (Lightning tested the best checkpoint of the
+    # Testing a checkpoint again (docs/outputs.md): started from it in a new folder, with its own step as the end,
+    # the training has nothing left to train and tests its weights. (Lightning tested the best checkpoint of the
     # run the given one came from: another checkpoint, or, deleted by keep_last since, a traceback.)
     # The second, as typed from the folder the command runs in, under hydra.job.chdir=true (the run starts in its own
     # folder: the path is the command line's, not the run folder's).
@@ -570,8 +570,8 @@ def test_epochs_limited_to_some_batches_train_those_and_validate_after_them(trai
     for step, chdir in ((best, []), (other, ["hydra.job.chdir=true"])):
         checkpoint = step_checkpoint(run.run_dir, step)
         checkpoint = checkpoint.relative_to(run.run_dir.parent) if chdir else checkpoint
-        again = [f"ckpt_path={checkpoint}", f"trainer.max_epochs={step // 2}", *chdir]
-        tested[step] = train(*PARITY, *limited, *tests, *again).wandb.metric("test/loss")
+        again = [f"ckpt_path={checkpoint}", f"trainer.max_steps={step}", *chdir]
+        tested[step] = train(*PARITY, *limited[1:], *tests, *again).wandb.metric("test/loss")  # (max_steps: its)
     assert len(tested[best]) == 1 and tested[best] == pytest.approx(run.wandb.metric("test/loss")), "as the run did"
     assert len(set(map(tuple, tested.values()))) == 2, "each checkpoint's own weights"
 
