@@ -613,6 +613,24 @@ def search_command(tmp_path, monkeypatch, capsys):
     return run
 
 
+def test_the_search_puts_the_signal_handlers_back_when_it_returns(monkeypatch):
+    """From a notebook: a later Ctrl-C there ran a finished search's handler (stop its trials, write its table)."""
+    import signal
+
+    from {{ cookiecutter.package_name }}.search import __main__ as command
+
+    def a_search_that_handles_signals() -> None:  # (what the search does once its study is open)
+        signal.signal(signal.SIGINT, lambda *_: None)
+        signal.signal(signal.SIGTERM, lambda *_: None)
+        raise SystemExit(1)
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(command, "search", a_search_that_handles_signals)
+    with pytest.raises(SystemExit):
+        command.main()
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
 DROPOUT = {"type": "float", "low": 0.0, "high": 0.5}  # a setting the space adds to the net (+model.net.dropout)
 
 

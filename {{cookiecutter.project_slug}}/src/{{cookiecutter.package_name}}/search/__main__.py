@@ -82,6 +82,17 @@ def usage() -> str:
 
 
 def main() -> None:
+    """The search command. Its Ctrl-C and SIGTERM handlers (stop the trials, write the table) are put back as they
+    were when it returns: called from a notebook, they outlived it, and a later Ctrl-C there ran a stopped search's."""
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        search()
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+
+
+def search() -> None:
     if {"-h", "--help"} & set(sys.argv[1:]):
         print(usage())
         return
