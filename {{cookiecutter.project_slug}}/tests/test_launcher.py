@@ -17,7 +17,6 @@ from slurm_jobs import ENDED, job_state, wait_for
 from {{ cookiecutter.package_name }} import errors
 from {{ cookiecutter.package_name }}.config.command_line import check_output_folder
 from {{ cookiecutter.package_name }}.errors import ERROR_FILE, ConfigError, first_to_say
-from {{ cookiecutter.package_name }}.parallel import launcher
 from {{ cookiecutter.package_name }}.parallel.launcher import (
     check_run_id,
     check_srun_tasks_joined,
@@ -104,14 +103,14 @@ def test_srun_tasks_that_would_each_train_alone_are_refused(monkeypatch):
     single, or in a job Lightning does not take for SLURM: salloc's): each task trained alone into the one run
     folder, every metric row twice, two wandb runs. It was a note."""
     monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "2")
-    monkeypatch.setattr(launcher, "started_by_slurm_step", lambda: True)  # (srun's tasks: slurmstepd's children)
+    monkeypatch.setattr(errors, "started_by_slurm_step", lambda: True)  # (srun's tasks: slurmstepd's children)
     with pytest.raises(ConfigError, match=r"^srun started 2 tasks that do not join one training: each would train"):
         check_srun_tasks_joined(joined=False)
     check_srun_tasks_joined(joined=True)  # launch/slurm.sbatch's: under torchrun, or Lightning's SLURM processes
     monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")
     check_srun_tasks_joined(joined=False)  # srun -n1, a plain sbatch: one training
     monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "2")
-    monkeypatch.setattr(launcher, "started_by_slurm_step", lambda: False)
+    monkeypatch.setattr(errors, "started_by_slurm_step", lambda: False)
     check_srun_tasks_joined(joined=False)  # a command typed in `srun -n 2 --pty bash`'s shell: one process
 
 

@@ -218,7 +218,7 @@ def first_to_say(message: str) -> bool:
     digest = hashlib.sha256(message.encode()).hexdigest()[:16]
     if path := os.environ.get(ERROR_FILE):
         said = Path(path).parents[1] / f"said-{digest}"
-    elif int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1 and started_by_slurm_step():  # srun's tasks
+    elif srun_tasks() > 1:  # srun's tasks
         step = "-".join(os.environ.get(name, "") for name in ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT"))
         said = Path(tempfile.gettempdir()) / f"said-slurm-{step}-{digest}"
     else:
@@ -230,6 +230,11 @@ def first_to_say(message: str) -> bool:
     except OSError:  # an unexpected folder: better twice than never
         return True
     return True
+
+
+def srun_tasks() -> int:
+    """The tasks of the srun step that started this process as one of them (started_by_slurm_step); 1 otherwise."""
+    return int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) if started_by_slurm_step() else 1
 
 
 def started_by_slurm_step() -> bool:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from omegaconf import OmegaConf
 
 from .. import IMPORTED_IN, STARTED_BY
-from ..errors import ConfigError, started_by_slurm_step
+from ..errors import ConfigError, srun_tasks
 from .presets import STRATEGY_CONFIGS
 
 PACKAGE = "{{ cookiecutter.package_name }}"
@@ -194,8 +194,7 @@ def check_srun_tasks_joined(joined: bool) -> None:
     """Refuse srun's tasks that do not join one training (`joined`: the engine's process group spans them): each
     trained alone, as many copies as tasks in one run folder (every metric row twice, a wandb run each, the same
     checkpoint files written by each)."""
-    tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS", "1"))
-    if tasks > 1 and not joined and started_by_slurm_step():
+    if (tasks := srun_tasks()) > 1 and not joined:
         raise ConfigError(
             f"srun started {tasks} tasks that do not join one training: each would train alone, {tasks} copies in one "
             "run folder; run launch/slurm.sbatch, which joins them, or start one task (srun -n1)"
