@@ -225,16 +225,47 @@ def recommend(
     `usable`: bytes per device a plan may fill; `pipe`: the pipeline's microbatches and schedule; `pcie_only`:
     whether the GPUs are linked by PCIe only (None: not known); `own`: the preset the command line gave and the
     built-in one it is (a preset file of yours is recommended by its name where its built-in one is)."""
+    plans = Plans(facts, usable, per_node, batch, pipe, overrides, own)
+    # Tensor parallelism all-reduces in every block: over PCIe only, a pipeline (point-to-point between stages).
+    unknown_links = (
+        "; this assumes NVLink or NVSwitch between the GPUs (not seen here): over PCIe only, prefer strategy=pipeline"
+        if pcie_only is None
+        else ""
+    )
+    return (
+        on_every_device_whole(plans, speed, plan.min_speedup)
+        or split_on_one_node(plans, pcie_only, unknown_links)
+        or split_over_nodes(plans, plan.max_nodes, unknown_links)
+        or nothing_fits(facts, plan.max_nodes, per_node)
+    )
 
-    def need(preset: str, n: int, tensor: int | None = None, pipelines: int = 1) -> float | None:
-        micro, schedule = pipe.microbatches, pipe.schedule
-        return memory_per_device(facts, preset, n, per_node, batch, micro, schedule, tensor, pipelines)[0]
 
-    def fits(preset: str, n: int, tensor: int | None = None) -> bool:
-        nbytes = need(preset, n, tensor)
-        return nbytes is not None and nbytes <= usable
+@dataclass
+class Plans:
+    """What the recommendation prices its plans with (the model, the bytes a plan may fill per device, the devices
+    of a node, the global batch, the pipeline's settings) and what writes a plan's command (the command line's
+    overrides; `own`: the preset it gave and the built-in one it is)."""
+
+    facts: ModelFacts
+    usable: float
+    per_node: int
+    batch: int
+    pipe: DictConfig
+    overrides: list[str]
+    own: tuple[str, str] | None
+
+    def need(self, preset: str, n: int, tensor: int | None = None, pipelines: int = 1) -> float | None:
+        micro, schedule = self.pipe.microbatches, self.pipe.schedule
+        return memory_per_device(self.facts, preset, n, self.per_node, self.batch, micro, schedule, tensor, pipelines)[
+            0
+        ]
+
+    def fits(self, preset: str, n: int, tensor: int | None = None) -> bool:
+        nbytes = self.need(preset, n, tensor)
+        return nbytes is not None and nbytes <= self.usable
 
     def advice(
+        self,
         preset: str,
         devices: int,
         nodes: int,
@@ -245,21 +276,26 @@ def recommend(
     ) -> dict[str, Any]:
         # The user's own settings, but not those of the layout the recommendation replaces (strategy=ddp twice);
         # the preset's own settings (strategy.X) where it recommends the preset the command line gave
-        mine = own is not None and own[1] == preset
+        mine = self.own is not None and self.own[1] == preset
         replaced = LAYOUT_SETTINGS if not mine else tuple(o for o in LAYOUT_SETTINGS if o != "strategy.")
-        kept = [o for o in overrides if not o.lstrip("+~").startswith(replaced)]
-        if facts.unused and preset in ("ddp", "ddp_spawn"):  # DDP stops at the first step otherwise
+        kept = [o for o in self.overrides if not o.lstrip("+~").startswith(replaced)]
+        if self.facts.unused and preset in ("ddp", "ddp_spawn"):  # DDP stops at the first step otherwise
             extra = (*extra, "strategy.find_unused_parameters=true")
-        command = train_command(own[0] if own and mine else preset, devices, nodes, [*extra, *kept], kind=preset)
+        name = self.own[0] if self.own and mine else preset
+        command = train_command(name, devices, nodes, [*extra, *kept], kind=preset)
         return {
             "preset": preset,
             "devices_per_node": devices,
             "nodes": nodes,
-            "bytes_per_device": need(preset, devices * nodes, tensor, pipelines),
+            "bytes_per_device": self.need(preset, devices * nodes, tensor, pipelines),
             "why": why,
             "command": " ".join(command),
         }
 
+
+def on_every_device_whole(plans: Plans, speed: Speed, min_speedup: float) -> dict[str, Any] | None:
+    """single or ddp, where the whole model fits on one device; None where it does not."""
+    batch, per_node = plans.batch, plans.per_node
     data_parallel = max((n for n in range(1, per_node + 1) if batch % n == 0), default=1)
     # Said wherever ddp is recommended over fewer devices than the node has
     not_all = (
@@ -268,98 +304,98 @@ def recommend(
         if 1 < data_parallel < per_node
         else ""
     )
-    if fits("single", 1):
-        if data_parallel == 1 and per_node == 1:
-            return advice("single", 1, 1, "the model fits on one device and there is one device to use")
-        if data_parallel == 1:
-            why = (
-                f"the model fits on one device, and data.batch_size={batch} (the global batch) divides over none of "
-                f"the other device counts up to {per_node}: give a multiple of {per_node} to train on all of them"
-            )
-            return advice("single", 1, 1, why)
-        if need("ddp", data_parallel) is None:  # a lazy layer, which ddp takes the net before the first forward sizes
-            held = memory_per_device(facts, "ddp", data_parallel, per_node, batch, pipe.microbatches, pipe.schedule)[1]
-            why = f"the model fits on one device, and {held}; give that layer its sizes to train on {data_parallel}"
-            return advice("single", 1, 1, why)
-        if speed.unknown:
-            why = f"a replica fits on each device{not_all}; ddp's speed-up over one device is not estimated: "
-            why += speed.unknown
-            return advice("ddp", data_parallel, 1, why)
-        step = speed.step_seconds
-        all_reduce = gradient_traffic(facts.parameters, data_parallel, speed.busbw_gbs)["ring_seconds"]
-        speedup = step / (step / data_parallel + all_reduce)
-        basis = (
-            f"measured here: one step {step * 1e3:.1f} ms on one device, the gradients' ring all-reduce "
-            f"{all_reduce * 1e3:.1f} ms at {speed.busbw_gbs:.3g} GB/s; assumed: the batch splits evenly "
-            f"and the all-reduce does not overlap the backward"
+    if not plans.fits("single", 1):
+        if plans.fits("ddp", data_parallel):
+            why = f"one replica plus its share of the batch fits on each device{not_all}"
+            return plans.advice("ddp", data_parallel, 1, why)
+        return None
+    if data_parallel == 1 and per_node == 1:
+        return plans.advice("single", 1, 1, "the model fits on one device and there is one device to use")
+    if data_parallel == 1:
+        why = (
+            f"the model fits on one device, and data.batch_size={batch} (the global batch) divides over none of "
+            f"the other device counts up to {per_node}: give a multiple of {per_node} to train on all of them"
         )
-        if speedup < plan.min_speedup:
-            why = f"it fits on one device and ddp over {data_parallel} would be only {speedup:.2f}x faster"
-            return {**advice("single", 1, 1, why), "basis": basis}
-        why = f"it fits on one device; ddp over {data_parallel} is ~{speedup:.1f}x faster{not_all}"
-        return {**advice("ddp", data_parallel, 1, why), "basis": basis}
-    if fits("ddp", data_parallel):
-        return advice("ddp", data_parallel, 1, f"one replica plus its share of the batch fits on each device{not_all}")
-    # Tensor parallelism all-reduces in every block: over PCIe only, a pipeline (point-to-point between stages).
-    unknown_links = (
-        "; this assumes NVLink or NVSwitch between the GPUs (not seen here): over PCIe only, prefer strategy=pipeline"
-        if pcie_only is None
-        else ""
+        return plans.advice("single", 1, 1, why)
+    if plans.need("ddp", data_parallel) is None:  # a lazy layer, which ddp takes the net before the first forward sizes
+        pipe = plans.pipe
+        held = memory_per_device(plans.facts, "ddp", data_parallel, per_node, batch, pipe.microbatches, pipe.schedule)
+        why = f"the model fits on one device, and {held[1]}; give that layer its sizes to train on {data_parallel}"
+        return plans.advice("single", 1, 1, why)
+    if speed.unknown:
+        why = f"a replica fits on each device{not_all}; ddp's speed-up over one device is not estimated: "
+        return plans.advice("ddp", data_parallel, 1, why + speed.unknown)
+    step = speed.step_seconds
+    all_reduce = gradient_traffic(plans.facts.parameters, data_parallel, speed.busbw_gbs)["ring_seconds"]
+    speedup = step / (step / data_parallel + all_reduce)
+    basis = (
+        f"measured here: one step {step * 1e3:.1f} ms on one device, the gradients' ring all-reduce "
+        f"{all_reduce * 1e3:.1f} ms at {speed.busbw_gbs:.3g} GB/s; assumed: the batch splits evenly "
+        f"and the all-reduce does not overlap the backward"
     )
+    if speedup < min_speedup:
+        why = f"it fits on one device and ddp over {data_parallel} would be only {speedup:.2f}x faster"
+        return {**plans.advice("single", 1, 1, why), "basis": basis}
+    why = f"it fits on one device; ddp over {data_parallel} is ~{speedup:.1f}x faster{not_all}"
+    return {**plans.advice("ddp", data_parallel, 1, why), "basis": basis}
+
+
+def split_on_one_node(plans: Plans, pcie_only: bool | None, unknown_links: str) -> dict[str, Any] | None:
+    """fsdp, model_parallel or pipeline over the fewest devices of one node that hold the model (then every device
+    of the node); None where no such split fits."""
+    per_node = plans.per_node
     for n in range(2, per_node + 1):
-        split_fits = fits("pipeline", n)
-        if fits("fsdp", per_node) and not (pcie_only and split_fits):
+        split_fits = plans.fits("pipeline", n)
+        if plans.fits("fsdp", per_node) and not (pcie_only and split_fits):
             # Data parallel still, over every device of the node, each holding 1/N of the model: no tensor-parallel
             # collective in every block, for any model (model_parallel needs a tensor-parallel plan).
-            return advice(
-                "fsdp",
-                per_node,
-                1,
-                f"a replica does not fit on one device; sharded over all {per_node} by FSDP2 it does",
-            )
-        if fits("model_parallel", n) and not (pcie_only and split_fits):
+            why = f"a replica does not fit on one device; sharded over all {per_node} by FSDP2 it does"
+            return plans.advice("fsdp", per_node, 1, why)
+        if plans.fits("model_parallel", n) and not (pcie_only and split_fits):
             # Every device of the node: the smallest tensor-parallel group that fits (the least communication per
             # block), FSDP2 over the rest, which shards weights and optimizer state further.
-            tensor = min(t for t in range(1, per_node + 1) if per_node % t == 0 and fits("model_parallel", per_node, t))
+            tensor = min(
+                t for t in range(1, per_node + 1) if per_node % t == 0 and plans.fits("model_parallel", per_node, t)
+            )
             data = per_node // tensor
-            return advice(
-                "model_parallel",
-                per_node,
-                1,
-                f"it fits sharded over {n}; over all {per_node}: mesh dp={data} (FSDP2) x tp={tensor}{unknown_links}",
-                (f"strategy.tensor_parallel_size={tensor}", f"strategy.data_parallel_size={data}"),
-                tensor,
-            )
+            why = f"it fits sharded over {n}; over all {per_node}: mesh dp={data} (FSDP2) x tp={tensor}{unknown_links}"
+            extra = (f"strategy.tensor_parallel_size={tensor}", f"strategy.data_parallel_size={data}")
+            return plans.advice("model_parallel", per_node, 1, why, extra, tensor)
         if split_fits:
-            bounds = split_blocks(facts.blocks, n)
-            points = [r.start for r in bounds[1:]]
-            split = ", ".join(f"stage {i}: blocks {r.start}-{r.stop - 1}" for i, r in enumerate(bounds))
-            link = "GPUs linked by PCIe only: " if pcie_only else ""
-            # The node's other devices run more pipelines side by side, data parallel (each a share of the batch).
-            pipelines = max(r for r in range(1, per_node // n + 1) if batch % (pipe.microbatches * r) == 0)
-            extra = (f"strategy.split_points=[{','.join(map(str, points))}]",)
-            side_by_side = ""
-            if pipelines > 1:
-                extra += (f"strategy.data_parallel_size={pipelines}",)
-                side_by_side = f"; {pipelines} such pipelines side by side use all {n * pipelines} devices"
-            return advice(
-                "pipeline",
-                n * pipelines,
-                1,
-                f"{link}cut into {n} stages ({split}), {pipe.microbatches} micro-batches, it fits{side_by_side}",
-                extra,
-                pipelines=pipelines,
-            )
-    for nodes in range(2, plan.max_nodes + 1):
-        if fits("model_parallel", nodes * per_node):
-            data, tensor = mesh(nodes * per_node, per_node)
-            return advice(
-                "model_parallel",
-                per_node,
-                nodes,
-                f"it needs {nodes} nodes: tensor parallel x{tensor} inside each node, FSDP over {data} replicas"
-                + unknown_links,
-            )
+            return pipeline_advice(plans, n, pcie_only)
+    return None
+
+
+def pipeline_advice(plans: Plans, stages: int, pcie_only: bool | None) -> dict[str, Any]:
+    """The model cut into `stages`, as many such pipelines side by side as the node's devices and the batch allow."""
+    bounds = split_blocks(plans.facts.blocks, stages)
+    points = [r.start for r in bounds[1:]]
+    split = ", ".join(f"stage {i}: blocks {r.start}-{r.stop - 1}" for i, r in enumerate(bounds))
+    link = "GPUs linked by PCIe only: " if pcie_only else ""
+    # The node's other devices run more pipelines side by side, data parallel (each a share of the batch).
+    micro = plans.pipe.microbatches
+    pipelines = max(r for r in range(1, plans.per_node // stages + 1) if plans.batch % (micro * r) == 0)
+    extra = (f"strategy.split_points=[{','.join(map(str, points))}]",)
+    side_by_side = ""
+    if pipelines > 1:
+        extra += (f"strategy.data_parallel_size={pipelines}",)
+        side_by_side = f"; {pipelines} such pipelines side by side use all {stages * pipelines} devices"
+    why = f"{link}cut into {stages} stages ({split}), {micro} micro-batches, it fits{side_by_side}"
+    return plans.advice("pipeline", stages * pipelines, 1, why, extra, pipelines=pipelines)
+
+
+def split_over_nodes(plans: Plans, max_nodes: int, unknown_links: str) -> dict[str, Any] | None:
+    """model_parallel over the fewest nodes that hold the model; None where not even doctor.max_nodes do."""
+    for nodes in range(2, max_nodes + 1):
+        if plans.fits("model_parallel", nodes * plans.per_node):
+            data, tensor = mesh(nodes * plans.per_node, plans.per_node)
+            why = f"it needs {nodes} nodes: tensor parallel x{tensor} inside each node, FSDP over {data} replicas"
+            return plans.advice("model_parallel", plans.per_node, nodes, why + unknown_links)
+    return None
+
+
+def nothing_fits(facts: ModelFacts, max_nodes: int, per_node: int) -> dict[str, Any]:
+    """No preset: why, and what to change."""
     if facts.lazy:  # more nodes cannot help either: every preset that shards the model refuses a lazy layer
         return {
             "preset": None,
@@ -380,7 +416,7 @@ def recommend(
     scalar = f" (fsdp could shard it if the 0-dim parameter {facts.scalar} had one dimension)" * bool(facts.scalar)
     return {
         "preset": None,
-        "why": f"it does not fit even on {plan.max_nodes} nodes x {per_node} devices{scalar}; use a smaller "
+        "why": f"it does not fit even on {max_nodes} nodes x {per_node} devices{scalar}; use a smaller "
         "data.batch_size, a smaller model, or more nodes (doctor.max_nodes)",
         "command": None,
     }
