@@ -95,7 +95,7 @@ def training(**changes):
                 "seed": 42,
                 "dataset": {"size": 9, "dir": "a"},
             },
-            "trainer": {"accumulate_grad_batches": 1, "max_epochs": 2},
+            "trainer": {"accumulate_grad_batches": 1, "max_epochs": 2, "gradient_clip_val": None},
             "scheduler": {"_target_": "x.optimization.constant", "warmup_steps": 0},
         }
     )
@@ -204,6 +204,20 @@ def test_checkpoints_of_another_training_are_refused_naming_what_differs(run_dir
         starting_point(run_dir, training(**{"data.batch_size": 64, "ckpt_path": "x"}), last)
     with pytest.raises(ConfigError, match="scheduler._target_: x.optimization.constant then, x.optimization.cosine"):
         starting_point(run_dir, training(**{"scheduler._target_": "x.optimization.cosine"}), last)
+
+
+def test_a_run_continued_with_another_clipping_says_its_steps_differ(run_dir, capsys):
+    """A template update's new default, or a changed config, continued a run with clipping its first steps did not
+    have, without a word (its config.yaml then holds the new value alone). A setting the run's config did not have
+    yet (an older template's) is no change of the user's."""
+    last = run_dir / "checkpoints" / "last"
+    assert starting_point(run_dir, training(**{"trainer.gradient_clip_val": 1.0}), last) == (None, True)
+    assert capsys.readouterr().out == (
+        "note: trainer.gradient_clip_val: None then, 1.0 now: the steps from here train so, the ones before did not "
+        "(config.yaml will hold the new values only); for the run's own, give its settings\n"
+    )
+    starting_point(run_dir, training(**{"trainer.gradient_clip_algorithm": "value"}), last)
+    assert capsys.readouterr().out == ""
 
 
 def test_a_given_checkpoint_of_another_net_is_refused_before_loading(run_dir, tmp_path_factory, capsys):

@@ -187,22 +187,30 @@ def test_ctrl_c_while_the_training_starts_says_how_to_continue(tmp_path, train_e
     )
 
 
+FIRST_EVALUATION = ["model.net._target_=own_models.InterruptedOnce", "+model.net.in_eval=true", "+model.net.at=0"]
+
+
 @pytest.mark.parametrize(
-    "net",
+    "net, signal_name, processes",
     [
-        ["model.net._target_=own_models.CtrlCWhileBuilt"],  # before any step
-        ["model.net._target_=own_models.InterruptedOnce", "+model.net.in_eval=true", "+model.net.at=0"],
+        (["model.net._target_=own_models.CtrlCWhileBuilt"], "SIGTERM", []),  # before any step
+        (FIRST_EVALUATION, "SIGTERM", []),
+        (FIRST_EVALUATION, "SIGINT", DDP),  # every process (Lightning's second: quiet, exit 0, as Interrupted says)
     ],
-    ids=["starting", "first-evaluation"],
+    ids=["starting", "first-evaluation", "first-evaluation-of-2-processes"],
 )
-def test_sigterm_outside_the_steps_stops_in_one_line_with_a_non_zero_exit(tmp_path, train_env, net):
+def test_a_stop_outside_the_steps_is_said_once_with_a_non_zero_exit(tmp_path, train_env, net, signal_name, processes):
     """`kill PID` while the training starts (the Accelerate engine's process ended silently, exit 143) or in its first
     evaluation (Lightning's sanity check, before its steps answer it: exit 0 after training nothing, which a
-    scheduler counts a success)."""
+    scheduler counts a success; a Ctrl-C there: exit 1 without a word)."""
+    if processes and DDP_LAUNCH:  # (the command's torchrun passes a Ctrl-C on: test_ctrl_c_of_several_processes_...)
+        pytest.skip("Lightning's own processes: the Accelerate engine starts its two under torchrun")
     marker = [f"+model.net.marker={tmp_path / 'once'}"] if "in_eval" in str(net) else []
-    code, output = train_in(tmp_path, train_env, *SETTINGS, *net, *marker, "+model.net.signal_name=SIGTERM", "run_id=t")
+    command = [*SETTINGS, *net, *marker, f"+model.net.signal_name={signal_name}", *processes, "run_id=t"]
+    code, output = train_in(tmp_path, ddp_env(train_env) if processes else train_env, *command)
     assert code == 130 and "Traceback" not in output, output[-3000:]
-    assert output.strip().splitlines()[-1].startswith("interrupted"), output[-3000:]
+    said = [line for line in output.splitlines() if line.startswith("interrupted")]
+    assert len(said) == 1 and output.strip().endswith(said[0]), output[-3000:]
 
 
 def test_a_run_folder_removed_under_the_training_is_said_in_one_line(tmp_path, train_env):

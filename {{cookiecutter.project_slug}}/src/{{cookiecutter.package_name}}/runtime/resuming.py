@@ -168,7 +168,10 @@ def starting_point(run_dir: Path, cfg: DictConfig, last: Path) -> tuple[str | No
     if last.exists() and resume and not ckpt_path:
         check_same_training(run_dir, cfg)  # (the optimizer's and schedule's settings included: no note for them)
         check_whole(last.resolve(), given=False)
-        notes = [schedule_length_note(run_dir / "config.yaml", cfg)]
+        notes = [
+            schedule_length_note(run_dir / "config.yaml", cfg),
+            changed_training_note(run_dir / "config.yaml", cfg),
+        ]
     elif ckpt_path:
         check_loadable(Path(ckpt_path), cfg)
         check_whole(Path(ckpt_path).resolve(), given=True)
@@ -187,6 +190,24 @@ def saved_config(checkpoint: Path) -> Path:
     a run folder, or a run folder without one: nothing to compare)."""
     run_dir = next((folder.parent for folder in checkpoint.absolute().parents if folder.name == "checkpoints"), None)
     return (run_dir or checkpoint) / "config.yaml"
+
+
+# What a run continued in its own folder may change, but then trains its next steps otherwise than its first: said,
+# as its config.yaml, rewritten, keeps the new value only (a template update's new default, a changed clip).
+CHANGES_THE_STEPS = ("trainer.gradient_clip_val", "trainer.gradient_clip_algorithm")
+
+
+def changed_training_note(saved: Path, cfg: DictConfig) -> str | None:
+    if not saved.is_file():
+        return None
+    then = load_saved_config(saved)  # (a setting the run's template did not have yet: not a change of the user's)
+    keys = tuple(key for key in CHANGES_THE_STEPS if OmegaConf.select(then, key, default="absent") != "absent")
+    if differ := differences(saved, cfg, keys):
+        return (
+            f"note: {differ}: the steps from here train so, the ones before did not (config.yaml will hold the new "
+            "values only); for the run's own, give its settings"
+        )
+    return None
 
 
 def kept_optimizer_note(saved: Path, cfg: DictConfig) -> str | None:

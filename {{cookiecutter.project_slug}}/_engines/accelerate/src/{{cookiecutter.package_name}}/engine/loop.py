@@ -111,7 +111,8 @@ def fit(
                         # Lightning engine: accelerator.clip_grad_norm_ handles shards only in accelerate releases
                         # newer than this project's minimum, 1.10), of the 16-mixed gradients once unscaled.
                         accelerator.unscale_gradients()
-                        clip = clip_grad_value_ if trainer.gradient_clip_algorithm == "value" else clip_grad_norm_
+                        by_value = trainer.get("gradient_clip_algorithm", "norm") == "value"  # (an older config: none)
+                        clip = clip_grad_value_ if by_value else clip_grad_norm_
                         clip(model.parameters(), trainer.gradient_clip_val)
                     lr = current_lr(optimizer)
                     if loss is not None or not recovery:  # a skipped batch left no gradient: no step (16-mixed's

@@ -7,6 +7,7 @@ command, `python -m {{ cookiecutter.package_name }}.train`, calls train() and re
 
 import functools
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -175,9 +176,13 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
         if trainer.is_global_zero:
             mark_finished(run_dir, True)  # run_id=last continues unfinished runs only
     except SystemExit as stop:  # Lightning's answer to a Ctrl-C (or SIGTERM) outside the steps ResumeCheckpoint's
-        if isinstance(stop.__context__, KeyboardInterrupt) or isinstance(stop, SIGTERMException):  # answer: exit 1
-            raise KeyboardInterrupt from None  # (or 0, nothing trained) without a word; now as any Ctrl-C is
-        raise
+        if not (isinstance(stop.__context__, KeyboardInterrupt) or isinstance(stop, SIGTERMException)):
+            raise  # (answer: exit 1, or 0 having trained nothing, without a word; now as any Ctrl-C at once)
+        if trainer.strategy.launcher is not None:  # ddp_spawn's processes, which Lightning leaves training
+            trainer.strategy.launcher.kill(signal.SIGKILL)
+        if not trainer.is_global_zero:  # (Lightning's own processes: 0, see Interrupted; the first one says it)
+            raise Interrupted("", code=EXIT_INTERRUPTED if detect_launcher() else 0) from None
+        raise KeyboardInterrupt from None
     finally:
         finish_wandb(failed)
     return {name: float(value) for name, value in trainer.callback_metrics.items()}
