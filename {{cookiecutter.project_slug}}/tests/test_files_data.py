@@ -529,6 +529,14 @@ def late_outlier(split: str, in_x: bool) -> TensorDataset:
     return TensorDataset(x, y)
 
 
+class ShiftedLabels(TensorDataset):
+    """Labels stored 1 to 10, given as 0 to 9: what __getitem__ returns is what trains, not the stored rows."""
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = super().__getitem__(index)
+        return x, y - 1
+
+
 def test_ids_and_targets_held_in_memory_are_checked_whole():
     """data=files and data=tokens hold each split as two tensors: an id or a target past the model's sizes anywhere
     in them is refused before training (past the first training samples it was an IndexError at its step, a
@@ -542,6 +550,8 @@ def test_ids_and_targets_held_in_memory_are_checked_whole():
     negative = r"^the data has token id -1 \(in x of its train split\), but model.net GPT embeds ids 0 to 7: give "
     with pytest.raises(ConfigError, match=negative + r"every position of x an id of the vocabulary \(padding: one id"):
         check_output(gpt, padded, cross_entropy)  # (it said: set the vocabulary to the largest id + 1)
+    shifted = Data(lambda split: ShiftedLabels(torch.randn(20, 4), torch.arange(20) % 10 + 1), splits=["train", "val"])
+    check_output(on_meta(lambda: nn.Linear(4, 10)), shifted, cross_entropy)  # (refused: "target 10", 10 classes)
     ids = torch.randint(0, 8, (100, 5)).index_fill(0, torch.tensor([3]), 9)
     own = Data(partial(tensors, list(ids), torch.zeros(100, 5, dtype=torch.long)), splits=["train", "val"])
     with pytest.raises(ConfigError, match=r"^the data has token id 9 \(in x of its first 64 training samples\)"):

@@ -12,7 +12,8 @@ import torch.distributed.checkpoint as dcp
 from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
-from {{ cookiecutter.package_name }}.config import CONFIG_DIR, command_line
+from {{ cookiecutter.package_name }}.config import CONFIG_DIR
+from {{ cookiecutter.package_name }}.config import overrides as config_overrides
 from {{ cookiecutter.package_name }}.config.command_line import composed_experiment
 from {{ cookiecutter.package_name }}.engine.checkpoints import LAST
 from {{ cookiecutter.package_name }}.errors import ConfigError
@@ -419,10 +420,14 @@ def test_run_id_last_looks_in_the_experiment_hydra_uses(tmp_path, monkeypatch):
     shutil.copytree(CONFIG_DIR, configs)
     (configs / "recipe").mkdir(exist_ok=True)
     (configs / "recipe" / "cnn.yaml").write_text("# @package _global_\nexperiment: mine\n")
-    monkeypatch.setattr(command_line, "CONFIG_DIR", configs)
+    monkeypatch.setattr(config_overrides, "CONFIG_DIR", configs)  # (where the command's config is read from)
     assert composed_experiment(["+recipe=cnn", "run_id=last"], "train") == "mine"
     assert composed_experiment(["+recipe=cnn", "experiment=script"], "train") == "script"
     assert composed_experiment(["run_id=last"], "train") == "default"
+    (tmp_path / "best.yaml").write_text("defaults:\n- train\n- _self_\nexperiment: study\n")  # a search's
+    assert composed_experiment(["--config-dir", str(tmp_path), "--config-name", "best", "run_id=last"], "train") == (
+        "study"
+    )
 
 
 def test_a_run_trained_to_its_end_says_so_and_one_past_it_is_refused(tmp_path):
@@ -434,6 +439,7 @@ def test_a_run_trained_to_its_end_says_so_and_one_past_it_is_refused(tmp_path):
         "note: last has trained 10 steps; this run trains it on to trainer.max_epochs=3 before its test: to test it "
         "as it is, give trainer.max_steps=10"
     )
+    assert check_not_past_the_end(last, 1, 10, 3, -1, given=True, tested=False) is None  # test_after_fit=false
     note = check_not_past_the_end(last, 2, 20, 2, -1)
     assert note == (
         "note: this run has trained to trainer.max_epochs=2 already (20 steps): nothing left to train; to train it "

@@ -19,7 +19,7 @@ from ..parallel.launcher import check_run_id
 from ..runtime.interrupt import continue_last
 from . import CONFIG_DIR
 from .groups import check_group_choices, presets_of, sweep_values, training_groups, without_logger
-from .overrides import check_overrides, checked_when_hydra_composes
+from .overrides import check_overrides, checked_when_hydra_composes, primary_config
 from .settings import leaves
 
 
@@ -49,11 +49,13 @@ def composed_experiment(args: list[str], config_name: str) -> str:
     """The experiment these overrides train: the command line's last `experiment=`, or what the config makes of
     them (a recipe of yours, +recipe=NAME, may set it: run_id=last looked in outputs/default/ and continued, or
     began, another run)."""
-    overrides = [arg for arg in args if "=" in arg and not arg.startswith("-") and arg != "run_id=last"]
     try:
-        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-            return str(compose(config_name, overrides=overrides).experiment)
-    except Exception:  # noqa: BLE001 (another config, --config-dir: its training composes it; the command line's)
+        rest, folder, name, added = primary_config(args, config_name)  # (a search's best.yaml names its study)
+        overrides = [arg for arg in rest if "=" in arg and not arg.startswith("-") and arg != "run_id=last"]
+        searched = [f"hydra.searchpath=[{', '.join(f'file://{path}' for path in added)}]"] if added else []
+        with initialize_config_dir(str(folder), version_base="1.3"):
+            return str(compose(name, overrides=[*searched, *overrides]).experiment)
+    except Exception:  # noqa: BLE001 (a config that does not compose: the training refuses it, in its words)
         return next((arg.partition("=")[2] for arg in reversed(args) if arg.startswith("experiment=")), "default")
 
 

@@ -66,7 +66,7 @@ def check_overrides(overrides: list[str], config_name: str, defer: bool = False)
     (checked_when_hydra_composes: that compose, not one more).
     """
     args = [arg for arg in overrides if arg not in MULTIRUN]
-    args, config_dir, config_name, added = _primary_config(args, config_name)  # (a search's best.yaml: --config-dir)
+    args, config_dir, config_name, added = primary_config(args, config_name)  # (a search's best.yaml: --config-dir)
     if any(arg.startswith("-") for arg in args):  # --cfg, --help ...: Hydra's to check
         return None
     try:
@@ -151,7 +151,7 @@ def checked_when_hydra_composes(check: Callable[[DictConfig], None] | None) -> I
         ConfigLoaderImpl._apply_overrides_to_config = staticmethod(apply)
 
 
-def _primary_config(args: list[str], config_name: str) -> tuple[list[str], Path, str, list[Path]]:
+def primary_config(args: list[str], config_name: str) -> tuple[list[str], Path, str, list[Path]]:
     """The command line without Hydra's --config-dir/-cd and --config-name/-cn; the folder and name of the primary
     config they give (a search's best.yaml, which composes `train`), else this package's and `config_name`; and the
     config folders to search besides the primary's: the package's, or a --config-dir of presets (Hydra searches it

@@ -15,7 +15,7 @@ from torch.utils.data import Dataset, IterableDataset, TensorDataset, default_co
 from ..errors import ConfigError
 from ..runtime.optimization import check_trainable
 from . import IGNORED
-from .files import CHUNK, largest, smallest_label
+from .files import FilesDataset, Range, split_ranges, value_range
 from .loading import Data
 
 TOKEN_IDS = (torch.int64, torch.int32)  # what nn.Embedding looks up
@@ -226,12 +226,12 @@ def check_output(
     samples = [dataset[index] for index in range(1, min(len(dataset), LABELS_READ))]
     for index, sample in enumerate(samples, start=1):
         check_finite(data.source("train"), index, sample)
-    held = whole_splits(data)  # all of each split's ids and targets, where they are two tensors in memory
-    for split, (inputs, _) in held.items():
-        check_token_ids(net, [inputs], f"its {split} split")
+    held = whole_splits(data)  # the range of each split's ids and targets, where they are two tensors
+    for split, (ids, _) in held.items():
+        check_token_ids(net, ids, f"its {split} split")
     if not held:
         inputs = [item[0], *(sample[0] for sample in samples)]
-        check_token_ids(net, inputs, f"its first {len(inputs)} training samples")
+        check_token_ids(net, samples_range(inputs), f"its first {len(inputs)} training samples")
     first = tuple(x.shape[1:])
     other = next((shape for sample in samples if (shape := tuple(torch.as_tensor(sample[0]).shape)) != first), None)
     if other is not None and data.collate_fn is None and micro_batch_size != 1:  # torch's collate: "stack expects"
@@ -251,32 +251,58 @@ def check_output(
         raise logits_per_target(name, logits, y)
     if held:
         for split, (_, targets) in held.items():
-            check_targets(name, [targets], f"its {split} split", logits.shape[-1], binary)
+            check_targets(name, targets, f"its {split} split", logits.shape[-1], binary)
     else:
-        labels = [torch.as_tensor(target) for target in [y[0], *(sample[1] for sample in samples)]]
-        check_targets(name, labels, f"its first {len(labels)} training samples", logits.shape[-1], binary)
+        labels = [y[0], *(sample[1] for sample in samples)]
+        where = f"its first {len(labels)} training samples"
+        check_targets(name, samples_range(labels, IGNORED), where, logits.shape[-1], binary)
 
 
-def whole_splits(data: Data) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """The splits held as (x, y) tensors in memory (data=files, data=tokens, a TensorDataset of yours): their ids
-    and targets are checked whole, a pass over memory, where a Dataset of yours is read for its first samples only
-    (an id or target past the model's sizes after them: an IndexError at its step, a device-side assert on a GPU)."""
-    pairs = {split: dataset.tensors for split, dataset in data.splits.items() if isinstance(dataset, TensorDataset)}
-    return pairs if len(pairs) == len(data.splits) and all(len(pair) == 2 for pair in pairs.values()) else {}
+# The datasets whose items are their tensors' rows as stored (FilesDataset only widens narrow integers): a subclass
+# that changes them in __getitem__ (labels shifted by one, say) is read for its first samples, as any Dataset is.
+AS_STORED = (TensorDataset.__getitem__, FilesDataset.__getitem__)
 
 
-def check_targets(name: str, labels: list[torch.Tensor], where: str, classes: int, binary: bool) -> None:
-    """Class targets from 0 to the net's classes - 1 (one logit per sample, `binary`: 0 and 1)."""
-    labels = [label for label in (torch.as_tensor(label).reshape(-1) for label in labels) if label.numel()]
-    ranges = [(low, largest(label)) for label in labels if (low := smallest_label(label)) is not None]
-    if not ranges:  # (-100 alone: targets left out of the loss)
+def whole_splits(data: Data) -> dict[str, tuple[Range | None, Range | None]]:
+    """The range of each split's ids (an integer x; None for floats) and targets (but -100), where every split is
+    held as (x, y) tensors (data=files, data=tokens, a TensorDataset of yours): checked whole, where a Dataset of
+    yours is read for its first samples only (an id or target past the model's sizes after them: an IndexError at
+    its step, a device-side assert on a GPU). data=files's come with the sizes its config read (split_ranges), one
+    pass over each file per process; in-memory tensors are read a chunk of samples at a time."""
+    held = {}
+    for split, dataset in data.splits.items():
+        if not (isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2):
+            return {}
+        if type(dataset).__getitem__ not in AS_STORED:
+            return {}
+        if isinstance(dataset, FilesDataset):
+            held[split] = split_ranges(dataset.path)
+        else:
+            x, y = dataset.tensors
+            ids = None if x.is_floating_point() or x.dtype == torch.bool else value_range(x)
+            held[split] = ids, (None if y.is_floating_point() else value_range(y, IGNORED))
+    return held
+
+
+def samples_range(parts: list[Any], ignored: int | None = None) -> Range | None:
+    """The range of the integer values in some samples' x (or y): those that are tensors, lists or numbers."""
+    tensors = [torch.as_tensor(part) for part in parts if isinstance(part, torch.Tensor | list | int)]
+    tensors = [t.reshape(-1) for t in tensors if t.numel() and not t.is_floating_point() and t.dtype != torch.bool]
+    ranges = [found for t in tensors if (found := value_range(t, ignored)) is not None]
+    return (min(low for low, _ in ranges), max(high for _, high in ranges)) if ranges else None
+
+
+def check_targets(name: str, targets: Range | None, where: str, classes: int, binary: bool) -> None:
+    """Class targets (`targets`: their range, but -100) from 0 to the net's classes - 1 (one logit per sample,
+    `binary`: 0 and 1)."""
+    if targets is None:  # (-100 alone: targets left out of the loss)
         return
-    if (smallest := min(low for low, _ in ranges)) < 0:
+    if (smallest := targets[0]) < 0:
         raise ConfigError(
             f"the data has target {smallest} (in {where}): class targets are 0 to the number of classes - 1 "
             f"({IGNORED}: left out of the loss)"
         )
-    top = max(high for _, high in ranges)
+    top = targets[1]
     if binary and top > 1:
         raise ConfigError(
             f"the data has target {top} (in {where}), but model.net {name} gives one logit per sample, a binary "
@@ -366,17 +392,14 @@ def collated(collate_fn: Callable[[list[Any]], Any], item: Any) -> Any:
     return batch
 
 
-def check_token_ids(net: nn.Module, inputs: list[Any], where: str) -> None:
-    """Integer samples are ids a net's first nn.Embedding looks up: one past its size was an IndexError in the
-    first step (labels are checked against the classes apart). `where`: the samples', for the refusal."""
+def check_token_ids(net: nn.Module, ids: Range | None, where: str) -> None:
+    """Integer samples are ids a net's first nn.Embedding looks up (`ids`: their range; None: no integer x): one
+    past its size was an IndexError in the first step (labels are checked against the classes apart). `where`: the
+    samples', for the refusal."""
     embedding = next((module for module in net.modules() if isinstance(module, nn.Embedding)), None)
-    ids = [torch.as_tensor(x) for x in inputs if isinstance(x, torch.Tensor | list | int)]
-    ids = [x for x in ids if x.numel() and not x.is_floating_point() and x.dtype != torch.bool]
-    if embedding is None or not ids:
+    if embedding is None or ids is None:
         return
-    ids = [x.reshape(-1) for x in ids]  # (files keep ids narrow, uint16 say: read a chunk at a time, as int64)
-    smallest = min(int(part.long().min()) for x in ids for part in x.split(CHUNK))
-    top = max(largest(x) for x in ids)
+    smallest, top = ids
     size = embedding.num_embeddings
     if smallest < 0:  # (padding, say: the targets leave it out as -100, but the input must look a row up)
         raise ConfigError(

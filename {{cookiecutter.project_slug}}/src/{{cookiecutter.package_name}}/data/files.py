@@ -73,9 +73,10 @@ def _describe(dir: str) -> dict:
                 f"x {list(shape)}, y {list(label_shape)}"
             )
         check_finite_file(path, x)  # here, once per split and process (its dataset reads the file again)
-        classes = max(classes, largest(y) + 1)
-        if not x.is_floating_point() and x.shape == y.shape:  # token sequences (model=gpt): x's ids are classes too
-            classes = max(classes, largest(x) + 1)
+        ids, labels_range = split_ranges(path, (x, y))
+        classes = max(classes, labels_range[1] + 1 if labels_range else 0)
+        if ids and x.shape == y.shape:  # token sequences (model=gpt): x's ids are classes too
+            classes = max(classes, ids[1] + 1)
         elif classes > SPARSE_FROM:
             labels.append(torch.unique(y))
     if labels:
@@ -95,15 +96,37 @@ def check_labels_numbered(labels: torch.Tensor, classes: int, dir: str) -> None:
         )
 
 
-def largest(x: torch.Tensor) -> int:
-    """The largest value of integer `x`, of any width (torch has no max of uint16 or uint32), a chunk at a time."""
-    return max(int(chunk.long().max()) for chunk in x.split(CHUNK))
+Range = tuple[int, int]  # (smallest, largest)
 
 
-def smallest_label(y: torch.Tensor) -> int | None:
-    """The smallest label of `y` but -100 (padding), a chunk at a time; None if it holds padding only."""
-    labels = [chunk[chunk != IGNORED] for chunk in (part.long() for part in y.split(CHUNK))]
-    return min((int(part.min()) for part in labels if part.numel()), default=None)
+def value_range(values: torch.Tensor, ignored: int | None = None) -> Range | None:
+    """(smallest, largest) of integer `values` but `ignored` (-100 targets), of any width, a chunk of samples at a
+    time (about 4M values: no copy of a memory-mapped file, nor of a long sequence's whole split); None where there
+    are none."""
+    lows, highs = [], []
+    rows = max(1, (1 << 22) // max(1, values[0].numel())) if len(values) else 1
+    for chunk in values.split(rows):
+        chunk = chunk.long()
+        if ignored is not None:
+            chunk = chunk[chunk != ignored]
+        if chunk.numel():
+            lows.append(int(chunk.min()))
+            highs.append(int(chunk.max()))
+    return (min(lows), max(highs)) if lows else None
+
+
+_RANGES: dict[Path, tuple[Range | None, Range | None]] = {}  # by file: what describe read, for the checks
+
+
+def split_ranges(path: Path, arrays: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[Range | None, ...]:
+    """The ranges of a split file's integer x (None for floats) and of its y but -100, read once per process (from
+    `arrays`, the file's x and y, when they are at hand): for the vocabulary's size (describe) and the checks
+    before training (data/checks.py), which read it again otherwise."""
+    key = path.resolve()
+    if key not in _RANGES:
+        x, y = arrays or read_split(path)
+        _RANGES[key] = (None if x.is_floating_point() else value_range(x)), value_range(y, IGNORED)
+    return _RANGES[key]
 
 
 def resolve(dir: str | None, key: str) -> object:
@@ -170,7 +193,7 @@ def read_split(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
             )
     if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
         raise ConfigError(f"{path}: y is {str(y.dtype).removeprefix('torch.')}; class labels must be integers")
-    if (smallest := smallest_label(y)) is not None and smallest < 0:  # (-100: padding, left out of loss and metrics)
+    if (labels := value_range(y, IGNORED)) is not None and (smallest := labels[0]) < 0:  # (-100: padding, left out)
         raise ConfigError(f"{path}: y has negative labels ({smallest}); classes are 0, 1, ... (-100: padding)")
     if x.dtype == torch.float64:  # numpy's default; the model's weights are float32
         x = x.float()

@@ -236,14 +236,15 @@ def check_same_training(run_dir: Path, cfg: DictConfig) -> None:
 
 
 def check_not_past_the_end(
-    checkpoint: Path, epochs: int, steps: int, max_epochs: int, max_steps: int, given: bool = False
+    checkpoint: Path, epochs: int, steps: int, max_epochs: int, max_steps: int, given: bool = False, tested: bool = True
 ) -> str | None:
     """Refuse, in one line, to continue a checkpoint that has trained past this training's end: it would train
     nothing (Lightning refuses fewer epochs itself, but only once the wandb run started). `epochs`, `steps`: the
     whole epochs and the optimizer steps it has done; -1 (or None) for a limit: none. `given`: named by ckpt_path=.
     Returns the note to print when it has trained exactly to the end: the run goes on (a job restarted after it
     finished ends at once, exit 0), with nothing to train but the test pass; or, for a checkpoint `given`, when
-    it has more to train before the test (a user testing a checkpoint again tested other weights, unsaid)."""
+    it has more to train before the test, if `tested` (a user testing a checkpoint again tested other weights,
+    unsaid)."""
     over = []
     if max_epochs not in (None, -1) and epochs > max_epochs:
         over.append(f"trainer.max_epochs={max_epochs}")
@@ -261,7 +262,7 @@ def check_not_past_the_end(
         )
     reached = [f"trainer.max_epochs={max_epochs}"] if max_epochs not in (None, -1) and epochs == max_epochs else []
     reached += [f"trainer.max_steps={max_steps}"] if max_steps not in (None, -1) and steps == max_steps else []
-    if not reached and given:  # (its test numbers would be other weights': testing it again is done so, see docs)
+    if not reached and given and tested:  # (its test would be of other weights: testing it again is so, see docs)
         ends = " and ".join(
             f"trainer.{key}={limit}" for key, limit in (("max_epochs", max_epochs), ("max_steps", max_steps))
             if limit not in (None, -1)

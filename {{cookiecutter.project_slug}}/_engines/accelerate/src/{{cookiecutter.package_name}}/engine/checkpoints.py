@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from accelerate import Accelerator
-from accelerate.utils import OPTIMIZER_NAME, SAFE_WEIGHTS_NAME
+from accelerate.utils import OPTIMIZER_NAME, SAFE_WEIGHTS_NAME, SCALER_NAME
 from hydra.utils import instantiate
 from safetensors.torch import load_file, load_model, save_model
 from torch import nn
@@ -76,13 +76,22 @@ class Checkpoints:
 
     def check_complete(self, checkpoint: Path) -> None:
         """Refuse a checkpoint folder missing a file accelerate's load_state opens: the state of a registered object
-        (its RuntimeError counting them), the optimizer's (a FileNotFoundError), or every random state (a resume
-        that went on with other random numbers than the uninterrupted run's, without a word). A copy cut short, a
-        file deleted: said in one line, with what to do."""
+        (its RuntimeError counting them), the optimizer's or the gradient scaler's (a FileNotFoundError), or every
+        random state (a resume that went on with other random numbers than the uninterrupted run's, without a
+        word). A copy cut short, a file deleted: said in one line, with what to do."""
         expected = [f"custom_checkpoint_{index}.pkl" for index in range(len(self.accelerator._custom_objects))]
         if self.sharded is not None or not (checkpoint / "sharded").is_dir():  # (else put together: as_whole)
             optimizers = range(len(self.accelerator._optimizers))  # those it prepared: one file each
             expected += [f"{OPTIMIZER_NAME}{f'_{index}' if index else ''}.bin" for index in optimizers]
+        if self.accelerator.scaler is not None and not (checkpoint / SCALER_NAME).is_file():  # (16-mixed on a GPU)
+            raise said_once(
+                ConfigError(
+                    f"{checkpoint}: no {SCALER_NAME}, the gradient scaler's state trainer.precision=16-mixed "
+                    "continues: saved at another precision (or cut short); continue at its precision, or give "
+                    "another checkpoint"
+                ),
+                self.accelerator.is_main_process,
+            )
         if not any(checkpoint.glob("random_states_*.pkl")):
             expected += ["random_states_0.pkl"]
         if missing := [name for name in expected if not (checkpoint / name).is_file()]:

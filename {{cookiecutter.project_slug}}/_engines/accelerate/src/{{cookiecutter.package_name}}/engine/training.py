@@ -112,7 +112,7 @@ def train(cfg: DictConfig) -> None:
     strategy.check_resume(start, processes, given)
     if start:
         limits = cfg.trainer.max_epochs, cfg.trainer.max_steps
-        note = check_not_past_the_end(start, *trained_so_far(start), *limits, given)
+        note = check_not_past_the_end(start, *trained_so_far(start), *limits, given, cfg.test_after_fit)
         if note and is_first_process() and not starts_them:  # (the processes it starts say it)
             print(note)
     if cfg.check_only:

@@ -129,7 +129,7 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
         check_position(position, cfg.data.batch_size, data_parallel_size(trainer), cfg.data.num_workers)
     if start and (done := trained_so_far(saved)):
         limits = cfg.trainer.max_epochs, cfg.trainer.max_steps
-        if note := check_not_past_the_end(Path(start), *done, *limits, bool(cfg.ckpt_path)):
+        if note := check_not_past_the_end(Path(start), *done, *limits, bool(cfg.ckpt_path), cfg.test_after_fit):
             rank_zero_info(note)
     tensor_parallel = getattr(trainer.strategy, "tensor_parallel_size", 1)  # another one than the checkpoint's?
     given = bool(cfg.ckpt_path)
