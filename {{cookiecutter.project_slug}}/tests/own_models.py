@@ -69,6 +69,8 @@ class InterruptedOnce(ResidualMLP):
         if self.training != self.in_eval and x.device.type != "meta" and not self.marker.exists():  # (meta: checks)
             if self.calls == self.at:
                 self.marker.touch()
+                if self.signal == signal.SIGINT and signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+                    signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's (a test's: ignored)
                 for pid in child_processes() if self.with_children else []:
                     os.kill(pid, self.signal)
                 os.kill(parent_of(os.getppid()) if self.to_command else os.getpid(), self.signal)
@@ -324,6 +326,8 @@ class CtrlCWhileBuilt(ResidualMLP):
 
     def __init__(self, *args: object, signal_name: str = "SIGINT", **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
+        if self.head.weight.device.type != "meta" and signal_name == "SIGINT":
+            raise KeyboardInterrupt  # (as a terminal's Ctrl-C: a test's process may have SIGINT ignored)
         if self.head.weight.device.type != "meta":
             os.kill(os.getpid(), getattr(signal, signal_name))
 

@@ -113,6 +113,9 @@ def test_ctrl_c_saves_then_run_id_last_continues_exactly(tmp_path, train_env, wh
     code, output = train_in(tmp_path, train_env, *command, "run_id=last")
     assert code == 0, output[-3000:]
     assert f"run_id=last: continuing {run_dir.relative_to(tmp_path)}" in output
+    starts = [json.loads(line) for line in (run_dir / "starts.jsonl").read_text().splitlines()]  # each start's record
+    assert [start["resumed_from"] is None for start in starts] == [True, False], starts
+    assert "experiment=ctrl-c" in starts[1]["overrides"] and "torch" in starts[1]["versions"], starts[1]
     logged = losses(run_dir)  # every 3rd step, and the step it stopped after (both engines: Lightning's way)
     assert list(logged) == [2, 4, 5, 8, 11, 14], list(logged)
     assert logged == {step: whole[step] for step in logged}, "the continued run's steps equal the uninterrupted run's"

@@ -1,5 +1,6 @@
 """Every preset is documented and composes; bad input fails early, in one line, leaving nothing behind."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from omegaconf import OmegaConf
 
 from {{ cookiecutter.package_name }}.config import CONFIG_DIR
 from {{ cookiecutter.package_name }}.config.objects import register_resolvers
-from {{ cookiecutter.package_name }}.engine.training import check_settings_read, says_notes
+from {{ cookiecutter.package_name }}.engine.training import check_settings_read, deterministic_kernels, says_notes
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.runtime.run_folder import HELD_BY_THE_COMMAND
 
@@ -201,3 +202,21 @@ def test_ddps_options_reach_accelerates_ddp_handler():
     [handler] = [h for h in ddp.accelerator_kwargs()["kwargs_handlers"] if isinstance(h, DistributedDataParallelKwargs)]
     assert handler.static_graph and not handler.find_unused_parameters
     assert set(ddp.passed_on) <= set(DistributedDataParallelKwargs.__dataclass_fields__)
+
+
+def test_deterministic_kernels_are_asked_of_torch_as_lightnings_trainer_does(monkeypatch):
+    """trainer.deterministic (Lightning's Trainer setting; this loop refused it): torch's deterministic kernels."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    try:
+        deterministic_kernels(True)
+        assert (
+            torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled()
+        )
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"  # (cuBLAS's, which its kernels need on a GPU)
+        deterministic_kernels("warn")
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
+        with pytest.raises(ConfigError, match=r"^trainer.deterministic=maybe: give true, false or warn$"):
+            deterministic_kernels("maybe")
+    finally:
+        deterministic_kernels(False)
+    assert not torch.are_deterministic_algorithms_enabled()

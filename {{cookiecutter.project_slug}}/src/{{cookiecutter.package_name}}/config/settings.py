@@ -43,7 +43,6 @@ LIGHTNING_TRAINER_ONLY = {
     "check_val_every_n_epoch",
     "val_check_interval",
     "detect_anomaly",
-    "deterministic",
     "benchmark",
     "profiler",
     "min_epochs",

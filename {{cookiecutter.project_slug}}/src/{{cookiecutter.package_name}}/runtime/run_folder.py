@@ -3,12 +3,18 @@ twice) would otherwise write into one folder together: each other's checkpoints,
 with every step twice. Written by hand: neither engine nor Hydra guards a run folder."""
 
 import fcntl
+import json
 import os
+import platform
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from ..errors import ConfigError
+from ..errors import ConfigError, launch_folder
 from ..parallel.launcher import is_first_process
 
 # Set by a training command that starts its processes under torchrun (the Accelerate engine): the folder it holds
@@ -58,3 +64,55 @@ def only_training_in(run_dir: Path) -> Iterator[None]:
         if folder in _HELD:  # (not in a fork, which closed its copy)
             _HELD.discard(folder)
             os.close(folder)  # and with it the lock
+
+
+STARTS_FILE = "starts.jsonl"  # in a run folder: one line per start of its training
+RECORDED_VERSIONS = ("torch", "lightning", "accelerate", "hydra-core", "wandb", "torchao", "litdata", "numpy")
+
+
+def record_start(run_dir: Path, resumed_from: Path | str | None) -> None:
+    """One line in the run folder per start of its training (a resume, a restart, a requeue too), by its first
+    process: when, the checkpoint it continued (None: afresh), its command line's settings, the versions of Python
+    and of the libraries that train, and the project's git commit with whether its files differed from it. What
+    config.yaml, the resolved config of the last start alone, cannot say: with which code and settings each part
+    of the run was trained, and how to run it again."""
+    from hydra.core.hydra_config import HydraConfig
+
+    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else sys.argv[1:]
+    entry = {
+        "time": datetime.now(UTC).isoformat(timespec="seconds"),  # (datetime.UTC: Python 3.11+)
+        "resumed_from": str(resumed_from) if resumed_from else None,
+        "overrides": overrides,
+        "python": platform.python_version(),
+        "versions": {name: installed(name) for name in RECORDED_VERSIONS if installed(name)},
+        "git": git_state(launch_folder()),
+    }
+    with (run_dir / STARTS_FILE).open("a") as starts:
+        starts.write(json.dumps(entry) + "\n")
+
+
+def installed(distribution: str) -> str | None:
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
+
+
+def git_state(folder: Path) -> dict[str, object] | None:
+    """The commit the project's folder is at and whether tracked files differ from it; None outside a git work tree
+    (or without git)."""
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        if commit.returncode:
+            return None
+        status = subprocess.run(
+            ["git", "-C", str(folder), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return {"commit": commit.stdout.strip(), "changed_files": bool(status.stdout.strip())}

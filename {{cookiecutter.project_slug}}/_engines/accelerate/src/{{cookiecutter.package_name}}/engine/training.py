@@ -74,7 +74,7 @@ from ..runtime.resuming import (
     starting_from_message,
     starting_point,
 )
-from ..runtime.run_folder import HELD_BY_THE_COMMAND
+from ..runtime.run_folder import HELD_BY_THE_COMMAND, record_start
 from ..tracking.wandb_run import finish_wandb, forget_wandb_run, wandb_mode, write_atomically
 from .checkpoints import LAST, PROGRESS, Checkpoints, trained_so_far
 from .evaluation import batches, evaluate, log, prefixed, show
@@ -302,6 +302,7 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
         **strategy.accelerator_kwargs(),
     )
     set_seed(cfg.seed)
+    deterministic_kernels(cfg.trainer.get("deterministic", False))
     data = build(cfg.data)
     net = strategy.build_net(lambda: float8_net(build(cfg.model.net), cfg.float8, accelerator))
     optimizer_factory = functools.partial(
@@ -342,6 +343,7 @@ def fit_and_test(cfg: DictConfig, strategy: Strategy, run_dir: Path, recovery: O
         if accelerator.is_main_process:
             write_atomically(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))  # others may read it
             mark_finished(run_dir, False)
+            record_start(run_dir, start)  # (starts.jsonl: each start's settings, versions and git commit)
             start_wandb(accelerator, cfg, strategy, replicas, data.batch_size)
         if cfg.oom.find_batch_size and progress.found_batch_size:  # searched before this run was restarted
             data.batch_size = progress.found_batch_size
@@ -414,6 +416,16 @@ def resume_point(accelerator: Accelerator, cfg: DictConfig, checkpoints: Checkpo
     if checkpoints.last:
         accelerator.print(resuming_message(checkpoints.last))
     return checkpoints.last
+
+
+def deterministic_kernels(setting: bool | str) -> None:
+    """trainer.deterministic as Lightning's Trainer takes it: true, torch's deterministic kernels only (an error
+    where an operation has none), "warn" a warning there; and cuBLAS's fixed workspace, which they need on GPUs."""
+    if setting not in (True, False, "warn"):
+        raise ConfigError(f"trainer.deterministic={setting}: give true, false or warn")
+    if setting:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(bool(setting), warn_only=setting == "warn")
 
 
 def start_wandb(accelerator: Accelerator, cfg: DictConfig, strategy: Strategy, replicas: int, batch: int) -> None:

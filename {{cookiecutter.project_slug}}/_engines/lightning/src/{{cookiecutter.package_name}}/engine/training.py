@@ -66,6 +66,7 @@ from ..runtime.resuming import (
     check_saved_run,
     starting_point,
 )
+from ..runtime.run_folder import record_start
 from ..tracking.wandb_run import finish_wandb, wandb_mode, write_atomically
 from .callbacks.batch_size_finder import BatchSizeFinder
 from .callbacks.epoch_metrics import EpochMetricsFile
@@ -152,6 +153,7 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
         if trainer.is_global_zero:
             write_atomically(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))  # others may read it
             mark_finished(run_dir, False)
+            record_start(run_dir, start)  # (starts.jsonl: each start's settings, versions and git commit)
             for logger in trainer.loggers:  # the resolved config and the run's layout, rank 0 only
                 logger.log_hyperparams(run_summary(cfg, trainer))
         try:
