@@ -198,7 +198,9 @@ FIRST_EVALUATION = ["model.net._target_=own_models.InterruptedOnce", "+model.net
     [
         (["model.net._target_=own_models.CtrlCWhileBuilt"], "SIGTERM", []),  # before any step
         (FIRST_EVALUATION, "SIGTERM", []),
-        (FIRST_EVALUATION, "SIGINT", DDP),  # every process (Lightning's second: quiet, exit 0, as Interrupted says)
+        # every process, not the command (Lightning's second: quiet, exit 0, as Interrupted says; the Accelerate
+        # engine's torchrun printed its 30-line report of the processes' exit 130)
+        (FIRST_EVALUATION, "SIGINT", DDP),
     ],
     ids=["starting", "first-evaluation", "first-evaluation-of-2-processes"],
 )
@@ -206,14 +208,12 @@ def test_a_stop_outside_the_steps_is_said_once_with_a_non_zero_exit(tmp_path, tr
     """`kill PID` while the training starts (the Accelerate engine's process ended silently, exit 143) or in its first
     evaluation (Lightning's sanity check, before its steps answer it: exit 0 after training nothing, which a
     scheduler counts a success; a Ctrl-C there: exit 1 without a word)."""
-    if processes and DDP_LAUNCH:  # (the command's torchrun passes a Ctrl-C on: test_ctrl_c_of_several_processes_...)
-        pytest.skip("Lightning's own processes: the Accelerate engine starts its two under torchrun")
     marker = [f"+model.net.marker={tmp_path / 'once'}"] if "in_eval" in str(net) else []
     command = [*SETTINGS, *net, *marker, f"+model.net.signal_name={signal_name}", *processes, "run_id=t"]
     code, output = train_in(tmp_path, ddp_env(train_env) if processes else train_env, *command)
     assert code == 130 and "Traceback" not in output, output[-3000:]
     said = [line for line in output.splitlines() if line.startswith("interrupted")]
-    assert len(said) == 1 and output.strip().endswith(said[0]), output[-3000:]
+    assert len(said) == 1 and (processes or output.strip().endswith(said[0])), output[-3000:]  # (torchrun's log after)
 
 
 def test_a_run_folder_removed_under_the_training_is_said_in_one_line(tmp_path, train_env):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 
-from ..errors import Interrupted, TrainingStopped
+from ..errors import EXIT_INTERRUPTED, Interrupted, TrainingStopped
 from ..parallel.launcher import PACKAGE, die_with_parent, hydra_quoted, this_job
 from ..runtime.interrupt import continuing
 from ..runtime.run_folder import HELD_BY_THE_COMMAND
@@ -51,6 +51,8 @@ def start_processes(processes: int, run_dir: Path, run_id: str) -> None:
             signal.signal(stop, handler)
     if asked:  # said again last, after torchrun's report of the signal (a second Ctrl-C: the only saying)
         raise Interrupted(f"interrupted: {continuing(run_id, run_dir)}")
+    if code == EXIT_INTERRUPTED:  # the processes were interrupted themselves, and the first said how to continue
+        raise Interrupted("")
     if code < 0:  # torchrun itself killed (its processes die with it)
         raise TrainingStopped(f"torchrun was stopped by signal {-code}: {continuing(run_id, run_dir)}")
     if code:  # (a worker killed, a bug: once fixed, the run continues from its last checkpoint)
