@@ -49,10 +49,9 @@ def start_processes(processes: int, run_dir: Path, run_id: str) -> None:
     finally:
         for stop, handler in previous.items():
             signal.signal(stop, handler)
-    if asked:  # said again last, after torchrun's report of the signal (a second Ctrl-C: the only saying)
+    if asked or code == EXIT_INTERRUPTED:  # said again last, after torchrun's report of the signal (a second Ctrl-C,
+        # or one sent to the processes alone, whose first may be stopped by torchrun before it says it: the only one)
         raise Interrupted(f"interrupted: {continuing(run_id, run_dir)}")
-    if code == EXIT_INTERRUPTED:  # the processes were interrupted themselves, and the first said how to continue
-        raise Interrupted("")
     if code < 0:  # torchrun itself killed (its processes die with it)
         raise TrainingStopped(f"torchrun was stopped by signal {-code}: {continuing(run_id, run_dir)}")
     if code:  # (a worker killed, a bug: once fixed, the run continues from its last checkpoint)
