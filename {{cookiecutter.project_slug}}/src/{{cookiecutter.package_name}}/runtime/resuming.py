@@ -1,6 +1,7 @@
 """Where a start of a training begins, decided before anything is built: a launcher's restart continues from the
 run's own last checkpoint, and a run folder's checkpoints are resumed only by the training that wrote them."""
 
+import functools
 import importlib
 import json
 import os
@@ -479,8 +480,15 @@ def trained_config(checkpoint: Path, config: str | Path | None) -> DictConfig:
 
 def load_saved_config(path: Path) -> DictConfig:
     """A run folder's config.yaml (resolved when it was written), its `_target_`s moved to where the classes live
-    now (MOVED_MODULES): a run folder of an older layout still loads and resumes."""
-    return OmegaConf.create(upgrade_targets(OmegaConf.to_container(OmegaConf.load(path))))
+    now (MOVED_MODULES): a run folder of an older layout still loads and resumes. Parsed once per version of the
+    file: a resume's checks each read it."""
+    stat = path.stat()
+    return OmegaConf.create(_saved_container(str(path), stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=4)
+def _saved_container(path: str, modified: int, size: int) -> dict[str, Any]:
+    return upgrade_targets(OmegaConf.to_container(OmegaConf.load(path)))
 
 
 def upgrade_targets(node: Any) -> Any:
