@@ -9,13 +9,14 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import PACKAGE, TOLERANCE, Run, kill_with_descendants, make_runner
 from forked import start_module
 from kill_switch import WANDB_FLUSH_SECONDS
 from slurm_jobs import ENDED, job_state, wait_for
 from wandb_records import offline_runs, sync_dry_run
 
-from {{ cookiecutter.package_name }}.engine.checkpoints import prepare_run_folder
+from {{ cookiecutter.package_name }}.engine.checkpoints import ModelCheckpoint, prepare_run_folder
 from {{ cookiecutter.package_name }}.parallel.launcher import free_port
 
 pytestmark = pytest.mark.slow
@@ -344,3 +345,22 @@ def test_a_checkpoint_of_lightnings_slurm_requeue_is_removed_not_resumed(tmp_pat
     (tmp_path / "hpc_ckpt_1.ckpt").write_bytes(b"PK")
     prepare_run_folder(tmp_path, None, resume=True)
     assert not (tmp_path / "hpc_ckpt_1.ckpt").exists()
+
+
+def test_a_moved_run_folder_keeps_its_best_checkpoint(tmp_path):
+    """Copied elsewhere and continued in its own folder, a run's state names its old folder: Lightning forgot the
+    best, and the test pass after training took a worse checkpoint saved since, silently."""
+    old, new = tmp_path / "old" / "checkpoints", tmp_path / "new" / "checkpoints"
+    new.mkdir(parents=True)
+    (new / "best-epoch01-step16.ckpt").touch()  # the folder, moved
+    best = str(old / "best-epoch01-step16.ckpt")
+    score = torch.tensor(0.5)
+    state = {"dirpath": str(old), "best_model_path": best, "best_model_score": score, "kth_value": score,
+             "best_k_models": {best: score}, "kth_best_model_path": best, "last_model_path": ""}  # fmt: skip
+    moved = ModelCheckpoint(dirpath=str(new), monitor="val/loss")
+    moved.load_state_dict(state)
+    assert moved.best_model_path == str(new / "best-epoch01-step16.ckpt") and float(moved.best_model_score) == 0.5
+    assert list(moved.best_k_models) == [moved.best_model_path]
+    other_run = ModelCheckpoint(dirpath=str(tmp_path / "fine-tuned"), monitor="val/loss")  # ckpt_path=: Lightning's
+    other_run.load_state_dict(state)
+    assert other_run.best_model_score is None, "a run started from another's checkpoint keeps its own best"

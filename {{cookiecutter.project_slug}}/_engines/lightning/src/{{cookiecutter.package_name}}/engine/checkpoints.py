@@ -57,6 +57,29 @@ class ModelCheckpoint(LightningModelCheckpoint):
     def state_key(self) -> str:
         return self._state_key
 
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """A run continued in its own folder after the folder moved (copied to another machine, the project renamed,
+        another mount): Lightning, seeing another dirpath in the state, forgot the run's best, and the test pass took
+        a worse checkpoint saved after the move, silently. Where the best checkpoint's file is in this folder, the
+        saved paths are taken to it; a checkpoint of another run (ckpt_path=) keeps Lightning's way (its own best)."""
+        saved = state_dict.get("dirpath")
+        if saved and self.dirpath and saved != self.dirpath:
+
+            def moved(path: Any) -> Any:
+                inside = isinstance(path, str) and path and Path(path).is_relative_to(saved)
+                return str(Path(self.dirpath) / Path(path).relative_to(saved)) if inside else path
+
+            best = moved(state_dict.get("best_model_path"))
+            if best and Path(best).is_file():
+                keys = ("best_model_path", "kth_best_model_path", "last_model_path")
+                state_dict = {
+                    **state_dict,
+                    "dirpath": self.dirpath,
+                    **{key: moved(state_dict.get(key)) for key in keys},
+                }
+                state_dict["best_k_models"] = {moved(k): v for k, v in state_dict.get("best_k_models", {}).items()}
+        super().load_state_dict(state_dict)
+
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         every, interval = step_interval(self)
         if interval is None and (every < 1 or trainer.global_step % every):
