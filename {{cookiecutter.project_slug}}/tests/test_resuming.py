@@ -97,6 +97,7 @@ def training(**changes):
                 "dataset": {"size": 9, "dir": "a"},
             },
             "trainer": {"accumulate_grad_batches": 1, "max_epochs": 2, "gradient_clip_val": None},
+            "checkpoint": {"monitor": "val/loss"},
             "scheduler": {"_target_": "x.optimization.constant", "warmup_steps": 0},
         }
     )
@@ -186,6 +187,8 @@ def test_checkpoints_of_another_training_are_refused_naming_what_differs(run_dir
         starting_point(run_dir, training(**{"model.optimizer.lr": 0.01}), last)
     with pytest.raises(ConfigError, match="scheduler.warmup_steps: 0 then, 2 now"):
         starting_point(run_dir, training(**{"scheduler.warmup_steps": 2}), last)
+    with pytest.raises(ConfigError, match="checkpoint.monitor: val/loss then, val/acc now"):  # the best kept: by it
+        starting_point(run_dir, training(**{"checkpoint.monitor": "val/acc"}), last)
     with pytest.raises(ConfigError, match="model.no_decay_norms_and_biases: True then, False now"):  # 2 groups, 1
         starting_point(run_dir, training(**{"model.no_decay_norms_and_biases": False}), last)  # (a zip() error)
     with pytest.raises(ConfigError, match="data.seed: 42 then, 1 now; seed: 42 then, 1 now"):

@@ -37,6 +37,9 @@ MUST_MATCH = (
     "data.shuffle",
     "data.dataset",
 )
+# Must match too, where the run's config has them (an older template's did not): the best kept so far is by the
+# monitor (another made the best the best since this start, and the Accelerate engine deleted the run's)
+MUST_MATCH_WHERE_SAVED = ("checkpoint.monitor",)
 # Where the data is (its folder moved, a bucket mirrored) and where it is cached: the same data (the last part of a key)
 MAY_MOVE = ("dir", "root", "path", "data_dir", "cache_dir", "max_cache_size")
 PACKAGE = __package__.partition(".")[0]
@@ -199,16 +202,21 @@ CHANGES_THE_STEPS = ("trainer.gradient_clip_val", "trainer.gradient_clip_algorit
 
 
 def changed_training_note(saved: Path, cfg: DictConfig) -> str | None:
-    if not saved.is_file():
-        return None
-    then = load_saved_config(saved)  # (a setting the run's template did not have yet: not a change of the user's)
-    keys = tuple(key for key in CHANGES_THE_STEPS if OmegaConf.select(then, key, default="absent") != "absent")
-    if differ := differences(saved, cfg, keys):
+    if differ := differences(saved, cfg, saved_keys(saved, CHANGES_THE_STEPS)):
         return (
             f"note: {differ}: the steps from here train so, the ones before did not (config.yaml will hold the new "
             "values only); for the run's own, give its settings"
         )
     return None
+
+
+def saved_keys(saved: Path, keys: tuple[str, ...]) -> tuple[str, ...]:
+    """Those of `keys` the config saved at `saved` has (a setting the run's template did not have yet is no change
+    of the user's)."""
+    if not saved.is_file():
+        return ()
+    then = load_saved_config(saved)
+    return tuple(key for key in keys if OmegaConf.select(then, key, default="absent") != "absent")
 
 
 def kept_optimizer_note(saved: Path, cfg: DictConfig) -> str | None:
@@ -229,7 +237,8 @@ def check_same_training(run_dir: Path, cfg: DictConfig) -> None:
     """Refuse, in one line, to resume the checkpoints in `run_dir` with settings they cannot continue under
     (MUST_MATCH), as the run's config.yaml has them. A plain run inside a SLURM allocation (salloc) is named
     after the job: two different trainings there meet in one folder."""
-    if differ := differences(run_dir / "config.yaml", cfg, MUST_MATCH, ignored=MAY_MOVE):
+    saved = run_dir / "config.yaml"
+    if differ := differences(saved, cfg, MUST_MATCH + saved_keys(saved, MUST_MATCH_WHERE_SAVED), ignored=MAY_MOVE):
         raise ConfigError(
             f"{run_dir} has checkpoints of a training that differs from this one in {differ}: give "
             "resume=false to start afresh there (its checkpoints are deleted), or run_id=NAME for a new run folder"
