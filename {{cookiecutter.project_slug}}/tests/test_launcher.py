@@ -86,7 +86,7 @@ def test_one_process_of_a_launcher_is_told_how_that_launcher_starts_more(launche
     trainer.devices=N, which a launcher's layout refuses), or None for a command started by hand."""
     assert started_alone() is None
     launched_by({"ACCELERATE_MIXED_PRECISION": "no"})  # accelerate launch without its config: ran the command itself
-    assert started_alone().startswith("accelerate launch started 1 (it does with --cpu, or without a config")
+    assert started_alone().startswith("accelerate launch started 1 (it does with --cpu or a config's use_cpu: true,")
     launched_by({"TORCHELASTIC_RUN_ID": "job"})
     assert started_alone() == "accelerate launch started 1: give it --num_processes N"
     monkeypatch.delenv("ACCELERATE_MIXED_PRECISION")

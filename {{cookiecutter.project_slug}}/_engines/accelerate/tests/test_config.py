@@ -204,6 +204,14 @@ def test_ddps_options_reach_accelerates_ddp_handler():
     assert set(ddp.passed_on) <= set(DistributedDataParallelKwargs.__dataclass_fields__)
 
 
+def test_a_world_size_left_from_another_job_is_refused(tmp_path, train_env):
+    """WORLD_SIZE=2 left in the shell, no launcher: the Accelerator waited for processes that never come (for ever,
+    MASTER_ADDR and MASTER_PORT set too), or said MASTER_ADDR was missing, in a traceback."""
+    env = {**train_env, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29613"}
+    (refused,) = refuse_all(tmp_path, env, [["strategy=ddp"]])
+    refused.assert_rejected("WORLD_SIZE=2 is set, but no launcher (torchrun, accelerate launch, srun) started this")
+
+
 def test_deterministic_kernels_are_asked_of_torch_as_lightnings_trainer_does(monkeypatch):
     """trainer.deterministic (Lightning's Trainer setting; this loop refused it): torch's deterministic kernels."""
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)

@@ -120,7 +120,8 @@ def fit_layout_to_launcher(
     devices = devices if devices_given else launcher.per_node
     if (nodes_given or devices_given) and int(num_nodes) * int(devices) != launcher.world_size:
         raise ConfigError(
-            f"trainer.num_nodes={num_nodes} x trainer.devices={devices} = {int(num_nodes) * int(devices)} processes, "
+            f"trainer.num_nodes={num_nodes} x trainer.devices={devices} = {int(num_nodes) * int(devices)} process"
+            f"{'es' * (int(num_nodes) * int(devices) != 1)}, "
             f"but {launcher.name} runs {launcher.world_size} ({launcher.num_nodes} node"
             f"{'s' * (launcher.num_nodes != 1)} x {launcher.per_node}); leave both out to use the launcher's layout"
         )
@@ -169,8 +170,9 @@ def started_alone() -> str | None:
         return "torchrun started 1: give it --nproc-per-node=N (NPROC_PER_NODE=N for launch/torchrun_multinode.sh)"
     if "ACCELERATE_MIXED_PRECISION" in env:  # accelerate's launcher ran the command itself: one process
         return (
-            "accelerate launch started 1 (it does with --cpu, or without a config on a machine of fewer than 2 "
-            "GPUs): launch it with `accelerate launch --config_file launch/multi_process.yaml ...`"
+            "accelerate launch started 1 (it does with --cpu or a config's use_cpu: true, or without a config on a "
+            "machine of fewer than 2 GPUs): launch it with `accelerate launch --config_file launch/multi_process.yaml "
+            "...`, or give trainer.devices=N (the command then starts them)"
         )
     return None
 
