@@ -105,6 +105,7 @@ def train(cfg: DictConfig) -> None:
     # A restart continues from the run's last checkpoint; checkpoints of another training are refused.
     cfg.ckpt_path, cfg.resume = starting_point(run_dir, cfg, run_dir / "checkpoints" / LAST)
     launched = int(os.environ.get("WORLD_SIZE", 1))
+    strategy, processes, recovery = check_config(cfg, launched)  # (its refusals of a layout first, then:)
     if launched > 1 and detect_launcher() is None and multiprocessing.parent_process() is None:
         # (left from another job in this shell: the Accelerator waited for processes that never come, for ever with
         # MASTER_ADDR and MASTER_PORT set too, or said MASTER_ADDR was missing, in a traceback)
@@ -112,7 +113,6 @@ def train(cfg: DictConfig) -> None:
             f"WORLD_SIZE={launched} is set, but no launcher (torchrun, accelerate launch, srun) started this process: "
             "left from another job? unset WORLD_SIZE (for N processes here: trainer.devices=N)"
         )
-    strategy, processes, recovery = check_config(cfg, launched)
     starts_them = strategy.name in LAUNCHED_PRESETS and processes > launched  # trainer.devices=N without a launcher
     last = run_dir / "checkpoints" / LAST
     given = bool(cfg.ckpt_path)
