@@ -74,6 +74,10 @@ def _describe(dir: str) -> dict:
             )
         check_finite_file(path, x)  # here, once per split and process (its dataset reads the file again)
         ids, labels_range = split_ranges(path, (x, y))
+        if labels_range and labels_range[0] < 0:  # (-100: padding, left out of loss and metrics)
+            raise ConfigError(
+                f"{path}: y has negative labels ({labels_range[0]}); classes are 0, 1, ... (-100: padding)"
+            )
         classes = max(classes, labels_range[1] + 1 if labels_range else 0)
         if ids and x.shape == y.shape:  # token sequences (model=gpt): x's ids are classes too
             classes = max(classes, ids[1] + 1)
@@ -159,7 +163,8 @@ def split_file(dir: str, split: str) -> Path:
 
 
 def read_split(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """x and y of one file, checked: tensors, as many samples in both, integer labels >= 0 (or -100)."""
+    """x and y of one file, checked: tensors, as many samples in both, integer labels (describe, which every reader
+    calls first, checks them >= 0, or -100, with the ranges it reads)."""
     try:
         if path.suffix == ".npz":
             with np.load(path, allow_pickle=False) as npz:
@@ -193,8 +198,6 @@ def read_split(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
             )
     if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
         raise ConfigError(f"{path}: y is {str(y.dtype).removeprefix('torch.')}; class labels must be integers")
-    if (labels := value_range(y, IGNORED)) is not None and (smallest := labels[0]) < 0:  # (-100: padding, left out)
-        raise ConfigError(f"{path}: y has negative labels ({smallest}); classes are 0, 1, ... (-100: padding)")
     if x.dtype == torch.float64:  # numpy's default; the model's weights are float32
         x = x.float()
     return x, y

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -80,11 +80,11 @@ def record_start(run_dir: Path, resumed_from: Path | str | None) -> None:
 
     overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else sys.argv[1:]
     entry = {
-        "time": datetime.now(UTC).isoformat(timespec="seconds"),  # (datetime.UTC: Python 3.11+)
+        "time": datetime.now().astimezone().isoformat(timespec="seconds"),  # (with its offset: datetime.UTC is 3.11+)
         "resumed_from": str(resumed_from) if resumed_from else None,
         "overrides": overrides,
         "python": platform.python_version(),
-        "versions": {name: installed(name) for name in RECORDED_VERSIONS if installed(name)},
+        "versions": {name: found for name in RECORDED_VERSIONS if (found := installed(name))},
         "git": git_state(launch_folder()),
     }
     with (run_dir / STARTS_FILE).open("a") as starts:

@@ -186,6 +186,8 @@ def check_config(cfg: DictConfig, launched: int) -> tuple[Strategy, int, OOMReco
             "run folder"
         )
     check_settings_read(cfg)
+    if (deterministic := cfg.trainer.get("deterministic", False)) not in (True, False, "warn"):  # (Lightning's values)
+        raise ConfigError(f"trainer.deterministic={deterministic}: give true, false or warn")
     if cfg.trainer.max_steps is None:  # "no limit" as the docs say (-1 or null): the loop counts with -1
         cfg.trainer.max_steps = -1
     if cfg.logger:
@@ -427,10 +429,9 @@ def resume_point(accelerator: Accelerator, cfg: DictConfig, checkpoints: Checkpo
 
 
 def deterministic_kernels(setting: bool | str) -> None:
-    """trainer.deterministic as Lightning's Trainer takes it: true, torch's deterministic kernels only (an error
-    where an operation has none), "warn" a warning there; and cuBLAS's fixed workspace, which they need on GPUs."""
-    if setting not in (True, False, "warn"):
-        raise ConfigError(f"trainer.deterministic={setting}: give true, false or warn")
+    """trainer.deterministic as Lightning's Trainer takes it (checked by check_config): true, torch's deterministic
+    kernels only (an error where an operation has none), "warn" a warning there; and cuBLAS's fixed workspace, which
+    they need on GPUs."""
     if setting:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(bool(setting), warn_only=setting == "warn")
