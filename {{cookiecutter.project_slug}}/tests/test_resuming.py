@@ -96,7 +96,7 @@ def training(**changes):
                 "seed": 42,
                 "dataset": {"size": 9, "dir": "a"},
             },
-            "trainer": {"accumulate_grad_batches": 1, "max_epochs": 2, "gradient_clip_val": None},
+            "trainer": {"accumulate_grad_batches": 1, "max_epochs": 2, "gradient_clip_val": None, "precision": "32-true"},
             "checkpoint": {"monitor": "val/loss"},
             "scheduler": {"_target_": "x.optimization.constant", "warmup_steps": 0},
         }
@@ -222,6 +222,8 @@ def test_a_run_continued_with_another_clipping_says_its_steps_differ(run_dir, ca
     )
     starting_point(run_dir, training(**{"trainer.gradient_clip_algorithm": "value"}), last)
     assert capsys.readouterr().out == ""
+    starting_point(run_dir, training(**{"trainer.precision": "bf16-mixed"}), last)  # (lowered after an OOM)
+    assert "note: trainer.precision: 32-true then, bf16-mixed now: the steps from here" in capsys.readouterr().out
 
 
 def test_a_given_checkpoint_of_another_net_is_refused_before_loading(run_dir, tmp_path_factory, capsys):

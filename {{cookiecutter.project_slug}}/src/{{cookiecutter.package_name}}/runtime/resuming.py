@@ -197,8 +197,9 @@ def saved_config(checkpoint: Path) -> Path:
 
 
 # What a run continued in its own folder may change, but then trains its next steps otherwise than its first: said,
-# as its config.yaml, rewritten, keeps the new value only (a template update's new default, a changed clip).
-CHANGES_THE_STEPS = ("trainer.gradient_clip_val", "trainer.gradient_clip_algorithm")
+# as its config.yaml, rewritten, keeps the new value only (a template update's new default, a changed clip, a
+# precision lowered after running out of memory).
+CHANGES_THE_STEPS = ("trainer.gradient_clip_val", "trainer.gradient_clip_algorithm", "trainer.precision")
 
 
 def changed_training_note(saved: Path, cfg: DictConfig) -> str | None:
