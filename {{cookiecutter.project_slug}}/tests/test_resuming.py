@@ -96,7 +96,13 @@ def training(**changes):
                 "seed": 42,
                 "dataset": {"size": 9, "dir": "a"},
             },
-            "trainer": {"accumulate_grad_batches": 1, "max_epochs": 2, "gradient_clip_val": None, "precision": "32-true"},
+            "trainer": {
+                "accumulate_grad_batches": 1,
+                "max_epochs": 2,
+                "gradient_clip_val": None,
+                "precision": "32-true",
+                "accelerator": "cpu",
+            },
             "checkpoint": {"monitor": "val/loss"},
             "scheduler": {"_target_": "x.optimization.constant", "warmup_steps": 0},
         }
@@ -224,6 +230,10 @@ def test_a_run_continued_with_another_clipping_says_its_steps_differ(run_dir, ca
     assert capsys.readouterr().out == ""
     starting_point(run_dir, training(**{"trainer.precision": "bf16-mixed"}), last)  # (lowered after an OOM)
     assert "note: trainer.precision: 32-true then, bf16-mixed now: the steps from here" in capsys.readouterr().out
+    # config.yaml holds the precision used: the command's `auto` (or `32`) is no change on the CPU
+    for same in ("auto", "32"):
+        starting_point(run_dir, training(**{"trainer.precision": same}), last)
+        assert capsys.readouterr().out == ""
 
 
 def test_a_given_checkpoint_of_another_net_is_refused_before_loading(run_dir, tmp_path_factory, capsys):

@@ -54,6 +54,7 @@ def test_killed_while_saving_then_run_again_continues_exactly(tmp_path, train_en
     again = run_in(run_dir, train_env, *DROPOUT, *killed_at_step_6)  # the same command, no flag
     assert again.returncode == 0, again.stdout + again.stderr
     assert "resuming from" in again.stdout and "step-0000003" in again.stdout
+    assert "note:" not in again.stdout + again.stderr, "the same command: nothing changed (config.yaml: 32-true)"
     assert losses_by_step(run_dir) == uninterrupted  # exactly; steps 3-5 ran twice, logged once
     assert "Would sync 2 run(s)" in sync_dry_run(run_dir, train_env), "the README's upload takes both starts"
 

@@ -77,6 +77,7 @@ def test_a_killed_training_started_again_continues_exactly(train, uninterrupted,
     assert killed.wandb.steps("train/loss")[-1] == 7
     again = train(*TRAIN, "strategy=single", *kill, run_dir=killed.run_dir)
     assert "resuming from" in again.output
+    assert "note:" not in again.output, "the same command: nothing changed to say (config.yaml's precision: 32-true)"
     assert_continues_exactly(again, uninterrupted, starts=2)  # bit-identical: same process layout
     assert "Would sync 2 run(s)" in sync_dry_run(again.run_dir, train_env), "the README's upload takes both starts"
 

@@ -18,26 +18,30 @@ SHORT_NAMES = {"32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed"}  # Light
 
 def resolve_precision(precision: str | int, accelerator: str) -> str:
     """The precision a run uses: `auto` becomes bf16-mixed where the GPUs have bf16; 32 is 32-true (16: 16-mixed, bf16:
-    bf16-mixed); 16-mixed on the CPU is bf16-mixed.
+    bf16-mixed); 16-mixed on the CPU is bf16-mixed, said.
 
     Decided without initialising CUDA in this process: strategy=ddp_spawn (Accelerate) forks its processes
     afterwards, and a forked process cannot use CUDA once its parent has initialised it."""
-    precision = SHORT_NAMES.get(str(precision), precision)
-    if precision == "auto":
-        on_gpu = accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
-        return "bf16-mixed" if on_gpu and has_native_bf16(gpu_capabilities()) else "32-true"
-    if precision not in PRECISIONS:
-        raise ConfigError(f"trainer.precision={precision} is unknown; valid: auto, {', '.join(PRECISIONS)}")
-    if precision == "16-mixed" and not (accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()):
+    used = precision_used(precision, accelerator)
+    if used not in PRECISIONS:
+        raise ConfigError(f"trainer.precision={used} is unknown; valid: auto, {', '.join(PRECISIONS)}")
+    if SHORT_NAMES.get(str(precision), precision) == "16-mixed" != used and is_first_process():
         # What Lightning's Trainer does on the CPU (fp16 autocast with a gradient scaler is for CUDA); accelerate
         # trained in fp16 there: the same flag, two other runs. Both engines now take bf16-mixed, and say so.
-        if is_first_process():
-            print(
-                "trainer.precision=16-mixed: the CPU trains in bf16-mixed instead (fp16 is for CUDA GPUs)",
-                file=sys.stderr,
-            )
-        return "bf16-mixed"
-    return precision
+        print(
+            "trainer.precision=16-mixed: the CPU trains in bf16-mixed instead (fp16 is for CUDA GPUs)", file=sys.stderr
+        )
+    return used
+
+
+def precision_used(precision: str | int, accelerator: str) -> str:
+    """What resolve_precision makes of `precision` on this machine, unchecked and unsaid (a run's config.yaml holds
+    it so: a resume compares it with the command's)."""
+    precision = SHORT_NAMES.get(str(precision), precision)
+    on_gpu = accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
+    if precision == "auto":
+        return "bf16-mixed" if on_gpu and has_native_bf16(gpu_capabilities()) else "32-true"
+    return "bf16-mixed" if precision == "16-mixed" and not on_gpu else precision
 
 
 def gpu_capabilities() -> list[tuple[int, int]]:

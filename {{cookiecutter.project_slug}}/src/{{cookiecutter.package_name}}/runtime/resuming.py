@@ -15,6 +15,7 @@ from torch import nn
 from ..errors import ConfigError, said_once
 from ..parallel.launcher import is_first_process
 from .checkpoint_files import damage, looks_like_checkpoint, saved_shapes
+from .precision import precision_used
 
 # What a run's checkpoints are made of, which the run continued in its own folder must keep: changed, a checkpoint
 # cannot be loaded (the net's shapes) or not continued where it stopped (its position in the epoch counts global
@@ -203,7 +204,9 @@ CHANGES_THE_STEPS = ("trainer.gradient_clip_val", "trainer.gradient_clip_algorit
 
 
 def changed_training_note(saved: Path, cfg: DictConfig) -> str | None:
-    if differ := differences(saved, cfg, saved_keys(saved, CHANGES_THE_STEPS)):
+    now = cfg.copy()  # (config.yaml holds the precision the run used: `auto` resolved, 16-mixed on the CPU bf16-mixed)
+    now.trainer.precision = precision_used(cfg.trainer.precision, cfg.trainer.accelerator)
+    if differ := differences(saved, now, saved_keys(saved, CHANGES_THE_STEPS)):
         return (
             f"note: {differ}: the steps from here train so, the ones before did not (config.yaml will hold the new "
             "values only); for the run's own, give its settings"
