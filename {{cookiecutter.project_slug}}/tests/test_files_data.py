@@ -75,9 +75,10 @@ def test_a_dataset_class_of_your_own_trains(tmp_path, train):
 
 
 @pytest.mark.slow
-def test_a_training_whose_validation_loss_is_nan_stops_in_one_line(train):
+def test_a_training_whose_loss_turns_nan_stops_in_one_line(train):
     """A NaN in training sample 100, past the 64 the checks before training read: every step after it, and the
-    validation, are NaN. The run went on to its end and exited 0, its best checkpoint chosen among NaNs."""
+    validation, are NaN. The run went on to its end and exited 0, its best checkpoint chosen among NaNs; then it
+    stopped at the validation, the steps before it trained in NaN (and without a validation, not at all)."""
     run = train(
         *QUICK,
         "data=custom",
@@ -93,11 +94,15 @@ def test_a_training_whose_validation_loss_is_nan_stops_in_one_line(train):
     )
     errors = [line for line in run.output.splitlines() if line.startswith("error:")]
     assert run.returncode == 1 and "Traceback" not in run.output, run.output[-3000:]
-    assert errors == [
-        "error: val/loss is nan after epoch 0: the weights or the validation data hold NaN or infinite values (a "
-        "learning rate too high, or NaN in the data past the samples checked before training); stopped. The latest "
-        "checkpoints may hold those weights: start again from the best one (ckpt_path=<it> resume=false)"
-    ], run.output[-3000:]
+    # At the first logged step with the NaN sample: one line, before any validation
+    assert len(errors) == 1 and re.fullmatch(r"error: train/loss is nan at step \d+: .*", errors[0]), errors
+    assert errors[0].endswith(
+        "(a learning rate too high, or NaN in training samples past those checked before training); stopped. Its "
+        "checkpoints saved since may hold those weights: start again from an earlier one (the best in its checkpoints "
+        "folder, with ckpt_path=PATH resume=false) or afresh, with a lower model.optimizer.lr"
+    ), errors
+    metrics = run.run_dir / "metrics.jsonl"  # (none at all where nothing was logged)
+    assert not metrics.exists() or "val/loss" not in metrics.read_text(), "stopped before validating NaN weights"
 
 
 def test_a_dataset_that_augments_in_loader_workers_resumes_exactly():

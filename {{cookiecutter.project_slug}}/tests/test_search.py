@@ -245,6 +245,22 @@ def test_a_grid_point_the_training_refuses_is_not_queued_again(search):
 
 @pytest.mark.slow
 @pytest.mark.engine_neutral
+def test_a_grid_point_that_diverges_is_pruned_not_queued_again(search):
+    """A NaN loss is the point's result: recorded as a failure, the grid queued it again until 3 had failed in a row
+    and the search ended with exit 1 (and Lightning's progress bar hid the error line from the search's report)."""
+    space = {"model.optimizer.lr": {"type": "categorical", "choices": [0.001, 1000.0]}}
+    grid = ["search.sampler=grid", "search.n_trials=2", "logger=none", *TINY, "data.batch_size=32"]  # NaN by step 9
+    result = search(*grid, space=space, study="diverged")
+    states = sorted((t.params["model.optimizer.lr"], t.state) for t in result.trials())
+    assert states == [(0.001, TrialState.COMPLETE), (1000.0, TrialState.PRUNED)], "each point once"
+    assert "Traceback" not in result.output and "failed" not in result.output, result.output[-3000:]
+    (diverged,) = result.trials(TrialState.PRUNED)
+    log = Path(diverged.user_attrs["log"]).read_text()
+    assert re.search(r"error: (train|val)/loss is nan .*\nsearch: trial \d+ diverged; recorded as pruned\n$", log)
+
+
+@pytest.mark.slow
+@pytest.mark.engine_neutral
 def test_a_killed_search_continues_to_the_total_without_repeating_finished_trials(search, tmp_path):
     """SIGKILLed during its second trial: that trial's training dies with it (search/guard.py), and the search started
     again marks the trial failed, runs its parameters again and none of the finished ones."""

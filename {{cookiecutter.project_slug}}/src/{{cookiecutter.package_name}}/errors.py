@@ -48,6 +48,11 @@ class ProcessCrashed(RuntimeError):
         super().__init__(f"training process {rank} failed: {lines[-1] if lines else 'no message'} (traceback above)")
 
 
+# The first words of the line a training stopped for a NaN or infinite loss ends with (runtime/metrics.py): the
+# search records such a trial as pruned, its parameters' result, not a crash to retry
+DIVERGED = re.compile(r"error: (train|val)/loss is (nan|inf|-inf) ")
+
+
 class TrainingStopped(RuntimeError):
     """The training stopped itself for a reason it can name (e.g. out-of-memory errors that keep coming): train.py
     prints it as one line and exits 1, keeping what the run wrote (its checkpoints)."""

@@ -89,6 +89,22 @@ def check_val_loss(loss: float, epoch: int) -> None:
     if not math.isfinite(loss):
         raise TrainingStopped(
             f"val/loss is {loss} after epoch {epoch}: the weights or the validation data hold NaN or infinite values "
-            "(a learning rate too high, or NaN in the data past the samples checked before training); stopped. The "
-            "latest checkpoints may hold those weights: start again from the best one (ckpt_path=<it> resume=false)"
+            f"(a learning rate too high, or NaN in the data past the samples checked before training); stopped. {AFTER}"
         )
+
+
+def check_train_loss(loss: float, step: int) -> None:
+    """Stop a training whose logged train/loss (the global batch's, the same on every process) is NaN or infinite,
+    at that step: it trained on in NaN to its next validation, and without one (trainer.limit_val_batches=0, a
+    trainer.max_steps inside the first epoch) to its end, saving NaN checkpoints and testing them, exit 0."""
+    if not math.isfinite(loss):
+        raise TrainingStopped(
+            f"train/loss is {loss} at step {step}: the weights or this batch hold NaN or infinite values (a learning "
+            f"rate too high, or NaN in training samples past those checked before training); stopped. {AFTER}"
+        )
+
+
+AFTER = (  # what to do, once stopped so
+    "Its checkpoints saved since may hold those weights: start again from an earlier one (the best in its checkpoints "
+    "folder, with ckpt_path=PATH resume=false) or afresh, with a lower model.optimizer.lr"
+)

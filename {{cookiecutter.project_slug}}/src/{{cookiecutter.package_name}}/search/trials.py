@@ -19,7 +19,7 @@ import optuna
 from omegaconf import DictConfig
 
 from ..config.objects import unresolved
-from ..errors import EXIT_REFUSED, UNRESOLVED, ConfigError
+from ..errors import DIVERGED, EXIT_REFUSED, UNRESOLVED, ConfigError
 from ..tracking.epoch_metrics import read_epoch_metrics
 
 GUARD = f"{__package__}.guard"  # search/guard.py
@@ -229,6 +229,10 @@ def run_trial(
         trial.set_user_attr("refused", True)
         why = f"exit code {code}: the training refused its parameters"
         raise TrialFailed(f"trial {trial.number} failed ({why}): {last_error(log)}; log: {log}")
+    if code != 0 and DIVERGED.match(error := last_error(log)):  # a grid queued the point again, 3 times in a row
+        with open(log, "a") as output:
+            output.write(f"search: trial {trial.number} diverged; recorded as pruned\n")
+        raise optuna.TrialPruned(f"diverged: {error.removeprefix('error: ')}")
     if code != 0:
         raise TrialFailed(f"trial {trial.number} failed (exit code {code}): {last_error(log)}; log: {log}")
     if not reported:  # every trial would end so: the search stops (it went on until 3 had failed in a row)
@@ -243,11 +247,15 @@ def run_trial(
 # A line that states an error: the training's one-line refusal, a traceback's last line (Type: message), or the
 # exception Hydra reports for an object it could not build (Type('message')).
 ERROR_LINE = re.compile(r"error: .+|[\w.]*(Error|Exception)\w*(: .+|\(.+\))")
+ESCAPE_CODE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # a terminal's: colours, cursor moves (tqdm's \x1b[A)
 
 
 def last_error(log: Path) -> str:
     """The last error line of a training's log (under a launcher, a process's error comes before the launcher's
     own report, which names no cause)."""
     lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
-    errors = [line.strip() for line in lines if ERROR_LINE.fullmatch(line.strip())]
+    # (splitlines parts a progress bar's redraws at their carriage returns; an error printed after a bar follows
+    # the bar's cursor moves, \x1b[A, on its line)
+    lines = [ESCAPE_CODE.sub("", line).strip() for line in lines]
+    errors = [line for line in lines if ERROR_LINE.fullmatch(line)]
     return errors[-1] if errors else "no error line in its log"

@@ -18,7 +18,7 @@ from ..errors import ConfigError
 from ..parallel.sharding import clip_grad_norm_, clip_grad_value_
 from ..runtime.interrupt import Interrupt
 from ..runtime.memory import OutOfMemoryStop
-from ..runtime.metrics import best_mode, check_val_loss, cross_entropy
+from ..runtime.metrics import best_mode, check_train_loss, check_val_loss, cross_entropy
 from ..runtime.optimization import current_lr, total_steps
 from ..runtime.real_targets import RealTargets
 from ..tracking.epoch_metrics import append_epoch_metrics, is_final
@@ -133,6 +133,7 @@ def fit(
                 # The only host sync of the step, and only on logging steps: the mean over the micro-batches and
                 # all processes is the global batch's loss (processes that share a batch hold the same loss).
                 loss = accelerator.reduce(step_loss / accumulation(cfg), "mean").item()
+                check_train_loss(loss, progress.global_step)  # the same on every process: all stop here
                 metrics = {"train/loss": loss, "train/lr": lr, **strategy.step_metrics()}
                 if since_log:  # (a second sync, of the toolkit's)
                     metrics["train/loss_mean"] = strategy.mean_of_step_metrics(accelerator, since_log.take()).item()

@@ -19,7 +19,14 @@ from ..models.compilation import compile_net
 from ..models.float8 import convert_float8
 from ..parallel.sharding import clip_grad_norm_, clip_grad_value_
 from ..runtime.checkpoint_forms import accept_state_by_name, by_name, parameter_names
-from ..runtime.metrics import check_val_loss, correct_predictions, cross_entropy, perplexity, summed_loss
+from ..runtime.metrics import (
+    check_train_loss,
+    check_val_loss,
+    correct_predictions,
+    cross_entropy,
+    perplexity,
+    summed_loss,
+)
 from ..runtime.optimization import (
     OptimizerFactory,
     SchedulerFactory,
@@ -134,7 +141,9 @@ class Classifier(L.LightningModule):
         # sync_dist: the mean over all processes, i.e. the loss of the global batch (the tensor-parallel ranks
         # of a model_parallel replica hold the same loss). It is an all-reduce, so only on steps the loggers see.
         if writes_step_metrics(self.trainer):
-            self.log("train/loss", self._step_loss, on_step=True, on_epoch=False, sync_dist=True)
+            loss = self.trainer.strategy.reduce(self._step_loss, reduce_op="mean")  # (what sync_dist=True would log)
+            check_train_loss(float(loss), self.trainer.global_step - 1)  # the same on every process: all stop here
+            self.log("train/loss", loss, on_step=True, on_epoch=False)
             self.log("train/lr", self._step_lr, on_step=True, on_epoch=False)
         self._step_loss = 0.0
 
