@@ -153,6 +153,19 @@ def test_a_dataset_that_augments_in_loader_workers_continues_exactly(train, tmp_
     assert_continues_exactly(again, whole.wandb, starts=2)
 
 
+def test_a_ctrl_c_at_an_epochs_last_step_stops_after_its_validation(train, uninterrupted, tmp_path):
+    """Ctrl-C in the forward of the first epoch's last step (10): saved before that epoch's validation, then continued,
+    Lightning (2.6) took the epoch for done and never validated it (in the Accelerate engine it did): that epoch's
+    val/loss was missing, and so was it among the candidates for the best checkpoint."""
+    net = ["model.net._target_=own_models.InterruptedOnce", f"+model.net.marker={tmp_path / 'once'}", "+model.net.at=9"]
+    stopped = train(*TRAIN, "strategy=single", *net, check=False)
+    assert stopped.returncode == 130, stopped.output[-2000:]
+    assert "interrupted after step 10, saved in" in stopped.output
+    assert stopped.wandb.steps("val/loss") == [9], "the epoch's validation, before the stop"
+    again = train(*TRAIN, "strategy=single", *net, run_dir=stopped.run_dir)
+    assert_continues_exactly(again, uninterrupted, starts=2)  # (val/loss at both epochs' ends, each once)
+
+
 def test_a_kill_in_the_middle_of_a_save_leaves_the_previous_checkpoint(train, uninterrupted, tmp_path):
     plugin = "_target_: kill_switch.DyingCheckpointIO, step: 9, marker: '%s'" % (tmp_path / "died")
     dying = "+trainer.plugins=[{" + plugin + "}]"

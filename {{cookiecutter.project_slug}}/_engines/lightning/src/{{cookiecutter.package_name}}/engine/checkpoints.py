@@ -137,16 +137,23 @@ class ResumeCheckpoint(ModelCheckpoint):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         self._link_written(trainer)  # a checkpoint written in the background since the last batch: `last` now
-        super().on_train_batch_end(trainer, pl_module, *args)  # the checkpoint every N steps
+        # The epoch's last step is saved at the epoch's end, after its validation: a checkpoint saved before it was
+        # taken for the whole epoch's when resumed (Lightning 2.6), which left out that validation, unsaid.
+        last_of_epoch = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        if not last_of_epoch:
+            super().on_train_batch_end(trainer, pl_module, *args)  # the checkpoint every N steps
         if self._stopped_mid_epoch(trainer, batch_idx=args[-1]):
             # Saved here, at the step: by on_train_epoch_end, Lightning has counted this epoch as done, and the run
             # continued from there went on with the next epoch, leaving out the rest of this one.
             save_now(self, trainer)
         if self.interrupted_at is None and self._stop_now(trainer):  # Ctrl-C: save this step, then stop
-            save_now(self, trainer)
-            trainer.should_stop, self.interrupted_at = True, trainer.global_step
-            trainer.limit_val_batches = 0  # Lightning validates a run stopped mid-epoch; one never stopped would not
+            self.interrupted_at = trainer.global_step
             self.interrupt.restore()
+            if last_of_epoch:  # after the epoch's validation (on_train_epoch_end)
+                return
+            save_now(self, trainer)
+            trainer.should_stop = True
+            trainer.limit_val_batches = 0  # Lightning validates a run stopped mid-epoch; one never stopped would not
 
     @staticmethod
     def _stopped_mid_epoch(trainer: L.Trainer, batch_idx: int) -> bool:
@@ -191,6 +198,8 @@ class ResumeCheckpoint(ModelCheckpoint):
         # ModelCheckpoint saves either every N steps or every N epochs; this one does both.
         save_now(self, trainer)  # unless this step was saved already
         self._link_written(trainer)  # (the epoch's last step is logged)
+        if self.interrupted_at == trainer.global_step:  # a Ctrl-C at the epoch's last step: stopped here
+            trainer.should_stop = True
 
     def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
         self._link_written(trainer, wait=True)  # the one written in the background before: `last` on it first
