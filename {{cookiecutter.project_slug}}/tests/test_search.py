@@ -747,7 +747,7 @@ def test_a_value_only_some_trials_get_fails_those_trials_alone(monkeypatch, caps
 
 
 def test_a_trial_that_never_validates_stops_the_search(tmp_path):
-    """A training that ends before its first validation (trainer.max_steps inside the first epoch) reports nothing:
+    """A training that never validates (trainer.limit_val_batches=0) reports nothing:
     every trial would, and the search went on until 3 in a row had failed."""
     start = lambda command, env, log: TrialProcess(command, env, log)  # noqa: E731
     with pytest.raises(MetricMissing, match="trial 0 trained to its end without a validation, so without val/loss"):

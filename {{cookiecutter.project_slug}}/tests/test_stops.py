@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import PACKAGE, QUICK, TOLERANCE, as_single, make_runner, next_main_port, refuse_all
-from engine_specific import DDP, DDP_LAUNCH, LAST, kept_checkpoints
+from engine_specific import DDP, DDP_LAUNCH, LAST, best_step, kept_checkpoints
 from forked import ForkedCommand, can_fork, start_module
 from own_models import paused
 from wandb_records import offline_runs
@@ -84,6 +84,17 @@ def test_a_checkpoint_cut_mid_epoch_continues_exactly_with_its_batch_accumulated
     [mid_epoch] = (whole_run / "checkpoints").glob("step*15*")  # 7 of the second epoch's 8 steps of 64
     run = make_runner(tmp_path, train_env)(*SETTINGS, f"ckpt_path={mid_epoch}", "trainer.accumulate_grad_batches=2")
     assert losses(run.run_dir) == pytest.approx({15: whole[15]}, abs=TOLERANCE)
+
+
+def test_a_training_that_max_steps_stops_inside_an_epoch_validates_its_last_steps(tmp_path, train_env):
+    """Stopped at step 12 of 16, in the second epoch: its last 4 steps were never validated, so the best checkpoint
+    and the test pass (and a search's value) were the first epoch's weights', logged at step 12 as if the last's."""
+    run = make_runner(tmp_path, train_env)(*SETTINGS, "trainer.max_steps=12", "test_after_fit=true")
+    (logged,) = offline_runs(run.run_dir)
+    assert logged.steps("val/loss") == [7, 11], "each epoch's end, and where it stopped"
+    first, last = logged.metric("val/loss")
+    assert last < first and best_step(run.run_dir) == 12, "the best: the last weights, validated"
+    assert logged.steps("test/loss") == [12]
 
 
 def train_in(cwd, env, *overrides: str, launcher: list[str] | None = None) -> tuple[int, str]:

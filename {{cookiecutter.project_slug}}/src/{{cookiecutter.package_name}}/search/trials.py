@@ -238,8 +238,7 @@ def run_trial(
     if not reported:  # every trial would end so: the search stops (it went on until 3 had failed in a row)
         raise MetricMissing(
             f"trial {trial.number} trained to its end without a validation, so without {metric} (validation runs "
-            "at each epoch's end: a trainer.max_steps that ends inside the first epoch leaves none); give more steps "
-            "or trainer.max_epochs"
+            "at each epoch's end and where trainer.max_steps stops it, unless turned off: trainer.limit_val_batches=0)"
         )
     return reported[-1][metric]
 

@@ -154,16 +154,16 @@ def fit(
                     progress.loader = loader.state_dict()
                     checkpoints.save(progress.global_step)
                 return progress.global_step
-        else:  # a whole epoch: validate (as Lightning does, not after stopping at max_steps mid-epoch)
+        else:  # a whole epoch: validate
             progress.epoch, progress.loader = progress.epoch + 1, {}
             validate(accelerator, cfg, strategy, model, loaders["val"], progress, epoch, checkpoints)
             if recovery:
                 recovery.epoch_ended(epoch)
             continue
-        if cfg.oom.log_memory:  # (as the epoch's end would have: a run stopped mid-epoch logs its memory too)
-            log_device_memory(accelerator, strategy, progress.global_step)
+        # Stopped at trainer.max_steps inside an epoch: its last steps validated too, as Lightning does a stopped run
+        # (the best checkpoint, the test pass and a search's value left them out, unsaid)
         progress.loader = loader.state_dict()
-        checkpoints.save(progress.global_step)  # stopped at trainer.max_steps
+        validate(accelerator, cfg, strategy, model, loaders["val"], progress, progress.epoch, checkpoints)
     return None
 
 

@@ -146,6 +146,9 @@ class ResumeCheckpoint(ModelCheckpoint):
             # Saved here, at the step: by on_train_epoch_end, Lightning has counted this epoch as done, and the run
             # continued from there went on with the next epoch, leaving out the rest of this one.
             save_now(self, trainer)
+            # Stopping, Lightning validates these last steps too (the best checkpoint, the test pass and a search's
+            # value left them out, unsaid)
+            trainer.should_stop = True
         if self.interrupted_at is None and self._stop_now(trainer):  # Ctrl-C: save this step, then stop
             self.interrupted_at = trainer.global_step
             self.interrupt.restore()
