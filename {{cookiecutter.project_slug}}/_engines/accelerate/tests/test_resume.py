@@ -156,5 +156,11 @@ def test_a_checkpoint_folder_missing_a_file_accelerate_opens_is_refused_in_one_l
             (copy / name).unlink()
             with pytest.raises(ConfigError, match=f"^{copy}: {re.escape(name)} missing \\(a copy cut short, a file"):
                 checkpoints.load(copy)
+        # A folder of the user's there (a pretrained checkpoint given as ckpt_path=, a teammate's copy) is not the
+        # run's to remove: each save removed every folder but its own newest
+        shutil.copytree(whole, tmp_path / "checkpoints" / "pretrained")
+        checkpoints.save(2)
+        kept = sorted(path.name for path in (tmp_path / "checkpoints").iterdir())
+        assert kept == ["last", "pretrained", "step-0000002"], kept
     finally:
         reset_engine_state()

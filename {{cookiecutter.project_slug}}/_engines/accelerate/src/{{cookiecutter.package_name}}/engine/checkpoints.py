@@ -14,6 +14,7 @@ share (as a cluster's home or project space is).
 """
 
 import os
+import re
 import shutil
 import tempfile
 import warnings
@@ -35,6 +36,7 @@ from ..runtime.checkpoint_files import last_of_run_folder, pickled_keys_include
 from ..runtime.checkpoint_forms import is_numbered, nested, read_parts
 from ..runtime.resuming import check_keep_last, other_process_count_note, trained_config
 
+STEP_FOLDER = re.compile(r"step-\d{7,}")  # the run's own checkpoints, step-<global step in 7 digits or more>
 LAST = "last"  # checkpoints/last: the link to the run's last complete checkpoint (both engines name it LAST)
 PROGRESS = "custom_checkpoint_0.pkl"  # accelerate's name for the first registered object's state: the loop's Progress
 
@@ -166,9 +168,12 @@ class Checkpoints:
         os.replace(new, self.folder / link)
 
     def _remove_unreferenced(self) -> None:
+        """The run's own step checkpoints but the keep_last newest and those `last` and `best` name; no other folder
+        (a checkpoint of the user's put there, a pretrained one given as ckpt_path=, was deleted)."""
         kept = {os.readlink(self.folder / link) for link in (LAST, "best") if (self.folder / link).is_symlink()}
-        kept |= {path.name for path in sorted(self.folder.glob("step-*"))[-self.keep_last :]}  # zero-padded: by step
-        for path in self.folder.iterdir():
+        steps = sorted(path for path in self.folder.glob("step-*") if STEP_FOLDER.fullmatch(path.name))
+        kept |= {path.name for path in steps[-self.keep_last :]}  # zero-padded: by step
+        for path in steps:
             if path.is_dir() and not path.is_symlink() and path.name not in kept:
                 shutil.rmtree(path)
 
