@@ -1,6 +1,8 @@
 """A dataset class of a user's own, for `data=custom data.dataset._target_=custom_dataset.Parity` (tests/ is on the
 trainings' PYTHONPATH): a map-style Dataset constructed once per split with `split=` and its own keys."""
 
+import shutil
+
 import numpy as np
 import torch
 from torch.utils.data import Dataset
@@ -23,6 +25,16 @@ class Parity(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.x[index], self.y[index]
+
+
+class RemovesAFolder(Parity):
+    """Parity that removes `folder` as its training split is built: a checkpoint given as ckpt_path=, removed by the
+    running training that wrote it while this one starts."""
+
+    def __init__(self, split: str, size: int, folder: str) -> None:
+        super().__init__(split, size)
+        if split == "train":
+            shutil.rmtree(folder)
 
 
 class NoisyParity(Parity):

@@ -105,6 +105,22 @@ def test_a_training_whose_loss_turns_nan_stops_in_one_line(train):
     assert not metrics.exists() or "val/loss" not in metrics.read_text(), "stopped before validating NaN weights"
 
 
+def test_a_checkpoint_removed_while_it_is_read_is_said_in_one_line(train):
+    """ckpt_path= a run that is still training: it removes its older checkpoints as it saves, and a training started
+    from one read a file that was gone (a FileNotFoundError's traceback)."""
+    parity = ["data=custom", "data.dataset._target_=custom_dataset.Parity", "+data.dataset.size=64"]
+    sizes = ["data.num_features=6", "data.num_classes=2", "data.splits=[train,val]", "data.batch_size=32"]
+    first = train(*QUICK, *parity, *sizes)
+    checkpoints = first.run_dir / "checkpoints"
+    removing = ["data.dataset._target_=custom_dataset.RemovesAFolder", f"+data.dataset.folder={checkpoints}"]
+    run = train(*QUICK, *parity, *sizes, *removing, f"ckpt_path={first.run_dir}", check=False)
+    errors = [line for line in run.output.splitlines() if line.startswith("error:")]
+    assert run.returncode == 1 and "Traceback" not in run.output, run.output[-3000:]
+    assert len(errors) == 1 and errors[0].startswith(f"error: ckpt_path={checkpoints}/"), errors
+    assert errors[0].endswith(" was removed while it was read: the training that wrote it is running and keeps only "
+                              "its newest; give it again (a run folder: its newest), or copy a checkpoint out first")  # fmt: skip
+
+
 def test_a_dataset_that_augments_in_loader_workers_resumes_exactly():
     """Noise drawn in __getitem__ by 2 loader worker processes: a loader resumed after 3 batches (its state, as a
     checkpoint holds it) hands out the batches the uninterrupted one did, noise included. (Each worker's random

@@ -70,6 +70,10 @@ def run(cfg: DictConfig) -> None:
                                  "(hydra.run.dir=FOLDER)" if ours else "")))  # fmt: skip
         if not run_dir.exists():  # (a FileNotFoundError's traceback from whichever file was written next)
             fail(TrainingStopped(f"the run folder {run_dir} was removed while the training ran: start it again"))
+        if cfg.ckpt_path and not Path(cfg.ckpt_path).exists():  # (it was there when checked: a FileNotFoundError)
+            fail(TrainingStopped(f"ckpt_path={cfg.ckpt_path} was removed while it was read: the training that wrote "
+                                 "it is running and keeps only its newest; give it again (a run folder: its newest), "
+                                 "or copy a checkpoint out first"))  # fmt: skip
         if peer := lost_peer(err):  # (under torchrun: it starts them all again, if restarts are left)
             fail(TrainingStopped(f"another process of this training stopped (gloo: {peer}): its output says why"))
         remove_if_empty(run_dir)
