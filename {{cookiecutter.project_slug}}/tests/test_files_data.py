@@ -117,8 +117,11 @@ def test_a_checkpoint_removed_while_it_is_read_is_said_in_one_line(train):
     errors = [line for line in run.output.splitlines() if line.startswith("error:")]
     assert run.returncode == 1 and "Traceback" not in run.output, run.output[-3000:]
     assert len(errors) == 1 and errors[0].startswith(f"error: ckpt_path={checkpoints}/"), errors
-    assert errors[0].endswith(" was removed while it was read: the training that wrote it is running and keeps only "
-                              "its newest; give it again (a run folder: its newest), or copy a checkpoint out first")  # fmt: skip
+    said = (
+        " was removed while it was read: the training that wrote it is running and keeps only its newest; give it "
+        "again (a run folder: its newest), or copy a checkpoint out first"
+    )
+    assert errors[0].endswith(said), errors
 
 
 def test_a_dataset_that_augments_in_loader_workers_resumes_exactly():
