@@ -192,6 +192,13 @@ COMMAND_LINE_REFUSALS_BY_ID = {
         "search=gpt: the search presets are for `python -m {{ cookiecutter.package_name }}.search`, not",
     ),
     "unknown-setting-like-none": (["foo=1"], "unknown setting foo"),  # not a far-fetched `did you mean oom?`
+    # tracebacks, or (0 features, 1 class) a task of one label "learnt" to accuracy 1.0, exit 0
+    "negative-split-size": (["data.train_size=-5"], "data.train_size=-5 must be a whole number >= 0"),
+    "one-class": (["data.num_classes=1"], "data.num_classes=1 must be a whole number >= 2 (the synthetic task's)"),
+    "no-features": (["data.num_features=0"], "model.net.in_features=0 (data.num_features) must be a whole number"),
+    "data-seed-text": (["data.seed=abc"], "data.seed=abc must be a whole number from 0 to 4294967295"),
+    "wandb-mode": (["logger.mode=banana"], "logger.mode=banana is not a wandb mode; valid: online, offline, disabled"),
+    "number-for-true-or-false": (["data.shuffle=2"], "data.shuffle=2 is not true or false (the default is true)"),
     # taken in, nothing read them: a top-level key, or one the checkpoint or oom settings (read by name) do not have
     "add-a-top-level-key": (["+foo=1"], "+foo: no part of the training reads a top-level foo"),
     "add-a-checkpoint-setting": (

@@ -181,14 +181,21 @@ def check_seed_and_names(overrides: list[str]) -> None:
         key, _, value = override.lstrip("+").partition("=")
         if key == "logger.project":
             check_wandb_project(value)
-        for given in sweep_values(override, [value]) if key in ("seed", "run_id", "experiment") else []:
-            if key == "seed" and "${" not in given and not (given.isdigit() and int(given) < 2**32):
-                raise ConfigError(f"seed={given} must be a whole number from 0 to {2**32 - 1} (the default is 42)")
-            if key != "seed" and ("/" in given or given in ("", ".", "..") or _parsed(override) in (None, "")):
+        if key == "logger.mode" and value not in WANDB_MODES and "${" not in value:  # (wandb's traceback, once started)
+            raise ConfigError(f"logger.mode={value} is not a wandb mode; valid: {', '.join(WANDB_MODES)}")
+        for given in sweep_values(override, [value]) if key in (*SEEDS, "run_id", "experiment") else []:
+            if key in SEEDS and "${" not in given and not (given.isdigit() and int(given) < 2**32):
+                default = " (the default is 42)" if key == "seed" else ""
+                raise ConfigError(f"{key}={given} must be a whole number from 0 to {2**32 - 1}{default}")
+            if key not in SEEDS and ("/" in given or given in ("", ".", "..") or _parsed(override) in (None, "")):
                 raise ConfigError(
                     f"{key}={given} must name one folder (outputs/<experiment>/<run_id>): no / or .., not empty or "
                     "null (leave it out for the default)"
                 )
+
+
+SEEDS = ("seed", "data.seed", "data.dataset.seed")  # (data.seed: ${seed}, whose type nothing else checks)
+WANDB_MODES = ("online", "offline", "disabled", "shared")  # wandb.init's (its Settings take these)
 
 
 def check_wandb_project(name: str) -> None:

@@ -128,6 +128,8 @@ def check_setting(override: Override, keys: dict[str, Any], groups: set[str], re
 def wrong_type(key: str, default: Any, value: Any) -> str:
     """Why `value` cannot replace `key`'s `default` (text or a list where the default is a number or true/false: the
     YAML files are untyped, so nothing else checks it), or ''."""
+    if isinstance(default, bool) and isinstance(value, int | float) and not isinstance(value, bool):
+        return f"is not true or false (the default is {str(default).lower()})"  # (2 was taken as true)
     if key in TEXT_ALSO or not isinstance(value, str | list | dict) or "${" in str(value):
         return ""
     if isinstance(default, bool):

@@ -10,6 +10,8 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from ..errors import ConfigError
+
 
 class SyntheticData(TensorDataset):
     def __init__(
@@ -25,6 +27,15 @@ class SyntheticData(TensorDataset):
         sizes = {"train": train_size, "val": val_size, "test": test_size}
         if split not in sizes:
             raise ValueError(f"split={split!r}; valid: {', '.join(sizes)}")
+        # (a negative size or class count was a traceback; 0 features or 1 class a task of one label, learnt
+        # "perfectly": accuracy 1.0, exit 0)
+        for name, value, least in (
+            *((f"{name}_size", size, 0) for name, size in sizes.items()),  # (an empty split: refused where read)
+            ("num_features", num_features, 1),
+            ("num_classes", num_classes, 2),
+        ):
+            if type(value) is not int or value < least:
+                raise ConfigError(f"data.{name}={value} must be a whole number >= {least} (the synthetic task's)")
         # One generator for the teacher and all splits in order: each split is the same whichever is asked for.
         generator = torch.Generator().manual_seed(seed)
         teacher = nn.Sequential(nn.Linear(num_features, 64), nn.Tanh(), nn.Linear(64, num_classes))

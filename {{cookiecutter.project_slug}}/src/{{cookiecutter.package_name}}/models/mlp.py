@@ -60,6 +60,11 @@ class ResidualMLP(nn.Module):
         for name, value in (("hidden", hidden), ("depth", depth), ("expansion", expansion)):
             if not (type(value) is int and value >= 1):  # 0 trained a model of no blocks or no width, without a word
                 raise ConfigError(f"model.net.{name}={value} must be a whole number >= 1")
+        for name, value in (("in_features", in_features), ("num_classes", num_classes)):  # (torch's traceback)
+            if not (type(value) is int and value >= 1):
+                raise ConfigError(
+                    f"model.net.{name}={value} (data.{name.replace('in_', 'num_')}) must be a whole number >= 1"
+                )
         self.embed = nn.Linear(in_features, hidden)
         self.blocks = nn.ModuleList(Block(hidden, expansion, norm, dropout) for _ in range(depth))
         self.norm = make_norm(norm, hidden)
