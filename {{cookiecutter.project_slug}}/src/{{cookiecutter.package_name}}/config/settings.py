@@ -56,6 +56,12 @@ def check_setting(override: Override, keys: dict[str, Any], groups: set[str], re
     """One `key=value`, `+key=value` or `~key` against the config's `keys` (dotted key: default), which it updates;
     `read`: the interpolations (`${...}`) of the config and the command line."""
     key, kind = override.key_or_group, override.type
+    if (key == "trainer.max_time" or key.startswith("trainer.max_time.")) and kind != OverrideType.DEL:
+        raise ConfigError(
+            f"{key} is not taken: a time limit stops the training at no set step, so a continued run took itself for "
+            "finished or trained on; give trainer.max_steps (a SLURM job's --time: launch/slurm.sbatch saves, and the "
+            "job is requeued and continues)"
+        )
     if key in CHOSEN_ELSEWHERE and kind != OverrideType.DEL:  # (Lightning's Trainer took them, and the project's won)
         raise ConfigError(f"{key} is not set through the trainer here: {CHOSEN_ELSEWHERE[key]()}")
     if kind == OverrideType.ADD and key in keys:
