@@ -33,10 +33,13 @@ def assert_quiet(output: str) -> None:
 def test_the_default_training_and_its_resumption_print_no_warning(train, tmp_path, train_env):
     run_dir = tmp_path / "default"
     first = train(
-        *SMALL, "trainer.max_epochs=1", run_dir=run_dir, env=NEW_INTERPRETER
+        *SMALL, "trainer.max_epochs=1", "trainer.log_every_n_steps=1", run_dir=run_dir, env=NEW_INTERPRETER
     )  # tested after fit, as by default
     assert "test/acc" in first.output
     assert_quiet(first.output)
+    # The bar's last frame: where the training ended, with its last logged loss (Lightning's showed wandb's run id)
+    frames = [frame for frame in re.split(r"[\r\n]", first.output) if re.search(r"\b2/2\b.*loss=\d", frame)]
+    assert frames and "v_num" not in first.output, first.output[-3000:]
     resumed = train(*SMALL, "trainer.max_epochs=2", run_dir=run_dir, env=AS_A_USER)  # its checkpoints are there
     assert "resuming from" in resumed.output
     assert_quiet(import_output(f"{PACKAGE}.train", train_env) + resumed.output)

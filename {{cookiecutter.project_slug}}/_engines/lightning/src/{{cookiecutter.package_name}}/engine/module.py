@@ -143,7 +143,7 @@ class Classifier(L.LightningModule):
         if writes_step_metrics(self.trainer):
             loss = self.trainer.strategy.reduce(self._step_loss, reduce_op="mean")  # (what sync_dist=True would log)
             check_train_loss(float(loss), self.trainer.global_step - 1)  # the same on every process: all stop here
-            self.log("train/loss", loss, on_step=True, on_epoch=False)
+            self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)  # (the bar shows it)
             self.log("train/lr", self._step_lr, on_step=True, on_epoch=False)
         self._step_loss = 0.0
 
