@@ -40,7 +40,12 @@ from {{ cookiecutter.package_name }}.search.__main__ import (
     requeue_interrupted,
 )
 from {{ cookiecutter.package_name }}.search.__main__ import main as search_main
-from {{ cookiecutter.package_name }}.search.report import parallel_coordinate, trial_table, write_best_config
+from {{ cookiecutter.package_name }}.search.report import (
+    parallel_coordinate,
+    summary_run_id,
+    trial_table,
+    write_best_config,
+)
 from {{ cookiecutter.package_name }}.search.settings import Settings, parse_command_line, parse_settings
 from {{ cookiecutter.package_name }}.search.slurm import gpus_per_trial
 from {{ cookiecutter.package_name }}.search.space import default_grid, load_space
@@ -205,6 +210,17 @@ def test_grid_enumerates_its_grid_two_trials_at_a_time_one_wandb_run_each(search
     config = yaml.safe_load(printed.stdout)
     assert config["model"]["optimizer"]["lr"] == result.study.best_params["model.optimizer.lr"]
     assert config["data"]["train_size"] == 512 and config["experiment"] == "grid"
+
+
+def test_a_study_started_anew_in_the_same_folder_gets_a_summary_run_of_its_own(tmp_path):
+    def study_with_a_trial() -> optuna.Study:
+        study = optuna.create_study()
+        study.ask()
+        return study
+
+    first, again = study_with_a_trial(), study_with_a_trial()
+    assert summary_run_id(first, tmp_path) == summary_run_id(first, tmp_path), "a study continued: its run, updated"
+    assert summary_run_id(first, tmp_path) != summary_run_id(again, tmp_path), "a new study: a run of its own"
 
 
 def test_best_yaml_keeps_a_recipe_the_search_added_with_a_plus(tmp_path, monkeypatch):

@@ -50,6 +50,9 @@ def run(cfg: DictConfig) -> None:
             train(cfg)
         if cfg.check_only:
             remove_if_empty(run_dir)
+        elif not (run_dir / "config.yaml").exists():  # the folder removed while it trained, between two writes (or
+            # remade by the next: Lightning's): "finished", exit 0, its config, starts and wandb run lost
+            raise TrainingStopped(f"the run folder {run_dir} was removed while the training ran: start it again")
     except RunFolderInUse as err:  # the folder is the other training's: left as it is
         fail(err)
     except (ConfigError, ProcessCrashed) as err:

@@ -183,9 +183,8 @@ def log_summary_run(
 ) -> None:
     """One more wandb run in the study's group: the settings, the table of trials, the best trial, the plot. One run per
     study (its id from the study's folder): a search continued later updates it instead of adding another."""
-    study_id = hashlib.sha1(str(settings.study_dir.resolve()).encode()).hexdigest()[:16]
     run = wandb.init(
-        id=f"search-{study_id}",
+        id=summary_run_id(study, settings.study_dir),
         resume="allow",
         project=cfg.logger.project,
         entity=cfg.logger.entity,
@@ -208,3 +207,10 @@ def log_summary_run(
         study_dir = settings.study_dir
         folder = shlex.quote(str(study_dir))  # (a folder with a space; the * stays the shell's)
         print(f"wandb: offline runs saved; upload them with: wandb sync {folder}/trials/*/wandb {folder}/wandb")
+
+
+def summary_run_id(study: optuna.Study, study_dir: Path) -> str:
+    """The wandb id of a study's summary run: its folder's, and its first trial's start (a study removed and started
+    anew in the same folder, or one of a clone elsewhere at the same path, updated the earlier study's run)."""
+    started = min((trial.datetime_start for trial in study.trials if trial.datetime_start), default=None)
+    return "search-" + hashlib.sha1(f"{study_dir.resolve()} {started}".encode()).hexdigest()[:16]
