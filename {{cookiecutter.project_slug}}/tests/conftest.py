@@ -198,6 +198,7 @@ COMMAND_LINE_REFUSALS_BY_ID = {
     "no-features": (["data.num_features=0"], "model.net.in_features=0 (data.num_features) must be a whole number"),
     "data-seed-text": (["data.seed=abc"], "data.seed=abc must be a whole number from 0 to 4294967295"),
     "time-limit": (["+trainer.max_time.seconds=25"], "trainer.max_time.seconds is not taken: a time limit stops the"),
+    "oom-recovery-given-a-value": (["oom.recovery=split"], "oom.recovery=split: oom.recovery is a group of settings"),
     "wandb-mode": (["logger.mode=banana"], "logger.mode=banana is not a wandb mode; valid: online, offline, disabled"),
     "number-for-true-or-false": (["data.shuffle=2"], "data.shuffle=2 is not true or false (the default is true)"),
     # taken in, nothing read them: a top-level key, or one the checkpoint or oom settings (read by name) do not have

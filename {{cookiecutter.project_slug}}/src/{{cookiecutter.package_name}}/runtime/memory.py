@@ -7,7 +7,7 @@ import os
 import resource
 import sys
 import warnings
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 import torch
@@ -206,6 +206,11 @@ def check_oom_settings(oom: Any) -> None:
     if unknown := sorted(set(oom) - set(OOM_SETTINGS)):  # (a key added to configs/oom/: read by nothing)
         raise ConfigError(f"oom.{unknown[0]} is not a setting; valid: {', '.join(OOM_SETTINGS)}")
     recovery, finder = oom.recovery, oom.batch_size_finder
+    if recovery is not None and not isinstance(recovery, Mapping):  # (oom.recovery=split: "oom.recovery.i")
+        raise ConfigError(
+            f"oom.recovery={_shown(recovery)}: oom.recovery is a group of settings; give oom=toolkit for the recovery, "
+            "oom.recovery.policy=skip|split for its policy, or oom.recovery=null to switch it off"
+        )
     if recovery:
         if unknown := sorted(set(recovery) - {"policy", "max_consecutive", "empty_cache_every_n_epochs"}):
             raise ConfigError(
