@@ -137,7 +137,9 @@ def test_a_stopped_streamed_training_continues_exactly(streamed, train, tmp_path
     history = resumed.wandb
     assert history.steps("train/loss") == list(range(20)), "each step once, none missing"
     assert history.metric("train/loss") == wandb.metric("train/loss")
-    assert history.metric("val/loss") == wandb.metric("val/loss")
+    validated = dict(zip(history.steps("val/loss"), history.metric("val/loss"), strict=True))
+    assert list(validated) == sorted({5, *wandb.steps("val/loss")}), "each epoch's end, and where max_steps stopped"
+    assert [validated[step] for step in wandb.steps("val/loss")] == wandb.metric("val/loss")
 
 
 def test_presets_whose_processes_share_batches_refuse_a_stream(streamed):

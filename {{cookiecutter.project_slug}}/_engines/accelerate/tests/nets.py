@@ -29,8 +29,8 @@ class FailingNet(ResidualMLP):
 
 
 class OOMNet(ResidualMLP):
-    """Runs out of memory (torch.OutOfMemoryError, as CUDA raises it) on batches larger than `max_batch`, in the
-    forward (or in the backward: `in_backward`), on the process of rank `oom_rank` only: the other processes
+    """Runs out of memory (torch.OutOfMemoryError, as CUDA raises it) on training batches larger than `max_batch`, in
+    the forward (or in the backward: `in_backward`), on the process of rank `oom_rank` only: the other processes
     would happily train with the larger batch. `noise`: adds that much random noise to the inputs, drawn after
     any forward OOM (a step's random numbers, as dropout's)."""
 
@@ -41,7 +41,8 @@ class OOMNet(ResidualMLP):
         self.max_batch, self.oom_rank, self.in_backward, self.noise = max_batch, oom_rank, in_backward, noise
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        oom = len(x) > self.max_batch and int(os.environ.get("RANK", 0)) == self.oom_rank
+        # (training batches only: an evaluation keeps no activations for a backward, and the recovery is the steps')
+        oom = self.training and len(x) > self.max_batch and int(os.environ.get("RANK", 0)) == self.oom_rank
         if oom and not self.in_backward:
             raise simulated_oom()
         if self.noise:

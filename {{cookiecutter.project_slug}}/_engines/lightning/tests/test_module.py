@@ -34,8 +34,8 @@ class Recorder(Logger):
 
 
 class Spied(Classifier):
-    """Records each step's loss and the steps at which train/loss was logged with sync_dist (an all-reduce
-    under several processes; this test runs one, where Lightning skips it)."""
+    """Records each step's loss and the steps at which train/loss was logged, each after its all-reduce (under
+    several processes; this test runs one, where the strategy skips it)."""
 
     def __init__(self) -> None:
         super().__init__(ResidualMLP(32, 8, hidden=16, depth=1), torch.optim.SGD)
@@ -43,7 +43,7 @@ class Spied(Classifier):
         self.synced: list[int] = []
 
     def log(self, name: str, value, **options) -> None:
-        if name == "train/loss" and options.get("sync_dist"):
+        if name == "train/loss":
             self.synced.append(self.trainer.fit_loop.epoch_loop._batches_that_stepped)
         super().log(name, value, **options)
 

@@ -195,7 +195,9 @@ def test_a_finished_training_run_again_resumes_unless_resume_is_false(train, uni
     done = train(*TRAIN, "strategy=single", "trainer.max_epochs=1", run_dir=stopped.run_dir)
     assert "note: trainer.max_steps: 4 then, -1 now: the run's cosine schedule keeps the span it" in done.output
     assert done.wandb.steps("train/loss") == list(range(STEPS // 2)), "each step once, none missing"
-    assert done.wandb.steps("val/loss") == uninterrupted.steps("val/loss")[:1]
+    assert done.wandb.steps("val/loss") == [3, *uninterrupted.steps("val/loss")[:1]], (
+        "where it stopped, its epoch's end"
+    )
     assert done.wandb.metric("train/loss")[:4] == uninterrupted.metric("train/loss")[:4]
     again = train(*TRAIN, "strategy=single", "trainer.max_epochs=1", run_dir=done.run_dir)
     assert "resuming from" in again.output and again.wandb.starts == 3
