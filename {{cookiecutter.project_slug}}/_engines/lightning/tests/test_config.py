@@ -85,6 +85,10 @@ BAD_INPUT_BY_ID = {
         "unknown logger 'tensorboardx'; valid: "
         + ", ".join(sorted(p.stem for p in (CONFIG_DIR / "logger").glob("*.yaml"))),
     ),
+    "validation-every-0-epochs": (  # (a ZeroDivisionError at the first epoch's end, its run folder written)
+        ["trainer.check_val_every_n_epoch=0"],
+        "trainer.check_val_every_n_epoch=0 must be a whole number >= 1, or null",
+    ),
     "indivisible-batch": (
         ["strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "data.batch_size=255"],
         "data.batch_size=255 is the global batch and must be a positive multiple of the 2 data-parallel replicas",

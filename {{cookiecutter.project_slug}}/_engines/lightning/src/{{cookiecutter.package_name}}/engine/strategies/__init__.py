@@ -60,6 +60,12 @@ def check_layout(
         )
     per_device_batch_size(global_batch_size, data_parallel_size(trainer), trainer.accumulate_grad_batches)
     check_validation_interval(trainer.val_check_interval, trainer.accumulate_grad_batches)
+    every = trainer.check_val_every_n_epoch  # (0: a ZeroDivisionError at the first epoch's end)
+    if every is not None and not (type(every) is int and every >= 1):
+        raise ConfigError(
+            f"trainer.check_val_every_n_epoch={every} must be a whole number >= 1, or null (validation every "
+            "trainer.val_check_interval training batches, counted over epochs)"
+        )
     for callback in trainer.callbacks:  # e.g. the OOM toolkit: a callback that works under some presets only
         supported = getattr(callback, "supported_presets", None)
         if supported is not None and preset not in supported:
