@@ -52,7 +52,7 @@ def run(cfg: DictConfig) -> None:
             remove_if_empty(run_dir)
         elif not (run_dir / "config.yaml").exists():  # the folder removed while it trained, between two writes (or
             # remade by the next: Lightning's): "finished", exit 0, its config, starts and wandb run lost
-            raise TrainingStopped(f"the run folder {run_dir} was removed while the training ran: start it again")
+            raise folder_removed(run_dir)
     except RunFolderInUse as err:  # the folder is the other training's: left as it is
         fail(err)
     except (ConfigError, ProcessCrashed) as err:
@@ -72,7 +72,7 @@ def run(cfg: DictConfig) -> None:
                                  "mount): change its permissions" + (", or train in a run folder of your own "
                                  "(hydra.run.dir=FOLDER)" if ours else "")))  # fmt: skip
         if not run_dir.exists():  # (a FileNotFoundError's traceback from whichever file was written next)
-            fail(TrainingStopped(f"the run folder {run_dir} was removed while the training ran: start it again"))
+            fail(folder_removed(run_dir))
         if cfg.ckpt_path and not Path(cfg.ckpt_path).exists():  # (it was there when checked: a FileNotFoundError)
             fail(TrainingStopped(f"ckpt_path={cfg.ckpt_path} was removed while it was read: the training that wrote "
                                  "it is running and keeps only its newest; give it again (a run folder: its newest), "
@@ -83,6 +83,10 @@ def run(cfg: DictConfig) -> None:
         raise
     except KeyboardInterrupt:  # Ctrl-C before the training answers it (starting: the data, wandb), or a second one
         fail(Interrupted(f"interrupted, at once: {continuing(cfg.run_id, run_dir)}"))
+
+
+def folder_removed(run_dir: Path) -> TrainingStopped:
+    return TrainingStopped(f"the run folder {run_dir} was removed while the training ran: start it again")
 
 
 def main() -> None:
